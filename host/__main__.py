@@ -1,0 +1,3 @@
+from insitu.cli import main
+
+main()

@@ -1,0 +1,162 @@
+"""Boards and their simulated twins, described by one TOML file each in ``boards/``.
+
+A real board file states the board's kind and resources; a twin file (``<board>-sim``) names the
+board it stands in for with ``twin_of`` and takes its resources from that board's file, so a
+figure is never written twice. The schema below is the only description of what a board file may
+hold: an unknown key is an error too (it is usually a typo).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from insitu.errors import BoardFileError, UsageError
+from insitu.resources import package_dir
+
+KINDS = ("fpga-soc", "mcu")
+
+# section -> key -> (type, required). `None` as the section is the file's top level.
+_TOP = {"name": (str, True), "kind": (str, False), "description": (str, True), "twin_of": (str, False)}
+_SECTIONS = {
+    "fpga": {"part": (str, True), "family": (str, True), "lut": (int, True), "ff": (int, True),
+             "dsp": (int, True), "bram18": (int, True), "pl_clock_hz": (int, True)},
+    "mcu": {"part": (str, True), "sram_bytes": (int, True), "flash_bytes": (int, True),
+            "training_budget_bytes": (int, True)},
+    "processor": {"cpu": (str, True), "cpu_hz": (int, True)},
+}
+# Which sections each kind of real board must have.
+_KIND_SECTIONS = {"fpga-soc": ("fpga", "processor"), "mcu": ("mcu", "processor")}
+
+
+@dataclass(frozen=True)
+class Board:
+    """One board or simulated twin, with its resources resolved."""
+
+    name: str
+    kind: str
+    description: str
+    twin_of: str | None
+    sections: dict = field(repr=False)
+    path: Path = field(repr=False)
+
+    @property
+    def is_twin(self) -> bool:
+        return self.twin_of is not None
+
+    @property
+    def fpga(self) -> dict | None:
+        return self.sections.get("fpga")
+
+    @property
+    def mcu(self) -> dict | None:
+        return self.sections.get("mcu")
+
+    @property
+    def cpu_hz(self) -> int:
+        return self.sections["processor"]["cpu_hz"]
+
+    def describe(self) -> dict:
+        """The flat JSON view listed by ``insitu boards --json``."""
+        out = {"name": self.name, "kind": self.kind, "twin_of": self.twin_of,
+               "description": self.description}
+        if self.fpga:
+            out.update({k: self.fpga[k] for k in ("part", "lut", "ff", "dsp", "bram18", "pl_clock_hz")})
+        if self.mcu:
+            out.update({k: self.mcu[k] for k in ("part", "sram_bytes", "flash_bytes",
+                                                  "training_budget_bytes")})
+        out["cpu"] = self.sections["processor"]["cpu"]
+        out["cpu_hz"] = self.cpu_hz
+        return out
+
+
+def _check_keys(path: Path, where: str, table: dict, schema: dict, require: bool) -> None:
+    for key, value in table.items():
+        if key not in schema:
+            raise BoardFileError(f"{path}: unknown key '{where}{key}' (allowed: {', '.join(schema)})")
+        expected, _ = schema[key]
+        # bool is an int in Python; a board file never means True by 1.
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise BoardFileError(f"{path}: key '{where}{key}' must be {expected.__name__}, "
+                                 f"got {type(value).__name__} {value!r}")
+        if expected is int and value <= 0:
+            raise BoardFileError(f"{path}: key '{where}{key}' must be positive, got {value}")
+    if require:
+        for key, (_, required) in schema.items():
+            if required and key not in table:
+                raise BoardFileError(f"{path}: missing key '{where}{key}'")
+
+
+def _read(path: Path) -> dict:
+    try:
+        with path.open("rb") as fh:
+            raw = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise BoardFileError(f"{path}: not valid TOML: {exc}") from None
+    top = {k: v for k, v in raw.items() if not isinstance(v, dict)}
+    _check_keys(path, "", top, _TOP, require=True)
+    for section, table in raw.items():
+        if isinstance(table, dict):
+            if section not in _SECTIONS:
+                raise BoardFileError(f"{path}: unknown section '[{section}]' "
+                                     f"(allowed: {', '.join(_SECTIONS)})")
+            _check_keys(path, f"{section}.", table, _SECTIONS[section], require=True)
+    if raw["name"] != path.stem:
+        raise BoardFileError(f"{path}: key 'name' is {raw['name']!r} but the file is named "
+                             f"{path.name}; they must match")
+    return raw
+
+
+def _resolve(raws: dict[str, tuple[Path, dict]]) -> dict[str, Board]:
+    boards = {}
+    for name, (path, raw) in raws.items():
+        sections = {k: v for k, v in raw.items() if isinstance(v, dict)}
+        twin_of = raw.get("twin_of")
+        if twin_of is None:
+            kind = raw.get("kind")
+            if kind not in KINDS:
+                raise BoardFileError(f"{path}: key 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
+            for needed in _KIND_SECTIONS[kind]:
+                if needed not in sections:
+                    raise BoardFileError(f"{path}: a {kind} board needs a [{needed}] section")
+        else:
+            if twin_of not in raws or raws[twin_of][1].get("twin_of") is not None:
+                raise BoardFileError(f"{path}: key 'twin_of' names {twin_of!r}, which is not a real "
+                                     "board file in the same folder")
+            if sections or "kind" in raw:
+                raise BoardFileError(f"{path}: a twin takes 'kind' and resources from "
+                                     f"{twin_of}.toml; remove them from this file")
+            real_raw = raws[twin_of][1]
+            kind = real_raw["kind"]
+            sections = {k: v for k, v in real_raw.items() if isinstance(v, dict)}
+        boards[name] = Board(name=name, kind=kind, description=raw["description"], twin_of=twin_of,
+                             sections=sections, path=path)
+    return boards
+
+
+def load_boards(directory: Path | str | None = None) -> dict[str, Board]:
+    """All boards described in ``directory`` (default: the shipped ``boards/``), by name."""
+    return dict(_load_cached(str(Path(directory) if directory else package_dir("boards"))))
+
+
+@lru_cache(maxsize=4)
+def _load_cached(directory: str) -> tuple:
+    raws = {}
+    for path in sorted(Path(directory).glob("*.toml")):
+        raws[path.stem] = (path, _read(path))
+    return tuple(_resolve(raws).items())
+
+
+def get_board(name: str, directory: Path | str | None = None) -> Board:
+    """The board called ``name``; an unknown name is a usage error that lists the known ones."""
+    boards = load_boards(directory)
+    if name not in boards:
+        raise UsageError(f"unknown board {name!r}; known boards: {', '.join(boards)}")
+    return boards[name]
+
+
+def twin_name(board: Board) -> str:
+    """The name of the simulated twin that stands in for ``board`` (itself if it is a twin)."""
+    return board.name if board.is_twin else f"{board.name}-sim"

@@ -1,0 +1,468 @@
+"""The one fixed-point spec of insitu.
+
+Every format that a hardware kernel (RTL processing element, MicroPython firmware kernel) computes in
+is defined here, once. The golden model, the RTL generator (for bit widths) and the firmware tests
+all import this module; nothing else defines a format, a rounding rule or an accumulator width.
+
+Conventions (read these before touching a kernel):
+
+* A format stores an integer *code*; its real value is ``code * 2**-frac`` (or, for the mid-rise
+  variant, ``(code + 1/2) * 2**-frac``). Signed codes are two's complement.
+* **Rounding** is to the nearest code, **ties toward +infinity** ("round half up"):
+  ``round(x) = floor(x + 1/2)``. In integer hardware this is the add-half-then-arithmetic-shift
+  ``(v + 2**(s-1)) >> s``, which is why this tie rule was chosen: it is what a shifter does for free.
+* **Saturation**: a code that does not fit is clamped to the format's ``[qmin, qmax]``.
+  Nothing wraps around, anywhere.
+* **Products and sums** of codes are exact integers; :func:`product_bits` and
+  :func:`accumulator_bits` give the width an accumulator needs never to overflow.
+* The **float view** of each operation (``quantize``, ``requantize_float``) is derived from the
+  integer form and agrees with it exactly; the property tests check that.
+
+Formats by paper:
+
+* LRT hardware model (appendix D): weights 8 b in [-1, 1], biases and accumulators 16 b in [-8, 8],
+  activations 8 b in [0, 2], gradients 8 b in [-1, 1]; 1- and 2-bit formats are mid-rise; the
+  low-rank factors L, R are 16 b with a power-of-2 range set by their max |x| (:func:`max_abs_format`).
+* TT on FPGA (section 3.2-3.3): 4-bit factors with a fixed scale, 8-bit activations and biases,
+  16-bit activations-or-gradients in the PEs, power-of-2 scales chosen on the fly so that the mean
+  |x| of each tensor stays in [0.1, 0.3] (:class:`AutoScale`).
+* Tiny training (eq. 1): int8 x int8 products plus an int32 bias, requantized per output channel
+  by a float or a fixed-point (multiplier, shift) scale (:class:`RequantScale`).
+* E2-Train PSG: the most significant bits of a code (:func:`msb_code`) feed the sign predictor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+__all__ = [
+    "FixedPoint",
+    "round_half_up",
+    "shift_round",
+    "saturate",
+    "product_bits",
+    "accumulator_bits",
+    "max_abs_format",
+    "AutoScale",
+    "RequantScale",
+    "requantize_fixed",
+    "requantize_float",
+    "msb_code",
+    "LRT_WEIGHT",
+    "LRT_BIAS",
+    "LRT_ACCUMULATOR",
+    "LRT_ACTIVATION",
+    "LRT_GRADIENT",
+    "LRT_FACTOR_BITS",
+    "lrt_weight_format",
+    "TT_FACTOR_BITS",
+    "TT_ACTIVATION_BITS",
+    "TT_BIAS_BITS",
+    "TT_PE_DATA_BITS",
+    "TT_MEAN_ABS_TARGET",
+    "tt_factor_format",
+    "tt_pe_format",
+    "INT8",
+    "INT32",
+    "REQUANT_MULTIPLIER_BITS",
+    "PSG_ACTIVATION_MSB_BITS",
+    "PSG_GRADIENT_MSB_BITS",
+    "FORMATS",
+]
+
+# Integer codes are held in int64 arrays: every product or sum the kernels form fits in 63 bits
+# (checked by :func:`accumulator_bits` callers), so NumPy integer arithmetic is exact.
+CODE_DTYPE = np.int64
+
+
+# --------------------------------------------------------------------------- integer primitives
+
+def round_half_up(x):
+    """Round to nearest, ties toward +infinity: ``floor(x + 1/2)``, as int64 codes."""
+    return np.floor(np.asarray(x, dtype=np.float64) + 0.5).astype(CODE_DTYPE)
+
+
+def shift_round(v, shift: int):
+    """Integer ``v * 2**-shift`` rounded by the spec's tie rule (ties toward +infinity).
+
+    ``shift > 0`` is the add-half-then-arithmetic-shift of the hardware; ``shift <= 0`` is an exact
+    left shift.
+    """
+    v = np.asarray(v, dtype=CODE_DTYPE)
+    if shift <= 0:
+        return v << -shift
+    return (v + (1 << (shift - 1))) >> shift
+
+
+def saturate(v, bits: int, signed: bool = True):
+    """Clamp integer codes into the range of a ``bits``-wide (un)signed integer."""
+    lo, hi = _code_range(bits, signed)
+    return np.clip(np.asarray(v, dtype=CODE_DTYPE), lo, hi)
+
+
+def _code_range(bits: int, signed: bool) -> tuple[int, int]:
+    if bits < 1:
+        raise ValueError(f"bits must be >= 1, got {bits}")
+    if signed:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def product_bits(a_bits: int, b_bits: int, a_signed: bool = True, b_signed: bool = True) -> int:
+    """Width of a signed register that holds any product of two codes.
+
+    Signed x signed needs ``a + b`` bits (only ``(-2**(a-1)) * (-2**(b-1))`` needs the top bit);
+    one unsigned operand adds a bit to make room for the sign.
+    """
+    if a_signed and b_signed:
+        return a_bits + b_bits
+    if a_signed or b_signed:
+        return a_bits + b_bits + 1
+    return a_bits + b_bits + 1  # unsigned x unsigned, held in a signed register
+
+
+def accumulator_bits(a_bits: int, b_bits: int, terms: int,
+                     a_signed: bool = True, b_signed: bool = True) -> int:
+    """Width of a signed accumulator that never overflows summing ``terms`` products."""
+    if terms < 1:
+        raise ValueError(f"terms must be >= 1, got {terms}")
+    return product_bits(a_bits, b_bits, a_signed, b_signed) + math.ceil(math.log2(terms))
+
+
+# --------------------------------------------------------------------------- formats
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """A fixed-point format: ``bits``-wide codes whose value is ``code * 2**-frac``.
+
+    ``frac`` may be negative (LSB above 1) or larger than ``bits`` (all values below 1/2).
+    ``midrise`` formats have no zero level: value ``(code + 1/2) * 2**-frac`` (the LRT paper's
+    1- and 2-bit weights: 1 bit in [-1, 1] gives {-0.5, +0.5}).
+    """
+
+    bits: int
+    frac: int
+    signed: bool = True
+    midrise: bool = False
+    name: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.bits, int) or self.bits < 1:
+            raise ValueError(f"format {self.name or '?'}: bits must be an integer >= 1, got {self.bits!r}")
+        if not isinstance(self.frac, int):
+            raise ValueError(f"format {self.name or '?'}: frac must be an integer, got {self.frac!r}")
+        if self.midrise and not self.signed:
+            raise ValueError(f"format {self.name or '?'}: a mid-rise format must be signed")
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_range(cls, bits: int, lo: float, hi: float, *, midrise: bool | None = None,
+                   name: str = "") -> "FixedPoint":
+        """The uniform format that splits the clipping range [lo, hi] into ``2**bits`` steps.
+
+        The step ``(hi - lo) / 2**bits`` must be a power of two. ``lo`` must be ``-hi`` (signed)
+        or 0 (unsigned). Mid-rise is the default for signed formats of 1 or 2 bits, as in the
+        LRT paper's bit-width study.
+        """
+        if not hi > lo:
+            raise ValueError(f"format {name or '?'}: clipping range needs lo < hi, got [{lo}, {hi}]")
+        step = Fraction(hi) - Fraction(lo)
+        step /= 1 << bits
+        frac = -math.log2(step)
+        if frac != int(frac):
+            raise ValueError(f"format {name or '?'}: range [{lo}, {hi}] in {bits} bits gives step "
+                             f"{float(step)}, which is not a power of two")
+        if lo == 0:
+            signed = False
+        elif lo == -hi:
+            signed = True
+        else:
+            raise ValueError(f"format {name or '?'}: range [{lo}, {hi}] must be symmetric or start at 0")
+        if midrise is None:
+            midrise = signed and bits <= 2
+        return cls(bits=bits, frac=int(frac), signed=signed, midrise=midrise, name=name)
+
+    def with_frac(self, frac: int) -> "FixedPoint":
+        """The same format at another power-of-2 scale."""
+        return FixedPoint(self.bits, frac, self.signed, self.midrise, self.name)
+
+    # -- derived properties ---------------------------------------------------------------------
+    @property
+    def qmin(self) -> int:
+        return _code_range(self.bits, self.signed)[0]
+
+    @property
+    def qmax(self) -> int:
+        return _code_range(self.bits, self.signed)[1]
+
+    @property
+    def lsb(self) -> float:
+        """The step between neighbouring values."""
+        return math.ldexp(1.0, -self.frac)
+
+    @property
+    def min_value(self) -> float:
+        return float(self.to_float(self.qmin))
+
+    @property
+    def max_value(self) -> float:
+        return float(self.to_float(self.qmax))
+
+    # -- the integer form ------------------------------------------------------------------------
+    def quantize_code(self, x):
+        """Real values -> codes: nearest level (ties toward +inf), saturated."""
+        scaled = np.ldexp(np.asarray(x, dtype=np.float64), self.frac)
+        if np.isnan(scaled).any():
+            raise ValueError(f"format {self.name or self}: cannot quantize NaN")
+        if self.midrise:
+            # Levels sit at (k + 1/2) LSB; the nearest one is floor(x / LSB) (boundaries at
+            # integers, a value on a boundary goes up).
+            codes = np.floor(scaled)
+        else:
+            codes = np.floor(scaled + 0.5)
+        lo, hi = self.qmin, self.qmax
+        return np.clip(codes, lo, hi).astype(CODE_DTYPE)
+
+    def saturate(self, codes):
+        """Clamp integer codes into the format (no rescaling)."""
+        return saturate(codes, self.bits, self.signed)
+
+    def requantize(self, codes, from_frac: int):
+        """Codes of scale ``2**-from_frac`` (for example an accumulator) -> codes of this format.
+
+        Integer-only: a rounding shift by ``from_frac - frac`` and saturation. Equals
+        ``quantize_code(codes * 2**-from_frac)`` exactly (a property test checks it).
+        """
+        codes = np.asarray(codes, dtype=CODE_DTYPE)
+        shift = from_frac - self.frac
+        if self.midrise:
+            # Nearest mid-rise level: floor(v * 2**-shift), an arithmetic shift.
+            shifted = codes >> shift if shift > 0 else codes << -shift
+        else:
+            shifted = shift_round(codes, shift)
+        return self.saturate(shifted)
+
+    # -- the float view ---------------------------------------------------------------------------
+    def to_float(self, codes):
+        """Codes -> real values (exact in float64 for any format up to 52 bits)."""
+        codes = np.asarray(codes, dtype=np.float64)
+        if self.midrise:
+            codes = codes + 0.5
+        return np.ldexp(codes, -self.frac)
+
+    def quantize(self, x):
+        """Real values -> nearest representable real values (the 'fake quantization' view)."""
+        return self.to_float(self.quantize_code(x))
+
+    def describe(self) -> dict:
+        """A JSON-friendly description (for reports, register maps, test vectors)."""
+        return {
+            "name": self.name,
+            "bits": self.bits,
+            "frac": self.frac,
+            "signed": self.signed,
+            "midrise": self.midrise,
+            "lsb": self.lsb,
+            "min": self.min_value,
+            "max": self.max_value,
+        }
+
+    def __str__(self) -> str:
+        kind = ("s" if self.signed else "u") + ("m" if self.midrise else "")
+        return f"{self.name or 'fixed'}<{kind}{self.bits}, 2^-{self.frac}>"
+
+
+def max_abs_format(x, bits: int = 16, name: str = "max-abs") -> FixedPoint:
+    """Dynamic max-abs format: the finest power-of-2 scale whose range holds max |x|.
+
+    Chosen so that ``max |x| < 2**(bits-1-frac)``: the largest element is representable with at most
+    half an LSB of rounding error and never saturates. An all-zero tensor gets ``frac = bits - 1``
+    (range [-1, 1)).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.size and not np.isfinite(x).all():
+        raise ValueError(f"{name}: cannot choose a scale for non-finite values")
+    peak = float(np.max(np.abs(x))) if x.size else 0.0
+    if peak == 0.0:
+        return FixedPoint(bits, bits - 1, name=name)
+    # floor(log2(peak)) + 1 is the smallest e with peak < 2**e; then frac = bits - 1 - e.
+    exponent = math.frexp(peak)[1]
+    frac = bits - 1 - exponent
+    # A peak that rounds up to 2**e (e.g. 2**e - tiny) would saturate by one code: widen once.
+    if round_half_up(math.ldexp(peak, frac)) > (1 << (bits - 1)) - 1:
+        frac -= 1
+    return FixedPoint(bits, frac, name=name)
+
+
+@dataclass
+class AutoScale:
+    """On-the-fly power-of-2 scale selection of the TT paper (section 3.3).
+
+    The tensor is stored as ``bits``-wide codes of scale ``2**-frac``; in *normalized* units
+    (full scale = 1) the mean |x| must stay in ``target`` = [0.1, 0.3]. After each observation the
+    exponent moves one step when the mean leaves the band, so the scale follows the data with a
+    margin against overflow. Shared across the samples and neurons of one tensor.
+    """
+
+    bits: int = 16
+    frac: int = 15
+    target: tuple[float, float] = (0.1, 0.3)
+    name: str = ""
+
+    def __post_init__(self):
+        lo, hi = self.target
+        if not (0 < lo < hi <= 1) or hi < 2 * lo:
+            # hi >= 2*lo guarantees that a one-step move can land inside the band.
+            raise ValueError(f"AutoScale {self.name}: target band {self.target} must satisfy "
+                             "0 < lo, 2*lo <= hi <= 1")
+
+    @property
+    def format(self) -> FixedPoint:
+        return FixedPoint(self.bits, self.frac, name=self.name)
+
+    def normalized_mean_abs(self, x) -> float:
+        """Mean |x| in units of the current full scale ``2**(bits-1-frac)``."""
+        full_scale = math.ldexp(1.0, self.bits - 1 - self.frac)
+        return float(np.mean(np.abs(x))) / full_scale if np.size(x) else 0.0
+
+    def observe(self, x) -> int:
+        """Update the exponent from a tensor of real values; returns the new ``frac``.
+
+        Moves as many single steps as needed to bring the mean into the band (a zero tensor leaves
+        the scale alone).
+        """
+        x = np.asarray(x, dtype=np.float64)
+        if not np.isfinite(x).all():
+            raise ValueError(f"AutoScale {self.name}: non-finite values observed")
+        lo, hi = self.target
+        mean = self.normalized_mean_abs(x)
+        if mean == 0.0:
+            return self.frac
+        while mean > hi:
+            self.frac -= 1
+            mean /= 2
+        while mean < lo:
+            self.frac += 1
+            mean *= 2
+        return self.frac
+
+
+# --------------------------------------------------------------------------- int8 real quantized graphs
+
+INT8 = FixedPoint(8, 0, name="int8")
+INT32 = FixedPoint(32, 0, name="int32")
+
+#: Width of the fixed-point requantization multiplier (fits a signed 16-bit register, and keeps
+#: ``acc * multiplier`` inside MicroPython's small-int range for the accumulators a MCU layer makes).
+REQUANT_MULTIPLIER_BITS = 15
+
+
+@dataclass(frozen=True)
+class RequantScale:
+    """A positive requantization scale ``s = multiplier * 2**-shift`` (tiny-training eq. 1).
+
+    ``multiplier`` is normalized into ``[2**(bits-1), 2**bits)`` so it keeps ``bits`` significant
+    bits. :meth:`from_float` picks the nearest such scale to a float.
+    """
+
+    multiplier: int
+    shift: int
+    bits: int = REQUANT_MULTIPLIER_BITS
+
+    def __post_init__(self):
+        if not (1 << (self.bits - 1)) <= self.multiplier < (1 << self.bits):
+            raise ValueError(f"RequantScale: multiplier {self.multiplier} is not normalized to "
+                             f"[2^{self.bits - 1}, 2^{self.bits})")
+        if self.shift < 1:
+            raise ValueError(f"RequantScale: shift must be >= 1, got {self.shift} "
+                             "(scales >= 2**(bits-1) are not used in eq. 1)")
+
+    @classmethod
+    def from_float(cls, scale: float, bits: int = REQUANT_MULTIPLIER_BITS) -> "RequantScale":
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"RequantScale: scale must be a positive finite number, got {scale}")
+        mantissa, exponent = math.frexp(scale)          # scale = mantissa * 2**exponent, m in [0.5, 1)
+        multiplier = int(round_half_up(math.ldexp(mantissa, bits)))
+        shift = bits - exponent
+        if multiplier == 1 << bits:                     # mantissa rounded up to 1.0
+            multiplier >>= 1
+            shift -= 1
+        return cls(multiplier, shift, bits)
+
+    def __float__(self) -> float:
+        return math.ldexp(float(self.multiplier), -self.shift)
+
+
+def requantize_fixed(acc, scale: RequantScale, out: FixedPoint = INT8):
+    """Eq. 1 in integers: ``sat(round(acc * multiplier * 2**-shift))``, ties toward +inf."""
+    return out.saturate(shift_round(np.asarray(acc, dtype=CODE_DTYPE) * scale.multiplier, scale.shift))
+
+
+def requantize_float(acc, scale, out: FixedPoint = INT8):
+    """Eq. 1 with a float scale: ``sat(floor(acc * s + 1/2))`` in float64.
+
+    With ``s = float(RequantScale)`` this equals :func:`requantize_fixed` exactly.
+    """
+    return out.saturate(round_half_up(np.asarray(acc, dtype=np.float64) * np.asarray(scale, dtype=np.float64)))
+
+
+# --------------------------------------------------------------------------- most significant bits
+
+def msb_code(codes, bits: int, keep: int):
+    """The top ``keep`` bits of ``bits``-wide signed codes (arithmetic shift: floor).
+
+    The E2-Train PSG predictor multiplies these truncated codes; their scale is ``2**(bits-keep)``
+    times the full code's LSB.
+    """
+    if not 1 <= keep <= bits:
+        raise ValueError(f"msb_code: keep must be in [1, {bits}], got {keep}")
+    return np.asarray(codes, dtype=CODE_DTYPE) >> (bits - keep)
+
+
+# --------------------------------------------------------------------------- the named formats
+
+# LRT hardware quantization model (LRT paper, appendix D).
+LRT_WEIGHT = FixedPoint.from_range(8, -1, 1, name="lrt.weight")
+LRT_BIAS = FixedPoint.from_range(16, -8, 8, name="lrt.bias")
+LRT_ACCUMULATOR = FixedPoint.from_range(16, -8, 8, name="lrt.accumulator")
+LRT_ACTIVATION = FixedPoint.from_range(8, 0, 2, name="lrt.activation")
+LRT_GRADIENT = FixedPoint.from_range(8, -1, 1, name="lrt.gradient")
+#: L and R are 16-bit with a per-matrix power-of-2 range from :func:`max_abs_format`.
+LRT_FACTOR_BITS = 16
+
+
+def lrt_weight_format(bits: int) -> FixedPoint:
+    """Weights of ``bits`` bits in [-1, 1] (mid-rise at 1 and 2 bits), for bit-width studies."""
+    return FixedPoint.from_range(bits, -1, 1, name=f"lrt.weight{bits}")
+
+
+# TT training on FPGA (TT paper, sections 3.2-3.3 and 4).
+TT_FACTOR_BITS = 4
+TT_ACTIVATION_BITS = 8
+TT_BIAS_BITS = 8
+#: The PEs carry 16-bit activations-or-gradients (forward uses the 8 LSBs).
+TT_PE_DATA_BITS = 16
+TT_MEAN_ABS_TARGET = (0.1, 0.3)
+
+
+def tt_factor_format(frac: int) -> FixedPoint:
+    """A 4-bit TT factor at its fixed power-of-2 scale ``2**-frac``."""
+    return FixedPoint(TT_FACTOR_BITS, frac, name="tt.factor")
+
+
+def tt_pe_format(frac: int) -> FixedPoint:
+    """A 16-bit PE operand (activation or gradient) at scale ``2**-frac`` (from :class:`AutoScale`)."""
+    return FixedPoint(TT_PE_DATA_BITS, frac, name="tt.pe-data")
+
+
+# E2-Train predictive sign gradient: MSB widths of the predictor.
+PSG_ACTIVATION_MSB_BITS = 4
+PSG_GRADIENT_MSB_BITS = 10
+
+#: The fixed formats by name, for reports and `insitu` introspection.
+FORMATS = {f.name: f for f in (LRT_WEIGHT, LRT_BIAS, LRT_ACCUMULATOR, LRT_ACTIVATION, LRT_GRADIENT,
+                               INT8, INT32)}

@@ -1,0 +1,23 @@
+"""Where the data that ships with insitu lives: board files and MicroPython firmware sources.
+
+In an installed wheel they are package data under ``insitu/boards`` and ``insitu/firmware``; in a
+source checkout (editable install, or tests) they are the top-level ``boards/`` and ``firmware/``
+folders beside ``host/``.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+
+def package_dir(name: str) -> Path:
+    """The folder of shipped data called ``name`` (``"boards"`` or ``"firmware"``)."""
+    installed = Path(str(resources.files("insitu"))) / name
+    if installed.is_dir():
+        return installed
+    source_tree = Path(__file__).resolve().parent.parent / name
+    if source_tree.is_dir():
+        return source_tree
+    raise FileNotFoundError(f"insitu's {name}/ folder is missing (looked in {installed} and "
+                            f"{source_tree}); reinstall insitu")

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Sets up everything insitu needs on a Debian machine; safe to run again (it only installs what is
+# missing and skips pip when nothing changed). Sourced by scripts/demo.sh and scripts/test.sh.
+#
+#   INSITU_VENV   where the virtual environment lives (default: .venv in the project root)
+#   PYTHON        the interpreter to build it from (default: python3; 3.10-3.12, pynq 4 needs <= 3.12)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${INSITU_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+# --- Debian packages: Icarus Verilog for cocotb, FashionMNIST, venv support -----------------------
+need_debs=()
+command -v iverilog >/dev/null 2>&1 || need_debs+=(iverilog)
+[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need_debs+=(dataset-fashion-mnist)
+"$python" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_debs+=(python3-venv)
+if [ ${#need_debs[@]} -gt 0 ]; then
+    say "installing Debian packages: ${need_debs[*]}"
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null 2>&1 || { say "need root (or sudo) to apt-get install ${need_debs[*]}"; exit 1; }
+        sudo=sudo
+    fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_debs[@]}" >/dev/null
+fi
+
+# --- the virtual environment ---------------------------------------------------------------------
+if ! "$python" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 12)))'; then
+    say "$python is $("$python" --version 2>&1); insitu needs Python 3.10-3.12 (pynq 4 does not support newer)."
+    say "set PYTHON=/path/to/python3.11 and run again"
+    exit 1
+fi
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    say "creating virtual environment $venv"
+    rm -rf "$venv"
+    "$python" -m venv "$venv"
+fi
+
+# pip runs only when the requirements changed since the last successful install.
+stamp="$venv/.insitu-installed"
+want="$(cat "$root/pyproject.toml" "$root/scripts/constraints.txt" | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c 'import insitu' >/dev/null 2>&1; then
+    say "installing Python packages into $venv (pinned by scripts/constraints.txt)"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    # Editable, so the tests run the working tree; `pip install .` (non-editable) is tested too.
+    "$venv/bin/python" -m pip install -q -c "$root/scripts/constraints.txt" -e "$root[all]"
+    echo "$want" > "$stamp"
+fi
+export PATH="$venv/bin:$PATH"

@@ -1,0 +1,185 @@
+"""Property tests of the fixed-point spec (insitu.numerics)."""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from insitu import numerics as nx
+from insitu.numerics import FixedPoint
+
+pytestmark = pytest.mark.unit
+
+
+@st.composite
+def formats(draw, max_bits=24):
+    bits = draw(st.integers(1, max_bits))
+    signed = draw(st.booleans())
+    midrise = signed and draw(st.booleans())
+    frac = draw(st.integers(-6, 30))
+    return FixedPoint(bits, frac, signed=signed, midrise=midrise, name="t")
+
+
+def codes_of(fmt, n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(fmt.qmin, fmt.qmax + 1, size=n)
+
+
+# -- the named formats of the papers ---------------------------------------------------------------
+
+def test_lrt_formats_match_the_paper():
+    assert (nx.LRT_WEIGHT.bits, nx.LRT_WEIGHT.lsb) == (8, 2 / 256)
+    assert (nx.LRT_WEIGHT.min_value, nx.LRT_WEIGHT.max_value) == (-1.0, 1 - 2 / 256)
+    assert (nx.LRT_BIAS.bits, nx.LRT_BIAS.lsb, nx.LRT_BIAS.min_value) == (16, 16 / 2**16, -8.0)
+    assert not nx.LRT_ACTIVATION.signed
+    assert (nx.LRT_ACTIVATION.min_value, nx.LRT_ACTIVATION.max_value) == (0.0, 2 - 2 / 256)
+    assert (nx.LRT_GRADIENT.bits, nx.LRT_GRADIENT.lsb) == (8, 2 / 256)
+
+
+def test_one_and_two_bit_weights_are_mid_rise():
+    one, two = nx.lrt_weight_format(1), nx.lrt_weight_format(2)
+    assert one.midrise and two.midrise and not nx.lrt_weight_format(3).midrise
+    assert one.to_float([one.qmin, one.qmax]).tolist() == [-0.5, 0.5]
+    assert two.to_float(np.arange(two.qmin, two.qmax + 1)).tolist() == [-0.75, -0.25, 0.25, 0.75]
+    # No zero level: a small value goes to the nearest of +-LSB/2.
+    assert one.quantize([-0.01, 0.01, -3, 3]).tolist() == [-0.5, 0.5, -0.5, 0.5]
+
+
+def test_from_range_rejects_a_step_that_is_not_a_power_of_two():
+    with pytest.raises(ValueError, match="not a power of two"):
+        FixedPoint.from_range(8, -1, 2)
+    with pytest.raises(ValueError, match="symmetric"):
+        FixedPoint.from_range(8, -1, 3)
+
+
+def test_ties_go_toward_plus_infinity():
+    fmt = FixedPoint(8, 0)
+    assert fmt.quantize_code([0.5, 1.5, -0.5, -1.5, 2.5]).tolist() == [1, 2, 0, -1, 3]
+    assert nx.shift_round([1, 3, -1, -3, 5], 1).tolist() == [1, 2, 0, -1, 3]
+
+
+def test_nan_is_refused():
+    with pytest.raises(ValueError, match="NaN"):
+        nx.LRT_WEIGHT.quantize_code([0.0, float("nan")])
+
+
+# -- properties of every format ------------------------------------------------------------------
+
+@given(formats())
+def test_round_trip_code_float_code(fmt):
+    codes = np.concatenate([codes_of(fmt), [fmt.qmin, fmt.qmax]])
+    assert np.array_equal(fmt.quantize_code(fmt.to_float(codes)), codes)
+
+
+@given(formats(), st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=40))
+def test_quantize_is_idempotent_monotone_and_saturating(fmt, values):
+    x = np.sort(np.array(values))
+    q = fmt.quantize_code(x)
+    assert np.all(np.diff(q) >= 0), "monotone"
+    assert q.min() >= fmt.qmin and q.max() <= fmt.qmax, "saturated into range"
+    assert np.array_equal(fmt.quantize_code(fmt.to_float(q)), q), "idempotent"
+    inside = (x >= fmt.min_value) & (x <= fmt.max_value)
+    err = np.abs(fmt.to_float(q) - x)
+    assert np.all(err[inside] <= fmt.lsb / 2), "nearest level inside the range"
+    assert np.all(q[x > fmt.max_value] == fmt.qmax) and np.all(q[x < fmt.min_value] == fmt.qmin)
+
+
+@given(formats(max_bits=20), st.integers(-8, 24), st.integers(0, 2**31 - 1))
+def test_integer_requantize_equals_the_float_view(fmt, extra, seed):
+    """Accumulator codes of scale 2**-from_frac -> format: integer shift == float quantizer."""
+    from_frac = fmt.frac + extra
+    acc = np.random.default_rng(seed).integers(-(2**40), 2**40, size=64)
+    assume(abs(from_frac) < 60)
+    real = np.ldexp(acc.astype(np.float64), -from_frac)   # exact: |acc| < 2**53
+    assert np.array_equal(fmt.requantize(acc, from_frac), fmt.quantize_code(real))
+
+
+@given(st.integers(-(2**50), 2**50), st.integers(0, 40))
+def test_shift_round_is_floor_of_half_up_exactly(v, shift):
+    expected = math.floor(Fraction(v, 2**shift) + Fraction(1, 2))
+    assert int(nx.shift_round(v, shift)) == expected
+
+
+# -- accumulator widths ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("a_bits,b_bits", [(16, 4), (8, 8), (4, 4), (16, 16)])
+@pytest.mark.parametrize("terms", [1, 2, 16, 128, 1000])
+def test_accumulator_width_holds_the_worst_case_and_is_tight(a_bits, b_bits, terms):
+    width = nx.accumulator_bits(a_bits, b_bits, terms)
+    worst = terms * (-(2 ** (a_bits - 1))) * (-(2 ** (b_bits - 1)))   # largest positive sum
+    most_negative = terms * (-(2 ** (a_bits - 1))) * (2 ** (b_bits - 1) - 1)
+    lo, hi = -(2 ** (width - 1)), 2 ** (width - 1) - 1
+    assert lo <= most_negative and worst <= hi
+    if terms & (terms - 1) == 0:                                          # powers of two: no slack
+        assert worst > 2 ** (width - 2) - 1
+
+
+# -- dynamic formats ----------------------------------------------------------------------------------
+
+@given(st.lists(st.floats(-1e4, 1e4, allow_nan=False), min_size=1, max_size=50), st.integers(4, 16))
+def test_max_abs_format_never_saturates_and_is_the_finest(values, bits):
+    x = np.array(values)
+    assume(np.max(np.abs(x)) > 1e-300)
+    fmt = nx.max_abs_format(x, bits)
+    codes = fmt.quantize_code(x)
+    assert np.all(np.abs(fmt.to_float(codes) - x) <= fmt.lsb / 2)     # nothing clipped
+    # The range is symmetric (chosen by max |x|): one step finer, +max|x| would saturate.
+    finer = fmt.with_frac(fmt.frac + 1)
+    peak = np.max(np.abs(x))
+    assert abs(finer.to_float(finer.quantize_code(peak)) - peak) > finer.lsb / 2
+
+
+def test_max_abs_format_of_zeros_and_non_finite():
+    assert nx.max_abs_format(np.zeros(3), 16).frac == 15
+    with pytest.raises(ValueError, match="non-finite"):
+        nx.max_abs_format([1.0, np.inf])
+
+
+@given(st.floats(1e-6, 1e6), st.integers(0, 2**31 - 1))
+def test_autoscale_brings_mean_abs_into_the_band(magnitude, seed):
+    x = np.random.default_rng(seed).normal(size=200) * magnitude
+    scale = nx.AutoScale(bits=16, frac=15, target=nx.TT_MEAN_ABS_TARGET)
+    scale.observe(x)
+    lo, hi = nx.TT_MEAN_ABS_TARGET
+    assert lo <= scale.normalized_mean_abs(x) <= hi
+    # A tensor that is already inside the band does not move the scale.
+    before = scale.frac
+    assert scale.observe(x) == before
+
+
+# -- int8 real quantized graphs (tiny training, eq. 1) ---------------------------------------------
+
+@given(st.floats(2.0**-30, 0.99), st.integers(0, 2**31 - 1))
+def test_fixed_and_float_requantization_agree_exactly(scale, seed):
+    rq = nx.RequantScale.from_float(scale)
+    assert abs(float(rq) - scale) <= scale * 2.0 ** -(rq.bits - 1)
+    acc = np.random.default_rng(seed).integers(-(2**31), 2**31, size=256)
+    assert np.array_equal(nx.requantize_fixed(acc, rq), nx.requantize_float(acc, float(rq)))
+
+
+def test_int8_graph_layer_end_to_end():
+    """y = cast2int8(s * (W x + b)) with int8 W, x and int32 b: exact against a float reference."""
+    rng = np.random.default_rng(1)
+    w = rng.integers(-128, 128, size=(5, 7))
+    x = rng.integers(-128, 128, size=7)
+    b = rng.integers(-(2**20), 2**20, size=5)
+    acc = w @ x + b
+    rq = nx.RequantScale.from_float(0.0123)
+    y = nx.requantize_fixed(acc, rq)
+    expected = np.clip(np.floor(acc * float(rq) + 0.5), -128, 127)
+    assert np.array_equal(y, expected) and y.min() >= -128 and y.max() <= 127
+
+
+def test_requant_scale_rejects_bad_scales():
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="positive finite"):
+            nx.RequantScale.from_float(bad)
+
+
+def test_msb_code_takes_the_top_bits():
+    assert nx.msb_code([127, -128, 16, -1], bits=8, keep=4).tolist() == [7, -8, 1, -1]
+    with pytest.raises(ValueError):
+        nx.msb_code([1], bits=8, keep=9)
