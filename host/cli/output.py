@@ -10,6 +10,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from insitu.io import to_jsonable
+
 #: Messages and progress go to stderr so that stdout stays clean for --json.
 console = Console(stderr=True)
 #: Human-readable reports (tables) go to stdout.
@@ -18,17 +20,7 @@ report = Console()
 
 def emit_json(payload) -> None:
     """Print one JSON document on stdout."""
-    click.echo(json.dumps(payload, indent=2, sort_keys=False, default=_jsonable))
-
-
-def _jsonable(value):
-    import numpy as np
-
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+    click.echo(json.dumps(payload, indent=2, default=to_jsonable))
 
 
 @contextmanager

@@ -1,0 +1,49 @@
+"""Writing files so that a crash never leaves a half-written one.
+
+Every run file, checkpoint and report insitu writes goes through :func:`atomic_write`: the data is
+written to a temporary file in the same folder, flushed to disk, then renamed over the target
+(``os.replace`` is atomic on POSIX), so readers see the old file or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write(path: str | Path, data: bytes | str) -> Path:
+    """Write ``data`` to ``path`` atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | Path, payload) -> Path:
+    """Write a JSON document atomically (NumPy scalars and arrays are converted)."""
+    return atomic_write(path, json.dumps(payload, indent=2, default=to_jsonable) + "\n")
+
+
+def to_jsonable(value):
+    """``json.dumps`` default hook for NumPy values."""
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")

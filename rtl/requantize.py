@@ -1,0 +1,46 @@
+"""The output stage every PE shares: rounding right shift and saturation, as the spec defines it.
+
+``data_out = saturate(round_half_up(data_in * 2**-shift))`` to ``out_width`` signed bits, where the
+rounding is ``(v + 2**(shift-1)) >> shift`` (ties toward +infinity) -- exactly
+:func:`insitu.numerics.shift_round` followed by :func:`insitu.numerics.saturate`. Combinational;
+the PEs register around it.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Const, Module, Mux, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+
+class RoundShiftSaturate(wiring.Component):
+    """Rescale a wide signed accumulator by a run-time power of two into a narrow signed code.
+
+    Parameters are generate-time bounds: ``in_width`` (accumulator), ``out_width`` (result code) and
+    ``max_shift`` (largest right shift the ``shift`` port accepts).
+    """
+
+    def __init__(self, in_width: int, out_width: int, max_shift: int):
+        if not (1 <= out_width <= in_width) or max_shift < 0:
+            raise ValueError(f"RoundShiftSaturate: need 1 <= out_width <= in_width and max_shift >= 0, "
+                             f"got in={in_width} out={out_width} max_shift={max_shift}")
+        self.in_width, self.out_width, self.max_shift = in_width, out_width, max_shift
+        super().__init__({
+            "data_in": In(signed(in_width)),
+            "shift": In(range(max_shift + 1)),
+            "data_out": Out(signed(out_width)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        # Half an output LSB, 2**(shift-1), or 0 when shift == 0; one extra bit for the carry.
+        half = Mux(self.shift == 0, 0, (Const(1, self.max_shift + 1) << self.shift) >> 1)
+        rounded = (self.data_in + half) >> self.shift
+        lo, hi = -(1 << (self.out_width - 1)), (1 << (self.out_width - 1)) - 1
+        with m.If(rounded > hi):
+            m.d.comb += self.data_out.eq(hi)
+        with m.Elif(rounded < lo):
+            m.d.comb += self.data_out.eq(lo)
+        with m.Else():
+            m.d.comb += self.data_out.eq(rounded)
+        return m

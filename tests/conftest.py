@@ -1,0 +1,26 @@
+"""Shared test helpers: the installed `insitu` console script and its environment."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def insitu_cli(*args, check=False, timeout=300, env=None, **kwargs) -> subprocess.CompletedProcess:
+    """Run the real `insitu` console script of this interpreter's environment."""
+    exe = VENV_BIN / "insitu"
+    if not exe.exists():
+        pytest.fail(f"{exe} is missing: install insitu into this environment (bash scripts/setup.sh)")
+    full_env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
+    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, check=check, env=full_env, cwd=kwargs.pop("cwd", ROOT), **kwargs)
+
+
+@pytest.fixture
+def run_cli():
+    return insitu_cli
