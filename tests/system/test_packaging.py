@@ -30,8 +30,9 @@ def installed(tmp_path_factory):
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q",
-                              "--prefix", str(venv), str(wheel)], capture_output=True, text=True)
+    # pip --python installs on behalf of the fresh interpreter (its console-script shebang too).
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps",
+                              "-q", str(wheel)], capture_output=True, text=True)
     assert install.returncode == 0, install.stderr
     return venv
 
