@@ -45,7 +45,8 @@ def _tool_check(name: str, exe: str, version_args: list[str], needed_for: str, f
     try:
         run = subprocess.run([path, *version_args], capture_output=True, text=True, timeout=60)
         text = (run.stdout or run.stderr).strip().splitlines()
-        detail = text[0] if text else path
+        # First line, without build details in parentheses ("Yosys 0.70 (git sha1 ...)").
+        detail = text[0].split(" (")[0] if text else path
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Check(name, needed_for, False, f"{path} does not run: {exc}", fix)
     return Check(name, needed_for, True, detail)

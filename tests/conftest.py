@@ -24,3 +24,15 @@ def insitu_cli(*args, check=False, timeout=300, env=None, **kwargs) -> subproces
 @pytest.fixture
 def run_cli():
     return insitu_cli
+
+
+_SUITES = ("unit", "rtl", "firmware", "system")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test carries the marker of its folder (tests/unit -> unit ...), so `-m unit` is the
+    whole fast inner loop even where a module forgot its `pytestmark`."""
+    for item in items:
+        suite = Path(str(item.fspath)).parent.name
+        if suite in _SUITES and not item.get_closest_marker(suite):
+            item.add_marker(getattr(pytest.mark, suite))

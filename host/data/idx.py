@@ -19,13 +19,13 @@ from __future__ import annotations
 import gzip as _gzip
 import os
 import struct
-import tempfile
 import zlib
 from pathlib import Path
 
 import numpy as np
 
 from insitu.errors import DatasetError
+from insitu.io import atomic_write
 
 __all__ = ["read_idx", "write_idx", "IDX_TYPES"]
 
@@ -108,15 +108,7 @@ def write_idx(path: str | os.PathLike, array, gzip: bool = False) -> Path:
     if gzip:
         payload = _gzip.compress(payload, mtime=0)  # mtime=0: same array, same bytes
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, payload)
 
 
 def _type_code_for(dtype: np.dtype) -> int:

@@ -29,11 +29,13 @@ def installed(tmp_path_factory):
     py = venv / "bin" / "python"
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     # pip --python installs on behalf of the fresh interpreter (its console-script shebang too).
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps",
                               "-q", str(wheel)], capture_output=True, text=True)
     assert install.returncode == 0, install.stderr
+    # Only now borrow the dependencies: had pip seen the test environment's editable insitu on the
+    # path, it would have uninstalled it to make room for the wheel.
+    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv
 
 
