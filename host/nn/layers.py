@@ -123,7 +123,22 @@ def _he_normal(rng: np.random.Generator, shape, fan_in: int, dtype) -> np.ndarra
 # --------------------------------------------------------------------------------------------
 
 
-class Dense(Layer):
+class _WeightLayer(Layer):
+    """What the weight layers share for low-rank training: the switch that skips the weight
+    gradient and the per-sample Kronecker pairs that the last backward produced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compute_weight_grad = True
+        self._pairs: tuple[np.ndarray, np.ndarray] | None = None
+
+    def kronecker_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._pairs is None:
+            raise RuntimeError("kronecker_pairs() needs a forward(train=True) and a backward first")
+        return self._pairs
+
+
+class Dense(_WeightLayer):
     """Fully connected: ``y = x @ W.T + b`` with ``W`` of shape ``(n_out, n_in)``.
 
     Kronecker pairs: ``dz`` is ``(N, 1, n_out)`` (the output gradient), ``a`` is ``(N, 1, n_in)``
@@ -137,8 +152,6 @@ class Dense(Layer):
         self._add_param("weight", _he_normal(rng, (n_out, n_in), n_in, dtype))
         if bias:
             self._add_param("bias", np.zeros(n_out, dtype=dtype))
-        self.compute_weight_grad = True
-        self._dy = None
 
     @property
     def weight_matrix(self) -> np.ndarray:
@@ -152,28 +165,23 @@ class Dense(Layer):
         if "bias" in self.params:
             y += self.params["bias"].astype(x.dtype, copy=False)
         self._cache = x if train else None
-        self._dy = None
+        self._pairs = None
         return y
 
     def backward(self, dy):
         x = self._saved()
-        self._dy = dy
+        self._pairs = (dy[:, None, :], x[:, None, :])
         if self.compute_weight_grad:
             self.grads["weight"] += dy.T @ x
         if "bias" in self.params:
             self.grads["bias"] += dy.sum(axis=0)
         return dy @ self.params["weight"].astype(dy.dtype, copy=False)
 
-    def kronecker_pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._dy is None:
-            raise RuntimeError("kronecker_pairs() needs a forward(train=True) and a backward first")
-        return self._dy[:, None, :], self._cache[:, None, :]
-
     def __repr__(self):
         return f"Dense({self.n_in}, {self.n_out}, bias={'bias' in self.params})"
 
 
-class Conv2d(Layer):
+class Conv2d(_WeightLayer):
     """2-D convolution (cross-correlation, as in every DL framework) computed as im2col + GEMM.
 
     Weight ``(c_out, c_in, kh, kw)``; ``weight_matrix`` is its ``(c_out, c_in*kh*kw)`` view.
@@ -193,8 +201,6 @@ class Conv2d(Layer):
         self._add_param("weight", _he_normal(rng, (c_out, c_in, kh, kw), fan_in, dtype))
         if bias:
             self._add_param("bias", np.zeros(c_out, dtype=dtype))
-        self.compute_weight_grad = True
-        self._dz = None
 
     @property
     def weight_matrix(self) -> np.ndarray:
@@ -214,14 +220,14 @@ class Conv2d(Layer):
         if "bias" in self.params:
             y += self.params["bias"].astype(x.dtype, copy=False)
         self._cache = (x.shape, cols) if train else None
-        self._dz = None
+        self._pairs = None
         return np.ascontiguousarray(y.reshape(n, ho, wo, self.c_out).transpose(0, 3, 1, 2))
 
     def backward(self, dy):
         x_shape, cols = self._saved()
         n = dy.shape[0]
         dz = np.ascontiguousarray(dy.transpose(0, 2, 3, 1)).reshape(n, -1, self.c_out)
-        self._dz = dz
+        self._pairs = (dz, cols)
         if self.compute_weight_grad:
             gw = dz.reshape(-1, self.c_out).T @ cols.reshape(-1, cols.shape[-1])
             self.grads["weight"] += gw.reshape(self.params["weight"].shape)
@@ -229,11 +235,6 @@ class Conv2d(Layer):
             self.grads["bias"] += dz.sum(axis=(0, 1))
         dcols = dz @ self.weight_matrix.astype(dy.dtype, copy=False)
         return col2im(dcols, x_shape, self.kernel_size, self.stride, self.padding)
-
-    def kronecker_pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._dz is None:
-            raise RuntimeError("kronecker_pairs() needs a forward(train=True) and a backward first")
-        return self._dz, self._cache[1]
 
     def __repr__(self):
         return (
@@ -249,7 +250,7 @@ class PointwiseConv2d(Conv2d):
         super().__init__(c_in, c_out, 1, stride=stride, padding=0, bias=bias, seed=seed, dtype=dtype)
 
 
-class DepthwiseConv2d(Layer):
+class DepthwiseConv2d(_WeightLayer):
     """Depthwise convolution: channel ``c`` is convolved with its own ``kh x kw`` kernel.
 
     Weight ``(C, 1, kh, kw)``; ``weight_matrix`` is its ``(C, kh*kw)`` view. A depthwise weight is
@@ -269,8 +270,6 @@ class DepthwiseConv2d(Layer):
         self._add_param("weight", _he_normal(rng, (channels, 1, kh, kw), kh * kw, dtype))
         if bias:
             self._add_param("bias", np.zeros(channels, dtype=dtype))
-        self.compute_weight_grad = True
-        self._dz = None
 
     @property
     def weight_matrix(self) -> np.ndarray:
@@ -288,14 +287,14 @@ class DepthwiseConv2d(Layer):
         if "bias" in self.params:
             y += self.params["bias"].astype(x.dtype, copy=False)
         self._cache = (x.shape, cols) if train else None
-        self._dz = None
+        self._pairs = None
         return np.ascontiguousarray(y.reshape(n, ho, wo, c).transpose(0, 3, 1, 2))
 
     def backward(self, dy):
         x_shape, cols = self._saved()
         n, c = dy.shape[:2]
         dz = np.ascontiguousarray(dy.transpose(0, 2, 3, 1)).reshape(n, -1, c)
-        self._dz = dz
+        self._pairs = (dz, cols)
         if self.compute_weight_grad:
             gw = np.einsum("npc,npck->ck", dz, cols)
             self.grads["weight"] += gw.reshape(self.params["weight"].shape)
@@ -303,11 +302,6 @@ class DepthwiseConv2d(Layer):
             self.grads["bias"] += dz.sum(axis=(0, 1))
         dcols = dz[..., None] * self.weight_matrix.astype(dy.dtype, copy=False)  # (N, P, C, kk)
         return col2im(dcols.reshape(n, dz.shape[1], -1), x_shape, self.kernel_size, self.stride, self.padding)
-
-    def kronecker_pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._dz is None:
-            raise RuntimeError("kronecker_pairs() needs a forward(train=True) and a backward first")
-        return self._dz, self._cache[1]
 
     def __repr__(self):
         return (
