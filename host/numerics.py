@@ -90,12 +90,15 @@ def shift_round(v, shift: int):
     """Integer ``v * 2**-shift`` rounded by the spec's tie rule (ties toward +infinity).
 
     ``shift > 0`` is the add-half-then-arithmetic-shift of the hardware; ``shift <= 0`` is an exact
-    left shift.
+    left shift. ``shift`` may be an array (one per channel, broadcast against ``v``; all >= 1).
     """
     v = np.asarray(v, dtype=CODE_DTYPE)
-    if shift <= 0:
+    shift = np.asarray(shift, dtype=CODE_DTYPE)
+    if shift.ndim == 0 and shift <= 0:
         return v << -shift
-    return (v + (1 << (shift - 1))) >> shift
+    if np.any(shift < 1):
+        raise ValueError("shift_round: an array of shifts (one per channel) must be >= 1")
+    return (v + (np.int64(1) << (shift - 1))) >> shift
 
 
 def saturate(v, bits: int, signed: bool = True):
@@ -397,15 +400,25 @@ class RequantScale:
         return math.ldexp(float(self.multiplier), -self.shift)
 
 
-def requantize_fixed(acc, scale: RequantScale, out: FixedPoint = INT8):
-    """Eq. 1 in integers: ``sat(round(acc * multiplier * 2**-shift))``, ties toward +inf."""
-    return out.saturate(shift_round(np.asarray(acc, dtype=CODE_DTYPE) * scale.multiplier, scale.shift))
+def requantize_fixed(acc, scale, out: FixedPoint = INT8):
+    """Eq. 1 in integers: ``sat(round(acc * multiplier * 2**-shift))``, ties toward +inf.
+
+    ``scale`` is one :class:`RequantScale` (per tensor) or a sequence of them, one per output
+    channel along the last axis of ``acc`` (per channel).
+    """
+    if isinstance(scale, RequantScale):
+        multiplier, shift = scale.multiplier, scale.shift
+    else:
+        multiplier = np.array([s.multiplier for s in scale], dtype=CODE_DTYPE)
+        shift = np.array([s.shift for s in scale], dtype=CODE_DTYPE)
+    return out.saturate(shift_round(np.asarray(acc, dtype=CODE_DTYPE) * multiplier, shift))
 
 
 def requantize_float(acc, scale, out: FixedPoint = INT8):
     """Eq. 1 with a float scale: ``sat(floor(acc * s + 1/2))`` in float64.
 
-    With ``s = float(RequantScale)`` this equals :func:`requantize_fixed` exactly.
+    ``scale`` is a float or an array of per-channel floats (last axis). With
+    ``s = float(RequantScale)`` this equals :func:`requantize_fixed` exactly.
     """
     return out.saturate(round_half_up(np.asarray(acc, dtype=np.float64) * np.asarray(scale, dtype=np.float64)))
 

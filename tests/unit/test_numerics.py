@@ -173,6 +173,16 @@ def test_int8_graph_layer_end_to_end():
     assert np.array_equal(y, expected) and y.min() >= -128 and y.max() <= 127
 
 
+def test_per_channel_requantization_equals_one_channel_at_a_time():
+    rng = np.random.default_rng(3)
+    scales = [nx.RequantScale.from_float(float(s)) for s in rng.uniform(1e-5, 0.5, size=6)]
+    acc = rng.integers(-(2**24), 2**24, size=(9, 6))
+    together = nx.requantize_fixed(acc, scales)
+    for c, scale in enumerate(scales):
+        assert np.array_equal(together[:, c], nx.requantize_fixed(acc[:, c], scale))
+    assert np.array_equal(together, nx.requantize_float(acc, [float(s) for s in scales]))
+
+
 def test_requant_scale_rejects_bad_scales():
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="positive finite"):
