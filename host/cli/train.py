@@ -16,7 +16,8 @@ def _algo_help() -> str:
 @click.command("train")
 @click.option("--board", default=TrainConfig.board, show_default=True,
               help="Board or simulated twin (see `insitu boards`).")
-@click.option("--algo", default=TrainConfig.algo, show_default=True, help="Training algorithm.")
+@click.option("--algo", default=TrainConfig.algo, show_default=True,
+              help=f"Training algorithm. {_algo_help()}.")
 @click.option("--dataset", default=TrainConfig.dataset, show_default=True,
               help="Dataset (see `insitu data list`).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
@@ -58,5 +59,3 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
                       f"({result['epochs']:.2f} epochs) in {result['seconds']:.1f} s, "
                       f"test accuracy [green]{result['accuracy']:.4f}[/]")
 
-
-command.help += "\n\nAlgorithms: " + _algo_help()
