@@ -44,6 +44,7 @@ __all__ = [
     "round_half_up",
     "shift_round",
     "saturate",
+    "code_range",
     "product_bits",
     "accumulator_bits",
     "max_abs_format",
@@ -74,16 +75,31 @@ __all__ = [
     "FORMATS",
 ]
 
-# Integer codes are held in int64 arrays: every product or sum the kernels form fits in 63 bits
-# (checked by :func:`accumulator_bits` callers), so NumPy integer arithmetic is exact.
+# Integer codes are held in int64 arrays. The functions below refuse (ValueError) operands whose
+# shifts or products would leave 63 bits, so NumPy integer arithmetic is exact where it answers.
 CODE_DTYPE = np.int64
+_INT_LIMIT = 1 << 62          # magnitudes kept below this so that +half and shifts cannot overflow
 
 
 # --------------------------------------------------------------------------- integer primitives
 
 def round_half_up(x):
-    """Round to nearest, ties toward +infinity: ``floor(x + 1/2)``, as int64 codes."""
-    return np.floor(np.asarray(x, dtype=np.float64) + 0.5).astype(CODE_DTYPE)
+    """Round to nearest, ties toward +infinity: ``floor(x + 1/2)``, as int64 codes.
+
+    Computed as ``floor(x)`` plus one where the fraction is >= 1/2 (both exact in float64);
+    ``floor(x + 0.5)`` itself would round 0.49999999999999994 up. Magnitudes clip at 2**62.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if np.isnan(x).any():
+        raise ValueError("round_half_up: cannot round NaN")
+    whole = np.floor(x)
+    rounded = whole + (x - whole >= 0.5)
+    return np.clip(rounded, -_INT_LIMIT, _INT_LIMIT).astype(CODE_DTYPE)
+
+
+def _check_magnitude(v, what: str) -> None:
+    if v.size and int(np.max(np.abs(v))) >= _INT_LIMIT:
+        raise ValueError(f"{what}: magnitude reaches 2**62; int64 arithmetic would overflow")
 
 
 def shift_round(v, shift: int):
@@ -93,21 +109,26 @@ def shift_round(v, shift: int):
     left shift. ``shift`` may be an array (one per channel, broadcast against ``v``; all >= 1).
     """
     v = np.asarray(v, dtype=CODE_DTYPE)
+    _check_magnitude(v, "shift_round")
     shift = np.asarray(shift, dtype=CODE_DTYPE)
     if shift.ndim == 0 and shift <= 0:
+        if v.size and int(np.max(np.abs(v))) >= _INT_LIMIT >> int(-shift):
+            raise ValueError(f"shift_round: left shift by {-shift} overflows int64")
         return v << -shift
     if np.any(shift < 1):
         raise ValueError("shift_round: an array of shifts (one per channel) must be >= 1")
-    return (v + (np.int64(1) << (shift - 1))) >> shift
+    # |v| < 2**62: from a shift of 63 on, every result is 0 (and the hardware shifter agrees).
+    return np.where(shift >= 63, 0, (v + (np.int64(1) << np.minimum(shift, 62) - 1)) >> np.minimum(shift, 62))
 
 
 def saturate(v, bits: int, signed: bool = True):
     """Clamp integer codes into the range of a ``bits``-wide (un)signed integer."""
-    lo, hi = _code_range(bits, signed)
+    lo, hi = code_range(bits, signed)
     return np.clip(np.asarray(v, dtype=CODE_DTYPE), lo, hi)
 
 
-def _code_range(bits: int, signed: bool) -> tuple[int, int]:
+def code_range(bits: int, signed: bool = True) -> tuple[int, int]:
+    """``(qmin, qmax)`` of a ``bits``-wide (un)signed integer code."""
     if bits < 1:
         raise ValueError(f"bits must be >= 1, got {bits}")
     if signed:
@@ -115,25 +136,34 @@ def _code_range(bits: int, signed: bool) -> tuple[int, int]:
     return 0, (1 << bits) - 1
 
 
-def product_bits(a_bits: int, b_bits: int, a_signed: bool = True, b_signed: bool = True) -> int:
-    """Width of a signed register that holds any product of two codes.
+def _signed_width(lo: int, hi: int) -> int:
+    """The fewest bits of a two's complement register that holds every integer in [lo, hi]."""
+    return max(lo.bit_length() if lo >= 0 else (-lo - 1).bit_length(),
+               hi.bit_length() if hi >= 0 else (-hi - 1).bit_length()) + 1
 
-    Signed x signed needs ``a + b`` bits (only ``(-2**(a-1)) * (-2**(b-1))`` needs the top bit);
-    one unsigned operand adds a bit to make room for the sign.
+
+def _product_range(a_bits, b_bits, a_signed, b_signed) -> tuple[int, int]:
+    a, b = code_range(a_bits, a_signed), code_range(b_bits, b_signed)
+    products = [x * y for x in a for y in b]
+    return min(products), max(products)
+
+
+def product_bits(a_bits: int, b_bits: int, a_signed: bool = True, b_signed: bool = True) -> int:
+    """Width of a signed register that holds any product of two codes (the exact minimum).
+
+    Signed x signed needs ``a + b`` bits: only ``(-2**(a-1)) * (-2**(b-1))`` needs the top bit.
     """
-    if a_signed and b_signed:
-        return a_bits + b_bits
-    if a_signed or b_signed:
-        return a_bits + b_bits + 1
-    return a_bits + b_bits + 1  # unsigned x unsigned, held in a signed register
+    return _signed_width(*_product_range(a_bits, b_bits, a_signed, b_signed))
 
 
 def accumulator_bits(a_bits: int, b_bits: int, terms: int,
                      a_signed: bool = True, b_signed: bool = True) -> int:
-    """Width of a signed accumulator that never overflows summing ``terms`` products."""
+    """Width of a signed accumulator that never overflows summing ``terms`` products (the exact
+    minimum for the worst case, all terms at the same extreme)."""
     if terms < 1:
         raise ValueError(f"terms must be >= 1, got {terms}")
-    return product_bits(a_bits, b_bits, a_signed, b_signed) + math.ceil(math.log2(terms))
+    lo, hi = _product_range(a_bits, b_bits, a_signed, b_signed)
+    return _signed_width(terms * lo, terms * hi)
 
 
 # --------------------------------------------------------------------------- formats
@@ -196,11 +226,11 @@ class FixedPoint:
     # -- derived properties ---------------------------------------------------------------------
     @property
     def qmin(self) -> int:
-        return _code_range(self.bits, self.signed)[0]
+        return code_range(self.bits, self.signed)[0]
 
     @property
     def qmax(self) -> int:
-        return _code_range(self.bits, self.signed)[1]
+        return code_range(self.bits, self.signed)[1]
 
     @property
     def lsb(self) -> float:
@@ -224,11 +254,10 @@ class FixedPoint:
         if self.midrise:
             # Levels sit at (k + 1/2) LSB; the nearest one is floor(x / LSB) (boundaries at
             # integers, a value on a boundary goes up).
-            codes = np.floor(scaled)
+            codes = np.floor(np.clip(scaled, self.qmin - 1, self.qmax + 1))
         else:
-            codes = np.floor(scaled + 0.5)
-        lo, hi = self.qmin, self.qmax
-        return np.clip(codes, lo, hi).astype(CODE_DTYPE)
+            codes = round_half_up(np.clip(scaled, self.qmin - 1, self.qmax + 1))
+        return np.clip(codes, self.qmin, self.qmax).astype(CODE_DTYPE)
 
     def saturate(self, codes):
         """Clamp integer codes into the format (no rescaling)."""
@@ -241,10 +270,15 @@ class FixedPoint:
         ``quantize_code(codes * 2**-from_frac)`` exactly (a property test checks it).
         """
         codes = np.asarray(codes, dtype=CODE_DTYPE)
+        _check_magnitude(codes, f"{self.name or 'format'}.requantize")
         shift = from_frac - self.frac
+        if shift < 0:
+            # An exact left shift; first clamp what would saturate anyway, so nothing overflows.
+            bound = (abs(self.qmin) + self.qmax) >> min(-shift, 62)
+            codes = np.clip(codes, -bound - 1, bound + 1)
         if self.midrise:
             # Nearest mid-rise level: floor(v * 2**-shift), an arithmetic shift.
-            shifted = codes >> shift if shift > 0 else codes << -shift
+            shifted = codes >> min(shift, 63) if shift > 0 else codes << -shift
         else:
             shifted = shift_round(codes, shift)
         return self.saturate(shifted)
@@ -307,8 +341,8 @@ class AutoScale:
 
     The tensor is stored as ``bits``-wide codes of scale ``2**-frac``; in *normalized* units
     (full scale = 1) the mean |x| must stay in ``target`` = [0.1, 0.3]. After each observation the
-    exponent moves one step when the mean leaves the band, so the scale follows the data with a
-    margin against overflow. Shared across the samples and neurons of one tensor.
+    exponent moves by single power-of-2 steps until the mean is back in the band, so the scale
+    follows the data with a margin against overflow. Shared across the samples and neurons of one tensor.
     """
 
     bits: int = 16
@@ -359,8 +393,8 @@ class AutoScale:
 INT8 = FixedPoint(8, 0, name="int8")
 INT32 = FixedPoint(32, 0, name="int32")
 
-#: Width of the fixed-point requantization multiplier (fits a signed 16-bit register, and keeps
-#: ``acc * multiplier`` inside MicroPython's small-int range for the accumulators a MCU layer makes).
+#: Width of the fixed-point requantization multiplier: it fits a signed 16-bit register. (On a
+#: 32-bit MicroPython port ``acc * multiplier`` beyond 2**30 becomes a big int: exact, but slower.)
 REQUANT_MULTIPLIER_BITS = 15
 
 
@@ -377,12 +411,14 @@ class RequantScale:
     bits: int = REQUANT_MULTIPLIER_BITS
 
     def __post_init__(self):
+        if not 2 <= self.bits <= 31:
+            raise ValueError(f"RequantScale: bits must be in [2, 31], got {self.bits}")
         if not (1 << (self.bits - 1)) <= self.multiplier < (1 << self.bits):
             raise ValueError(f"RequantScale: multiplier {self.multiplier} is not normalized to "
                              f"[2^{self.bits - 1}, 2^{self.bits})")
-        if self.shift < 1:
-            raise ValueError(f"RequantScale: shift must be >= 1, got {self.shift} "
-                             "(scales >= 2**(bits-1) are not used in eq. 1)")
+        if not 1 <= self.shift <= 62:
+            raise ValueError(f"RequantScale: shift must be in [1, 62], got {self.shift} "
+                             "(scale out of the range eq. 1 uses)")
 
     @classmethod
     def from_float(cls, scale: float, bits: int = REQUANT_MULTIPLIER_BITS) -> "RequantScale":
@@ -406,12 +442,17 @@ def requantize_fixed(acc, scale, out: FixedPoint = INT8):
     ``scale`` is one :class:`RequantScale` (per tensor) or a sequence of them, one per output
     channel along the last axis of ``acc`` (per channel).
     """
+    scales = [scale] if isinstance(scale, RequantScale) else list(scale)
+    multiplier = np.array([s.multiplier for s in scales], dtype=CODE_DTYPE)
+    shift = np.array([s.shift for s in scales], dtype=CODE_DTYPE)
     if isinstance(scale, RequantScale):
-        multiplier, shift = scale.multiplier, scale.shift
-    else:
-        multiplier = np.array([s.multiplier for s in scale], dtype=CODE_DTYPE)
-        shift = np.array([s.shift for s in scale], dtype=CODE_DTYPE)
-    return out.saturate(shift_round(np.asarray(acc, dtype=CODE_DTYPE) * multiplier, shift))
+        multiplier, shift = multiplier[0], shift[0]
+    acc = np.asarray(acc, dtype=CODE_DTYPE)
+    limit = _INT_LIMIT >> max(s.bits for s in scales)
+    if acc.size and int(np.max(np.abs(acc))) >= limit:
+        raise ValueError(f"requantize_fixed: accumulators reach 2**{limit.bit_length() - 1}; "
+                         "acc * multiplier would overflow int64")
+    return out.saturate(shift_round(acc * multiplier, shift))
 
 
 def requantize_float(acc, scale, out: FixedPoint = INT8):

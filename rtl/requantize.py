@@ -12,6 +12,8 @@ from amaranth.hdl import Const, Module, Mux, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from insitu.numerics import code_range
+
 
 class RoundShiftSaturate(wiring.Component):
     """Rescale a wide signed accumulator by a run-time power of two into a narrow signed code.
@@ -36,7 +38,7 @@ class RoundShiftSaturate(wiring.Component):
         # Half an output LSB, 2**(shift-1), or 0 when shift == 0; one extra bit for the carry.
         half = Mux(self.shift == 0, 0, (Const(1, self.max_shift + 1) << self.shift) >> 1)
         rounded = (self.data_in + half) >> self.shift
-        lo, hi = -(1 << (self.out_width - 1)), (1 << (self.out_width - 1)) - 1
+        lo, hi = code_range(self.out_width, signed=True)
         with m.If(rounded > hi):
             m.d.comb += self.data_out.eq(hi)
         with m.Elif(rounded < lo):
