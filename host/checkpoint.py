@@ -26,7 +26,11 @@ def save_checkpoint(path: str | Path, arrays: dict[str, np.ndarray], meta: dict)
     buffer = io.BytesIO()
     meta_blob = np.frombuffer(json.dumps(meta, default=to_jsonable).encode(), dtype=np.uint8)
     np.savez(buffer, **arrays, **{_META_KEY: meta_blob})
-    return atomic_write(path, buffer.getvalue())
+    try:
+        return atomic_write(path, buffer.getvalue())
+    except OSError as exc:
+        raise InsituError(f"cannot write checkpoint {path}: {exc.strerror}; the previous checkpoint, "
+                          "if any, is intact") from None
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
@@ -41,5 +45,8 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
         raise InsituError(f"checkpoint {path} is corrupt ({exc}); delete it to start over") from None
     if _META_KEY not in arrays:
         raise InsituError(f"{path} is not an insitu checkpoint (no metadata); delete it to start over")
-    meta = json.loads(arrays.pop(_META_KEY).tobytes().decode())
+    try:
+        meta = json.loads(arrays.pop(_META_KEY).tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InsituError(f"checkpoint {path} has corrupt metadata ({exc}); delete it to start over") from None
     return arrays, meta

@@ -31,6 +31,20 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
     return path
 
 
+def check_writable(path: str | Path, what: str) -> Path:
+    """Fail early, before hours of work, if ``path`` cannot be written (an :class:`InsituError`)."""
+    from insitu.errors import InsituError
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InsituError(f"cannot create the folder of {what} {path}: {exc.strerror}") from None
+    if path.is_dir() or not os.access(path.parent, os.W_OK):
+        raise InsituError(f"cannot write {what} {path}: choose a writable file path")
+    return path
+
+
 def atomic_write_json(path: str | Path, payload) -> Path:
     """Write a JSON document atomically (NumPy scalars and arrays are converted)."""
     return atomic_write(path, json.dumps(payload, indent=2, default=to_jsonable) + "\n")

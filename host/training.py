@@ -24,6 +24,7 @@ from insitu.boards import Board, get_board, load_boards
 from insitu.checkpoint import load_checkpoint, save_checkpoint
 from insitu.data import load_dataset
 from insitu.errors import InsituError, UsageError
+from insitu.io import check_writable
 
 
 @dataclass
@@ -134,21 +135,28 @@ def _run_sgd(config: TrainConfig, board: Board, advance) -> dict:
     x_test = data.float_images("test")[:, None]
     model = MODELS[config.model](data.sample_shape, data.num_classes, config.seed)
     optimizer = nn.SGD(model, lr=config.lr)
+    # What makes two runs the same run (a checkpoint of one resumes the other): not the sample
+    # budget, nor where the files are or how often they are saved.
+    identity = {k: v for k, v in asdict(config).items()
+                if k not in ("samples", "checkpoint", "checkpoint_every", "data_dir")}
     done, resumed_from = 0, None
+    if config.checkpoint:
+        check_writable(config.checkpoint, "checkpoint")
     if config.checkpoint and Path(config.checkpoint).exists():
         arrays, meta = load_checkpoint(config.checkpoint)
-        expected = {k: v for k, v in asdict(config).items() if k not in ("samples", "checkpoint")}
-        if meta.get("config") != expected:
+        if meta.get("config") != identity or not isinstance(meta.get("samples_done"), int):
             raise InsituError(f"checkpoint {config.checkpoint} was written by a different run "
                               f"({meta.get('config')}); use another --checkpoint path or delete it")
-        model.load_state_dict(arrays)
-        done = resumed_from = int(meta["samples_done"])
+        try:
+            model.load_state_dict(arrays)
+        except (KeyError, ValueError) as exc:
+            raise InsituError(f"checkpoint {config.checkpoint} does not fit the model ({exc}); "
+                              "delete it to start over") from None
+        done = resumed_from = meta["samples_done"]
         advance(min(done, config.samples))
 
     def checkpoint():
-        meta = {"config": {k: v for k, v in asdict(config).items() if k not in ("samples", "checkpoint")},
-                "samples_done": done}
-        save_checkpoint(config.checkpoint, model.state_dict(), meta)
+        save_checkpoint(config.checkpoint, model.state_dict(), {"config": identity, "samples_done": done})
 
     started = time.perf_counter()
     losses, hits, seen = [], 0, 0

@@ -5,5 +5,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh"
 cd "$root"
-insitu doctor
+# The toolchain report goes to stderr so that `demo.sh --json` prints clean JSON; a missing optional
+# tool is reported but does not stop the training.
+insitu doctor >&2 || echo "[demo] some tools are missing (see above); training goes on" >&2
 exec insitu train --board ultra96v2-sim "$@"

@@ -3,11 +3,12 @@
 # missing and skips pip when nothing changed). Sourced by scripts/demo.sh and scripts/test.sh.
 #
 #   INSITU_VENV   where the virtual environment lives (default: .venv in the project root)
-#   PYTHON        the interpreter to build it from (default: python3; 3.10-3.12, pynq 4 needs <= 3.12)
+#   PYTHON        the interpreter to build it from (default: python3; 3.11 or 3.12: pynq 4 needs <= 3.12)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${INSITU_VENV:-$root/.venv}"
+case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac   # PATH needs it absolute
 python="${PYTHON:-python3}"
 
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -25,16 +26,16 @@ if [ ${#need_debs[@]} -gt 0 ]; then
         sudo=sudo
     fi
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_debs[@]}" >/dev/null
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_debs[@]}" >/dev/null
 fi
 
 # --- the virtual environment ---------------------------------------------------------------------
-if ! "$python" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 12)))'; then
-    say "$python is $("$python" --version 2>&1); insitu needs Python 3.10-3.12 (pynq 4 does not support newer)."
+if ! "$python" -c 'import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] <= (3, 12)))'; then
+    say "$python is $("$python" --version 2>&1); insitu needs Python 3.11 or 3.12 (pynq 4 supports no newer)."
     say "set PYTHON=/path/to/python3.11 and run again"
     exit 1
 fi
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
     say "creating virtual environment $venv"
     rm -rf "$venv"
     "$python" -m venv "$venv"

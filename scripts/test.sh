@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Sets everything up (scripts/setup.sh) and runs the whole test suite; benchmarks are excluded
-# (run them with: .venv/bin/python -m pytest -m benchmark). Extra arguments go to pytest.
+# Sets everything up (scripts/setup.sh) and runs the whole test suite; benchmarks are excluded by
+# pyproject's addopts (run them with: .venv/bin/python -m pytest -m benchmark -s). Extra arguments
+# go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh"
 cd "$root"
-exec python -m pytest -m "not benchmark" "$@"
+exec python -m pytest "$@"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from insitu.cli.output import emit_json, progress, report
-from insitu.io import atomic_write_json
+from insitu.errors import InsituError
+from insitu.io import atomic_write_json, check_writable
 from insitu.training import ALGORITHMS, MODELS, TrainConfig, train
 
 
@@ -48,13 +49,18 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
     config = TrainConfig(board=board, algo=algo, dataset=dataset, data_dir=data_dir, model=model,
                          samples=samples, batch_size=batch_size, lr=lr, seed=seed,
                          checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+    if out:
+        check_writable(out, "--out")
     with progress(f"training on {board}", total=samples) as advance:
         result = train(config, advance)
-    if out:
-        atomic_write_json(out, result)
     if as_json:
         emit_json(result)
-    else:
+    if out:
+        try:
+            atomic_write_json(out, result)
+        except OSError as exc:
+            raise InsituError(f"cannot write --out {out}: {exc.strerror}") from None
+    if not as_json:
         report.print(f"[bold]{result['board']}[/] {result['algo']}: {result['samples']} samples "
                       f"({result['epochs']:.2f} epochs) in {result['seconds']:.1f} s, "
                       f"test accuracy [green]{result['accuracy']:.4f}[/]")

@@ -88,6 +88,13 @@ def test_a_checkpoint_from_another_run_is_refused(run_cli, tmp_path):
     assert run.returncode == 1 and "corrupt" in run.stderr
 
 
+def test_unwritable_output_fails_before_training(run_cli, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    run = run_cli("train", "--dataset", "digits", "--samples", "64", "--out", blocker / "run.json")
+    assert run.returncode == 1 and "--out" in run.stderr and "Traceback" not in run.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (["--board", "nope"], "known boards: "),
     (["--board", "ultra96v2"], "use --board ultra96v2-sim"),

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -20,8 +21,13 @@ def installed(tmp_path_factory):
     dependencies are borrowed from the test environment (a .pth file; the test environment's own
     editable insitu is not on that path, so only the wheel's copy can be imported)."""
     tmp = tmp_path_factory.mktemp("wheel")
+    # Build from a clean copy: an in-tree build would leave build/ behind, and setuptools packs a
+    # stale build/lib into later wheels.
+    source = tmp / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                            "-q", "-w", str(tmp / "dist"), str(ROOT)], capture_output=True, text=True)
+                            "-q", "-w", str(tmp / "dist"), str(source)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     (wheel,) = (tmp / "dist").glob("insitu-*.whl")
     venv = tmp / "venv"

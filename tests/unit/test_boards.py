@@ -58,6 +58,7 @@ def board_dir(tmp_path):
     (lambda s: s.replace("[processor]", "[cpu]"), "zedboard", "unknown section '\\[cpu\\]'"),
     (lambda s: s.replace('twin_of = "ultra96v2"', 'twin_of = "ultra97"'), "ultra96v2-sim", "key 'twin_of'"),
     (lambda s: s + "\n[fpga]\nlut = 1\n", "zedboard-sim", "key 'fpga.part'"),
+    (lambda s: 'kind = "fpga-soc"\n' + s, "zedboard-sim", "a twin takes 'kind' and resources"),
     (lambda s: s.replace('name = "zedboard"', 'name = "zed"'), "zedboard", "key 'name' is 'zed'"),
 ])
 def test_malformed_board_file_names_the_file_and_key(board_dir, edit, file, message):
