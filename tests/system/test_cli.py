@@ -1,7 +1,6 @@
 """The `insitu` console script end to end: boards, doctor, train on a twin, bad input."""
 
 import json
-import os
 
 import numpy as np
 import pytest
