@@ -37,15 +37,16 @@ def main():
       insitu boards                 the boards and their simulated twins
       insitu data info fashion-mnist
       insitu train                  on-device training on a simulated twin (the default board)
+      insitu lrt adapt --env shift  low-rank training that spares NVM weight writes
 
     Every command that reports figures takes --json. `insitu COMMAND --help` explains each one.
     """
 
 
 def _register():
-    from insitu.cli import boards, data, doctor, train
+    from insitu.cli import boards, data, doctor, lrt, train
 
-    for module in (boards, data, doctor, train):
+    for module in (boards, data, doctor, train, lrt):
         main.add_command(module.command)
 
 

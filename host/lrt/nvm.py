@@ -31,13 +31,13 @@ import numpy as np
 from ..numerics import CODE_DTYPE, FixedPoint
 
 __all__ = [
-    "NVMArray",
-    "NVMModel",
-    "Drift",
-    "NoDrift",
+    "DRIFT_ENVS",
     "AnalogDrift",
     "DigitalDrift",
-    "DRIFT_ENVS",
+    "Drift",
+    "NVMArray",
+    "NVMModel",
+    "NoDrift",
     "make_drift",
     "write_histogram",
 ]
@@ -136,6 +136,33 @@ class NVMArray:
         span = self.fmt.qmax - self.fmt.qmin
         delta = np.clip(delta, -span, span).astype(CODE_DTYPE)
         return self._write_codes(self.fmt.saturate(self.codes() + delta))
+
+    def apply_sequence(self, steps) -> int:
+        """Apply integer code increments ``steps[0]``, ``steps[1]``, ... one after another.
+
+        ``steps`` has shape ``(S, *shape)`` (or ``(S, n_out, n_in)`` for a weight matrix); each
+        increment that changes a cell's code is one write of that cell (online SGD applying one
+        update per convolution pixel). Returns the number of writes.
+        """
+        steps = np.asarray(steps, dtype=CODE_DTYPE).reshape(-1, *self.values.shape)
+        codes = self.codes()
+        path = codes + np.cumsum(steps, axis=0)
+        if path.min() >= self.fmt.qmin and path.max() <= self.fmt.qmax:
+            # No saturation on the way: every non-zero increment changes the code.
+            changes = np.count_nonzero(steps, axis=0)
+            final = path[-1]
+        else:
+            # Saturation makes later increments depend on earlier ones: walk the sequence.
+            changes = np.zeros(self.values.shape, dtype=CODE_DTYPE)
+            final = codes.copy()
+            for step in steps:
+                new = self.fmt.saturate(final + step)
+                changes += new != final
+                final = new
+        written = changes > 0
+        self.values[written] = self.fmt.to_float(final[written])
+        self.writes += changes
+        return int(changes.sum())
 
     def program(self, new_values) -> int:
         """Write target real values (quantized to the nearest level, saturated); returns cells written."""

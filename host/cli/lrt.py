@@ -1,0 +1,161 @@
+"""`insitu lrt`: low-rank training experiments (adaptation, transfer comparison, benchmark)."""
+
+from __future__ import annotations
+
+import click
+
+from insitu.cli.output import emit_json, progress, report
+from insitu.errors import InsituError, UsageError
+from insitu.io import atomic_write_json, check_writable
+
+
+@click.group("lrt")
+def command():
+    """Low-rank training (LRT/SKS) for weights in non-volatile memory.
+
+    \b
+    Examples:
+      insitu lrt adapt --env shift --scheme lrt-maxnorm --samples 10000 --json
+      insitu lrt adapt --env analog --scheme all --samples 10000 --plot analog.png
+      insitu lrt transfer --json
+      insitu lrt bench --json
+    """
+
+
+def _usage(fn, *args, **kwargs):
+    """Run a library call; its ValueErrors are the user's bad input (exit 2)."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _write_json(path, payload, what):
+    try:
+        atomic_write_json(path, payload)
+    except OSError as exc:
+        raise InsituError(f"cannot write {what} {path}: {exc.strerror}") from None
+
+
+@command.command("adapt")
+@click.option("--env", type=click.Choice(["control", "shift", "analog", "digital"]), required=True,
+              help="Environment: control, distribution shift, analog or digital weight drift.")
+@click.option("--scheme", type=click.Choice(["inference", "bias", "sgd", "lrt", "lrt-maxnorm", "all"]),
+              default="lrt-maxnorm", show_default=True, help="Online training scheme (all: the five).")
+@click.option("--samples", type=int, default=10_000, show_default=True, help="Online samples.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--arch", type=click.Choice(["cnn", "mlp"]), default="cnn", show_default=True,
+              help="cnn: the paper's four-conv, two-dense network; mlp: a dense network.")
+@click.option("--dataset", default="fashion-mnist", show_default=True)
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder with the dataset's IDX files (MNIST needs one).")
+@click.option("--lr", type=float, default=0.01, show_default=True, help="Weight learning rate η.")
+@click.option("--bias-lr", type=float, default=0.01, show_default=True)
+@click.option("--rank", type=int, default=4, show_default=True)
+@click.option("--conv-batch", type=int, default=10, show_default=True, help="Pseudo-batch B of convolutions.")
+@click.option("--dense-batch", type=int, default=100, show_default=True, help="Pseudo-batch B of dense layers.")
+@click.option("--rho-min", type=float, default=0.01, show_default=True, help="Minimum update density.")
+@click.option("--segment", type=int, default=10_000, show_default=True,
+              help="Samples per distribution-shift segment.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the figure (PNG).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result JSON.")
+@click.option("--counts", type=click.Path(dir_okay=False), default=None,
+              help="Write per-cell write counts (.npz); with --scheme all, one file per scheme.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank, conv_batch,
+          dense_batch, rho_min, segment, plot, out, counts, as_json):
+    """Pre-train offline, deploy, and adapt online (the LRT paper's figure 2)."""
+    from insitu.lrt.adapt import SCHEMES, plot_adapt, run_adapt
+    from insitu.lrt.trainer import LRTConfig
+
+    config = LRTConfig(lr=lr, bias_lr=bias_lr, rank=rank, conv_batch=conv_batch,
+                       dense_batch=dense_batch, rho_min=rho_min)
+    _usage(config.validate)
+    if samples < 1:
+        raise UsageError(f"--samples must be >= 1, got {samples}")
+    for path, what in ((plot, "--plot"), (out, "--out"), (counts, "--counts")):
+        if path:
+            check_writable(path, what)
+    schemes = list(SCHEMES) if scheme == "all" else [scheme]
+    results = []
+    for name in schemes:
+        counts_path = counts
+        if counts and len(schemes) > 1:
+            stem = counts[:-4] if counts.endswith(".npz") else counts
+            counts_path = f"{stem}-{name}.npz"
+        with progress(f"{name} in {env}", total=samples) as advance:
+            results.append(_usage(run_adapt, env, name, samples, seed=seed, arch=arch,
+                                  dataset=dataset, data_dir=data_dir, config=config,
+                                  segment=segment, counts_out=counts_path, advance=advance))
+    if len(results) == 1:
+        payload = results[0]
+    else:
+        payload = {"env": env, "samples": samples, "seed": seed,
+                   "summary": [{k: r[k] for k in ("scheme", "online_accuracy", "max_writes_per_cell",
+                                                   "total_writes")} for r in results],
+                   "runs": results}
+    if plot:
+        plot_adapt(results, plot)
+    if out:
+        _write_json(out, payload, "--out")
+    if as_json:
+        emit_json(payload)
+    else:
+        for r in results:
+            report.print(f"{r['env']:8s} {r['scheme']:12s} online accuracy (EMA) "
+                         f"[green]{r['online_accuracy']:.4f}[/]  max writes/cell "
+                         f"{r['max_writes_per_cell']:>9d}  total writes {r['total_writes']:>11d}  "
+                         f"({r['samples']} samples, {r['seconds']:.0f} s)")
+
+
+@command.command("transfer")
+@click.option("--ranks", default="1,2,4,8", show_default=True, help="Comma-separated ranks.")
+@click.option("--lrs", default="0.003,0.01,0.03,0.1,0.3", show_default=True,
+              help="Comma-separated learning rates.")
+@click.option("--seeds", type=int, default=3, show_default=True, help="Number of seeds.")
+@click.option("--samples", type=int, default=None, help="Online samples per run (default: the module's).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def transfer(ranks, lrs, seeds, samples, out, as_json):
+    """Recover a damaged final layer with SGD, UORO, biased SVD and LRT (the paper's table 1)."""
+    from insitu.lrt.transfer import format_table, run_transfer
+
+    try:
+        rank_list = tuple(int(v) for v in ranks.split(","))
+        lr_list = tuple(float(v) for v in lrs.split(","))
+    except ValueError:
+        raise UsageError(f"--ranks and --lrs take comma-separated numbers, got {ranks!r} and {lrs!r}") from None
+    if seeds < 1:
+        raise UsageError(f"--seeds must be >= 1, got {seeds}")
+    if out:
+        check_writable(out, "--out")
+    kwargs = {} if samples is None else {"samples": samples}
+    with progress("transfer runs", total=None) as advance:
+        result = _usage(run_transfer, ranks=rank_list, lrs=lr_list, seeds=tuple(range(seeds)),
+                        progress=advance, **kwargs)
+    if out:
+        _write_json(out, result, "--out")
+    if as_json:
+        emit_json(result)
+    else:
+        report.print(format_table(result), markup=False, highlight=False)
+
+
+@command.command("bench")
+@click.option("--sizes", default="256,512,1024,2048", show_default=True,
+              help="Comma-separated n (n_out = n_in).")
+@click.option("--rank", type=int, default=4, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench(sizes, rank, as_json):
+    """Per-sample cost of KroneckerSum.add vs dense rank-1 accumulation, and their memory."""
+    from insitu.lrt.bench import format_bench, run_bench
+
+    try:
+        size_list = tuple(int(v) for v in sizes.split(","))
+    except ValueError:
+        raise UsageError(f"--sizes takes comma-separated integers, got {sizes!r}") from None
+    result = _usage(run_bench, sizes=size_list, rank=rank)
+    if as_json:
+        emit_json(result)
+    else:
+        report.print(format_bench(result), markup=False, highlight=False)

@@ -1,0 +1,195 @@
+"""The online adaptation experiment (the LRT paper's figure 2).
+
+A model is pre-trained offline (quantization-aware), programmed into NVM, and then deployed: it
+predicts each online sample, is told the label, and learns from it with one of the schemes of
+:mod:`insitu.lrt.trainer`, in one of four environments:
+
+* ``control`` — the online stream has the offline statistics, the weights do not drift;
+* ``shift``   — the input distribution changes every 10k samples (augmentations of
+  :mod:`insitu.lrt.online`);
+* ``analog``  — Gaussian drift of every weight cell (σ₀ = 10 over 1M steps, every 10 steps);
+* ``digital`` — random bit flips of the weight cells (p₀ = 10 over 1M steps, every 10 steps).
+
+Reported: the online accuracy as an exponential moving average (0.999, bias-corrected), the
+maximum and total writes per NVM cell, and the curves of both over the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from insitu.checkpoint import load_checkpoint, save_checkpoint
+from insitu.lrt.nvm import NVMModel, make_drift
+from insitu.lrt.online import OnlineData
+from insitu.lrt.qnet import ARCHITECTURES
+from insitu.lrt.trainer import SCHEMES, LRTConfig, OnlineTrainer, evaluate, pretrain
+
+__all__ = ["ENVS", "SCHEMES", "pretrained_model", "run_adapt", "plot_adapt", "default_cache_dir"]
+
+ENVS = ("control", "shift", "analog", "digital")
+EMA_DECAY = 0.999
+_PRETRAIN_VERSION = 2          # bump when the network or pre-training changes
+
+
+def default_cache_dir() -> Path:
+    import os
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "insitu" / "lrt"
+
+
+def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir=None, seed: int = 0,
+                     offline_samples: int = 20_000, epochs: int = 1, cache_dir=None,
+                     advance=lambda n: None):
+    """The offline-trained network for ``seed`` (cached on disk: every scheme starts from it).
+
+    Returns ``(net, info)`` with ``info`` holding the validation accuracy and where it came from.
+    """
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
+    data = OnlineData(dataset, data_dir, seed=seed)
+    key = dict(arch=arch, dataset=data.name, seed=seed, offline_samples=offline_samples,
+               epochs=epochs, version=_PRETRAIN_VERSION)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = cache / f"pretrained-{arch}-{digest}.npz"
+    net = ARCHITECTURES[arch](sample_shape=data.sample_shape[1:], classes=data.num_classes, seed=seed)
+    if path.exists():
+        arrays, meta = load_checkpoint(path)
+        if meta.get("key") == key:
+            net.load_state_dict(arrays)
+            return net, meta["info"]
+    x, y = data.offline_train(offline_samples)
+    start = time.perf_counter()
+    pretrain(net, x.astype(np.float64), y, epochs=epochs, seed=seed, advance=advance)
+    xv, yv = data.validation()
+    info = {"validation_accuracy": evaluate(net, xv.astype(np.float64), yv),
+            "offline_samples": offline_samples, "epochs": epochs,
+            "pretrain_seconds": round(time.perf_counter() - start, 1)}
+    try:
+        save_checkpoint(path, net.state_dict(), {"key": key, "info": info})
+    except OSError:
+        pass                     # a read-only cache only costs the next run a pre-training
+    return net, info
+
+
+def _curve_positions(samples: int, points: int) -> set[int]:
+    return set(np.unique(np.linspace(1, samples, min(points, samples)).astype(int)).tolist())
+
+
+def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "cnn",
+              dataset: str = "fashion-mnist", data_dir=None, config: LRTConfig | None = None,
+              offline_samples: int = 20_000, pretrain_epochs: int = 1, segment: int = 10_000,
+              curve_points: int = 200, cache_dir=None, counts_out=None,
+              advance=lambda n: None) -> dict:
+    """Deploy the pre-trained model in ``env`` and train it online with ``scheme``.
+
+    ``counts_out`` (a path ending in .npz) receives the per-cell write counts of every layer.
+    """
+    if env not in ENVS:
+        raise ValueError(f"unknown environment {env!r}; environments: {', '.join(ENVS)}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; schemes: {', '.join(SCHEMES)}")
+    if not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
+    config = config or LRTConfig()
+    config.validate()
+    net, pre = pretrained_model(arch, dataset, data_dir, seed, offline_samples, pretrain_epochs,
+                                cache_dir)
+    data = OnlineData(dataset, data_dir, seed=seed, segment=segment)
+    nvm = NVMModel()
+    trainer = OnlineTrainer(net, scheme, config, nvm=nvm, seed=seed)
+    drift = make_drift(env, seed=seed + 7919)
+    arrays = list(trainer.arrays.values())
+
+    keep = _curve_positions(samples, curve_points)
+    curve = {"sample": [], "ema_accuracy": [], "max_writes_per_cell": []}
+    ema_sum, ema_weight, correct_total = 0.0, 0.0, 0
+    chunk = 1000
+    start_time = time.perf_counter()
+    for start in range(0, samples, chunk):
+        x, y = data.online(env, min(chunk, samples - start), start=start)
+        x = x.astype(np.float64)
+        for i in range(len(y)):
+            step = start + i
+            correct = trainer.step(x[i:i + 1], int(y[i]))
+            drift.step(arrays, step)
+            correct_total += correct
+            ema_sum = EMA_DECAY * ema_sum + (1 - EMA_DECAY) * correct
+            ema_weight = EMA_DECAY * ema_weight + (1 - EMA_DECAY)
+            if step + 1 in keep:
+                curve["sample"].append(step + 1)
+                curve["ema_accuracy"].append(round(ema_sum / ema_weight, 5))
+                curve["max_writes_per_cell"].append(trainer.max_writes_per_cell())
+        advance(len(y))
+    seconds = time.perf_counter() - start_time
+    report = nvm.report(samples)
+    if counts_out:
+        from insitu.io import atomic_write
+        path = Path(counts_out)
+        import io
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **nvm.write_counts())
+        atomic_write(path, buf.getvalue())
+    result = {
+        "env": env, "scheme": scheme, "samples": samples, "seed": seed, "arch": arch,
+        "dataset": data.name,
+        "online_accuracy": round(ema_sum / ema_weight, 5),
+        "online_accuracy_mean": round(correct_total / samples, 5),
+        "pretrained_validation_accuracy": pre["validation_accuracy"],
+        "max_writes_per_cell": trainer.max_writes_per_cell(),
+        "total_writes": trainer.total_writes(),
+        "layers": {name: {k: entry[k] for k in ("cells", "max_writes_per_cell", "total_writes",
+                                                 "mean_writes_per_cell", "write_histogram")}
+                   for name, entry in report["arrays"].items()},
+        "nvm": report["total"],
+        "nvm_parameters": report["parameters"],
+        "config": {k: v for k, v in vars(config).items()},
+        "seconds": round(seconds, 2),
+        "curve": curve,
+    }
+    if trainer.lrt:
+        result["lrt"] = trainer.lrt_summary()
+    if env == "shift":
+        result["segments"] = data.segments(samples)
+    return result
+
+
+def plot_adapt(results: list[dict], path) -> Path:
+    """One PNG in the style of the paper's figure 2: EMA accuracy (top), max writes (bottom)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from insitu.io import atomic_write
+
+    if not results:
+        raise ValueError("plot_adapt: no results to plot")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2]})
+    for r in results:
+        c = r["curve"]
+        top.plot(c["sample"], c["ema_accuracy"], label=r["scheme"])
+        writes = np.maximum(np.asarray(c["max_writes_per_cell"], dtype=float), 0.8)
+        bottom.plot(c["sample"], writes, label=r["scheme"])
+    for seg in results[0].get("segments", []):
+        top.axvline(seg["start"], color="0.8", lw=0.8)
+        top.text(seg["start"], 0.02, "+".join(a.upper() for a in seg["augmentations"]) or "none",
+                 fontsize=7, transform=top.get_xaxis_transform())
+    env = results[0]["env"]
+    top.set_title(f"online adaptation, environment: {env}")
+    top.set_ylabel("online accuracy (EMA 0.999)")
+    top.legend(fontsize=8, loc="lower right")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("max writes per cell")
+    bottom.set_xlabel("online samples")
+    fig.tight_layout()
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return atomic_write(Path(path), buf.getvalue())

@@ -1,0 +1,247 @@
+"""Training the quantized network: offline pre-training, then online training sample by sample.
+
+Online schemes (the LRT paper's figure 2):
+
+* ``inference`` — no training at all (normalization statistics frozen too);
+* ``bias``      — only the 1-D parameters (biases, normalization γ/β) at 16 b, every sample;
+* ``sgd``       — 1-D parameters plus plain online SGD on the NVM weights. As in the paper, a
+  convolution applies one update per output pixel; every update is rounded to the weight LSB,
+  so contributions below half an LSB are lost (that is SGD's weakness the paper shows);
+* ``lrt``       — 1-D parameters every sample; weights accumulate in a rank-r
+  :class:`~insitu.lrt.sks.KroneckerSum` per layer (pseudo-batch B: 10 samples for convolutions,
+  fed one pair per output pixel, 100 for dense layers) and are written only when an update would
+  change at least ρ_min = 1 % of the layer's cells; otherwise accumulation continues, so the
+  effective batch is a multiple of B;
+* ``lrt-maxnorm`` — ``lrt`` with the paper's gradient max-norm on every applied update.
+
+Learning rates follow the paper's square-root scaling: an update after an effective batch of
+``B_eff`` samples is ``ΔW = -η·√B_eff·Ĝ`` with ``Ĝ`` the mean gradient ``L·Rᵀ / B_eff`` (or its
+max-normed form), rounded to the weight LSB; SGD is the same rule with ``B_eff = 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from insitu import nn
+from insitu.lrt.maxnorm import MaxNorm
+from insitu.lrt.nvm import NVMArray, NVMModel
+from insitu.lrt.qnet import QNet
+from insitu.lrt.sks import KroneckerSum
+from insitu.nn.functional import softmax
+from insitu.numerics import LRT_BIAS, LRT_GRADIENT, round_half_up
+
+__all__ = ["SCHEMES", "LRTConfig", "OnlineTrainer", "pretrain", "evaluate"]
+
+SCHEMES = ("inference", "bias", "sgd", "lrt", "lrt-maxnorm")
+
+
+@dataclass
+class LRTConfig:
+    lr: float = 0.01
+    bias_lr: float = 0.01
+    rank: int = 4
+    conv_batch: int = 10
+    dense_batch: int = 100
+    rho_min: float = 0.01
+    kappa_th: float | None = 100.0
+    unbiased: bool = True
+    factor_bits: int | None = 16
+
+    def validate(self) -> None:
+        for name in ("lr", "bias_lr"):
+            v = getattr(self, name)
+            if not (np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive number, got {v!r}")
+        for name in ("rank", "conv_batch", "dense_batch"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not 0 <= self.rho_min <= 1:
+            raise ValueError(f"rho_min must be in [0, 1], got {self.rho_min!r}")
+
+
+def _loss_gradient(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per-sample softmax cross-entropy gradient ``p - onehot`` (in [-1, 1]), quantized by Qg."""
+    p = softmax(logits, axis=1)
+    p[np.arange(len(labels)), labels] -= 1.0
+    return LRT_GRADIENT.quantize(p)
+
+
+def evaluate(net: QNet, x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean(np.argmax(net.predict(x), axis=1) == y))
+
+
+# ------------------------------------------------------------------------------ pre-training
+
+def pretrain(net: QNet, x: np.ndarray, y: np.ndarray, epochs: int = 1, lr: float = 0.01,
+             batch: int = 32, momentum: float = 0.9, seed: int = 0, advance=lambda n: None) -> None:
+    """Offline quantization-aware pre-training (the model a device is shipped with).
+
+    Float shadow copies of every parameter take the SGD steps; the network always computes with
+    their quantized values (straight-through estimator), so the result is a valid NVM image.
+    """
+    layers = net.weight_layers
+    shadows = {l.name: l.weight.copy() for l in layers}
+    velocity = {k: np.zeros_like(v) for k, v in shadows.items()}
+    one_d = {key: (value, value.copy(), np.zeros_like(value)) for key, value, _ in net.one_d_params()}
+    for layer in layers:
+        layer.core.compute_weight_grad = True
+    rng = np.random.default_rng(seed)
+    try:
+        for _ in range(epochs):
+            order = rng.permutation(len(x))
+            for start in range(0, len(x), batch):
+                idx = order[start:start + batch]
+                for layer in layers:
+                    layer.core.zero_grad()
+                net.zero_grad()
+                logits = net.forward(x[idx], train=True)
+                net.backward(_loss_gradient(logits, y[idx]))
+                step = lr / len(idx)
+                for layer in layers:
+                    v = velocity[layer.name]
+                    v *= momentum
+                    v += layer.core.grads["weight"]
+                    shadow = shadows[layer.name]
+                    shadow -= step * v
+                    np.clip(shadow, -1.0, 1.0, out=shadow)
+                    layer.weight[...] = layer.weight_format.quantize(shadow)
+                for key, value, grad in net.one_d_params():
+                    target, shadow, vel = one_d[key]
+                    vel *= momentum
+                    vel += grad
+                    shadow -= step * vel
+                    np.clip(shadow, LRT_BIAS.min_value, LRT_BIAS.max_value, out=shadow)
+                    value[...] = LRT_BIAS.quantize(shadow)
+                advance(len(idx))
+    finally:
+        for layer in layers:
+            layer.core.compute_weight_grad = False
+
+
+# ----------------------------------------------------------------------------- online training
+
+class _LayerLRT:
+    """Per-layer state of low-rank training: the estimator, the pseudo-batch count, max-norm."""
+
+    def __init__(self, layer, config: LRTConfig, batch: int, seed: int, maxnorm: bool):
+        n_out, n_in = layer.weight_matrix.shape
+        rank = min(config.rank, min(n_out, n_in) - 1)
+        self.sks = KroneckerSum(n_out, n_in, rank, unbiased=config.unbiased, seed=seed,
+                                kappa_th=config.kappa_th, factor_bits=config.factor_bits)
+        self.batch = batch
+        self.samples = 0                    # samples accumulated since the last weight write
+        self.maxnorm = MaxNorm() if maxnorm else None
+        self.updates = 0                    # weight writes applied
+        self.attempts = 0                   # pseudo-batches that ended (written or not)
+
+
+class OnlineTrainer:
+    """One online-learning device: predict a sample, get its label, learn from it."""
+
+    def __init__(self, net: QNet, scheme: str, config: LRTConfig | None = None,
+                 nvm: NVMModel | None = None, seed: int = 0):
+        if scheme not in SCHEMES:
+            raise ValueError(f"unknown scheme {scheme!r}; schemes: {', '.join(SCHEMES)}")
+        self.config = config or LRTConfig()
+        self.config.validate()
+        self.net, self.scheme = net, scheme
+        self.nvm = nvm or NVMModel()
+        self.arrays = {}
+        for layer in net.weight_layers:
+            self.arrays[layer.name] = NVMArray(layer.name, layer.weight_format, layer.weight)
+            self.nvm.add(self.arrays[layer.name])
+        maxnorm = scheme == "lrt-maxnorm"
+        self.bias_norms = {key: MaxNorm() for key, _, _ in net.one_d_params()} if maxnorm else {}
+        self.lrt = {}
+        if scheme in ("lrt", "lrt-maxnorm"):
+            for i, layer in enumerate(net.weight_layers):
+                conv = isinstance(layer.core, nn.Conv2d)
+                batch = self.config.conv_batch if conv else self.config.dense_batch
+                self.lrt[layer.name] = _LayerLRT(layer, self.config, batch, seed * 1000 + i, maxnorm)
+        self.samples = 0
+
+    # -- one sample --------------------------------------------------------------------------
+    def step(self, x: np.ndarray, label: int) -> bool:
+        """Predict sample ``x`` (shape ``(1, ...)``), learn from ``label``; True if predicted right."""
+        if self.scheme == "inference":
+            for layer in self.net.weight_layers:
+                self.arrays[layer.name].read()
+            logits = self.net.forward(x, train=False)
+            self.samples += 1
+            return bool(np.argmax(logits[0]) == label)
+        self.net.zero_grad()
+        logits = self.net.forward(x, train=True)
+        for layer in self.net.weight_layers:
+            self.arrays[layer.name].read()
+        correct = bool(np.argmax(logits[0]) == label)
+        self.net.backward(_loss_gradient(logits, np.array([label])))
+        self._update_one_d()
+        if self.scheme == "sgd":
+            for layer in self.net.weight_layers:
+                self._sgd_pixels(layer)
+        elif self.lrt:
+            for layer in self.net.weight_layers:
+                self._lrt_accumulate(layer)
+        self.samples += 1
+        return correct
+
+    def _update_one_d(self) -> None:
+        lr = self.config.bias_lr
+        for key, value, grad in self.net.one_d_params():
+            g = self.bias_norms[key](grad) if key in self.bias_norms else grad
+            value[...] = LRT_BIAS.quantize(value - lr * g)
+
+    def _sgd_pixels(self, layer) -> None:
+        """Plain SGD: every Kronecker pair (pixel) is one rounded update of the weight cells."""
+        dz, a = layer.kronecker_pairs()
+        dz, a = dz[0], a[0]                                   # one sample: (P, n_out), (P, n_in)
+        live = np.flatnonzero(np.any(dz != 0, axis=1))
+        if live.size == 0:
+            return
+        fmt = layer.weight_format
+        # Δcode of pixel p = round(-η·dz_p ⊗ a_p / LSB); the weight is a grid value, so rounding
+        # the step equals rounding the updated weight (saturation is handled by the NVM array).
+        steps = round_half_up(np.einsum("po,pi->poi", dz[live], a[live])
+                              * (-self.config.lr * 2.0 ** fmt.frac)).astype(np.int64)
+        self.arrays[layer.name].apply_sequence(steps)
+
+    def _lrt_accumulate(self, layer) -> None:
+        state = self.lrt[layer.name]
+        dz, a = layer.kronecker_pairs()
+        state.sks.add_many(dz.reshape(-1, dz.shape[-1]), a.reshape(-1, a.shape[-1]))
+        state.samples += 1
+        if state.samples % state.batch:
+            return
+        state.attempts += 1
+        L, R = state.sks.factors()
+        mean_grad = (L @ R.T) / state.samples
+        norm = state.maxnorm
+        direction = norm.peek(mean_grad) if norm is not None else mean_grad
+        fmt = layer.weight_format
+        step = -self.config.lr * math.sqrt(state.samples) * direction
+        codes = round_half_up(step * 2.0 ** fmt.frac).astype(np.int64)
+        if np.count_nonzero(codes) < self.config.rho_min * codes.size:
+            return                  # too sparse: keep accumulating (the effective batch grows)
+        if norm is not None:
+            norm(mean_grad)         # the update happens: commit the max-norm state
+        self.arrays[layer.name].apply_delta(codes.reshape(layer.weight.shape))
+        state.sks.reset()
+        state.samples = 0
+        state.updates += 1
+
+    # -- reports -------------------------------------------------------------------------------
+    def max_writes_per_cell(self) -> int:
+        return max((int(arr.max_writes) for arr in self.arrays.values()), default=0)
+
+    def total_writes(self) -> int:
+        return sum(int(arr.total_writes) for arr in self.arrays.values())
+
+    def lrt_summary(self) -> dict:
+        return {name: {"updates": s.updates, "pseudo_batches": s.attempts,
+                       "pairs_added": s.sks.pairs_added, "pairs_skipped": s.sks.pairs_skipped}
+                for name, s in self.lrt.items()}
