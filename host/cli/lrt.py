@@ -57,13 +57,15 @@ def _write_json(path, payload, what):
 @click.option("--rho-min", type=float, default=0.01, show_default=True, help="Minimum update density.")
 @click.option("--segment", type=int, default=10_000, show_default=True,
               help="Samples per distribution-shift segment.")
+@click.option("--offline-samples", type=int, default=20_000, show_default=True,
+              help="Offline pre-training samples (the pre-trained model is cached).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the figure (PNG).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result JSON.")
 @click.option("--counts", type=click.Path(dir_okay=False), default=None,
               help="Write per-cell write counts (.npz); with --scheme all, one file per scheme.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank, conv_batch,
-          dense_batch, rho_min, segment, plot, out, counts, as_json):
+          dense_batch, rho_min, segment, offline_samples, plot, out, counts, as_json):
     """Pre-train offline, deploy, and adapt online (the LRT paper's figure 2)."""
     from insitu.lrt.adapt import SCHEMES, plot_adapt, run_adapt
     from insitu.lrt.trainer import LRTConfig
@@ -71,8 +73,10 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
     config = LRTConfig(lr=lr, bias_lr=bias_lr, rank=rank, conv_batch=conv_batch,
                        dense_batch=dense_batch, rho_min=rho_min)
     _usage(config.validate)
-    if samples < 1:
-        raise UsageError(f"--samples must be >= 1, got {samples}")
+    for name, value in (("--samples", samples), ("--offline-samples", offline_samples),
+                        ("--segment", segment)):
+        if value < 1:
+            raise UsageError(f"{name} must be >= 1, got {value}")
     for path, what in ((plot, "--plot"), (out, "--out"), (counts, "--counts")):
         if path:
             check_writable(path, what)
@@ -86,7 +90,8 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
         with progress(f"{name} in {env}", total=samples) as advance:
             results.append(_usage(run_adapt, env, name, samples, seed=seed, arch=arch,
                                   dataset=dataset, data_dir=data_dir, config=config,
-                                  segment=segment, counts_out=counts_path, advance=advance))
+                                  segment=segment, offline_samples=offline_samples,
+                                  counts_out=counts_path, advance=advance))
     if len(results) == 1:
         payload = results[0]
     else:

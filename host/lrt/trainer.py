@@ -130,8 +130,10 @@ class _LayerLRT:
 
     def __init__(self, layer, config: LRTConfig, batch: int, seed: int, maxnorm: bool):
         n_out, n_in = layer.weight_matrix.shape
-        rank = min(config.rank, min(n_out, n_in) - 1)
-        self.sks = KroneckerSum(n_out, n_in, rank, unbiased=config.unbiased, seed=seed,
+        if config.rank >= min(n_out, n_in):
+            raise ValueError(f"rank {config.rank} is too large for layer {layer.name} "
+                             f"({n_out} x {n_in}): it must be < {min(n_out, n_in)}")
+        self.sks = KroneckerSum(n_out, n_in, config.rank, unbiased=config.unbiased, seed=seed,
                                 kappa_th=config.kappa_th, factor_bits=config.factor_bits)
         self.batch = batch
         self.samples = 0                    # samples accumulated since the last weight write
@@ -150,7 +152,7 @@ class OnlineTrainer:
         self.config = config or LRTConfig()
         self.config.validate()
         self.net, self.scheme = net, scheme
-        self.nvm = nvm or NVMModel()
+        self.nvm = nvm if nvm is not None else NVMModel()   # an empty model is falsy
         self.arrays = {}
         for layer in net.weight_layers:
             self.arrays[layer.name] = NVMArray(layer.name, layer.weight_format, layer.weight)

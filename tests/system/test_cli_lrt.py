@@ -1,0 +1,58 @@
+"""`insitu lrt`: the adaptation experiment end to end on a small dataset, and bad input."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.system
+
+_SMALL = ("--dataset", "digits", "--arch", "mlp", "--offline-samples", "300", "--segment", "60")
+
+
+def test_adapt_reports_accuracy_and_writes_and_saves_figure_json_counts(run_cli, tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    out, plot, counts = tmp_path / "run.json", tmp_path / "run.png", tmp_path / "counts.npz"
+    run = run_cli("lrt", "adapt", "--env", "shift", "--scheme", "lrt-maxnorm", "--samples", "240",
+                  "--dense-batch", "20", *_SMALL, "--out", out, "--plot", plot, "--counts", counts,
+                  "--json", env=env)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["samples"] == 240 and result["scheme"] == "lrt-maxnorm" and result["env"] == "shift"
+    assert 0 <= result["online_accuracy"] <= 1
+    assert result["max_writes_per_cell"] >= 1 and result["total_writes"] >= result["max_writes_per_cell"]
+    assert [s["start"] for s in result["segments"]] == [0, 60, 120, 180]
+    assert json.loads(out.read_text()) == result
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with np.load(counts) as saved:
+        assert sorted(saved.files) == sorted(result["layers"])
+        assert sum(int(saved[k].sum()) for k in saved.files) == result["total_writes"]
+    assert list((tmp_path / "cache" / "insitu" / "lrt").glob("pretrained-mlp-*.npz"))
+
+
+def test_adapt_all_schemes_compares_sgd_and_lrt_writes(run_cli, tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    run = run_cli("lrt", "adapt", "--env", "digital", "--scheme", "all", "--samples", "200",
+                  "--dense-batch", "20", *_SMALL, "--json", env=env)
+    assert run.returncode == 0, run.stderr
+    summary = {row["scheme"]: row for row in json.loads(run.stdout)["summary"]}
+    assert list(summary) == ["inference", "bias", "sgd", "lrt", "lrt-maxnorm"]
+    assert summary["inference"]["total_writes"] == summary["bias"]["total_writes"] == 0
+    assert summary["sgd"]["max_writes_per_cell"] > summary["lrt"]["max_writes_per_cell"] > 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--rank", "0"), "rank must be an integer >= 1"),
+    (("--rank", "12"), "rank 12 is too large for layer fc2"),
+    (("--samples", "0"), "--samples must be >= 1"),
+    (("--conv-batch", "0"), "conv_batch must be an integer >= 1"),
+    (("--env", "mars"), "Invalid value for '--env'"),
+])
+def test_adapt_bad_input_is_a_clear_error(run_cli, tmp_path, args, message):
+    base = {"--env": "control", "--samples": "10"}
+    for key, value in zip(args[::2], args[1::2]):
+        base[key] = value
+    flat = [item for kv in base.items() for item in kv]
+    run = run_cli("lrt", "adapt", *flat, *_SMALL, env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert message in run.stderr
