@@ -36,7 +36,7 @@ import numpy as np
 from insitu.lrt.sks import KroneckerSum
 from insitu.lrt.transfer import LrtArgumentError
 
-__all__ = ["run_bench", "format_bench", "DEFAULT_SIZES"]
+__all__ = ["DEFAULT_SIZES", "format_bench", "run_bench"]
 
 DEFAULT_SIZES = (256, 512, 1024, 2048)
 DEFAULT_PAIRS = 200
@@ -59,6 +59,20 @@ def _median_us(run: Callable[[], None], pairs: int, repeats: int) -> float:
         run()
         times.append(time.perf_counter() - start)
     return float(np.median(times)) / pairs * 1e6
+
+
+def _lrt_add(ks: KroneckerSum, dz: np.ndarray, a: np.ndarray) -> Callable[[], None]:
+    pairs = list(zip(dz, a))
+
+    def run():
+        for x, y in pairs:
+            ks.add(x, y)
+
+    return run
+
+
+def _lrt_add_many(ks: KroneckerSum, dz: np.ndarray, a: np.ndarray) -> Callable[[], None]:
+    return lambda: ks.add_many(dz, a)
 
 
 def _dense_candidates(n: int, dz: np.ndarray, a: np.ndarray) -> dict[str, Callable[[], None]]:
@@ -130,14 +144,8 @@ def run_bench(sizes: Sequence[int] = DEFAULT_SIZES, rank: int = 4, pairs: int = 
         dz = rng.standard_normal((pairs, n))
         a = rng.standard_normal((pairs, m))
         ks = KroneckerSum(n, m, rank, seed=seed)
-        dz_rows, a_rows = list(dz), list(a)
-
-        def lrt_add():
-            for x, y in zip(dz_rows, a_rows):
-                ks.add(x, y)
-
-        lrt_us = _median_us(lrt_add, pairs, repeats)
-        lrt_many_us = _median_us(lambda: ks.add_many(dz, a), pairs, repeats)
+        lrt_us = _median_us(_lrt_add(ks, dz, a), pairs, repeats)
+        lrt_many_us = _median_us(_lrt_add_many(ks, dz, a), pairs, repeats)
         methods = {name: _median_us(run, pairs, repeats)
                    for name, run in _dense_candidates(n, dz, a).items()}
         dense_method = min(methods, key=methods.get)
@@ -185,10 +193,10 @@ def format_bench(result: dict) -> str:
     head = (f"{'n':>6} {'rank':>4} {'lrt add µs':>11} {'add_many µs':>12} {'dense µs':>10} "
             f"{'dger µs':>9} {'speedup':>8} {'vs dger':>8} {'aux bits':>10} {'dense bits':>11} "
             f"{'mem ratio':>9}")
-    lines = [f"Per-pair cost of accumulating dz ⊗ a (n_out = n_in = n; median of {result['repeats']} "
+    title = (f"Per-pair cost of accumulating dz ⊗ a (n_out = n_in = n; median of {result['repeats']} "
              f"passes over {result['pairs']} pairs); speedup = dense / lrt add; "
-             f"memory at {result['accumulator_bits']} bits per value",
-             head, "-" * len(head)]
+             f"memory at {result['accumulator_bits']} bits per value")
+    lines = [title, head, "-" * len(head)]
     for r in result["rows"]:
         dger = f"{r['dense_dger_us']:9.1f}" if r["dense_dger_us"] is not None else f"{'-':>9}"
         vs = f"{r['speedup_vs_dger']:8.1f}" if r["speedup_vs_dger"] is not None else f"{'-':>8}"

@@ -10,10 +10,12 @@ network (1000 × 512) whose pre-trained weights were damaged by noise (top-1 73 
 recovers the layer online with SGD, UORO, biased SVD and unbiased LRT at several ranks and learning
 rates. Here, at our scale:
 
-1. *Pre-training*: a small float CNN (``insitu.nn``: two 3×3 conv/pool stages, a 64-unit hidden
-   Dense + ReLU, a 10-way Dense) trained a couple of epochs on a subset of the training images.
-2. *The quantized layer*: the 64 penultimate features of ``samples`` *other* training images
-   (footnote 7: training data on purpose) are scaled by a power of two ``s_a`` into [0, 2) and
+1. *Pre-training*: a small float CNN (``insitu.nn``: two 3×3 conv/pool stages, a 512-unit hidden
+   Dense + ReLU, a 10-way Dense; SGD with momentum 0.9, lr 0.05, batch 64) trained
+   ``pretrain_epochs`` epochs on ``pretrain_samples`` training images.
+2. *The quantized layer*: the 512 penultimate features (ResNet-34 also has 512) of ``samples``
+   *other* training images (footnote 7: training data on purpose) are scaled by the power of two
+   ``s_a`` that puts their 99.9th percentile (on pre-training images) inside [0, 2), and
    quantized with ``LRT_ACTIVATION``; the final Dense weight is divided by the power of two
    ``α_w`` that brings it into [-1, 1] and quantized with ``LRT_WEIGHT``, its bias with
    ``LRT_BIAS``. Forward (appendix D, last layer): ``z = Qb(α · W a + b)`` with ``α = α_w·s_a``.
@@ -21,7 +23,8 @@ rates. Here, at our scale:
    by bisection so that the damaged accuracy is ``damage_ratio`` (default 0.72, the paper's
    52.7/73) times the pre-trained accuracy.
 4. *Online recovery* (predict, then learn from the label; one sample at a time, order shuffled per
-   seed): ``dz = Qg(softmax(z) − onehot(y))``; every sample the bias takes
+   seed; ``Qb`` is the 16-b accumulator format, ``Qg`` the gradient format):
+   ``dz = Qg(softmax(z) − onehot(y))``; every sample the bias takes
    ``b ← Qb(b − η·MN_b(dz))``. Weights, with ``Q_lsb(x) = round(x / LSB)·LSB`` (so a weight can
    never accumulate below its LSB) and saturation at the format's range:
 
@@ -60,11 +63,25 @@ from insitu import nn
 from insitu.data import load_dataset
 from insitu.errors import UsageError
 from insitu.lrt.sks import KroneckerSum
-from insitu.numerics import (LRT_ACCUMULATOR, LRT_ACTIVATION, LRT_BIAS, LRT_FACTOR_BITS,
-                             LRT_GRADIENT, LRT_WEIGHT, max_abs_format, round_half_up)
+from insitu.numerics import (
+    LRT_ACCUMULATOR,
+    LRT_ACTIVATION,
+    LRT_BIAS,
+    LRT_FACTOR_BITS,
+    LRT_GRADIENT,
+    LRT_WEIGHT,
+    max_abs_format,
+    round_half_up,
+)
 
-__all__ = ["run_transfer", "format_table", "progress_total", "UoroSum", "ALGORITHMS",
-           "LrtArgumentError"]
+__all__ = [
+    "ALGORITHMS",
+    "LrtArgumentError",
+    "UoroSum",
+    "format_table",
+    "progress_total",
+    "run_transfer",
+]
 
 ALGORITHMS = ("SGD", "UORO", "SVD", "LRT")
 DEFAULT_RANKS = (1, 2, 4, 8)
@@ -575,14 +592,13 @@ def format_table(result: dict) -> str:
 
     head = f"{'Algorithm':<9} {'r':>2} " + "".join(f"{lr:>14.3f}" for lr in lrs)
     pre = result["pretrain"]
-    lines = [
-        f"Accuracy recovery beyond inference (%, mean ± std over {len(result['seeds'])} seeds; "
-        f"max-norm; batch B = {result['batch']}; * = best η of the row)",
-        f"{pre['dataset']}: pre-trained {100 * result['pretrained_accuracy']:.1f}%, damaged "
-        f"(inference) {100 * result['inference_accuracy']:.1f}% ± "
-        f"{100 * result['inference_accuracy_std']:.1f}%; {result['samples']} online samples, "
-        f"last {result['window']} scored",
-        head, "-" * len(head)]
+    title = (f"Accuracy recovery beyond inference (%, mean ± std over {len(result['seeds'])} seeds; "
+             f"max-norm; batch B = {result['batch']}; * = best η of the row)")
+    setting = (f"{pre['dataset']}: pre-trained {100 * result['pretrained_accuracy']:.1f}%, damaged "
+               f"(inference) {100 * result['inference_accuracy']:.1f}% ± "
+               f"{100 * result['inference_accuracy_std']:.1f}%; {result['samples']} online samples, "
+               f"last {result['window']} scored")
+    lines = [title, setting, head, "-" * len(head)]
     for algo, rank in rows:
         row = [cells.get((algo, rank, lr)) for lr in lrs]
         best = max((c["recovery_mean"] for c in row if c), default=None)

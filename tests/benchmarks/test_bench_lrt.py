@@ -10,6 +10,7 @@ import time
 import pytest
 
 from insitu.data import dataset_info
+from insitu.errors import InsituError
 from insitu.lrt.bench import format_bench, run_bench
 from insitu.lrt.transfer import format_table, run_transfer
 
@@ -27,7 +28,7 @@ def test_lrt_vs_dense_accumulation():
 def test_transfer_table():
     try:
         dataset_info("fashion-mnist")
-    except Exception as exc:  # the dataset is a system package; say so rather than fail obscurely
+    except InsituError as exc:  # the dataset is a system package; say so rather than fail obscurely
         pytest.skip(f"FashionMNIST not available: {exc}")
     started = time.perf_counter()
     result = run_transfer()

@@ -9,8 +9,15 @@ import numpy as np
 import pytest
 
 from insitu.lrt.maxnorm import MaxNorm
-from insitu.lrt.transfer import (ALGORITHMS, LrtArgumentError, UoroSum, _MaxNormBank, format_table,
-                                 progress_total, run_transfer)
+from insitu.lrt.transfer import (
+    ALGORITHMS,
+    LrtArgumentError,
+    UoroSum,
+    _MaxNormBank,
+    format_table,
+    progress_total,
+    run_transfer,
+)
 from insitu.numerics import LRT_WEIGHT
 
 pytestmark = pytest.mark.unit
