@@ -18,6 +18,9 @@ r·(n_i + n_o)·b bits of auxiliary memory instead of n_i·n_o·b.
 * ``dense_dger_us``: BLAS ``dger`` (SciPy) updating a Fortran-ordered ``G`` in place, which NumPy
   has no call for; reported beside the NumPy baseline, with ``speedup_vs_dger``.
 
+Everything runs on one thread (BLAS is limited to one with threadpoolctl): the estimator is a
+sequential per-sample loop, and the comparison is per core.
+
 Every figure is the median over ``repeats`` timed passes over the same ``pairs`` (after an untimed
 warm-up pass), divided by ``pairs``. Memory assumes 16-bit values for both, as the paper does for
 the factors L, R (appendix D): ``aux_memory_bits = rank·(n + m)·16`` and
@@ -29,12 +32,20 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from numbers import Integral
 
 import numpy as np
 
 from insitu.lrt.sks import KroneckerSum
 from insitu.lrt.transfer import LrtArgumentError
+
+# Imported here, not when first timed: threadpoolctl can only limit the threads of a BLAS that is
+# already loaded when the limit is set (SciPy bundles its own OpenBLAS).
+try:
+    from scipy.linalg.blas import dger
+except ImportError:                              # SciPy is a dependency, but the bench need not fail
+    dger = None
 
 __all__ = ["DEFAULT_SIZES", "format_bench", "run_bench"]
 
@@ -62,7 +73,7 @@ def _median_us(run: Callable[[], None], pairs: int, repeats: int) -> float:
 
 
 def _lrt_add(ks: KroneckerSum, dz: np.ndarray, a: np.ndarray) -> Callable[[], None]:
-    pairs = list(zip(dz, a))
+    pairs = list(zip(dz, a, strict=True))
 
     def run():
         for x, y in pairs:
@@ -99,9 +110,7 @@ def _dense_candidates(n: int, dz: np.ndarray, a: np.ndarray) -> dict[str, Callab
 
 
 def _dger(n: int, dz: np.ndarray, a: np.ndarray) -> Callable[[], None] | None:
-    try:
-        from scipy.linalg.blas import dger
-    except ImportError:                          # SciPy is a dependency, but the bench need not fail
+    if dger is None:
         return None
     g = np.zeros((n, n), order="F")              # dger updates a Fortran array in place
 
@@ -110,6 +119,51 @@ def _dger(n: int, dz: np.ndarray, a: np.ndarray) -> Callable[[], None] | None:
             dger(1.0, dz[i], a[i], a=g, overwrite_a=1)
 
     return run
+
+
+def _single_threaded_blas():
+    """Every kernel timed here runs on one core (numba's loops, NumPy's ufuncs); BLAS ``dger``
+    is held to one thread too, so that the comparison is per core and a loaded machine does not
+    stall BLAS worker threads."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def _bench_size(n: int, rank: int, pairs: int, repeats: int, seed: int, rng) -> dict:
+    m = n
+    dz = rng.standard_normal((pairs, n))
+    a = rng.standard_normal((pairs, m))
+    ks = KroneckerSum(n, m, rank, seed=seed)
+    lrt_us = _median_us(_lrt_add(ks, dz, a), pairs, repeats)
+    lrt_many_us = _median_us(_lrt_add_many(ks, dz, a), pairs, repeats)
+    methods = {name: _median_us(run, pairs, repeats)
+               for name, run in _dense_candidates(n, dz, a).items()}
+    dense_method = min(methods, key=methods.get)
+    dense_us = methods[dense_method]
+    dger_run = _dger(n, dz, a)
+    dger_us = _median_us(dger_run, pairs, repeats) if dger_run else None
+    aux_bits = rank * (n + m) * ACCUMULATOR_BITS
+    dense_bits = n * m * ACCUMULATOR_BITS
+    return {
+        "n": n,
+        "m": m,
+        "rank": rank,
+        "lrt_us": lrt_us,
+        "lrt_many_us": lrt_many_us,
+        "dense_us": dense_us,
+        "dense_method": dense_method,
+        "dense_methods_us": methods,
+        "dense_dger_us": dger_us,
+        "speedup": dense_us / lrt_us,
+        "speedup_many": dense_us / lrt_many_us,
+        "speedup_vs_dger": dger_us / lrt_us if dger_us else None,
+        "aux_memory_bits": aux_bits,
+        "dense_memory_bits": dense_bits,
+        "memory_ratio": dense_bits / aux_bits,
+    }
 
 
 def run_bench(sizes: Sequence[int] = DEFAULT_SIZES, rank: int = 4, pairs: int = DEFAULT_PAIRS,
@@ -139,40 +193,11 @@ def run_bench(sizes: Sequence[int] = DEFAULT_SIZES, rank: int = 4, pairs: int = 
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     rows = []
-    for n in sizes:
-        m = n
-        dz = rng.standard_normal((pairs, n))
-        a = rng.standard_normal((pairs, m))
-        ks = KroneckerSum(n, m, rank, seed=seed)
-        lrt_us = _median_us(_lrt_add(ks, dz, a), pairs, repeats)
-        lrt_many_us = _median_us(_lrt_add_many(ks, dz, a), pairs, repeats)
-        methods = {name: _median_us(run, pairs, repeats)
-                   for name, run in _dense_candidates(n, dz, a).items()}
-        dense_method = min(methods, key=methods.get)
-        dense_us = methods[dense_method]
-        dger = _dger(n, dz, a)
-        dger_us = _median_us(dger, pairs, repeats) if dger else None
-        aux_bits = rank * (n + m) * ACCUMULATOR_BITS
-        dense_bits = n * m * ACCUMULATOR_BITS
-        rows.append({
-            "n": n,
-            "m": m,
-            "rank": rank,
-            "lrt_us": lrt_us,
-            "lrt_many_us": lrt_many_us,
-            "dense_us": dense_us,
-            "dense_method": dense_method,
-            "dense_methods_us": methods,
-            "dense_dger_us": dger_us,
-            "speedup": dense_us / lrt_us,
-            "speedup_many": dense_us / lrt_many_us,
-            "speedup_vs_dger": dger_us / lrt_us if dger_us else None,
-            "aux_memory_bits": aux_bits,
-            "dense_memory_bits": dense_bits,
-            "memory_ratio": dense_bits / aux_bits,
-        })
-        if progress:
-            progress(1)
+    with _single_threaded_blas():
+        for n in sizes:
+            rows.append(_bench_size(n, rank, pairs, repeats, seed, rng))
+            if progress:
+                progress(1)
     return {
         "rows": rows,
         "rank": rank,
@@ -181,7 +206,7 @@ def run_bench(sizes: Sequence[int] = DEFAULT_SIZES, rank: int = 4, pairs: int = 
         "seed": seed,
         "accumulator_bits": ACCUMULATOR_BITS,
         "timing": "median of repeats passes over the pairs after one warm-up pass, per pair; "
-                  "float64 arrays; same process",
+                  "float64 arrays; same process; one thread (BLAS limited to 1)",
         "machine": {"python": platform.python_version(), "numpy": np.__version__,
                     "processor": platform.processor() or platform.machine()},
         "seconds": round(time.perf_counter() - started, 2),

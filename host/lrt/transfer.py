@@ -466,7 +466,7 @@ def _online(problem: _Problem, weight0, order, configs, batch, seed, kappa_th, p
             if len(est_idx):
                 a_block = feats[t - batch + 1:t + 1]
                 est = np.empty((len(est_idx), k, f))
-                for j, (i, e) in enumerate(zip(est_idx, estimators)):
+                for j, (i, e) in enumerate(zip(est_idx, estimators, strict=True)):
                     e.add_many(dz_buf[:, i, :], a_block)
                     L, R = e.factors()
                     est[j] = L @ R.T
