@@ -274,7 +274,7 @@ class KroneckerSum:
             if not np.isfinite(v).all():
                 raise ValueError(f"KroneckerSum.add: {name} contains NaN or inf; the estimate is "
                                  f"unchanged")
-        signs = self._rng.choice(np.array([-1.0, 1.0]), size=(dz.shape[0], self.q))
+        signs = self._rng.integers(0, 2, size=(dz.shape[0], self.q)) * 2.0 - 1.0
         _add_pairs(self.QL, self.QR, self.cx, dz, a, signs, self.unbiased,
                    float(self.kappa_th or 0.0), self.counts)
 
