@@ -55,6 +55,8 @@ def _write_json(path, payload, what):
 @click.option("--conv-batch", type=int, default=10, show_default=True, help="Pseudo-batch B of convolutions.")
 @click.option("--dense-batch", type=int, default=100, show_default=True, help="Pseudo-batch B of dense layers.")
 @click.option("--rho-min", type=float, default=0.01, show_default=True, help="Minimum update density.")
+@click.option("--kappa-th", type=float, default=100.0, show_default=True,
+              help="Skip pairs whose approximate condition number exceeds this (0: never skip).")
 @click.option("--segment", type=int, default=10_000, show_default=True,
               help="Samples per distribution-shift segment.")
 @click.option("--offline-samples", type=int, default=20_000, show_default=True,
@@ -65,13 +67,13 @@ def _write_json(path, payload, what):
               help="Write per-cell write counts (.npz); with --scheme all, one file per scheme.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank, conv_batch,
-          dense_batch, rho_min, segment, offline_samples, plot, out, counts, as_json):
+          dense_batch, rho_min, kappa_th, segment, offline_samples, plot, out, counts, as_json):
     """Pre-train offline, deploy, and adapt online (the LRT paper's figure 2)."""
     from insitu.lrt.adapt import SCHEMES, plot_adapt, run_adapt
     from insitu.lrt.trainer import LRTConfig
 
     config = LRTConfig(lr=lr, bias_lr=bias_lr, rank=rank, conv_batch=conv_batch,
-                       dense_batch=dense_batch, rho_min=rho_min)
+                       dense_batch=dense_batch, rho_min=rho_min, kappa_th=kappa_th or None)
     _usage(config.validate)
     for name, value in (("--samples", samples), ("--offline-samples", offline_samples),
                         ("--segment", segment)):

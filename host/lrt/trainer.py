@@ -60,6 +60,8 @@ class LRTConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.kappa_th is not None and not (np.isfinite(self.kappa_th) and self.kappa_th > 0):
+            raise ValueError(f"kappa_th must be a positive number or None, got {self.kappa_th!r}")
         if not 0 <= self.rho_min <= 1:
             raise ValueError(f"rho_min must be in [0, 1], got {self.rho_min!r}")
 
