@@ -7,6 +7,7 @@ import click
 from insitu.cli.output import emit_json, progress, report
 from insitu.errors import InsituError, UsageError
 from insitu.io import atomic_write_json, check_writable
+from insitu.lrt import ENVS, SCHEMES
 
 
 @click.group("lrt")
@@ -24,8 +25,12 @@ def command():
 
 def _usage(fn, *args, **kwargs):
     """Run a library call; its ValueErrors are the user's bad input (exit 2)."""
+    import numpy as np
+
     try:
         return fn(*args, **kwargs)
+    except np.linalg.LinAlgError:
+        raise                              # a numerical failure is not the user's input
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -38,9 +43,9 @@ def _write_json(path, payload, what):
 
 
 @command.command("adapt")
-@click.option("--env", type=click.Choice(["control", "shift", "analog", "digital"]), required=True,
+@click.option("--env", type=click.Choice(ENVS), required=True,
               help="Environment: control, distribution shift, analog or digital weight drift.")
-@click.option("--scheme", type=click.Choice(["inference", "bias", "sgd", "lrt", "lrt-maxnorm", "all"]),
+@click.option("--scheme", type=click.Choice([*SCHEMES, "all"]),
               default="lrt-maxnorm", show_default=True, help="Online training scheme (all: the five).")
 @click.option("--samples", type=int, default=10_000, show_default=True, help="Online samples.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -69,12 +74,15 @@ def _write_json(path, payload, what):
 def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank, conv_batch,
           dense_batch, rho_min, kappa_th, segment, offline_samples, plot, out, counts, as_json):
     """Pre-train offline, deploy, and adapt online (the LRT paper's figure 2)."""
-    from insitu.lrt.adapt import SCHEMES, plot_adapt, run_adapt
+    from insitu.lrt.adapt import check_adapt, plot_adapt, run_adapt
+    from insitu.lrt.online import OnlineData
     from insitu.lrt.trainer import LRTConfig
 
+    if kappa_th < 0:
+        raise UsageError(f"--kappa-th must be >= 0 (0 never skips), got {kappa_th}")
     config = LRTConfig(lr=lr, bias_lr=bias_lr, rank=rank, conv_batch=conv_batch,
                        dense_batch=dense_batch, rho_min=rho_min, kappa_th=kappa_th or None)
-    _usage(config.validate)
+    _usage(check_adapt, arch, OnlineData(dataset, data_dir, seed=seed), config)
     for name, value in (("--samples", samples), ("--offline-samples", offline_samples),
                         ("--segment", segment)):
         if value < 1:

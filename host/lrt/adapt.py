@@ -25,13 +25,12 @@ import numpy as np
 
 from insitu.checkpoint import load_checkpoint, save_checkpoint
 from insitu.lrt.nvm import NVMModel, make_drift
-from insitu.lrt.online import OnlineData
+from insitu.lrt.online import ENVS, OnlineData
 from insitu.lrt.qnet import ARCHITECTURES
-from insitu.lrt.trainer import SCHEMES, LRTConfig, OnlineTrainer, evaluate, pretrain
+from insitu.lrt.trainer import SCHEMES, LRTConfig, OnlineTrainer, check_rank, evaluate, pretrain
 
-__all__ = ["ENVS", "SCHEMES", "pretrained_model", "run_adapt", "plot_adapt", "default_cache_dir"]
+__all__ = ["ENVS", "SCHEMES", "build_network", "check_adapt", "pretrained_model", "run_adapt", "plot_adapt", "default_cache_dir"]
 
-ENVS = ("control", "shift", "analog", "digital")
 EMA_DECAY = 0.999
 _PRETRAIN_VERSION = 2          # bump when the network or pre-training changes
 
@@ -42,22 +41,30 @@ def default_cache_dir() -> Path:
     return Path(base) / "insitu" / "lrt"
 
 
+def build_network(arch: str, data: OnlineData, seed: int, config: LRTConfig):
+    """The untrained network for ``data``; its streaming batch norms use the pseudo-batches."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[arch](sample_shape=data.sample_shape[1:], classes=data.num_classes,
+                               seed=seed, conv_batch=config.conv_batch, dense_batch=config.dense_batch)
+
+
 def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir=None, seed: int = 0,
                      offline_samples: int = 20_000, epochs: int = 1, cache_dir=None,
-                     advance=lambda n: None):
+                     config: LRTConfig | None = None, advance=lambda n: None):
     """The offline-trained network for ``seed`` (cached on disk: every scheme starts from it).
 
     Returns ``(net, info)`` with ``info`` holding the validation accuracy and where it came from.
     """
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
+    config = config or LRTConfig()
     data = OnlineData(dataset, data_dir, seed=seed)
+    net = build_network(arch, data, seed, config)
     key = dict(arch=arch, dataset=data.name, seed=seed, offline_samples=offline_samples,
-               epochs=epochs, version=_PRETRAIN_VERSION)
+               epochs=epochs, conv_batch=config.conv_batch, dense_batch=config.dense_batch,
+               version=_PRETRAIN_VERSION)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     path = cache / f"pretrained-{arch}-{digest}.npz"
-    net = ARCHITECTURES[arch](sample_shape=data.sample_shape[1:], classes=data.num_classes, seed=seed)
     if path.exists():
         arrays, meta = load_checkpoint(path)
         if meta.get("key") == key:
@@ -75,6 +82,12 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
     except OSError:
         pass                     # a read-only cache only costs the next run a pre-training
     return net, info
+
+
+def check_adapt(arch: str, data: OnlineData, config: LRTConfig) -> None:
+    """Everything about a run that can be wrong, checked before minutes of pre-training."""
+    config.validate()
+    check_rank(build_network(arch, data, 0, config), config.rank)
 
 
 def _curve_positions(samples: int, points: int) -> set[int]:
@@ -97,10 +110,10 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
     if not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
     config = config or LRTConfig()
-    config.validate()
-    net, pre = pretrained_model(arch, dataset, data_dir, seed, offline_samples, pretrain_epochs,
-                                cache_dir)
     data = OnlineData(dataset, data_dir, seed=seed, segment=segment)
+    check_adapt(arch, data, config)
+    net, pre = pretrained_model(arch, dataset, data_dir, seed, offline_samples, pretrain_epochs,
+                                cache_dir, config)
     nvm = NVMModel()
     trainer = OnlineTrainer(net, scheme, config, nvm=nvm, seed=seed)
     drift = make_drift(env, seed=seed + 7919)

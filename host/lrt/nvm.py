@@ -28,6 +28,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from insitu.lrt import ENVS
+
 from ..numerics import CODE_DTYPE, FixedPoint
 
 __all__ = [
@@ -144,7 +146,10 @@ class NVMArray:
         increment that changes a cell's code is one write of that cell (online SGD applying one
         update per convolution pixel). Returns the number of writes.
         """
-        steps = np.asarray(steps, dtype=CODE_DTYPE).reshape(-1, *self.values.shape)
+        steps = np.asarray(steps)
+        if not np.issubdtype(steps.dtype, np.integer):
+            raise ValueError(f"NVMArray {self.name}: steps must be integer codes, got {steps.dtype}")
+        steps = steps.astype(CODE_DTYPE).reshape(-1, *self.values.shape)
         codes = self.codes()
         path = codes + np.cumsum(steps, axis=0)
         if path.min() >= self.fmt.qmin and path.max() <= self.fmt.qmax:
@@ -426,7 +431,7 @@ class DigitalDrift(Drift):
 
 
 #: Environment names of the SKS paper's experiments and the drift each one implies.
-DRIFT_ENVS = ("control", "shift", "analog", "digital")
+DRIFT_ENVS = ENVS
 
 
 def make_drift(env: str, seed=None, **params) -> Drift:

@@ -35,12 +35,11 @@ from scipy import ndimage
 
 from insitu.data import dataset_names, load_dataset
 from insitu.errors import UsageError
+from insitu.lrt import ENVS
 
 __all__ = ["OnlineData", "ENVS", "AUGMENTATIONS", "elastic_transform", "spatial_transform",
            "background_gradient", "white_noise", "class_clustering"]
 
-#: The environments of the paper's online experiments.
-ENVS = ("control", "shift", "analog", "digital")
 #: The distribution-shift augmentations, in the order they are applied to an image (CD only
 #: reorders samples; the geometric ST comes before the photometric BG, noise last).
 AUGMENTATIONS = ("CD", "ST", "BG", "WN")

@@ -114,6 +114,8 @@ class QReLU:
         return LRT_ACTIVATION.quantize(np.maximum(x, 0.0))
 
     def backward(self, dy):
+        if getattr(self, "_mask", None) is None:
+            raise RuntimeError("QReLU.backward needs a preceding forward(x, train=True)")
         return LRT_GRADIENT.quantize(dy * self._mask)
 
 

@@ -45,6 +45,7 @@ __all__ = ["KroneckerSum", "mgs_project", "rotate", "core_rotation"]
 ADDED, SKIPPED, ZERO = 0, 1, 2
 
 _REORTHOGONALIZE_BELOW = 0.7071067811865476   # 1/sqrt(2): "twice is enough" (Kahan, Parlett)
+_MAX_MAGNITUDE = 1e75                           # inputs above this could overflow norms
 _ROUNDING_LEVEL = 1e-12                         # relative size of a singular value that is noise
 
 
@@ -274,6 +275,10 @@ class KroneckerSum:
             if not np.isfinite(v).all():
                 raise ValueError(f"KroneckerSum.add: {name} contains NaN or inf; the estimate is "
                                  f"unchanged")
+            # Squared norms of larger values overflow float64.
+            if v.size and np.abs(v).max() > _MAX_MAGNITUDE:
+                raise ValueError(f"KroneckerSum.add: {name} has values above {_MAX_MAGNITUDE:g}; "
+                                 f"scale the inputs down")
         signs = self._rng.integers(0, 2, size=(dz.shape[0], self.q)) * 2.0 - 1.0
         _add_pairs(self.QL, self.QR, self.cx, dz, a, signs, self.unbiased,
                    float(self.kappa_th or 0.0), self.counts)
@@ -321,10 +326,21 @@ class KroneckerSum:
                 "counts": self.counts.copy(), "rng": self._rng.bit_generator.state}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, ref in (("QL", self.QL), ("QR", self.QR), ("cx", self.cx)):
+        missing = {"QL", "QR", "cx", "counts", "rng"} - set(state)
+        if missing:
+            raise ValueError(f"KroneckerSum state lacks {sorted(missing)}")
+        for key, ref in (("QL", self.QL), ("QR", self.QR), ("cx", self.cx), ("counts", self.counts)):
             if np.shape(state[key]) != ref.shape:
                 raise ValueError(f"KroneckerSum state {key} has shape {np.shape(state[key])}, "
                                  f"expected {ref.shape}")
+            if not np.isfinite(state[key]).all():
+                raise ValueError(f"KroneckerSum state {key} contains NaN or inf")
+        if np.any(np.asarray(state["cx"]) < 0):
+            raise ValueError("KroneckerSum state cx has negative weights")
+        for key in ("QL", "QR"):
+            basis = np.asarray(state[key])[:, :self.rank]
+            if np.abs(basis.T @ basis - np.eye(self.rank)).max() > 1e-8:
+                raise ValueError(f"KroneckerSum state {key} is not an orthonormal basis")
         self.QL[...] = state["QL"]
         self.QR[...] = state["QR"]
         self.cx[...] = state["cx"]

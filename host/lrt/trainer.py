@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from insitu import nn
+from insitu.lrt import SCHEMES
 from insitu.lrt.maxnorm import MaxNorm
 from insitu.lrt.nvm import NVMArray, NVMModel
 from insitu.lrt.qnet import QNet
@@ -34,9 +35,8 @@ from insitu.lrt.sks import KroneckerSum
 from insitu.nn.functional import softmax
 from insitu.numerics import LRT_BIAS, LRT_GRADIENT, round_half_up
 
-__all__ = ["SCHEMES", "LRTConfig", "OnlineTrainer", "pretrain", "evaluate"]
+__all__ = ["SCHEMES", "LRTConfig", "OnlineTrainer", "check_rank", "pretrain", "evaluate"]
 
-SCHEMES = ("inference", "bias", "sgd", "lrt", "lrt-maxnorm")
 
 
 @dataclass
@@ -64,6 +64,15 @@ class LRTConfig:
             raise ValueError(f"kappa_th must be a positive number or None, got {self.kappa_th!r}")
         if not 0 <= self.rho_min <= 1:
             raise ValueError(f"rho_min must be in [0, 1], got {self.rho_min!r}")
+
+
+def check_rank(net: QNet, rank: int) -> None:
+    """A clear error when ``rank`` is too large for one of the network's layers."""
+    for layer in net.weight_layers:
+        n_out, n_in = layer.weight_matrix.shape
+        if rank >= min(n_out, n_in):
+            raise ValueError(f"rank {rank} is too large for layer {layer.name} "
+                             f"({n_out} x {n_in}): it must be < {min(n_out, n_in)}")
 
 
 def _loss_gradient(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -132,9 +141,6 @@ class _LayerLRT:
 
     def __init__(self, layer, config: LRTConfig, batch: int, seed: int, maxnorm: bool):
         n_out, n_in = layer.weight_matrix.shape
-        if config.rank >= min(n_out, n_in):
-            raise ValueError(f"rank {config.rank} is too large for layer {layer.name} "
-                             f"({n_out} x {n_in}): it must be < {min(n_out, n_in)}")
         self.sks = KroneckerSum(n_out, n_in, config.rank, unbiased=config.unbiased, seed=seed,
                                 kappa_th=config.kappa_th, factor_bits=config.factor_bits)
         self.batch = batch
@@ -163,6 +169,7 @@ class OnlineTrainer:
         self.bias_norms = {key: MaxNorm() for key, _, _ in net.one_d_params()} if maxnorm else {}
         self.lrt = {}
         if scheme in ("lrt", "lrt-maxnorm"):
+            check_rank(net, self.config.rank)
             for i, layer in enumerate(net.weight_layers):
                 conv = isinstance(layer.core, nn.Conv2d)
                 batch = self.config.conv_batch if conv else self.config.dense_batch
@@ -172,6 +179,14 @@ class OnlineTrainer:
     # -- one sample --------------------------------------------------------------------------
     def step(self, x: np.ndarray, label: int) -> bool:
         """Predict sample ``x`` (shape ``(1, ...)``), learn from ``label``; True if predicted right."""
+        if np.shape(x)[:1] != (1,):
+            raise ValueError(f"OnlineTrainer.step takes one sample at a time: x must have shape "
+                             f"(1, ...), got {np.shape(x)}")
+        if not np.isfinite(x).all():
+            raise ValueError("OnlineTrainer.step: x contains NaN or inf")
+        classes = self.net.weight_layers[-1].weight_matrix.shape[0]
+        if not 0 <= label < classes:
+            raise ValueError(f"OnlineTrainer.step: label must be in [0, {classes}), got {label}")
         if self.scheme == "inference":
             for layer in self.net.weight_layers:
                 self.arrays[layer.name].read()
@@ -211,7 +226,7 @@ class OnlineTrainer:
         # Δcode of pixel p = round(-η·dz_p ⊗ a_p / LSB); the weight is a grid value, so rounding
         # the step equals rounding the updated weight (saturation is handled by the NVM array).
         steps = round_half_up(np.einsum("po,pi->poi", dz[live], a[live])
-                              * (-self.config.lr * 2.0 ** fmt.frac)).astype(np.int64)
+                              * (-self.config.lr * 2.0 ** fmt.frac))
         self.arrays[layer.name].apply_sequence(steps)
 
     def _lrt_accumulate(self, layer) -> None:
@@ -228,12 +243,14 @@ class OnlineTrainer:
         direction = norm.peek(mean_grad) if norm is not None else mean_grad
         fmt = layer.weight_format
         step = -self.config.lr * math.sqrt(state.samples) * direction
-        codes = round_half_up(step * 2.0 ** fmt.frac).astype(np.int64)
-        if np.count_nonzero(codes) < self.config.rho_min * codes.size:
+        codes = round_half_up(step * 2.0 ** fmt.frac).reshape(layer.weight.shape)
+        stored = self.arrays[layer.name].codes()
+        changed = np.count_nonzero(fmt.saturate(stored + codes) != stored)
+        if changed < self.config.rho_min * codes.size:
             return                  # too sparse: keep accumulating (the effective batch grows)
         if norm is not None:
             norm(mean_grad)         # the update happens: commit the max-norm state
-        self.arrays[layer.name].apply_delta(codes.reshape(layer.weight.shape))
+        self.arrays[layer.name].apply_delta(codes)
         state.sks.reset()
         state.samples = 0
         state.updates += 1

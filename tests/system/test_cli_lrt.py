@@ -47,6 +47,7 @@ def test_adapt_all_schemes_compares_sgd_and_lrt_writes(run_cli, tmp_path):
     (("--samples", "0"), "--samples must be >= 1"),
     (("--conv-batch", "0"), "conv_batch must be an integer >= 1"),
     (("--env", "mars"), "Invalid value for '--env'"),
+    (("--kappa-th", "-1"), "--kappa-th must be >= 0"),
 ])
 def test_adapt_bad_input_is_a_clear_error(run_cli, tmp_path, args, message):
     base = {"--env": "control", "--samples": "10"}

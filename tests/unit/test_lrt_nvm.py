@@ -291,3 +291,18 @@ def test_drift_seeds_reproduce():
 def test_drift_parameters_are_validated(make, arg):
     with pytest.raises(ValueError, match=arg):
         make()
+
+
+def test_apply_sequence_counts_each_code_change_and_walks_saturation():
+    from insitu.lrt.nvm import NVMArray
+    from insitu.numerics import LRT_WEIGHT
+
+    values = LRT_WEIGHT.to_float(np.array([126, 0])).astype(np.float64)
+    arr = NVMArray("w", LRT_WEIGHT, values)
+    # cell 0 saturates at 127: +3 -> 127 (write), -1 -> 126 (write), 0 -> nothing
+    # cell 1: +1, -1, +1 -> three writes, ends at 1
+    written = arr.apply_sequence(np.array([[3, 1], [-1, -1], [0, 1]]))
+    assert written == 5 and arr.writes.tolist() == [2, 3]
+    assert arr.codes().tolist() == [126, 1]
+    with pytest.raises(ValueError, match="steps must be integer codes"):
+        arr.apply_sequence(np.array([[0.6, 0.0]]))

@@ -120,10 +120,13 @@ def test_kappa_skip_drops_samples_that_add_only_a_tiny_new_direction():
     ks.add(1e-3 * rng.standard_normal(8), 1e-3 * rng.standard_normal(6))    # 1e-6 vs |u||v|
     assert ks.pairs_skipped == 1
     np.testing.assert_allclose(ks.estimate(), np.outer(u, v), atol=1e-12)
-    no_skip = KroneckerSum(8, 6, 2, seed=0)
-    no_skip.add(u, v)
-    no_skip.add(1e-3 * rng.standard_normal(8), 1e-3 * rng.standard_normal(6))
-    assert no_skip.pairs_skipped == 0
+    # a threshold above the ratio keeps the pair, and it is in the estimate
+    dz, a = 1e-3 * rng.standard_normal(8), 1e-3 * rng.standard_normal(6)
+    lenient = KroneckerSum(8, 6, 2, seed=0, kappa_th=1e9)
+    lenient.add(u, v)
+    lenient.add(dz, a)
+    assert lenient.pairs_skipped == 0
+    np.testing.assert_allclose(lenient.estimate(), np.outer(u, v) + np.outer(dz, a), atol=1e-12)
 
 
 def test_factor_quantization_is_16_bit_with_a_dynamic_scale():
@@ -184,3 +187,32 @@ def test_bad_input_names_the_argument_and_never_enters_the_bases():
     np.testing.assert_array_equal(ks.QL, state["QL"])
     np.testing.assert_array_equal(ks.cx, state["cx"])
     assert np.isfinite(ks.estimate()).all()
+
+
+def test_unbiased_core_step_averages_to_c_over_all_sign_patterns():
+    """The estimator's expectation over its 2**q random sign vectors is exactly C."""
+    import itertools
+    rng = np.random.default_rng(4)
+    q = 5
+    for _ in range(3):
+        cL, cR = rng.standard_normal(q), rng.standard_normal(q)
+        cx = np.sort(rng.random(q - 1))[::-1] * 3
+        C = np.outer(cL, cR) + np.diag(np.append(cx, 0.0))
+        mean = np.zeros((q, q))
+        for signs in itertools.product((-1.0, 1.0), repeat=q):
+            ML, MR, new_cx = core_rotation(cL, cR, cx, np.array(signs), True)
+            mean += (ML * new_cx) @ MR.T
+        np.testing.assert_allclose(mean / 2 ** q, C, atol=1e-12)
+
+
+def test_huge_inputs_and_bad_states_are_refused():
+    ks = KroneckerSum(5, 4, 2, seed=0)
+    with pytest.raises(ValueError, match="a has values above"):
+        ks.add(np.ones(5), np.full(4, 1e200))
+    state = ks.state_dict()
+    state["cx"] = np.array([1.0, np.nan])
+    with pytest.raises(ValueError, match="cx contains NaN"):
+        ks.load_state_dict(state)
+    state["cx"] = np.array([1.0, -1.0])
+    with pytest.raises(ValueError, match="negative weights"):
+        ks.load_state_dict(state)

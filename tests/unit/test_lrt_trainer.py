@@ -147,3 +147,17 @@ def test_bad_configuration_is_refused():
         OnlineTrainer(net, "lrt", LRTConfig(conv_batch=0))
     with pytest.raises(ValueError, match="lr must be a positive number"):
         OnlineTrainer(net, "lrt", LRTConfig(lr=float("nan")))
+
+
+def test_step_refuses_batches_bad_labels_and_nan(digits):
+    x, y, _, _ = digits
+    trainer = OnlineTrainer(dense_net(sample_shape=(8, 8), hidden=(16,)), "sgd")
+    with pytest.raises(ValueError, match="one sample at a time"):
+        trainer.step(x[:3], 1)
+    with pytest.raises(ValueError, match=r"label must be in \[0, 10\)"):
+        trainer.step(x[:1], 10)
+    with pytest.raises(ValueError, match=r"label must be in \[0, 10\)"):
+        trainer.step(x[:1], -1)
+    with pytest.raises(ValueError, match="NaN"):
+        trainer.step(np.full_like(x[:1], np.nan), 1)
+    assert trainer.samples == 0 and trainer.total_writes() == 0
