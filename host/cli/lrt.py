@@ -153,7 +153,7 @@ def transfer(ranks, lrs, seeds, samples, out, as_json):
     if as_json:
         emit_json(result)
     else:
-        report.print(format_table(result), markup=False, highlight=False)
+        click.echo(format_table(result))
 
 
 @command.command("bench")
@@ -173,4 +173,4 @@ def bench(sizes, rank, as_json):
     if as_json:
         emit_json(result)
     else:
-        report.print(format_bench(result), markup=False, highlight=False)
+        click.echo(format_bench(result))
