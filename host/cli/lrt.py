@@ -129,11 +129,16 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
               help="Comma-separated learning rates.")
 @click.option("--seeds", type=int, default=3, show_default=True, help="Number of seeds.")
 @click.option("--samples", type=int, default=None, help="Online samples per run (default: the module's).")
+@click.option("--dataset", default="fashion-mnist", show_default=True)
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder with the dataset's IDX files (MNIST needs one).")
+@click.option("--pretrain-samples", type=int, default=None,
+              help="Samples per pre-training epoch of the feature CNN (default: the module's).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result JSON.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def transfer(ranks, lrs, seeds, samples, out, as_json):
+def transfer(ranks, lrs, seeds, samples, dataset, data_dir, pretrain_samples, out, as_json):
     """Recover a damaged final layer with SGD, UORO, biased SVD and LRT (the paper's table 1)."""
-    from insitu.lrt.transfer import format_table, run_transfer
+    from insitu.lrt.transfer import format_table, progress_total, run_transfer
 
     try:
         rank_list = tuple(int(v) for v in ranks.split(","))
@@ -145,9 +150,12 @@ def transfer(ranks, lrs, seeds, samples, out, as_json):
     if out:
         check_writable(out, "--out")
     kwargs = {} if samples is None else {"samples": samples}
-    with progress("transfer runs", total=None) as advance:
+    if pretrain_samples is not None:
+        kwargs["pretrain_samples"] = pretrain_samples
+    total = progress_total(seeds=range(seeds), **kwargs)
+    with progress("transfer runs", total=total) as advance:
         result = _usage(run_transfer, ranks=rank_list, lrs=lr_list, seeds=tuple(range(seeds)),
-                        progress=advance, **kwargs)
+                        dataset=dataset, data_dir=data_dir, progress=advance, **kwargs)
     if out:
         _write_json(out, result, "--out")
     if as_json:

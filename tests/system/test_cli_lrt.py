@@ -57,3 +57,37 @@ def test_adapt_bad_input_is_a_clear_error(run_cli, tmp_path, args, message):
     run = run_cli("lrt", "adapt", *flat, *_SMALL, env={"XDG_CACHE_HOME": str(tmp_path)})
     assert run.returncode == 2, (run.stdout, run.stderr)
     assert message in run.stderr
+
+
+def test_transfer_table_on_a_small_dataset(run_cli, tmp_path):
+    out = tmp_path / "transfer.json"
+    run = run_cli("lrt", "transfer", "--samples", "400", "--seeds", "2", "--ranks", "1,2",
+                  "--lrs", "0.01,0.1", "--dataset", "digits", "--pretrain-samples", "800",
+                  "--out", out)
+    assert run.returncode == 0, run.stderr
+    assert "UORO" in run.stdout and "LRT" in run.stdout and "Max writes per weight cell" in run.stdout
+    result = json.loads(out.read_text())
+    rows = {(r["algorithm"], r["rank"], r["lr"]) for r in result["table"]}
+    assert ("LRT", 2, 0.1) in rows and ("SGD", None, 0.01) in rows and len(rows) == 12
+    assert result["inference_accuracy"] < result["pretrained_accuracy"]
+
+
+def test_bench_reports_speedup_and_memory(run_cli):
+    run = run_cli("lrt", "bench", "--sizes", "32,64", "--json")
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(run.stdout)["rows"]
+    assert [r["n"] for r in rows] == [32, 64]
+    for r in rows:
+        assert r["speedup"] == pytest.approx(r["dense_us"] / r["lrt_us"])
+        assert r["aux_memory_bits"] == 4 * (2 * r["n"]) * 16
+
+
+@pytest.mark.parametrize("args,message", [
+    (("transfer", "--ranks", "0"), "ranks must be integers >= 1"),
+    (("transfer", "--lrs", "fast"), "comma-separated numbers"),
+    (("bench", "--sizes", "1,x"), "comma-separated integers"),
+])
+def test_transfer_and_bench_bad_input(run_cli, args, message):
+    run = run_cli("lrt", *args)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert message in run.stderr
