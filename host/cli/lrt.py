@@ -107,7 +107,8 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
     else:
         payload = {"env": env, "samples": samples, "seed": seed,
                    "summary": [{k: r[k] for k in ("scheme", "online_accuracy", "max_writes_per_cell",
-                                                   "total_writes")} for r in results],
+                                                   "total_writes", "max_update_ops_per_cell")}
+                               for r in results],
                    "runs": results}
     if plot:
         plot_adapt(results, plot)

@@ -156,7 +156,9 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
         "pretrained_validation_accuracy": pre["validation_accuracy"],
         "max_writes_per_cell": trainer.max_writes_per_cell(),
         "total_writes": trainer.total_writes(),
+        "max_update_ops_per_cell": trainer.max_update_ops_per_cell(),
         "layers": {name: {k: entry[k] for k in ("cells", "max_writes_per_cell", "total_writes",
+                                                 "update_operations",
                                                  "mean_writes_per_cell", "write_histogram")}
                    for name, entry in report["arrays"].items()},
         "nvm": report["total"],

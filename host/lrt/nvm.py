@@ -98,6 +98,10 @@ class NVMArray:
         self.values[...] = fmt.quantize(values)
         self.writes = np.zeros(values.shape, dtype=np.int64)
         self.reads = 0
+        # Update operations addressed to the array (each addresses every cell, whether or not its
+        # code changes): the count a write-verify-less controller would pulse, and the one the
+        # LRT paper's figure appears to plot ("updates applied to any given cell").
+        self.update_ops = 0
 
     # -- access --------------------------------------------------------------------------------
     def codes(self) -> np.ndarray:
@@ -137,6 +141,7 @@ class NVMArray:
         # int64 sum cannot overflow.
         span = self.fmt.qmax - self.fmt.qmin
         delta = np.clip(delta, -span, span).astype(CODE_DTYPE)
+        self.update_ops += 1
         return self._write_codes(self.fmt.saturate(self.codes() + delta))
 
     def apply_sequence(self, steps) -> int:
@@ -150,6 +155,7 @@ class NVMArray:
         if not np.issubdtype(steps.dtype, np.integer):
             raise ValueError(f"NVMArray {self.name}: steps must be integer codes, got {steps.dtype}")
         steps = steps.astype(CODE_DTYPE).reshape(-1, *self.values.shape)
+        self.update_ops += len(steps)
         codes = self.codes()
         path = codes + np.cumsum(steps, axis=0)
         if path.min() >= self.fmt.qmin and path.max() <= self.fmt.qmax:
@@ -177,6 +183,7 @@ class NVMArray:
                              f"the array's shape {self.values.shape}")
         if not np.isfinite(target).all():
             raise ValueError(f"NVMArray {self.name}: new_values are not all finite")
+        self.update_ops += 1
         return self._write_codes(self.fmt.quantize_code(target))
 
     # -- statistics ----------------------------------------------------------------------------
@@ -290,7 +297,7 @@ class NVMModel:
             entry = self._summary(a.cells, a.cells * a.fmt.bits, a.writes,
                                   a.total_writes * a.fmt.bits, a.reads * a.cells * a.fmt.bits, samples)
             arrays[name] = {"format": a.fmt.describe(), "bits_per_cell": a.fmt.bits,
-                            "reads": a.reads, **entry}
+                            "reads": a.reads, "update_operations": a.update_ops, **entry}
         every = list(self._arrays.values())
         all_writes = (np.concatenate([a.writes.ravel() for a in every]) if every
                       else np.zeros(0, dtype=np.int64))

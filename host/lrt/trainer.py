@@ -259,6 +259,10 @@ class OnlineTrainer:
     def max_writes_per_cell(self) -> int:
         return max((int(arr.max_writes) for arr in self.arrays.values()), default=0)
 
+    def max_update_ops_per_cell(self) -> int:
+        """Update operations addressed to the busiest cell, code change or not."""
+        return max((arr.update_ops for arr in self.arrays.values()), default=0)
+
     def total_writes(self) -> int:
         return sum(int(arr.total_writes) for arr in self.arrays.values())
 

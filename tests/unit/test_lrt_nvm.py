@@ -303,6 +303,9 @@ def test_apply_sequence_counts_each_code_change_and_walks_saturation():
     # cell 1: +1, -1, +1 -> three writes, ends at 1
     written = arr.apply_sequence(np.array([[3, 1], [-1, -1], [0, 1]]))
     assert written == 5 and arr.writes.tolist() == [2, 3]
+    assert arr.update_ops == 3                     # three updates addressed both cells
+    arr.apply_delta(np.array([0, 0]))
+    assert arr.update_ops == 4 and arr.writes.tolist() == [2, 3]
     assert arr.codes().tolist() == [126, 1]
     with pytest.raises(ValueError, match="steps must be integer codes"):
         arr.apply_sequence(np.array([[0.6, 0.0]]))

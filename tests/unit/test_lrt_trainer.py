@@ -99,6 +99,9 @@ def test_sgd_on_convolutions_writes_once_per_pixel_update():
     trainer.step(x, 3)
     # conv1 has 72 cells and 784 pixel updates: a cell can be written many times in one sample
     assert trainer.arrays["conv1"].max_writes > 1
+    # every pixel with a non-zero output gradient is one update operation on every cell
+    dz, _ = net.weight_layers[0].kronecker_pairs()
+    assert trainer.arrays["conv1"].update_ops == int(np.any(dz[0] != 0, axis=1).sum()) > 1
 
 
 @pytest.mark.parametrize("scheme", ["lrt", "lrt-maxnorm"])
@@ -114,7 +117,7 @@ def test_lrt_writes_only_at_pseudo_batch_boundaries(digits, scheme):
     writes_at_20 = trainer.total_writes()
     assert writes_at_20 > 0
     # Every write happened at once: no cell was written more than once.
-    assert trainer.max_writes_per_cell() == 1
+    assert trainer.max_writes_per_cell() == 1 and trainer.max_update_ops_per_cell() == 1
     for layer in net.weight_layers:
         _on_grid(layer.weight, LRT_WEIGHT)
 
