@@ -17,13 +17,16 @@ maximum and total writes per NVM cell, and the curves of both over the run.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 from insitu.checkpoint import load_checkpoint, save_checkpoint
+from insitu.io import atomic_write
 from insitu.lrt.nvm import NVMModel, make_drift
 from insitu.lrt.online import ENVS, OnlineData
 from insitu.lrt.qnet import ARCHITECTURES
@@ -36,7 +39,6 @@ _PRETRAIN_VERSION = 2          # bump when the network or pre-training changes
 
 
 def default_cache_dir() -> Path:
-    import os
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "insitu" / "lrt"
 
@@ -142,12 +144,9 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
     seconds = time.perf_counter() - start_time
     report = nvm.report(samples)
     if counts_out:
-        from insitu.io import atomic_write
-        path = Path(counts_out)
-        import io
         buf = io.BytesIO()
         np.savez_compressed(buf, **nvm.write_counts())
-        atomic_write(path, buf.getvalue())
+        atomic_write(Path(counts_out), buf.getvalue())
     result = {
         "env": env, "scheme": scheme, "samples": samples, "seed": seed, "arch": arch,
         "dataset": data.name,
@@ -180,8 +179,6 @@ def plot_adapt(results: list[dict], path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from insitu.io import atomic_write
-
     if not results:
         raise ValueError("plot_adapt: no results to plot")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True,
@@ -203,7 +200,6 @@ def plot_adapt(results: list[dict], path) -> Path:
     bottom.set_ylabel("max writes per cell")
     bottom.set_xlabel("online samples")
     fig.tight_layout()
-    import io
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)

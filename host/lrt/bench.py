@@ -33,12 +33,11 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from numbers import Integral
 
 import numpy as np
 
+from insitu.lrt.args import LrtArgumentError, check_int
 from insitu.lrt.sks import KroneckerSum
-from insitu.lrt.transfer import LrtArgumentError
 
 # Imported here, not when first timed: threadpoolctl can only limit the threads of a BLAS that is
 # already loaded when the limit is set (SciPy bundles its own OpenBLAS).
@@ -55,10 +54,6 @@ DEFAULT_REPEATS = 5
 ACCUMULATOR_BITS = 16
 
 
-def _check_int(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-        raise LrtArgumentError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
 
 
 def _median_us(run: Callable[[], None], pairs: int, repeats: int) -> float:
@@ -172,7 +167,7 @@ def run_bench(sizes: Sequence[int] = DEFAULT_SIZES, rank: int = 4, pairs: int = 
     """Time LRT against dense accumulation for each ``n`` in ``sizes``; a JSON-ready dict.
 
     ``progress(1)`` is called after each size (the calls add up to ``len(sizes)``). Bad
-    arguments raise :class:`~insitu.lrt.transfer.LrtArgumentError` (a ValueError).
+    arguments raise :class:`~insitu.lrt.args.LrtArgumentError` (a ValueError).
     """
     try:
         sizes = tuple(sizes)
@@ -180,15 +175,15 @@ def run_bench(sizes: Sequence[int] = DEFAULT_SIZES, rank: int = 4, pairs: int = 
         raise LrtArgumentError(f"sizes must be a list of integers, got {sizes!r}") from None
     if not sizes:
         raise LrtArgumentError("sizes must not be empty")
-    rank = _check_int("rank", rank, 1)
+    rank = check_int("rank", rank, 1)
     for n in sizes:
-        _check_int("each of sizes", n, 2)
+        check_int("each of sizes", n, 2)
         if rank >= n:
             raise LrtArgumentError(f"sizes: n = {n} must be > rank ({rank}); a full-rank estimate "
                                    "needs no low-rank method")
-    pairs = _check_int("pairs", pairs, 1)
-    repeats = _check_int("repeats", repeats, 1)
-    seed = _check_int("seed", seed, 0)
+    pairs = check_int("pairs", pairs, 1)
+    repeats = check_int("repeats", repeats, 1)
+    seed = check_int("seed", seed, 0)
 
     started = time.perf_counter()
     rng = np.random.default_rng(seed)

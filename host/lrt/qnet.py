@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from insitu import nn
-from insitu.numerics import (LRT_ACCUMULATOR, LRT_ACTIVATION, LRT_BIAS, LRT_GRADIENT, LRT_WEIGHT,
+from insitu.numerics import (LRT_ACCUMULATOR, LRT_ACTIVATION, LRT_GRADIENT, LRT_WEIGHT,
                              FixedPoint)
 
 __all__ = ["QWeightLayer", "QReLU", "QNormalize", "QNet", "paper_cnn", "dense_net", "ARCHITECTURES"]

@@ -61,7 +61,7 @@ import numpy as np
 
 from insitu import nn
 from insitu.data import load_dataset
-from insitu.errors import UsageError
+from insitu.lrt.args import LrtArgumentError, check_int
 from insitu.lrt.sks import KroneckerSum
 from insitu.numerics import (
     LRT_ACCUMULATOR,
@@ -94,11 +94,6 @@ HIDDEN = 512                   # penultimate features, as ResNet-34's 512
 WINDOW_FRACTION = 0.2          # the scored tail of the online stream
 DAMAGE_RATIO = 52.7 / 73.0     # the paper's inference / pre-trained accuracy
 MAXNORM_BETA, MAXNORM_EPS = 0.999, 1e-4
-
-
-class LrtArgumentError(UsageError, ValueError):
-    """A bad argument of an LRT experiment: a ValueError for library callers and a usage error
-    (exit code 2, one-line message) for the CLI."""
 
 
 Progress = Callable[[int], None] | None
@@ -214,12 +209,6 @@ class _MaxNormBank:
 
 # --------------------------------------------------------------------------- argument checks
 
-def _check_int(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-        raise LrtArgumentError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
 def _check_list(name, values) -> tuple:
     try:
         values = tuple(values)
@@ -250,13 +239,13 @@ def _check_args(ranks, lrs, seeds, samples, batch, algorithms, pretrain_samples,
             raise LrtArgumentError(f"lrs must be positive finite numbers, got {lr!r}")
     seeds = _check_list("seeds", seeds)
     for s in seeds:
-        _check_int("each of seeds", s, 0)
-    batch = _check_int("batch", batch, 1)
-    samples = _check_int("samples", samples, 1)
+        check_int("each of seeds", s, 0)
+    batch = check_int("batch", batch, 1)
+    samples = check_int("samples", samples, 1)
     if samples < batch:
         raise LrtArgumentError(f"samples ({samples}) must be >= batch ({batch}): no update would happen")
-    _check_int("pretrain_samples", pretrain_samples, 1)
-    _check_int("pretrain_epochs", pretrain_epochs, 1)
+    check_int("pretrain_samples", pretrain_samples, 1)
+    check_int("pretrain_epochs", pretrain_epochs, 1)
     if isinstance(damage_ratio, bool) or not isinstance(damage_ratio, Real) or not 0 < damage_ratio < 1:
         raise LrtArgumentError(f"damage_ratio must be in (0, 1), got {damage_ratio!r}")
     if kappa_th is not None and not (isinstance(kappa_th, Real) and math.isfinite(kappa_th) and kappa_th > 0):
@@ -497,7 +486,7 @@ def run_transfer(ranks: Sequence[int] = DEFAULT_RANKS, lrs: Sequence[float] = DE
     ranks, lrs, seeds, samples, batch, algorithms = _check_args(
         ranks, lrs, seeds, samples, batch, algorithms, pretrain_samples, pretrain_epochs,
         damage_ratio, kappa_th)
-    pretrain_seed = _check_int("pretrain_seed", pretrain_seed, 0)
+    pretrain_seed = check_int("pretrain_seed", pretrain_seed, 0)
     started = time.perf_counter()
     data = load_dataset(dataset, data_dir)
     # KroneckerSum needs rank < min(n_out, n_in): checked before the minutes of pre-training.
