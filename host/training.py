@@ -96,13 +96,17 @@ def _mlp(sample_shape, classes, seed):
                          nn.Dense(128, classes, seed=seed + 1, dtype=np.float32))
 
 
-def _cnn(sample_shape, classes, seed):
+def _cnn(sample_shape, classes, seed, hidden: int | None = None):
+    """Two conv + pool stages and a classifier (with a hidden dense layer when ``hidden``)."""
     h, w = sample_shape
     flat = 16 * (h // 4) * (w // 4)
+    head = ([nn.Dense(flat, hidden, seed=seed + 2, dtype=np.float32), nn.ReLU(),
+             nn.Dense(hidden, classes, seed=seed + 3, dtype=np.float32)] if hidden
+            else [nn.Dense(flat, classes, seed=seed + 2, dtype=np.float32)])
     return nn.Sequential(
         nn.Conv2d(1, 8, 3, padding=1, seed=seed, dtype=np.float32), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(8, 16, 3, padding=1, seed=seed + 1, dtype=np.float32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Dense(flat, classes, seed=seed + 2, dtype=np.float32))
+        nn.Flatten(), *head)
 
 
 MODELS = {"mlp": _mlp, "cnn": _cnn}

@@ -39,7 +39,7 @@ import numpy as np
 
 from insitu.numerics import max_abs_format
 
-__all__ = ["KroneckerSum", "mgs_project", "rotate", "core_rotation"]
+__all__ = ["KroneckerSum", "LowRankSum", "mgs_project", "rotate", "core_rotation"]
 
 # Status codes of one streamed pair.
 ADDED, SKIPPED, ZERO = 0, 1, 2
@@ -216,7 +216,39 @@ def _random_orthonormal(rng: np.random.Generator, n: int, q: int) -> np.ndarray:
     return np.ascontiguousarray(qm * np.sign(np.diag(rm)))
 
 
-class KroneckerSum:
+class LowRankSum:
+    """What every streaming low-rank estimator of ``Σ dz ⊗ a`` shares: quantized factors, the
+    dense estimate and the auxiliary memory. Subclasses give ``_raw_factors()`` and set
+    ``n_out``, ``n_in``, ``rank`` and ``factor_bits``."""
+
+    n_out: int
+    n_in: int
+    rank: int
+    factor_bits: int | None
+
+    def _raw_factors(self) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def factors(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(L, R)``, shapes ``(n_out, rank)`` and ``(n_in, rank)``: ``L @ R.T`` ≈ the sum."""
+        L, R = self._raw_factors()
+        if self.factor_bits is not None:
+            L = max_abs_format(L, self.factor_bits).quantize(L)
+            R = max_abs_format(R, self.factor_bits).quantize(R)
+        return L, R
+
+    def estimate(self) -> np.ndarray:
+        """The dense ``n_out × n_in`` estimate ``L @ R.T`` (for tests and small layers)."""
+        L, R = self.factors()
+        return L @ R.T
+
+    @property
+    def aux_memory_bits(self) -> int:
+        """Auxiliary memory of the factors at 16 bits per value, r·(n+m)·16 (the paper's figure)."""
+        return self.rank * (self.n_out + self.n_in) * 16
+
+
+class KroneckerSum(LowRankSum):
     """Rank-``rank`` streaming estimate of ``Σ dz ⊗ a`` (a weight gradient), memory O((n+m)·q).
 
     ``add(dz, a)`` streams one outer product, ``add_many(dz, a)`` a block of them (rows are pairs,
@@ -301,25 +333,9 @@ class KroneckerSum:
         """The orthonormal bases ``Q_L[:, :r]``, ``Q_R[:, :r]`` (column q is scratch space)."""
         return self.QL[:, :self.rank], self.QR[:, :self.rank]
 
-    def factors(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(L, R)``, shapes ``(n_out, rank)`` and ``(n_in, rank)``: ``L @ R.T`` ≈ the sum."""
+    def _raw_factors(self) -> tuple[np.ndarray, np.ndarray]:
         root = np.sqrt(self.cx)
-        L = self.QL[:, :self.rank] * root
-        R = self.QR[:, :self.rank] * root
-        if self.factor_bits is not None:
-            L = max_abs_format(L, self.factor_bits).quantize(L)
-            R = max_abs_format(R, self.factor_bits).quantize(R)
-        return L, R
-
-    def estimate(self) -> np.ndarray:
-        """The dense ``n_out × n_in`` estimate ``L @ R.T`` (for tests and small layers)."""
-        L, R = self.factors()
-        return L @ R.T
-
-    @property
-    def aux_memory_bits(self) -> int:
-        """Auxiliary memory of the factors at 16 bits per value, r·(n+m)·16 (the paper's figure)."""
-        return self.rank * (self.n_out + self.n_in) * 16
+        return self.QL[:, :self.rank] * root, self.QR[:, :self.rank] * root
 
     def state_dict(self) -> dict:
         return {"QL": self.QL.copy(), "QR": self.QR.copy(), "cx": self.cx.copy(),

@@ -58,11 +58,10 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
-
 from insitu import nn
 from insitu.data import load_dataset
 from insitu.lrt.args import LrtArgumentError, check_int
-from insitu.lrt.sks import KroneckerSum
+from insitu.lrt.sks import KroneckerSum, LowRankSum
 from insitu.numerics import (
     LRT_ACCUMULATOR,
     LRT_ACTIVATION,
@@ -70,9 +69,9 @@ from insitu.numerics import (
     LRT_FACTOR_BITS,
     LRT_GRADIENT,
     LRT_WEIGHT,
-    max_abs_format,
     round_half_up,
 )
+from insitu.training import MODELS
 
 __all__ = [
     "ALGORITHMS",
@@ -101,7 +100,7 @@ Progress = Callable[[int], None] | None
 
 # --------------------------------------------------------------------------- UORO
 
-class UoroSum:
+class UoroSum(LowRankSum):
     """UORO's rank-1 unbiased streaming estimate of ``Σ dz ⊗ a`` (Tallec & Ollivier, 2017).
 
     With the estimate ``L̃ R̃ᵀ`` and a new pair, a random sign ``ν = ±1`` mixes them::
@@ -167,21 +166,8 @@ class UoroSum:
         self.L = np.zeros(self.n_out)
         self.R = np.zeros(self.n_in)
 
-    def factors(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(L, R)`` of shapes ``(n_out, 1)``, ``(n_in, 1)``: ``L @ R.T`` estimates the sum."""
-        L, R = self.L[:, None].copy(), self.R[:, None].copy()
-        if self.factor_bits is not None:
-            L = max_abs_format(L, self.factor_bits).quantize(L)
-            R = max_abs_format(R, self.factor_bits).quantize(R)
-        return L, R
-
-    def estimate(self) -> np.ndarray:
-        L, R = self.factors()
-        return L @ R.T
-
-    @property
-    def aux_memory_bits(self) -> int:
-        return (self.n_out + self.n_in) * 16
+    def _raw_factors(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.L[:, None].copy(), self.R[:, None].copy()
 
 
 # --------------------------------------------------------------------------- max-norm, vectorized
@@ -278,16 +264,6 @@ def _pow2_ceil(x: float) -> float:
     return 2.0 ** math.ceil(math.log2(x)) if x > 0 else 1.0
 
 
-def _cnn(sample_shape, classes, seed):
-    h, w = sample_shape
-    flat = 16 * (h // 4) * (w // 4)
-    return nn.Sequential(
-        nn.Conv2d(1, 8, 3, padding=1, seed=seed, dtype=np.float32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(8, 16, 3, padding=1, seed=seed + 1, dtype=np.float32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Dense(flat, HIDDEN, seed=seed + 2, dtype=np.float32), nn.ReLU(),
-        nn.Dense(HIDDEN, classes, seed=seed + 3, dtype=np.float32))
-
-
 def _logits(features, weight, bias, alpha):
     """The quantized last layer ``Qb(α · W a + b)`` for a block of samples; weight (…, K, F)."""
     return LRT_ACCUMULATOR.quantize(alpha * (features @ np.swapaxes(weight, -1, -2)) + bias)
@@ -306,7 +282,7 @@ def _prepare(data, samples, dataset, pretrain_samples, pretrain_epochs, seed, pr
     perm = np.random.default_rng([seed, 0]).permutation(len(x))
     pre_idx, online_idx = perm[:pretrain_samples], perm[pretrain_samples:pretrain_samples + samples]
 
-    model = _cnn(data.sample_shape, classes, seed)
+    model = MODELS["cnn"](data.sample_shape, classes, seed, hidden=HIDDEN)
     optimizer = nn.SGD(model, lr=0.05, momentum=0.9)
     for epoch in range(pretrain_epochs):
         order = np.random.default_rng([seed, 1, epoch]).permutation(pre_idx)
