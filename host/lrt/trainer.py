@@ -58,7 +58,7 @@ class LRTConfig:
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
         for name in ("rank", "conv_batch", "dense_batch"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if self.kappa_th is not None and not (np.isfinite(self.kappa_th) and self.kappa_th > 0):
             raise ValueError(f"kappa_th must be a positive number or None, got {self.kappa_th!r}")
