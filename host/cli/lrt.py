@@ -70,9 +70,15 @@ def _write_json(path, payload, what):
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result JSON.")
 @click.option("--counts", type=click.Path(dir_okay=False), default=None,
               help="Write per-cell write counts (.npz); with --scheme all, one file per scheme.")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+              help="Checkpoint (.npz): resumed from if it exists, rewritten atomically as the run "
+                   "goes; with --scheme all, one file per scheme.")
+@click.option("--checkpoint-every", type=int, default=1000, show_default=True,
+              help="Samples between checkpoints.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank, conv_batch,
-          dense_batch, rho_min, kappa_th, segment, offline_samples, plot, out, counts, as_json):
+          dense_batch, rho_min, kappa_th, segment, offline_samples, plot, out, counts, checkpoint,
+          checkpoint_every, as_json):
     """Pre-train offline, deploy, and adapt online (the LRT paper's figure 2)."""
     from insitu.lrt.adapt import check_adapt, plot_adapt, run_adapt
     from insitu.lrt.online import OnlineData
@@ -84,24 +90,30 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
                        dense_batch=dense_batch, rho_min=rho_min, kappa_th=kappa_th or None)
     _usage(check_adapt, arch, OnlineData(dataset, data_dir, seed=seed), config)
     for name, value in (("--samples", samples), ("--offline-samples", offline_samples),
-                        ("--segment", segment)):
+                        ("--segment", segment), ("--checkpoint-every", checkpoint_every)):
         if value < 1:
             raise UsageError(f"{name} must be >= 1, got {value}")
-    for path, what in ((plot, "--plot"), (out, "--out"), (counts, "--counts")):
+    for path, what in ((plot, "--plot"), (out, "--out"), (counts, "--counts"),
+                       (checkpoint, "--checkpoint")):
         if path:
             check_writable(path, what)
     schemes = list(SCHEMES) if scheme == "all" else [scheme]
     results = []
+    def per_scheme(path, name):
+        """With several schemes, each gets its own file: run.npz -> run-sgd.npz."""
+        if not path or len(schemes) == 1:
+            return path
+        stem = path[:-4] if path.endswith(".npz") else path
+        return f"{stem}-{name}.npz"
+
     for name in schemes:
-        counts_path = counts
-        if counts and len(schemes) > 1:
-            stem = counts[:-4] if counts.endswith(".npz") else counts
-            counts_path = f"{stem}-{name}.npz"
         with progress(f"{name} in {env}", total=samples) as advance:
             results.append(_usage(run_adapt, env, name, samples, seed=seed, arch=arch,
                                   dataset=dataset, data_dir=data_dir, config=config,
                                   segment=segment, offline_samples=offline_samples,
-                                  counts_out=counts_path, advance=advance))
+                                  counts_out=per_scheme(counts, name),
+                                  checkpoint=per_scheme(checkpoint, name),
+                                  checkpoint_every=checkpoint_every, advance=advance))
     if len(results) == 1:
         payload = results[0]
     else:

@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from insitu.checkpoint import load_checkpoint, save_checkpoint
-from insitu.io import atomic_write
+from insitu.errors import InsituError
+from insitu.io import atomic_write, check_writable, to_jsonable
 from insitu.lrt.nvm import NVMModel, make_drift
 from insitu.lrt.online import ENVS, OnlineData
 from insitu.lrt.qnet import ARCHITECTURES
@@ -92,6 +93,11 @@ def check_adapt(arch: str, data: OnlineData, config: LRTConfig) -> None:
     check_rank(build_network(arch, data, 0, config), config.rank)
 
 
+def to_jsonable_tree(value):
+    """``value`` as it reads back from JSON (tuples become lists, NumPy scalars Python ones)."""
+    return json.loads(json.dumps(value, default=to_jsonable))
+
+
 def _curve_positions(samples: int, points: int) -> set[int]:
     return set(np.unique(np.linspace(1, samples, min(points, samples)).astype(int)).tolist())
 
@@ -99,11 +105,13 @@ def _curve_positions(samples: int, points: int) -> set[int]:
 def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "cnn",
               dataset: str = "fashion-mnist", data_dir=None, config: LRTConfig | None = None,
               offline_samples: int = 20_000, pretrain_epochs: int = 1, segment: int = 10_000,
-              curve_points: int = 200, cache_dir=None, counts_out=None,
-              advance=lambda n: None) -> dict:
+              curve_points: int = 200, cache_dir=None, counts_out=None, checkpoint=None,
+              checkpoint_every: int = 1000, advance=lambda n: None) -> dict:
     """Deploy the pre-trained model in ``env`` and train it online with ``scheme``.
 
     ``counts_out`` (a path ending in .npz) receives the per-cell write counts of every layer.
+    ``checkpoint`` (a .npz path) is rewritten atomically every ``checkpoint_every`` samples and
+    resumed from when it exists, so an interrupted run loses at most that many samples.
     """
     if env not in ENVS:
         raise ValueError(f"unknown environment {env!r}; environments: {', '.join(ENVS)}")
@@ -123,10 +131,41 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
 
     keep = _curve_positions(samples, curve_points)
     curve = {"sample": [], "ema_accuracy": [], "max_writes_per_cell": []}
-    ema_sum, ema_weight, correct_total = 0.0, 0.0, 0
-    chunk = 1000
+    ema_sum, ema_weight, correct_total, done = 0.0, 0.0, 0, 0
+    # What makes a checkpoint this run's: everything but the sample budget and file places.
+    identity = {"env": env, "scheme": scheme, "seed": seed, "arch": arch, "dataset": data.name,
+                "config": vars(config), "offline_samples": offline_samples,
+                "pretrain_epochs": pretrain_epochs, "segment": segment}
+    if checkpoint is not None:
+        if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+        check_writable(checkpoint, "checkpoint")
+        if Path(checkpoint).exists():
+            saved, meta = load_checkpoint(checkpoint)
+            if meta.get("identity") != to_jsonable_tree(identity):
+                raise InsituError(f"checkpoint {checkpoint} belongs to another run "
+                                  f"({meta.get('identity')}); use another path or delete it")
+            if meta["done"] > samples:
+                raise InsituError(f"checkpoint {checkpoint} is already {meta['done']} samples in; "
+                                  f"ask for --samples >= {meta['done']}")
+            trainer.load_state(saved, meta["trainer"])
+            if hasattr(drift, "rng"):
+                drift.rng.bit_generator.state = meta["drift_rng"]
+            ema_sum, ema_weight = meta["ema_sum"], meta["ema_weight"]
+            correct_total, done, curve = meta["correct_total"], meta["done"], meta["curve"]
+            advance(done)
+
+    def save(done_now: int) -> None:
+        state, trainer_meta = trainer.state()
+        save_checkpoint(checkpoint, state, {
+            "identity": identity, "done": done_now, "trainer": trainer_meta,
+            "drift_rng": drift.rng.bit_generator.state if hasattr(drift, "rng") else None,
+            "ema_sum": ema_sum, "ema_weight": ema_weight, "correct_total": correct_total,
+            "curve": curve})
+
+    chunk = min(1000, checkpoint_every) if checkpoint is not None else 1000
     start_time = time.perf_counter()
-    for start in range(0, samples, chunk):
+    for start in range(done, samples, chunk):
         x, y = data.online(env, min(chunk, samples - start), start=start)
         x = x.astype(np.float64)
         for i in range(len(y)):
@@ -141,6 +180,9 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
                 curve["ema_accuracy"].append(round(ema_sum / ema_weight, 5))
                 curve["max_writes_per_cell"].append(trainer.max_writes_per_cell())
         advance(len(y))
+        end = start + len(y)
+        if checkpoint is not None and (end % checkpoint_every == 0 or end == samples):
+            save(end)
     seconds = time.perf_counter() - start_time
     report = nvm.report(samples)
     if counts_out:

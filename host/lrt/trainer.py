@@ -255,6 +255,42 @@ class OnlineTrainer:
         state.samples = 0
         state.updates += 1
 
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """Everything needed to resume: ``(arrays, meta)`` for :func:`insitu.checkpoint.save_checkpoint`."""
+        arrays = {f"net/{k}": v for k, v in self.net.state_dict().items()}
+        meta = {"samples": self.samples, "nvm": {}, "lrt": {}, "bias_norms": {}}
+        for name, arr in self.arrays.items():
+            arrays[f"writes/{name}"] = arr.writes.copy()
+            meta["nvm"][name] = {"reads": arr.reads, "update_ops": arr.update_ops}
+        for name, st in self.lrt.items():
+            sks = st.sks.state_dict()
+            for key in ("QL", "QR", "cx", "counts"):
+                arrays[f"sks/{name}/{key}"] = sks[key]
+            meta["lrt"][name] = {"rng": sks["rng"], "samples": st.samples, "updates": st.updates,
+                                 "attempts": st.attempts,
+                                 "maxnorm": st.maxnorm.state_dict() if st.maxnorm else None}
+        meta["bias_norms"] = {k: n.state_dict() for k, n in self.bias_norms.items()}
+        return arrays, meta
+
+    def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        """Resume from :meth:`state` (of a trainer built the same way)."""
+        self.net.load_state_dict({k[4:]: v for k, v in arrays.items() if k.startswith("net/")})
+        self.samples = int(meta["samples"])
+        for name, arr in self.arrays.items():
+            arr.writes[...] = arrays[f"writes/{name}"]
+            arr.reads = int(meta["nvm"][name]["reads"])
+            arr.update_ops = int(meta["nvm"][name]["update_ops"])
+        for name, st in self.lrt.items():
+            saved = meta["lrt"][name]
+            st.sks.load_state_dict({**{key: arrays[f"sks/{name}/{key}"]
+                                       for key in ("QL", "QR", "cx", "counts")}, "rng": saved["rng"]})
+            st.samples, st.updates, st.attempts = saved["samples"], saved["updates"], saved["attempts"]
+            if st.maxnorm:
+                st.maxnorm.load_state_dict(saved["maxnorm"])
+        for key, norm in self.bias_norms.items():
+            norm.load_state_dict(meta["bias_norms"][key])
+
     # -- reports -------------------------------------------------------------------------------
     def max_writes_per_cell(self) -> int:
         return max((int(arr.max_writes) for arr in self.arrays.values()), default=0)

@@ -91,3 +91,24 @@ def test_transfer_and_bench_bad_input(run_cli, args, message):
     run = run_cli("lrt", *args)
     assert run.returncode == 2, (run.stdout, run.stderr)
     assert message in run.stderr
+
+
+@pytest.mark.parametrize("scheme", ["lrt-maxnorm", "sgd"])
+def test_adapt_resumes_from_its_checkpoint_exactly(run_cli, tmp_path, scheme):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    common = ("lrt", "adapt", "--env", "analog", "--scheme", scheme, "--dense-batch", "20",
+              *_SMALL, "--json")
+    whole = run_cli(*common, "--samples", "160", env=env)
+    assert whole.returncode == 0, whole.stderr
+    ckpt = tmp_path / "run.ckpt.npz"
+    first = run_cli(*common, "--samples", "80", "--checkpoint", ckpt, "--checkpoint-every", "40", env=env)
+    assert first.returncode == 0, first.stderr and ckpt.exists()
+    resumed = run_cli(*common, "--samples", "160", "--checkpoint", ckpt, "--checkpoint-every", "40", env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = json.loads(whole.stdout), json.loads(resumed.stdout)
+    for key in ("online_accuracy", "online_accuracy_mean", "max_writes_per_cell", "total_writes",
+                "max_update_ops_per_cell", "layers"):
+        assert a[key] == b[key], key
+    # a checkpoint of another run is refused, with what to do
+    other = run_cli(*common[:3], "digital", *common[4:], "--samples", "200", "--checkpoint", ckpt, env=env)
+    assert other.returncode == 1 and "belongs to another run" in other.stderr
