@@ -229,6 +229,38 @@ class LowRankSum:
     def _raw_factors(self) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
+    def _stream(self, dz: np.ndarray, a: np.ndarray) -> None:
+        """Stream checked pairs: contiguous float64 ``(P, n_out)`` and ``(P, n_in)``, finite."""
+        raise NotImplementedError
+
+    def add(self, dz, a) -> None:
+        """Stream one outer product ``dz ⊗ a`` (dz: n_out values, a: n_in values)."""
+        self.add_many(np.asarray(dz, dtype=np.float64).reshape(1, -1),
+                      np.asarray(a, dtype=np.float64).reshape(1, -1))
+
+    def add_many(self, dz, a) -> None:
+        """Stream the outer products of corresponding rows, ``dz (P, n_out)``, ``a (P, n_in)``."""
+        what = type(self).__name__
+        dz = np.ascontiguousarray(dz, dtype=np.float64)
+        a = np.ascontiguousarray(a, dtype=np.float64)
+        if dz.ndim != 2 or dz.shape[1] != self.n_out:
+            raise ValueError(f"{what}.add: dz must have {self.n_out} values per pair "
+                             f"(shape (P, {self.n_out})), got shape {dz.shape}")
+        if a.ndim != 2 or a.shape[1] != self.n_in:
+            raise ValueError(f"{what}.add: a must have {self.n_in} values per pair "
+                             f"(shape (P, {self.n_in})), got shape {a.shape}")
+        if dz.shape[0] != a.shape[0]:
+            raise ValueError(f"{what}.add: dz has {dz.shape[0]} pairs but a has {a.shape[0]}")
+        # Checked before anything is touched: a NaN or inf must never enter the state.
+        for name, v in (("dz", dz), ("a", a)):
+            if not np.isfinite(v).all():
+                raise ValueError(f"{what}.add: {name} contains NaN or inf; the estimate is unchanged")
+            # Squared norms of larger values overflow float64.
+            if v.size and np.abs(v).max() > _MAX_MAGNITUDE:
+                raise ValueError(f"{what}.add: {name} has values above {_MAX_MAGNITUDE:g}; "
+                                 f"scale the inputs down")
+        self._stream(dz, a)
+
     def factors(self) -> tuple[np.ndarray, np.ndarray]:
         """``(L, R)``, shapes ``(n_out, rank)`` and ``(n_in, rank)``: ``L @ R.T`` ≈ the sum."""
         L, R = self._raw_factors()
@@ -285,32 +317,7 @@ class KroneckerSum(LowRankSum):
         self.counts = np.zeros(3, dtype=np.int64)    # pairs added, skipped (κ_th), zero
 
     # -- streaming ---------------------------------------------------------------------------
-    def add(self, dz, a) -> None:
-        """Stream one outer product ``dz ⊗ a`` (dz: n_out values, a: n_in values)."""
-        self.add_many(np.asarray(dz, dtype=np.float64).reshape(1, -1),
-                      np.asarray(a, dtype=np.float64).reshape(1, -1))
-
-    def add_many(self, dz, a) -> None:
-        """Stream the outer products of corresponding rows, ``dz (P, n_out)``, ``a (P, n_in)``."""
-        dz = np.ascontiguousarray(dz, dtype=np.float64)
-        a = np.ascontiguousarray(a, dtype=np.float64)
-        if dz.ndim != 2 or dz.shape[1] != self.n_out:
-            raise ValueError(f"KroneckerSum.add: dz must have {self.n_out} values per pair "
-                             f"(shape (P, {self.n_out})), got shape {dz.shape}")
-        if a.ndim != 2 or a.shape[1] != self.n_in:
-            raise ValueError(f"KroneckerSum.add: a must have {self.n_in} values per pair "
-                             f"(shape (P, {self.n_in})), got shape {a.shape}")
-        if dz.shape[0] != a.shape[0]:
-            raise ValueError(f"KroneckerSum.add: dz has {dz.shape[0]} pairs but a has {a.shape[0]}")
-        # Checked before anything is touched: a NaN or inf must never enter the bases.
-        for name, v in (("dz", dz), ("a", a)):
-            if not np.isfinite(v).all():
-                raise ValueError(f"KroneckerSum.add: {name} contains NaN or inf; the estimate is "
-                                 f"unchanged")
-            # Squared norms of larger values overflow float64.
-            if v.size and np.abs(v).max() > _MAX_MAGNITUDE:
-                raise ValueError(f"KroneckerSum.add: {name} has values above {_MAX_MAGNITUDE:g}; "
-                                 f"scale the inputs down")
+    def _stream(self, dz, a) -> None:
         signs = self._rng.integers(0, 2, size=(dz.shape[0], self.q)) * 2.0 - 1.0
         _add_pairs(self.QL, self.QR, self.cx, dz, a, signs, self.unbiased,
                    float(self.kappa_th or 0.0), self.counts)

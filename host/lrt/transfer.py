@@ -128,21 +128,7 @@ class UoroSum(LowRankSum):
         self.L = np.zeros(self.n_out)
         self.R = np.zeros(self.n_in)
 
-    def add(self, dz, a) -> None:
-        """Stream one outer product ``dz ⊗ a``."""
-        self.add_many(np.asarray(dz, dtype=np.float64).reshape(1, -1),
-                      np.asarray(a, dtype=np.float64).reshape(1, -1))
-
-    def add_many(self, dz, a) -> None:
-        """Stream the outer products of corresponding rows of ``dz (P, n_out)`` and ``a (P, n_in)``."""
-        dz = np.asarray(dz, dtype=np.float64)
-        a = np.asarray(a, dtype=np.float64)
-        if dz.ndim != 2 or dz.shape[1] != self.n_out or a.ndim != 2 or a.shape[1] != self.n_in \
-                or dz.shape[0] != a.shape[0]:
-            raise ValueError(f"UoroSum.add: expected dz (P, {self.n_out}) and a (P, {self.n_in}), "
-                             f"got {dz.shape} and {a.shape}")
-        if not (np.isfinite(dz).all() and np.isfinite(a).all()):
-            raise ValueError("UoroSum.add: dz or a contains NaN or inf; the estimate is unchanged")
+    def _stream(self, dz, a) -> None:
         # One uniform double per pair, so a block draws exactly what pair-by-pair calls would.
         signs = np.where(self._rng.random(dz.shape[0]) < 0.5, -1.0, 1.0)
         for p in range(dz.shape[0]):

@@ -76,7 +76,7 @@ def test_uoro_add_many_equals_add_one_by_one_and_rejects_bad_input():
     for i in range(7):
         one.add(dz[i], a[i])
     np.testing.assert_array_equal(one.estimate(), many.estimate())
-    with pytest.raises(ValueError, match="expected dz"):
+    with pytest.raises(ValueError, match="a must have 9 values per pair"):
         many.add_many(dz, a[:, :3])
     with pytest.raises(ValueError, match="NaN"):
         many.add(np.full(4, np.nan), a[0])
