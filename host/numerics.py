@@ -65,6 +65,8 @@ __all__ = [
     "TT_BIAS_BITS",
     "TT_PE_DATA_BITS",
     "TT_MEAN_ABS_TARGET",
+    "TT_PE_HEADROOM_BITS",
+    "TT_ACTIVATION_HEADROOM_BITS",
     "tt_factor_format",
     "tt_pe_format",
     "INT8",
@@ -339,16 +341,20 @@ def max_abs_format(x, bits: int = 16, name: str = "max-abs") -> FixedPoint:
 class AutoScale:
     """On-the-fly power-of-2 scale selection of the TT paper (section 3.3).
 
-    The tensor is stored as ``bits``-wide codes of scale ``2**-frac``; in *normalized* units
-    (full scale = 1) the mean |x| must stay in ``target`` = [0.1, 0.3]. After each observation the
-    exponent moves by single power-of-2 steps until the mean is back in the band, so the scale
-    follows the data with a margin against overflow. Shared across the samples and neurons of one tensor.
+    The tensor is stored as ``bits``-wide codes of scale ``2**-frac``. Its *unit* is the word read
+    as a signed fixed-point number with ``headroom`` integer bits (``Q<headroom>.<bits-1-headroom>``):
+    ``unit = 2**(bits - 1 - headroom - frac)``, so full scale is ``2**headroom`` units. In units the
+    mean |x| must stay in ``target`` = [0.1, 0.3]. After each observation the exponent moves by
+    single power-of-2 steps until the mean is back in the band, so the scale follows the data with
+    a margin of ``2**headroom / target`` against overflow. Shared across the samples and neurons
+    of one tensor.
     """
 
     bits: int = 16
     frac: int = 15
     target: tuple[float, float] = (0.1, 0.3)
     name: str = ""
+    headroom: int = 0
 
     def __post_init__(self):
         lo, hi = self.target
@@ -356,15 +362,17 @@ class AutoScale:
             # hi >= 2*lo guarantees that a one-step move can land inside the band.
             raise ValueError(f"AutoScale {self.name}: target band {self.target} must satisfy "
                              "0 < lo, 2*lo <= hi <= 1")
+        if not 0 <= self.headroom < self.bits:
+            raise ValueError(f"AutoScale {self.name}: headroom {self.headroom} must be in [0, {self.bits})")
 
     @property
     def format(self) -> FixedPoint:
         return FixedPoint(self.bits, self.frac, name=self.name)
 
     def normalized_mean_abs(self, x) -> float:
-        """Mean |x| in units of the current full scale ``2**(bits-1-frac)``."""
-        full_scale = math.ldexp(1.0, self.bits - 1 - self.frac)
-        return float(np.mean(np.abs(x))) / full_scale if np.size(x) else 0.0
+        """Mean |x| in units of ``2**(bits - 1 - headroom - frac)``."""
+        unit = math.ldexp(1.0, self.bits - 1 - self.headroom - self.frac)
+        return float(np.mean(np.abs(x))) / unit if np.size(x) else 0.0
 
     def observe(self, x) -> int:
         """Update the exponent from a tensor of real values; returns the new ``frac``.
@@ -501,6 +509,13 @@ TT_BIAS_BITS = 8
 #: The PEs carry 16-bit activations-or-gradients (forward uses the 8 LSBs).
 TT_PE_DATA_BITS = 16
 TT_MEAN_ABS_TARGET = (0.1, 0.3)
+#: Integer bits of the unit in which AutoScale keeps mean |x| in the target band: a 16-bit PE word
+#: is read as Q4.11 and an 8-bit activation as Q1.6. Intermediate TT contractions and gradients are
+#: heavy-tailed (the loss gradient of a batch is a few large entries among many small ones); with
+#: full scale as the unit (headroom 0), 0.5-1.5 % of them saturate and training diverges (measured,
+#: docs/tt.md). Headroom 4 leaves 53-160x over the mean and still 205-614 LSBs at the mean.
+TT_PE_HEADROOM_BITS = 4
+TT_ACTIVATION_HEADROOM_BITS = 1
 
 
 def tt_factor_format(frac: int) -> FixedPoint:

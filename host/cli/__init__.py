@@ -38,15 +38,16 @@ def main():
       insitu data info fashion-mnist
       insitu train                  on-device training on a simulated twin (the default board)
       insitu lrt adapt --env shift  low-rank training that spares NVM weight writes
+      insitu tt train               tensor-train training with 4-bit factors
 
     Every command that reports figures takes --json. `insitu COMMAND --help` explains each one.
     """
 
 
 def _register():
-    from insitu.cli import boards, data, doctor, lrt, train
+    from insitu.cli import boards, data, doctor, lrt, train, tt
 
-    for module in (boards, data, doctor, train, lrt):
+    for module in (boards, data, doctor, train, lrt, tt):
         main.add_command(module.command)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from insitu.cli.output import emit_json, progress, report
-from insitu.errors import InsituError, UsageError
-from insitu.io import atomic_write_json, check_writable
+from insitu.cli.output import emit_json, progress, report, usage_errors, write_json
+from insitu.errors import UsageError
+from insitu.io import check_writable
 from insitu.lrt import ENVS, SCHEMES
 
 
@@ -21,25 +21,6 @@ def command():
       insitu lrt transfer --json
       insitu lrt bench --json
     """
-
-
-def _usage(fn, *args, **kwargs):
-    """Run a library call; its ValueErrors are the user's bad input (exit 2)."""
-    import numpy as np
-
-    try:
-        return fn(*args, **kwargs)
-    except np.linalg.LinAlgError:
-        raise                              # a numerical failure is not the user's input
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _write_json(path, payload, what):
-    try:
-        atomic_write_json(path, payload)
-    except OSError as exc:
-        raise InsituError(f"cannot write {what} {path}: {exc.strerror}") from None
 
 
 @command.command("adapt")
@@ -88,7 +69,7 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
         raise UsageError(f"--kappa-th must be >= 0 (0 never skips), got {kappa_th}")
     config = LRTConfig(lr=lr, bias_lr=bias_lr, rank=rank, conv_batch=conv_batch,
                        dense_batch=dense_batch, rho_min=rho_min, kappa_th=kappa_th or None)
-    _usage(check_adapt, arch, OnlineData(dataset, data_dir, seed=seed), config)
+    usage_errors(check_adapt, arch, OnlineData(dataset, data_dir, seed=seed), config)
     for name, value in (("--samples", samples), ("--offline-samples", offline_samples),
                         ("--segment", segment), ("--checkpoint-every", checkpoint_every)):
         if value < 1:
@@ -108,7 +89,7 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
 
     for name in schemes:
         with progress(f"{name} in {env}", total=samples) as advance:
-            results.append(_usage(run_adapt, env, name, samples, seed=seed, arch=arch,
+            results.append(usage_errors(run_adapt, env, name, samples, seed=seed, arch=arch,
                                   dataset=dataset, data_dir=data_dir, config=config,
                                   segment=segment, offline_samples=offline_samples,
                                   counts_out=per_scheme(counts, name),
@@ -125,7 +106,7 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
     if plot:
         plot_adapt(results, plot)
     if out:
-        _write_json(out, payload, "--out")
+        write_json(out, payload, "--out")
     if as_json:
         emit_json(payload)
     else:
@@ -167,10 +148,10 @@ def transfer(ranks, lrs, seeds, samples, dataset, data_dir, pretrain_samples, ou
         kwargs["pretrain_samples"] = pretrain_samples
     total = progress_total(seeds=range(seeds), **kwargs)
     with progress("transfer runs", total=total) as advance:
-        result = _usage(run_transfer, ranks=rank_list, lrs=lr_list, seeds=tuple(range(seeds)),
+        result = usage_errors(run_transfer, ranks=rank_list, lrs=lr_list, seeds=tuple(range(seeds)),
                         dataset=dataset, data_dir=data_dir, progress=advance, **kwargs)
     if out:
-        _write_json(out, result, "--out")
+        write_json(out, result, "--out")
     if as_json:
         emit_json(result)
     else:
@@ -190,7 +171,7 @@ def bench(sizes, rank, as_json):
         size_list = tuple(int(v) for v in sizes.split(","))
     except ValueError:
         raise UsageError(f"--sizes takes comma-separated integers, got {sizes!r}") from None
-    result = _usage(run_bench, sizes=size_list, rank=rank)
+    result = usage_errors(run_bench, sizes=size_list, rank=rank)
     if as_json:
         emit_json(result)
     else:

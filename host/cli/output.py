@@ -10,7 +10,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from insitu.io import to_jsonable
+from insitu.errors import InsituError, UsageError
+from insitu.io import atomic_write_json, to_jsonable
 
 #: Messages and progress go to stderr so that stdout stays clean for --json.
 console = Console(stderr=True)
@@ -33,3 +34,23 @@ def progress(description: str, total: int, enabled: bool = True):
                   TimeRemainingColumn(), console=console, transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n=1: bar.advance(task, n)
+
+
+def usage_errors(fn, *args, **kwargs):
+    """Run a library call; its ValueErrors are the user's bad input (exit 2)."""
+    import numpy as np
+
+    try:
+        return fn(*args, **kwargs)
+    except np.linalg.LinAlgError:
+        raise                              # a numerical failure is not the user's input
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def write_json(path, payload, what) -> None:
+    """Write a result file atomically; an OS error names the option and the reason."""
+    try:
+        atomic_write_json(path, payload)
+    except OSError as exc:
+        raise InsituError(f"cannot write {what} {path}: {exc.strerror}") from None

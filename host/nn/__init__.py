@@ -32,7 +32,7 @@ from .layers import (
 from .loss import mse_loss, softmax_cross_entropy
 from .model import Sequential
 from .norm import BatchNorm, StreamingBatchNorm
-from .optim import SGD
+from .optim import SGD, Adam
 
 __all__ = [
     "functional",
@@ -57,5 +57,6 @@ __all__ = [
     "softmax_cross_entropy",
     "mse_loss",
     "SGD",
+    "Adam",
     "Sequential",
 ]

@@ -8,7 +8,7 @@ import numpy as np
 
 from .layers import Layer, Param
 
-__all__ = ["SGD"]
+__all__ = ["SGD", "Adam"]
 
 
 class SGD:
@@ -49,6 +49,46 @@ class SGD:
                 v += g
                 g = v
             w -= (self.lr * g).astype(w.dtype, copy=False)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad.fill(0)
+
+
+class Adam:
+    """Adam (Kingma & Ba 2015) with PyTorch's defaults and bias correction.
+
+    Moments live in :attr:`state` keyed by ``param.key`` as ``{"m": ..., "v": ...}``, so a trainer
+    that changes a parameter's shape (TT rank pruning) slices them alongside the parameter.
+    """
+
+    def __init__(self, params: Iterable[Param] | Layer, lr: float = 1e-3, betas=(0.9, 0.999),
+                 eps: float = 1e-8):
+        if hasattr(params, "parameters"):
+            params = params.parameters()
+        self.params: list[Param] = list(params)
+        if not lr > 0 or not all(0 <= b < 1 for b in betas) or not eps > 0:
+            raise ValueError(f"Adam needs lr > 0, betas in [0, 1) and eps > 0; got lr={lr}, "
+                             f"betas={betas}, eps={eps}")
+        self.lr, self.betas, self.eps = lr, tuple(betas), eps
+        self.steps = 0
+        self.state: dict[str, dict[str, np.ndarray]] = {}
+
+    def step(self) -> None:
+        self.steps += 1
+        b1, b2 = self.betas
+        correction1, correction2 = 1 - b1 ** self.steps, 1 - b2 ** self.steps
+        for p in self.params:
+            w, g = p.value, p.grad
+            st = self.state.get(p.key)
+            if st is None or st["m"].shape != w.shape:
+                st = self.state[p.key] = {"m": np.zeros_like(w), "v": np.zeros_like(w)}
+            st["m"] *= b1
+            st["m"] += (1 - b1) * g
+            st["v"] *= b2
+            st["v"] += (1 - b2) * g * g
+            step = self.lr * (st["m"] / correction1) / (np.sqrt(st["v"] / correction2) + self.eps)
+            w -= step.astype(w.dtype, copy=False)
 
     def zero_grad(self) -> None:
         for p in self.params:

@@ -7,8 +7,8 @@ it integer codes and rounds its exact sums with the numerics spec:
 * operands: 16-bit PE data (activations use the low 8 bits) and 4-bit factor codes;
 * the sum of products is exact (the accumulator width of :func:`insitu.numerics.accumulator_bits`);
 * the output is requantized to 16 bits at a power-of-2 scale (round half up, saturate), the scale
-  chosen per output buffer by :class:`insitu.numerics.AutoScale` (mean |x| in [0.1, 0.3] of full
-  scale): at an op's first run from its exact sums, afterwards from the previous outputs.
+  chosen per output buffer by :class:`insitu.numerics.AutoScale` (mean |x| in [0.1, 0.3] of the
+  Q4.11 unit): at an op's first run from its exact sums, afterwards from the previous outputs.
 
 Integer sums are computed in float64 BLAS, which is exact while the accumulator fits 53 bits;
 every op checks that bound before it runs.
@@ -20,8 +20,8 @@ import math
 
 import numpy as np
 
-from insitu.numerics import (TT_MEAN_ABS_TARGET, TT_PE_DATA_BITS, AutoScale, accumulator_bits,
-                             tt_pe_format)
+from insitu.numerics import (TT_MEAN_ABS_TARGET, TT_PE_DATA_BITS, TT_PE_HEADROOM_BITS, AutoScale,
+                             accumulator_bits, tt_pe_format)
 
 from .schedule import Op
 
@@ -115,11 +115,14 @@ class FixedExecutor:
     def _scale(self, key: str, values_first_seen) -> AutoScale:
         scale = self.scales.get(key)
         if scale is None:
-            scale = self.scales[key] = AutoScale(TT_PE_DATA_BITS, TT_PE_DATA_BITS - 1, self.target, key)
+            scale = self.scales[key] = AutoScale(TT_PE_DATA_BITS, TT_PE_DATA_BITS - 1, self.target, key,
+                                                       TT_PE_HEADROOM_BITS)
             scale.observe(values_first_seen())
         return scale
 
-    def run(self, op: Op, buffers: dict, fracs: dict, cores, core_fracs, modes, prefix: str = "") -> None:
+    def run(self, op: Op, buffers: dict, fracs: dict, cores, core_fracs, modes, prefix: str = "",
+            observe: bool = True) -> None:
+        """Run one op; ``observe=False`` (inference) leaves the output scale as it is."""
         if op.kind == "PE3":
             other, other_frac, other_bits = buffers[op.src2], fracs[op.src2], TT_PE_DATA_BITS
         else:
@@ -133,12 +136,13 @@ class FixedExecutor:
         scale = self._scale(prefix + op.dst, lambda: np.ldexp(acc, -acc_frac))
         fmt = tt_pe_format(scale.frac)
         out = fmt.requantize(acc.astype(np.int64), acc_frac)
-        scale.observe(fmt.to_float(out))          # the scale of this buffer at the next step
+        if observe:
+            scale.observe(fmt.to_float(out))      # the scale of this buffer at the next step
         buffers[op.dst], fracs[op.dst] = out, fmt.frac
 
     def state(self) -> dict:
         return {key: s.frac for key, s in self.scales.items()}
 
     def load_state(self, state: dict) -> None:
-        self.scales = {key: AutoScale(TT_PE_DATA_BITS, int(frac), self.target, key)
+        self.scales = {key: AutoScale(TT_PE_DATA_BITS, int(frac), self.target, key, TT_PE_HEADROOM_BITS)
                        for key, frac in state.items()}

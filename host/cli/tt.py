@@ -1,0 +1,112 @@
+"""`insitu tt`: tensor-train training (the TT paper's FashionMNIST experiment) and its PE schedule."""
+
+from __future__ import annotations
+
+import click
+
+from insitu.cli.output import emit_json, progress, report, usage_errors, write_json
+from insitu.errors import UsageError
+from insitu.io import check_writable
+from insitu.tt.train import VARIANTS
+
+
+@click.group("tt")
+def command():
+    """Tensor-train training with a rank-adaptive prior and 4-bit factors.
+
+    \b
+    Examples:
+      insitu tt train --variant fixed-prior --epochs 10 --json
+      insitu tt train --variant all --epochs 10 --plot tt.png --out tt.json
+      insitu tt schedule --batch 64
+    """
+
+
+def _int_list(text: str, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"{option} takes comma-separated integers, got {text!r}") from None
+
+
+@command.command("train")
+@click.option("--variant", type=click.Choice([*VARIANTS, "all"]), default="fixed-prior",
+              show_default=True, help="dense: vanilla float network; float/fixed: TT cores in float "
+              "or 4-bit fixed point; -prior: with the rank-adaptive prior (all: the five).")
+@click.option("--epochs", type=int, default=10, show_default=True)
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True, help="Adam learning rate.")
+@click.option("--rank", type=int, default=16, show_default=True, help="Initial TT rank.")
+@click.option("--prune-threshold", type=float, default=0.01, show_default=True,
+              help="Prune a rank slice whose lambda is below this fraction of its core's largest.")
+@click.option("--prior-weight", type=float, default=1.0, show_default=True,
+              help="Multiplier of the prior term g / N.")
+@click.option("--train-samples", type=int, default=None,
+              help="Train on this many samples of the training set (default: all).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--dataset", default="fashion-mnist", show_default=True)
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder with the dataset's IDX files.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of accuracy and TT ranks per epoch.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def train(variant, epochs, batch_size, lr, rank, prune_threshold, prior_weight, train_samples, seed,
+          dataset, data_dir, plot, out, as_json):
+    """Train the two-layer TT network on FashionMNIST (the paper's Table 1)."""
+    from insitu.tt.report import format_table, plot_history
+    from insitu.tt.train import TTTrainConfig, run_tt_training
+
+    variants = list(VARIANTS) if variant == "all" else [variant]
+    configs = [TTTrainConfig(variant=v, epochs=epochs, batch_size=batch_size, lr=lr, rank=rank,
+                             prune_threshold=prune_threshold, prior_weight=prior_weight,
+                             train_samples=train_samples, seed=seed, dataset=dataset,
+                             data_dir=data_dir) for v in variants]
+    for config in configs:
+        usage_errors(config.validate)
+    for path, what in ((plot, "--plot"), (out, "--out")):
+        if path:
+            check_writable(path, what)
+    results = []
+    for config in configs:
+        total = epochs * (train_samples or 60_000)
+        with progress(f"tt {config.variant}", total=total) as advance:
+            results.append(usage_errors(run_tt_training, config, advance=advance))
+    payload = results[0] if len(results) == 1 else {"results": results}
+    if plot:
+        plot_history(results, plot)
+    if out:
+        write_json(out, payload, "--out")
+    if as_json:
+        emit_json(payload)
+    else:
+        click.echo(format_table(results))
+
+
+@command.command("schedule")
+@click.option("--in-modes", default="7,4,2,16", show_default=True)
+@click.option("--out-modes", default="4,4,2,16", show_default=True)
+@click.option("--ranks", default="16", show_default=True,
+              help="One rank for every internal rank, or the d-1 internal ranks.")
+@click.option("--batch", type=int, default=1, show_default=True)
+@click.option("--first-layer/--not-first-layer", default=True, show_default=True,
+              help="A first layer needs no input gradient.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ops as JSON.")
+def schedule(in_modes, out_modes, ranks, batch, first_layer, as_json):
+    """The PE1/PE2/PE3 ops of one training step of a TT layer, with sizes and MACs."""
+    from insitu.tt.schedule import layer_schedule, macs_by_kind
+
+    rank_list = _int_list(ranks, "--ranks")
+    ops = usage_errors(layer_schedule, _int_list(in_modes, "--in-modes"),
+                       _int_list(out_modes, "--out-modes"),
+                       rank_list[0] if len(rank_list) == 1 else rank_list, batch,
+                       input_grad=not first_layer)
+    if as_json:
+        emit_json({"ops": [op.describe() for op in ops], "macs_by_kind": macs_by_kind(ops),
+                   "macs": sum(op.macs for op in ops)})
+        return
+    for op in ops:
+        click.echo(str(op))
+    totals = macs_by_kind(ops)
+    report.print("MACs: " + ", ".join(f"{k} {v:,}" for k, v in totals.items())
+                 + f", total {sum(totals.values()):,}")

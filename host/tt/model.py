@@ -1,0 +1,241 @@
+"""The tensorized network of the TT paper and its float and low-precision (BinaryConnect) training.
+
+Two TT layers (896 = 7x4x2x16 -> 512 = 4x4x2x16 -> 16 = 1x16), ReLU between, 10 classes padded to
+16 outputs. Contractions run through the PE op schedule; the rest is the processor's work, as on the
+board: bias, ReLU, loss, the straight-through estimator, the factor and lambda updates, pruning.
+
+Low precision (``quantized=True``), section 3.2-3.3 of the paper:
+
+* BinaryConnect: the processor keeps float shadow factors; the contractions use their 4-bit
+  quantization (a fixed power-of-2 scale per core, chosen at initialization); gradients with respect
+  to the quantized factors update the shadows (straight-through), which are clipped to the 4-bit range;
+* layer inputs are 8-bit activations, biases 8-bit, gradients 16-bit; each activation, gradient and
+  intermediate tensor has a power-of-2 scale that keeps its mean |x| in [0.1, 0.3] of full scale;
+* the contractions are the fixed-point golden model of the PEs (:class:`FixedExecutor`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from insitu.nn.layers import Layer
+from insitu.numerics import (TT_ACTIVATION_BITS, TT_ACTIVATION_HEADROOM_BITS, TT_BIAS_BITS,
+                             TT_FACTOR_BITS, TT_MEAN_ABS_TARGET, TT_PE_DATA_BITS, TT_PE_HEADROOM_BITS,
+                             AutoScale, FixedPoint, code_range, tt_factor_format)
+
+from .execute import FixedExecutor
+from .prior import prior_grads, prior_value, ranks_to_keep, update_lambdas
+from .schedule import (factor_grad_ops, forward_ops, grad_buffer, input_grad_ops, weight_grad_op)
+from .ttm import TTMatrix, he_core_std
+
+#: The paper's network (appendix B): modes of each TT layer, input padded to 28 x 32.
+PAPER_LAYERS = (((7, 4, 2, 16), (4, 4, 2, 16)), ((32, 16), (1, 16)))
+PADDED_IMAGE = (28, 32)
+#: Biases: 8 bits in [-2, 2) with a fixed scale (they are parameters, like the factors).
+BIAS_FORMAT = FixedPoint(TT_BIAS_BITS, TT_BIAS_BITS - 2, name="tt.bias")
+#: Where the 4-bit grid clips, in standard deviations of the initial core (near the MSE-optimal
+#: clipping of a 4-bit uniform quantizer for a Gaussian).
+FACTOR_CLIP_STDS = 2.5
+FLOAT_BITS = 32
+
+
+def pad_images(x: np.ndarray, shape=(28, 28), padded=PADDED_IMAGE) -> np.ndarray:
+    """``(N, 784)`` or ``(N, 28, 28)`` images -> ``(N, 896)``: zero columns on the right (28 x 32)."""
+    x = np.asarray(x)
+    n = x.shape[0]
+    try:
+        images = x.reshape(n, *shape)
+    except ValueError:
+        raise ValueError(f"expected {shape[0]}x{shape[1]} images, got samples of shape {x.shape[1:]}") from None
+    out = np.zeros((n, *padded), dtype=np.float64)
+    out[:, :shape[0], :shape[1]] = images
+    return out.reshape(n, -1)
+
+
+def factor_frac(std: float) -> int:
+    """The fixed power-of-2 scale of a 4-bit core: its grid reaches ``FACTOR_CLIP_STDS`` stds."""
+    qmax = code_range(TT_FACTOR_BITS)[1]
+    return int(math.floor(math.log2((qmax + 0.5) / (FACTOR_CLIP_STDS * std))))
+
+
+class TTNet(Layer):
+    """A stack of TT layers with ReLU between them; params ``l{k}.g{n}`` (cores) and ``l{k}.bias``."""
+
+    def __init__(self, layers=PAPER_LAYERS, rank: int = 16, *, classes: int = 10,
+                 quantized: bool = False, seed: int = 0):
+        super().__init__()
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise ValueError(f"TT rank must be an integer >= 1, got {rank!r}")
+        rng = np.random.default_rng(seed)
+        self.ttms = [TTMatrix(i, o, rank, seed=int(rng.integers(2**31))) for i, o in layers]
+        for prev, nxt in zip(self.ttms, self.ttms[1:]):
+            if prev.shape[0] != nxt.shape[1]:
+                raise ValueError(f"layer sizes do not chain: {prev.shape[0]} outputs feed {nxt.shape[1]} inputs")
+        if not 1 <= classes <= self.ttms[-1].shape[0]:
+            raise ValueError(f"{classes} classes do not fit the {self.ttms[-1].shape[0]} outputs")
+        self.classes = classes
+        self.biases = [np.zeros(t.shape[0]) for t in self.ttms]
+        self.quantized = quantized
+        self.executor = FixedExecutor() if quantized else None
+        self.core_fracs = [[factor_frac(he_core_std(t.in_modes, t.ranks))] * t.d for t in self.ttms]
+        self.act_scales: dict[str, AutoScale] = {}
+        self.lambdas = [update_lambdas(t.cores) for t in self.ttms]
+        self._sync_params()
+
+    # ------------------------------------------------------------------ parameters
+    def _sync_params(self) -> None:
+        self.params, self.grads = {}, {}
+        for k, (ttm, bias) in enumerate(zip(self.ttms, self.biases)):
+            for n, core in enumerate(ttm.cores):
+                self._add_param(f"l{k}.g{n + 1}", core)
+            self._add_param(f"l{k}.bias", bias)
+
+    @property
+    def ranks(self) -> list[list[int]]:
+        return [list(t.ranks) for t in self.ttms]
+
+    @property
+    def factor_count(self) -> int:
+        return sum(t.parameter_count for t in self.ttms)
+
+    @property
+    def parameter_count(self) -> int:
+        """Factors plus biases (what the paper's Table 1 counts)."""
+        return self.factor_count + sum(b.size for b in self.biases)
+
+    @property
+    def memory_bits(self) -> int:
+        """Model memory: 4-bit factors and 8-bit biases, or 32-bit floats."""
+        if self.quantized:
+            return self.factor_count * TT_FACTOR_BITS + sum(b.size for b in self.biases) * TT_BIAS_BITS
+        return self.parameter_count * FLOAT_BITS
+
+    def _factor_codes(self, k: int) -> list[np.ndarray]:
+        return [tt_factor_format(f).quantize_code(c) for c, f in zip(self.ttms[k].cores, self.core_fracs[k])]
+
+    # ------------------------------------------------------------------ activations
+    def _quantize(self, key: str, x: np.ndarray, bits: int, headroom: int,
+                  observe: bool) -> tuple[np.ndarray, int]:
+        """Codes of ``x`` at the tensor's current power-of-2 scale (set from ``x`` at first use)."""
+        scale = self.act_scales.get(key)
+        if scale is None:
+            scale = self.act_scales[key] = AutoScale(bits, bits - 1, TT_MEAN_ABS_TARGET, key, headroom)
+            scale.observe(x)
+        fmt = FixedPoint(bits, scale.frac, name=key)
+        codes = fmt.quantize_code(x)
+        if observe:
+            scale.observe(fmt.to_float(codes))
+        return codes, fmt.frac
+
+    def _run(self, k, ops, buffers, fracs, codes, observe):
+        ttm = self.ttms[k]
+        for op in ops:
+            self.executor.run(op, buffers, fracs, codes, self.core_fracs[k],
+                              (ttm.out_modes, ttm.in_modes), prefix=f"l{k}.", observe=observe)
+
+    # ------------------------------------------------------------------ passes
+    def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
+        """Logits ``(N, classes)`` of ``(N, 896)`` padded inputs."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.ttms[0].shape[1]:
+            raise ValueError(f"inputs must be (N, {self.ttms[0].shape[1]}); got {x.shape} "
+                             "(pad 28x28 images with pad_images)")
+        cache = []
+        a = x
+        for k, (ttm, bias) in enumerate(zip(self.ttms, self.biases)):
+            if self.quantized:
+                codes, frac = self._quantize(f"l{k}.x", a, TT_ACTIVATION_BITS,
+                                             TT_ACTIVATION_HEADROOM_BITS, observe=train)
+                buffers, fracs = {"x": codes.ravel()}, {"x": frac}
+                self._run(k, forward_ops(ttm.in_modes, ttm.out_modes, ttm.ranks, len(a)), buffers, fracs,
+                          self._factor_codes(k), observe=train)
+                h = np.ldexp(buffers["y"], -fracs["y"]).reshape(len(a), -1) + BIAS_FORMAT.quantize(bias)
+                cache.append((buffers["x"], frac))
+            else:
+                h = ttm.forward(a) + bias
+                cache.append(a)
+            a = np.maximum(h, 0.0) if k < len(self.ttms) - 1 else h
+            if k < len(self.ttms) - 1:
+                cache.append(h > 0)
+        if train:
+            self._cache = cache
+        return a[:, :self.classes]
+
+    def backward(self, dlogits: np.ndarray) -> None:
+        """Gradients of every core and bias into ``self.grads`` (replacing them)."""
+        cache = self._saved()
+        n = dlogits.shape[0]
+        dy = np.zeros((n, self.ttms[-1].shape[0]))
+        dy[:, :self.classes] = dlogits
+        for k in range(len(self.ttms) - 1, -1, -1):
+            ttm = self.ttms[k]
+            x_saved = cache[2 * k]
+            if self.quantized:
+                dy_codes, dy_frac = self._quantize(f"l{k}.dy", dy, TT_PE_DATA_BITS,
+                                                       TT_PE_HEADROOM_BITS, observe=True)
+                x_codes, x_frac = x_saved
+                buffers, fracs = {"dy": dy_codes.ravel(), "x": x_codes}, {"dy": dy_frac, "x": x_frac}
+                ops = input_grad_ops(ttm.in_modes, ttm.out_modes, ttm.ranks, n) if k else []
+                ops += [weight_grad_op(ttm.in_modes, ttm.out_modes, n),
+                        *factor_grad_ops(ttm.in_modes, ttm.out_modes, ttm.ranks)]
+                self._run(k, ops, buffers, fracs, self._factor_codes(k), observe=True)
+                core_grads = [np.ldexp(buffers[grad_buffer(i, ttm.d)], -fracs[grad_buffer(i, ttm.d)])
+                              for i in range(ttm.d)]
+                bias_grad = np.ldexp(dy_codes, -dy_frac).sum(axis=0)
+                dx = np.ldexp(buffers["dx"], -fracs["dx"]).reshape(n, -1) if k else None
+            else:
+                core_grads = ttm.factor_grads(x_saved, dy)
+                bias_grad = dy.sum(axis=0)
+                dx = ttm.backward_input(dy) if k else None
+            for i, g in enumerate(core_grads):
+                self.grads[f"l{k}.g{i + 1}"][...] = g.reshape(ttm.cores[i].shape)
+            self.grads[f"l{k}.bias"][...] = bias_grad
+            if k:
+                dy = dx * cache[2 * k - 1]          # ReLU: 1(h > 0) dL/dy
+        self._cache = None
+
+    # ------------------------------------------------------------------ the processor's updates
+    def prior(self) -> float:
+        """Eq. 2 summed over the layers."""
+        return sum(prior_value(t.cores, lam) for t, lam in zip(self.ttms, self.lambdas))
+
+    def add_prior_grads(self, weight: float) -> None:
+        """``grads += weight * dg/dG`` (weight: 1 / training-set size, see :mod:`.prior`)."""
+        for k, (ttm, lam) in enumerate(zip(self.ttms, self.lambdas)):
+            for n, g in enumerate(prior_grads(ttm.cores, lam)):
+                self.grads[f"l{k}.g{n + 1}"] += weight * g
+
+    def after_step(self) -> None:
+        """BinaryConnect clipping of the shadow factors and biases, then the lambda update (eq. 4)."""
+        if self.quantized:
+            for ttm, fracs in zip(self.ttms, self.core_fracs):
+                for core, frac in zip(ttm.cores, fracs):
+                    fmt = tt_factor_format(frac)
+                    np.clip(core, fmt.min_value, fmt.max_value, out=core)
+            for bias in self.biases:
+                np.clip(bias, BIAS_FORMAT.min_value, BIAS_FORMAT.max_value, out=bias)
+        self.lambdas = [update_lambdas(t.cores) for t in self.ttms]
+
+    def prune(self, threshold: float, optimizer=None) -> int:
+        """Remove rank slices whose lambda is below ``threshold`` x the core's largest; returns how
+        many went. Optimizer moments (``optimizer.state``) are sliced alongside."""
+        removed = 0
+        for k, ttm in enumerate(self.ttms):
+            for n in range(ttm.d - 1):
+                keep = ranks_to_keep(self.lambdas[k][n], threshold)
+                if keep.size == ttm.cores[n].shape[3]:
+                    continue
+                removed += ttm.cores[n].shape[3] - keep.size
+                for i, axis in ((n, 3), (n + 1, 0)):
+                    key = f"l{k}.g{i + 1}"
+                    ttm.cores[i] = np.ascontiguousarray(np.take(ttm.cores[i], keep, axis=axis))
+                    if optimizer is not None and key in optimizer.state:
+                        st = optimizer.state[key]
+                        for name in st:
+                            st[name] = np.ascontiguousarray(np.take(st[name], keep, axis=axis))
+                self.lambdas[k] = update_lambdas(ttm.cores)
+        if removed:
+            self._sync_params()
+        return removed

@@ -1,0 +1,204 @@
+"""The FashionMNIST experiment of the TT paper (Table 1): five variants, one training loop.
+
+``dense`` is the vanilla network (896 -> 512 -> 16 dense layers, float); the others are the two TT
+layers in float or fixed point (4-bit BinaryConnect factors, golden-model PEs), without or with the
+rank-adaptive prior. Every variant trains with Adam on mini-batches (the paper's appendix B) and
+records per epoch: accuracies, TT ranks, parameters and memory.
+
+The prior enters the mini-batch loss as ``mean CE + g / N`` (N: training-set size): eq. 1 written
+per sample, the scaling under which ``g`` is the negative log-prior of the whole data set.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from insitu import nn
+from insitu.data import load_dataset
+
+from .model import PAPER_LAYERS, TTNet, pad_images
+
+VARIANTS = {
+    # name: (tensorized, quantized, prior)
+    "dense": (False, False, False),
+    "float": (True, False, False),
+    "fixed": (True, True, False),
+    "float-prior": (True, False, True),
+    "fixed-prior": (True, True, True),
+}
+CLASSES = 10
+DENSE_BITS = 32
+
+
+@dataclass
+class TTTrainConfig:
+    variant: str = "fixed-prior"
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 1e-3
+    rank: int = 16
+    prune_threshold: float = 0.01      # relative to the largest lambda of the core
+    prior_weight: float = 1.0          # multiplies g / N
+    train_samples: int | None = None   # a prefix of the shuffled training set (quick runs)
+    eval_train_samples: int = 10_000   # training accuracy is measured on this many samples
+    seed: int = 0
+    dataset: str = "fashion-mnist"
+    data_dir: str | None = None
+
+    def validate(self) -> None:
+        def positive_int(name, value):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
+        for name in ("epochs", "batch_size", "rank", "eval_train_samples"):
+            positive_int(name, getattr(self, name))
+        if self.train_samples is not None:
+            positive_int("train_samples", self.train_samples)
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+        if not 0 <= self.prune_threshold < 1:
+            raise ValueError(f"prune_threshold must be in [0, 1), got {self.prune_threshold}")
+        if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
+            raise ValueError(f"prior_weight must be >= 0, got {self.prior_weight}")
+
+
+def dense_network(seed: int) -> nn.Sequential:
+    """The vanilla baseline: the same 896 -> 512 -> 16 sizes as dense float layers."""
+    sizes = [math.prod(PAPER_LAYERS[0][0]), math.prod(PAPER_LAYERS[0][1]), math.prod(PAPER_LAYERS[1][1])]
+    return nn.Sequential(nn.Dense(sizes[0], sizes[1], seed=seed), nn.ReLU(),
+                         nn.Dense(sizes[1], sizes[2], seed=seed + 1))
+
+
+def dense_memory_bits() -> int:
+    """Memory of the vanilla network: every weight and bias as a 32-bit float (the reference)."""
+    net_sizes = [(math.prod(i), math.prod(o)) for i, o in PAPER_LAYERS]
+    return sum(i * o + o for i, o in net_sizes) * DENSE_BITS
+
+
+class Model:
+    """The variant's network behind one interface: logits, a training step, size figures."""
+
+    def __init__(self, config: TTTrainConfig, train_size: int):
+        self.tensorized, quantized, self.use_prior = VARIANTS[config.variant]
+        self.config = config
+        self.train_size = train_size
+        if self.tensorized:
+            self.net = TTNet(rank=config.rank, quantized=quantized, seed=config.seed, classes=CLASSES)
+        else:
+            self.net = dense_network(config.seed)
+        self.optimizer = nn.Adam(self.net, lr=config.lr)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        out = self.net.forward(x, train=False)
+        return out if self.tensorized else out[:, :CLASSES]
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        if self.tensorized:
+            logits = self.net.forward(x)
+            loss, dlogits = nn.softmax_cross_entropy(logits, y)
+            self.net.backward(dlogits)
+            if self.use_prior:
+                self.net.add_prior_grads(self.config.prior_weight / self.train_size)
+            self.optimizer.step()
+            self.net.after_step()
+            return loss
+        self.net.zero_grad()
+        logits = self.net.forward(x)
+        loss, dlogits = nn.softmax_cross_entropy(logits[:, :CLASSES], y)
+        full = np.zeros_like(logits)
+        full[:, :CLASSES] = dlogits
+        self.net.backward(full)
+        self.optimizer.step()
+        return loss
+
+    def end_of_epoch(self) -> int:
+        if self.tensorized and self.use_prior:
+            return self.net.prune(self.config.prune_threshold, self.optimizer)
+        return 0
+
+    def figures(self) -> dict:
+        if self.tensorized:
+            params, bits, ranks = self.net.parameter_count, self.net.memory_bits, self.net.ranks
+        else:
+            params = sum(p.value.size for p in self.net.parameters())
+            bits, ranks = params * DENSE_BITS, None
+        return {"parameters": params, "memory_bits": bits,
+                "memory_reduction": dense_memory_bits() / bits, "ranks": ranks}
+
+
+def accuracy(model: Model, x: np.ndarray, y: np.ndarray, batch: int = 250) -> float:
+    correct = 0
+    for start in range(0, len(x), batch):
+        correct += int(np.sum(model.logits(x[start:start + batch]).argmax(axis=1) == y[start:start + batch]))
+    return correct / len(x)
+
+
+def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
+                    advance=lambda n: None) -> dict:
+    """Train one variant; returns the result record (per-epoch history included)."""
+    config.validate()
+    data = load_dataset(config.dataset, config.data_dir)
+    if data.sample_shape != (28, 28) or data.num_classes != CLASSES:
+        raise ValueError(f"the TT network takes 28x28 images of {CLASSES} classes; {config.dataset} "
+                         f"has {data.sample_shape} samples of {data.num_classes} classes")
+    rng = np.random.default_rng(config.seed)
+    x_train = pad_images(data.x_train / 255.0)
+    y_train = np.asarray(data.y_train)
+    x_test, y_test = pad_images(data.x_test / 255.0), np.asarray(data.y_test)
+    if config.train_samples is not None:
+        pick = rng.permutation(len(x_train))[:config.train_samples]
+        x_train, y_train = x_train[pick], y_train[pick]
+    eval_pick = rng.permutation(len(x_train))[:config.eval_train_samples]
+
+    model = Model(config, len(x_train))
+    history, started = [], time.perf_counter()
+    for epoch in range(1, config.epochs + 1):
+        order = rng.permutation(len(x_train))
+        losses = []
+        for start in range(0, len(order), config.batch_size):
+            batch = order[start:start + config.batch_size]
+            losses.append(model.step(x_train[batch], y_train[batch]))
+            advance(len(batch))
+        pruned = model.end_of_epoch()
+        record = {
+            "epoch": epoch,
+            "loss": float(np.mean(losses)),
+            "train_accuracy": accuracy(model, x_train[eval_pick], y_train[eval_pick]),
+            "test_accuracy": accuracy(model, x_test, y_test),
+            "pruned_ranks": pruned,
+            "seconds": time.perf_counter() - started,
+            **model.figures(),
+        }
+        if model.tensorized and model.use_prior:
+            record["prior"] = model.net.prior()
+            # lambda / the core's largest, per core: how close each rank slice is to pruning.
+            record["lambda_ratios"] = [[(lam / lam.max()).round(5).tolist() for lam in layer]
+                                       for layer in model.net.lambdas]
+        history.append(record)
+        on_epoch(record)
+
+    final = history[-1]
+    best = max(history, key=lambda r: r["test_accuracy"])
+    return {
+        "variant": config.variant,
+        "config": asdict(config),
+        "test_accuracy": final["test_accuracy"],
+        "train_accuracy": final["train_accuracy"],
+        "best_test_accuracy": best["test_accuracy"],
+        "best_epoch": best["epoch"],
+        "parameters": final["parameters"],
+        "memory_bits": final["memory_bits"],
+        "memory_reduction": final["memory_reduction"],
+        "dense_memory_bits": dense_memory_bits(),
+        "ranks": final["ranks"],
+        "epochs": config.epochs,
+        "train_samples": len(x_train),
+        "seconds": final["seconds"],
+        "history": history,
+    }
