@@ -110,3 +110,21 @@ def schedule(in_modes, out_modes, ranks, batch, first_layer, as_json):
     totals = macs_by_kind(ops)
     report.print("MACs: " + ", ".join(f"{k} {v:,}" for k, v in totals.items())
                  + f", total {sum(totals.values()):,}")
+
+
+@command.command("bench")
+@click.option("--batch", type=int, default=64, show_default=True)
+@click.option("--steps", type=int, default=5, show_default=True, help="Steps per timed pass.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench(batch, steps, as_json):
+    """Training samples per second of the float and fixed-point executors, MACs per sample."""
+    from insitu.tt.bench import format_bench, run_bench
+
+    for name, value in (("--batch", batch), ("--steps", steps)):
+        if value < 1:
+            raise UsageError(f"{name} must be >= 1, got {value}")
+    result = run_bench(batch=batch, steps=steps)
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(format_bench(result))

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from insitu.numerics import (TT_MEAN_ABS_TARGET, TT_PE_DATA_BITS, TT_PE_HEADROOM_BITS, AutoScale,
-                             accumulator_bits, tt_pe_format)
+                             accumulator_bits, code_range, tt_pe_format)
 
 from .schedule import Op
 
@@ -87,6 +87,14 @@ def contract(op: Op, lhs: np.ndarray, other: np.ndarray, out_modes=None, in_mode
     return np.ascontiguousarray(out[:, :, :op.c]).ravel()
 
 
+def _check_codes(op: Op, codes, bits: int, name: str) -> None:
+    lo, hi = code_range(bits)
+    codes = np.asarray(codes)
+    if codes.size and (codes.min() < lo or codes.max() > hi):
+        raise ValueError(f"{op.kind} op {op.dst!r}: operand {name} holds codes outside the "
+                         f"{bits}-bit range [{lo}, {hi}]")
+
+
 class FloatExecutor:
     """Runs ops in float64 on real values (the float variants and the reference)."""
 
@@ -127,6 +135,8 @@ class FixedExecutor:
             other, other_frac, other_bits = buffers[op.src2], fracs[op.src2], TT_PE_DATA_BITS
         else:
             other, other_frac, other_bits = cores[op.core], core_fracs[op.core], self.factor_bits
+        _check_codes(op, buffers[op.src], TT_PE_DATA_BITS, op.src)
+        _check_codes(op, other, other_bits, op.src2 or f"core {op.core + 1}")
         acc_bits = accumulator_bits(TT_PE_DATA_BITS, other_bits, op.terms)
         if acc_bits > EXACT_FLOAT_BITS:
             raise ValueError(f"{op.kind} op {op.dst!r}: a {acc_bits}-bit accumulator ({op.terms} terms) "

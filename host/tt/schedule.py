@@ -28,6 +28,7 @@ PE1 and PE2 take 16 lanes along ``c``: a ``c`` that is not a multiple of 16 is z
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 
 PE_KINDS = ("PE1", "PE2", "PE3")
@@ -42,12 +43,11 @@ class PELimits:
 
     ``size_max`` bounds each of a, b, c, d (16-bit size registers); ``factor_words`` is the depth of
     the on-chip factor buffer that holds G (b*d*c words for PE1, b*d for PE2, the cached X row
-    block for PE3).
+    block for PE3). The lane count along ``c`` is fixed by the design (:data:`C_LANES`).
     """
 
     size_max: int = (1 << 16) - 1
     factor_words: int = 4096
-    c_lanes: int = C_LANES
 
 
 DEFAULT_LIMITS = PELimits()
@@ -126,7 +126,7 @@ def check_op(op: Op, limits: PELimits = DEFAULT_LIMITS) -> None:
         raise ValueError(f"op {op.dst!r}: unknown PE kind {op.kind!r}; expected one of {PE_KINDS}")
     for name in ("a", "b", "c", "d"):
         size = getattr(op, name)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        if not _is_count(size):
             raise ValueError(f"{op.kind} op {op.dst!r}: size {name}={size!r} must be an integer >= 1")
         if size > limits.size_max:
             raise ValueError(f"{op.kind} op {op.dst!r}: size {name}={size} exceeds the PE's size "
@@ -134,9 +134,9 @@ def check_op(op: Op, limits: PELimits = DEFAULT_LIMITS) -> None:
     if op.kind == "PE3":
         if op.d != 1:
             raise ValueError(f"PE3 op {op.dst!r}: d must be 1 (an outer product), got {op.d}")
-        if op.c % limits.c_lanes:
+        if op.c % C_LANES:
             raise ValueError(f"PE3 op {op.dst!r}: c = I_d = {op.c} must be a multiple of "
-                             f"{limits.c_lanes} (pad the last input mode)")
+                             f"{C_LANES} (pad the last input mode)")
     if op.factor_words > limits.factor_words:
         raise ValueError(f"{op.kind} op {op.dst!r}: the factor operand needs {op.factor_words} "
                          f"words; the PE buffer holds {limits.factor_words} (lower the TT ranks or "
@@ -147,14 +147,21 @@ def _prod(values) -> int:
     return math.prod(values)
 
 
+def _is_count(value, least: int = 1) -> bool:
+    """An integer (Python or NumPy, not bool) of at least ``least``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
+
+
 def check_modes(in_modes, out_modes, ranks=None) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """Validate TT-matrix modes and ranks; returns them as tuples with ``ranks = (1, R_1.., 1)``.
 
     ``ranks`` is an int (every internal rank), the ``d - 1`` internal ranks, or all ``d + 1``.
     """
     in_modes, out_modes = tuple(in_modes), tuple(out_modes)
+    if all(_is_count(m) for m in in_modes + out_modes):
+        in_modes, out_modes = tuple(int(m) for m in in_modes), tuple(int(m) for m in out_modes)
     for what, modes in (("in_modes", in_modes), ("out_modes", out_modes)):
-        if not modes or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in modes):
+        if not modes or not all(_is_count(m) for m in modes):
             raise ValueError(f"{what} must be a non-empty list of integers >= 1, got {list(modes)}")
     if len(in_modes) != len(out_modes):
         raise ValueError(f"in_modes {list(in_modes)} and out_modes {list(out_modes)} must have the "
@@ -162,16 +169,19 @@ def check_modes(in_modes, out_modes, ranks=None) -> tuple[tuple[int, ...], tuple
     d = len(in_modes)
     if ranks is None:
         return in_modes, out_modes, ()
-    if isinstance(ranks, int) and not isinstance(ranks, bool):
-        ranks = (1,) + (ranks,) * (d - 1) + (1,)
+    if isinstance(ranks, numbers.Number):
+        if not _is_count(ranks):
+            raise ValueError(f"TT ranks must be integers >= 1, got {ranks!r}")
+        ranks = (1,) + (int(ranks),) * (d - 1) + (1,)
     ranks = tuple(ranks)
     if len(ranks) == d - 1:
         ranks = (1, *ranks, 1)
     if len(ranks) != d + 1:
         raise ValueError(f"ranks must be an int, {d - 1} internal ranks or {d + 1} ranks "
                          f"(1 at both ends) for {d} modes; got {list(ranks)}")
-    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
+    if not all(_is_count(r) for r in ranks):
         raise ValueError(f"TT ranks must be integers >= 1, got {list(ranks)}")
+    ranks = tuple(int(r) for r in ranks)
     if ranks[0] != 1 or ranks[-1] != 1:
         raise ValueError(f"the boundary TT ranks R_0 and R_d must be 1, got {list(ranks)}")
     return in_modes, out_modes, ranks
@@ -257,8 +267,9 @@ def layer_schedule(in_modes, out_modes, ranks, batch: int, *, input_grad: bool =
     Forward, then (when ``input_grad``: the layer is not the first) the input gradient, then the
     full-weight gradient on PE3 and the factor gradients. Each op is checked against ``limits``.
     """
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+    if not _is_count(batch):
         raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    batch = int(batch)
     ops = forward_ops(in_modes, out_modes, ranks, batch)
     if input_grad:
         ops += input_grad_ops(in_modes, out_modes, ranks, batch)

@@ -18,6 +18,9 @@ from .schedule import (check_modes, factor_grad_ops, forward_ops, grad_buffer, i
 
 __all__ = ["TTMatrix", "he_core_std"]
 
+#: Largest intermediate (elements) the direct factor gradient may create.
+DIRECT_INTERMEDIATE_LIMIT = 1 << 26
+
 
 def he_core_std(in_modes, ranks) -> float:
     """Per-core standard deviation that gives the full matrix He variance ``2 / I``.
@@ -47,6 +50,8 @@ class TTMatrix:
                      for n in range(self.d)]
         self.cores = [np.array(c, dtype=np.float64) for c in cores]
         self._check_cores()
+        if self.ranks != ranks:
+            raise ValueError(f"the cores have ranks {list(self.ranks)} but ranks={list(ranks)} was given")
         self._executor = FloatExecutor()
 
     # ------------------------------------------------------------------ shape
@@ -144,7 +149,11 @@ class TTMatrix:
             # The boundary ranks (size 1) of core n appear in no other operand: drop, then restore.
             out = core_subs[n].replace(r_ax[0], "").replace(r_ax[d], "")
             spec = ",".join(subs) + "->" + out
-            grad = np.einsum(spec, xt, dyt, *(self.cores[k] for k in others), optimize=True)
+            operands = (xt, dyt, *(self.cores[k] for k in others))
+            # A greedy order without numpy's default cap on intermediates (the largest input), which
+            # would forbid every useful intermediate and contract all operands in one naive loop.
+            path = np.einsum_path(spec, *operands, optimize=("greedy", DIRECT_INTERMEDIATE_LIMIT))[0]
+            grad = np.einsum(spec, *operands, optimize=path)
             grads.append(grad.reshape(self.cores[n].shape))
         return grads
 

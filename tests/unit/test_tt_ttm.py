@@ -174,6 +174,8 @@ def _objective(cores, x, dy):
     return float(np.sum(dy * (x @ _tensorly_full(cores).T)))
 
 
+# The paper's first layer is left out of the "direct" comparison: see
+# test_direct_grads_use_a_cheap_contraction_order (a contraction-order bug makes it take minutes).
 @pytest.mark.parametrize("in_modes,out_modes,ranks", CONFIGS)
 def test_factor_grads_full_direct_and_linearity(in_modes, out_modes, ranks):
     ttm = _random_cores(TTMatrix(in_modes, out_modes, ranks, seed=0), seed=5)
@@ -182,7 +184,8 @@ def test_factor_grads_full_direct_and_linearity(in_modes, out_modes, ranks):
     x = rng.standard_normal((batch, ttm.shape[1]))
     dy = rng.standard_normal((batch, ttm.shape[0]))
     full = ttm.factor_grads(x, dy)                       # "full" is the default
-    direct = ttm.factor_grads(x, dy, method="direct")
+    with_direct = (in_modes, out_modes) != ((7, 4, 2, 16), (4, 4, 2, 16))
+    direct = ttm.factor_grads(x, dy, method="direct") if with_direct else full
     assert len(full) == len(direct) == ttm.d
     f0 = _objective(ttm.cores, x, dy)
     for n in range(ttm.d):
@@ -196,6 +199,31 @@ def test_factor_grads_full_direct_and_linearity(in_modes, out_modes, ranks):
             predicted = float(np.sum(e * full[n]))
             tol = 1e-8 * (abs(f0) + abs(delta) + np.abs(e).sum() * np.abs(full[n]).max() + 1)
             assert abs(delta - predicted) <= tol, (n, trial, delta, predicted)
+
+
+def test_direct_grads_use_a_cheap_contraction_order(monkeypatch):
+    # Checks the contraction order numpy would use (np.einsum_path, cheap) before running each
+    # contraction, so the test fails fast instead of spending minutes in the naive one.
+    real_einsum = np.einsum
+    flops = []
+
+    def guarded(*operands, **kwargs):
+        info = np.einsum_path(*operands, optimize=kwargs.get("optimize", False))[1]
+        count = float(info.split("Optimized FLOP count:")[1].split()[0])
+        flops.append(count)
+        assert count < 1e8, f"einsum {operands[0]} would take {count:.3g} FLOPs"
+        return real_einsum(*operands, **kwargs)
+
+    ttm = TTMatrix((7, 4, 2, 16), (4, 4, 2, 16), 16, seed=0)
+    rng = np.random.default_rng(10)
+    x, dy = rng.standard_normal((3, 896)), rng.standard_normal((3, 512))
+    full = ttm.factor_grads(x, dy, "full")
+    monkeypatch.setattr(np, "einsum", guarded)
+    direct = ttm.factor_grads(x, dy, "direct")
+    monkeypatch.undo()
+    assert len(flops) == 4
+    for g_full, g_direct in zip(full, direct):
+        np.testing.assert_allclose(g_full, g_direct, rtol=1e-8, atol=1e-9 * np.abs(g_direct).max())
 
 
 def test_factor_grads_central_difference_on_single_elements():
@@ -305,3 +333,18 @@ def test_bad_batches_and_method():
         ttm.factor_grads(np.zeros((3, 6)), np.zeros((2, 4)), "direct")
     with pytest.raises(ValueError, match=r"method must be 'full' or 'direct', got 'svd'"):
         ttm.factor_grads(np.zeros((2, 6)), np.zeros((2, 4)), "svd")
+
+
+def test_non_int_scalar_rank_is_a_value_error():
+    with pytest.raises(ValueError, match=r"ranks must be integers >= 1, got 2.0"):
+        TTMatrix((2, 3), (2, 3), 2.0, seed=0)
+
+
+def test_numpy_integer_rank_is_a_rank():
+    assert TTMatrix((2, 3), (2, 3), np.int64(2), seed=0).ranks == (1, 2, 1)
+
+
+def test_cores_must_match_the_ranks_given():
+    cores = [np.ones((1, 2, 2, 3)), np.ones((3, 3, 3, 1))]
+    with pytest.raises(ValueError, match=r"the cores have ranks \[1, 3, 1\] but ranks=\[1, 2, 1\]"):
+        TTMatrix((2, 3), (2, 3), 2, cores=cores)

@@ -1,0 +1,140 @@
+"""The TT training experiment: config validation, short runs of two variants, the report and figure."""
+
+import math
+
+import pytest
+
+from insitu.data.datasets import FASHION_MNIST_DIR
+from insitu.tt.report import PAPER_TABLE1, format_table, plot_history
+from insitu.tt.train import VARIANTS, TTTrainConfig, dense_memory_bits, run_tt_training
+
+pytestmark = pytest.mark.unit
+
+needs_fashion = pytest.mark.skipif(
+    not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file(),
+    reason=f"FashionMNIST not installed in {FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist)")
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"variant": "sparse"}, "variant"),
+    ({"epochs": 0}, "epochs"),
+    ({"epochs": 1.5}, "epochs"),
+    ({"batch_size": 0}, "batch_size"),
+    ({"rank": True}, "rank"),
+    ({"train_samples": 0}, "train_samples"),
+    ({"eval_train_samples": -1}, "eval_train_samples"),
+    ({"lr": 0.0}, "lr"),
+    ({"lr": -1e-3}, "lr"),
+    ({"lr": math.nan}, "lr"),
+    ({"prune_threshold": 1.0}, "prune_threshold"),
+    ({"prune_threshold": -0.01}, "prune_threshold"),
+    ({"prior_weight": -1.0}, "prior_weight"),
+    ({"prior_weight": math.inf}, "prior_weight"),
+])
+def test_validate_names_the_bad_field(changes, field):
+    config = TTTrainConfig(**changes)
+    with pytest.raises(ValueError, match=field):
+        config.validate()
+
+
+def test_validate_accepts_the_defaults_and_every_variant():
+    for variant in VARIANTS:
+        TTTrainConfig(variant=variant).validate()
+    TTTrainConfig(prune_threshold=0.0, prior_weight=0.0, train_samples=1).validate()
+    assert set(VARIANTS) == set(PAPER_TABLE1)
+
+
+def test_unknown_variant_message_lists_the_choices():
+    with pytest.raises(ValueError, match="unknown variant 'sparse'; choose one of dense, float"):
+        TTTrainConfig(variant="sparse").validate()
+
+
+def test_run_validates_before_loading_data():
+    with pytest.raises(ValueError, match="epochs"):
+        run_tt_training(TTTrainConfig(epochs=0, dataset="no-such-dataset"))
+
+
+def test_dense_memory_is_the_vanilla_network_in_32_bit_floats():
+    # 896 x 512 + 512 and 512 x 16 + 16 weights and biases.
+    assert dense_memory_bits() == 467472 * 32 == (896 * 512 + 512 + 512 * 16 + 16) * 32
+
+
+# Each run trains on 256 samples for one epoch and evaluates 200 training and all 10,000 test
+# samples: about 3 s for float and 8 s for fixed-prior (the golden-model PEs) on one core.
+_RUN = {"train_samples": 256, "epochs": 1, "eval_train_samples": 200}
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {v: run_tt_training(TTTrainConfig(variant=v, **_RUN)) for v in ("float", "fixed-prior")}
+
+
+@needs_fashion
+@pytest.mark.parametrize("variant", ["float", "fixed-prior"])
+def test_short_run_returns_the_documented_record(results, variant):
+    r = results[variant]
+    for key in ("test_accuracy", "train_accuracy", "parameters", "memory_bits", "memory_reduction",
+                "ranks", "history", "variant", "config", "best_test_accuracy", "best_epoch",
+                "dense_memory_bits", "epochs", "train_samples", "seconds"):
+        assert key in r, key
+    assert r["variant"] == variant and r["epochs"] == 1 and r["train_samples"] == 256
+    assert r["config"]["variant"] == variant and r["config"]["eval_train_samples"] == 200
+    assert r["test_accuracy"] > 0.2 and r["train_accuracy"] > 0.2          # chance is 0.1
+    assert 0 <= r["test_accuracy"] <= 1 and 0 <= r["train_accuracy"] <= 1
+    assert r["dense_memory_bits"] == dense_memory_bits()
+    assert r["memory_reduction"] == pytest.approx(dense_memory_bits() / r["memory_bits"])
+    assert len(r["ranks"]) == 2 and r["ranks"][0][0] == r["ranks"][0][-1] == 1
+    (record,) = r["history"]
+    assert record["epoch"] == 1 and math.isfinite(record["loss"])
+    assert record["test_accuracy"] == r["test_accuracy"] and record["ranks"] == r["ranks"]
+    assert r["best_epoch"] == 1 and r["best_test_accuracy"] == r["test_accuracy"]
+
+
+@needs_fashion
+def test_short_runs_have_the_variants_sizes(results):
+    float_run, fixed_run = results["float"], results["fixed-prior"]
+    assert float_run["ranks"] == [[1, 16, 16, 16, 1], [1, 16, 1]]
+    assert float_run["parameters"] == 14800 and float_run["memory_bits"] == 14800 * 32
+    assert float_run["memory_reduction"] == pytest.approx(31.59, abs=0.01)   # paper: 31.4x
+    assert "prior" not in float_run["history"][0]
+    # fixed-prior: 4-bit factors, and what pruning did after the epoch is in the record.
+    record = fixed_run["history"][0]
+    assert fixed_run["memory_bits"] < fixed_run["parameters"] * 8
+    assert fixed_run["memory_reduction"] >= 243.9                          # paper: 243x unpruned
+    assert math.isfinite(record["prior"]) and record["pruned_ranks"] >= 0
+    removed = sum(16 - r for layer in (fixed_run["ranks"][0][1:-1], fixed_run["ranks"][1][1:-1])
+                  for r in layer)
+    assert removed == record["pruned_ranks"]
+    assert [[len(c) for c in layer] for layer in record["lambda_ratios"]] == \
+        [list(layer[1:-1]) for layer in fixed_run["ranks"]]
+    for layer in record["lambda_ratios"]:
+        for core in layer:
+            assert max(core) == 1.0 and min(core) >= 0.01 - 1e-5
+
+
+@needs_fashion
+def test_format_table_and_plot_history_take_the_results(results, tmp_path):
+    rows = [results["float"], results["fixed-prior"]]
+    table = format_table(rows).splitlines()
+    assert table[0].split()[:3] == ["variant", "train", "acc"]
+    assert len(table) == 4 and set(table[1]) == {"-"}
+    assert table[2].startswith("float ") and table[3].startswith("fixed-prior ")
+    assert f"{results['float']['test_accuracy']:.4f}" in table[2]
+    assert "0.8803" in table[2] and "31.4x" in table[2]                  # the paper's figures
+    assert "0.8486" in table[3] and "292.0x" in table[3]
+    png = plot_history(rows, tmp_path / "sub" / "tt.png")
+    assert png == tmp_path / "sub" / "tt.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_history_needs_results(tmp_path):
+    with pytest.raises(ValueError, match="no results"):
+        plot_history([], tmp_path / "tt.png")
+    assert not (tmp_path / "tt.png").exists()
+
+
+def test_format_table_of_the_dense_variant_shows_no_paper_reduction():
+    row = {"variant": "dense", "train_accuracy": 0.9, "test_accuracy": 0.89, "parameters": 467472,
+           "memory_bits": 467472 * 32, "memory_reduction": 1.0, "epochs": 10, "seconds": 12.0}
+    line = format_table([row]).splitlines()[2]
+    assert "n/a" in line and "0.8927" in line and "467472" in line
