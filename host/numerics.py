@@ -100,7 +100,7 @@ def round_half_up(x):
 
 
 def _check_magnitude(v, what: str) -> None:
-    if v.size and int(np.max(np.abs(v))) >= _INT_LIMIT:
+    if v.size and max(int(v.max()), -int(v.min())) >= _INT_LIMIT:
         raise ValueError(f"{what}: magnitude reaches 2**62; int64 arithmetic would overflow")
 
 
@@ -117,6 +117,8 @@ def shift_round(v, shift: int):
         if v.size and int(np.max(np.abs(v))) >= _INT_LIMIT >> int(-shift):
             raise ValueError(f"shift_round: left shift by {-shift} overflows int64")
         return v << -shift
+    if shift.ndim == 0 and shift < 63:          # one shift: the hardware formula as it stands
+        return (v + (np.int64(1) << (int(shift) - 1))) >> int(shift)
     if np.any(shift < 1):
         raise ValueError("shift_round: an array of shifts (one per channel) must be >= 1")
     # |v| < 2**62: from a shift of 63 on, every result is 0 (and the hardware shifter agrees).

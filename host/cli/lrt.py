@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from insitu.cli.output import emit_json, progress, report, usage_errors, write_json
+from insitu.cli.output import (emit_json, per_run_path, progress, report, usage_errors,
+                               write_json)
 from insitu.errors import UsageError
 from insitu.io import check_writable
 from insitu.lrt import ENVS, SCHEMES
@@ -81,11 +82,7 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
     schemes = list(SCHEMES) if scheme == "all" else [scheme]
     results = []
     def per_scheme(path, name):
-        """With several schemes, each gets its own file: run.npz -> run-sgd.npz."""
-        if not path or len(schemes) == 1:
-            return path
-        stem = path[:-4] if path.endswith(".npz") else path
-        return f"{stem}-{name}.npz"
+        return per_run_path(path, name, several=len(schemes) > 1)
 
     for name in schemes:
         with progress(f"{name} in {env}", total=samples) as advance:

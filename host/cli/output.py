@@ -54,3 +54,11 @@ def write_json(path, payload, what) -> None:
         atomic_write_json(path, payload)
     except OSError as exc:
         raise InsituError(f"cannot write {what} {path}: {exc.strerror}") from None
+
+
+def per_run_path(path: str | None, name: str, several: bool) -> str | None:
+    """With several runs in one command, each gets its own file: run.npz -> run-NAME.npz."""
+    if not path or not several:
+        return path
+    stem = path[:-4] if path.endswith(".npz") else path
+    return f"{stem}-{name}.npz"

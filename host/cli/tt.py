@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from insitu.cli.output import emit_json, progress, report, usage_errors, write_json
+from insitu.cli.output import (emit_json, per_run_path, progress, report, usage_errors,
+                               write_json)
 from insitu.errors import UsageError
 from insitu.io import check_writable
 from insitu.tt.train import VARIANTS
@@ -50,9 +51,12 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of accuracy and TT ranks per epoch.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result JSON.")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+              help="Checkpoint (.npz) written after every epoch and resumed from if it exists; "
+                   "with --variant all, one file per variant.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def train(variant, epochs, batch_size, lr, rank, prune_threshold, prior_weight, train_samples, seed,
-          dataset, data_dir, plot, out, as_json):
+          dataset, data_dir, plot, out, checkpoint, as_json):
     """Train the two-layer TT network on FashionMNIST (the paper's Table 1)."""
     from insitu.tt.report import format_table, plot_history
     from insitu.tt.train import TTTrainConfig, run_tt_training
@@ -64,14 +68,17 @@ def train(variant, epochs, batch_size, lr, rank, prune_threshold, prior_weight, 
                              data_dir=data_dir) for v in variants]
     for config in configs:
         usage_errors(config.validate)
-    for path, what in ((plot, "--plot"), (out, "--out")):
+    for path, what in ((plot, "--plot"), (out, "--out"), (checkpoint, "--checkpoint")):
         if path:
             check_writable(path, what)
+
     results = []
     for config in configs:
         total = epochs * (train_samples or 60_000)
         with progress(f"tt {config.variant}", total=total) as advance:
-            results.append(usage_errors(run_tt_training, config, advance=advance))
+            results.append(usage_errors(run_tt_training, config, advance=advance,
+                                        checkpoint=per_run_path(checkpoint, config.variant,
+                                                                        several=len(configs) > 1)))
     payload = results[0] if len(results) == 1 else {"results": results}
     if plot:
         plot_history(results, plot)

@@ -129,6 +129,15 @@ class TTNet(Layer):
             scale.observe(fmt.to_float(codes))
         return codes, fmt.frac
 
+    def load_act_scales(self, fracs: dict) -> None:
+        """Restore the activation/gradient scales saved from :attr:`act_scales` (``key -> frac``)."""
+        heads = {"x": (TT_ACTIVATION_BITS, TT_ACTIVATION_HEADROOM_BITS),
+                 "dy": (TT_PE_DATA_BITS, TT_PE_HEADROOM_BITS)}
+        self.act_scales = {}
+        for key, frac in fracs.items():
+            bits, headroom = heads[key.split(".", 1)[1]]
+            self.act_scales[key] = AutoScale(bits, int(frac), TT_MEAN_ABS_TARGET, key, headroom)
+
     def _run(self, k, ops, buffers, fracs, codes, observe):
         ttm = self.ttms[k]
         for op in ops:

@@ -14,11 +14,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
 from insitu import nn
+from insitu.checkpoint import load_checkpoint, save_checkpoint
 from insitu.data import load_dataset
+from insitu.errors import InsituError
+from insitu.io import check_writable
 
 from .model import PAPER_LAYERS, TTNet, pad_images
 
@@ -122,6 +126,38 @@ class Model:
             return self.net.prune(self.config.prune_threshold, self.optimizer)
         return 0
 
+    # ------------------------------------------------------------------ checkpoints
+    def state(self) -> tuple[dict, dict]:
+        """``(arrays, meta)``: parameters, Adam moments and scales (the run's whole state)."""
+        arrays = {f"param.{p.key}": p.value for p in self.net.parameters()}
+        for key, moments in self.optimizer.state.items():
+            arrays.update({f"adam.{name}.{key}": v for name, v in moments.items()})
+        meta = {"adam_steps": self.optimizer.steps}
+        if self.tensorized and self.net.quantized:
+            meta["pe_scales"] = self.net.executor.state()
+            meta["act_scales"] = {k: s.frac for k, s in self.net.act_scales.items()}
+        return arrays, meta
+
+    def load_state(self, arrays: dict, meta: dict) -> None:
+        if self.tensorized:
+            for k, ttm in enumerate(self.net.ttms):
+                ttm.cores = [np.array(arrays[f"param.l{k}.g{n + 1}"]) for n in range(ttm.d)]
+                self.net.biases[k] = np.array(arrays[f"param.l{k}.bias"])
+            self.net.after_step()                          # lambdas from the loaded cores
+            self.net._sync_params()
+            if self.net.quantized:
+                self.net.executor.load_state(meta["pe_scales"])
+                self.net.load_act_scales(meta["act_scales"])
+        else:
+            for p in self.net.parameters():
+                p.value[...] = arrays[f"param.{p.key}"]
+        self.optimizer.steps = meta["adam_steps"]
+        self.optimizer.state = {}
+        for name, value in arrays.items():
+            if name.startswith("adam."):
+                _, moment, key = name.split(".", 2)
+                self.optimizer.state.setdefault(key, {})[moment] = np.array(value)
+
     def figures(self) -> dict:
         if self.tensorized:
             params, bits, ranks = self.net.parameter_count, self.net.memory_bits, self.net.ranks
@@ -139,10 +175,23 @@ def accuracy(model: Model, x: np.ndarray, y: np.ndarray, batch: int = 250) -> fl
     return correct / len(x)
 
 
+def _run_key(config: TTTrainConfig) -> dict:
+    """What makes a checkpoint this run's: the configuration except the epoch budget."""
+    key = asdict(config)
+    key.pop("epochs")
+    return key
+
+
 def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
-                    advance=lambda n: None) -> dict:
-    """Train one variant; returns the result record (per-epoch history included)."""
+                    advance=lambda n: None, checkpoint=None) -> dict:
+    """Train one variant; returns the result record (per-epoch history included).
+
+    ``checkpoint`` (.npz): written atomically after every epoch; when it exists, the run resumes
+    after its last epoch and ends exactly where an uninterrupted run would.
+    """
     config.validate()
+    if checkpoint is not None:
+        check_writable(checkpoint, "checkpoint")
     data = load_dataset(config.dataset, config.data_dir)
     if data.sample_shape != (28, 28) or data.num_classes != CLASSES:
         raise ValueError(f"the TT network takes 28x28 images of {CLASSES} classes; {config.dataset} "
@@ -152,13 +201,28 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
     y_train = np.asarray(data.y_train)
     x_test, y_test = pad_images(data.x_test / 255.0), np.asarray(data.y_test)
     if config.train_samples is not None:
+        if config.train_samples > len(x_train):
+            raise ValueError(f"train_samples={config.train_samples} exceeds the {len(x_train)} "
+                             f"training samples of {config.dataset}")
         pick = rng.permutation(len(x_train))[:config.train_samples]
         x_train, y_train = x_train[pick], y_train[pick]
     eval_pick = rng.permutation(len(x_train))[:config.eval_train_samples]
 
     model = Model(config, len(x_train))
-    history, started = [], time.perf_counter()
-    for epoch in range(1, config.epochs + 1):
+    history, started, first_epoch = [], time.perf_counter(), 1
+    if checkpoint is not None and Path(checkpoint).exists():
+        arrays, meta = load_checkpoint(checkpoint)
+        if meta.get("run") != _run_key(config):
+            raise InsituError(f"checkpoint {checkpoint} belongs to another run ({meta.get('run')}); "
+                              "use another path or delete it")
+        if meta["epoch"] > config.epochs:
+            raise InsituError(f"checkpoint {checkpoint} is already {meta['epoch']} epochs in; "
+                              f"ask for at least that many (--epochs {meta['epoch']})")
+        model.load_state(arrays, meta)
+        rng.bit_generator.state = meta["rng"]
+        history, first_epoch = meta["history"], meta["epoch"] + 1
+        started -= history[-1]["seconds"] if history else 0.0
+    for epoch in range(first_epoch, config.epochs + 1):
         order = rng.permutation(len(x_train))
         losses = []
         for start in range(0, len(order), config.batch_size):
@@ -181,6 +245,10 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
             record["lambda_ratios"] = [[(lam / lam.max()).round(5).tolist() for lam in layer]
                                        for layer in model.net.lambdas]
         history.append(record)
+        if checkpoint is not None:
+            arrays, meta = model.state()
+            save_checkpoint(checkpoint, arrays, {**meta, "run": _run_key(config), "epoch": epoch,
+                                                 "rng": rng.bit_generator.state, "history": history})
         on_epoch(record)
 
     final = history[-1]

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from insitu.data.datasets import FASHION_MNIST_DIR
+from insitu.errors import InsituError
 from insitu.tt.report import PAPER_TABLE1, format_table, plot_history
 from insitu.tt.train import VARIANTS, TTTrainConfig, dense_memory_bits, run_tt_training
 
@@ -138,3 +139,36 @@ def test_format_table_of_the_dense_variant_shows_no_paper_reduction():
            "memory_bits": 467472 * 32, "memory_reduction": 1.0, "epochs": 10, "seconds": 12.0}
     line = format_table([row]).splitlines()[2]
     assert "n/a" in line and "0.8927" in line and "467472" in line
+
+
+@needs_fashion
+@pytest.mark.parametrize("variant", ["fixed-prior", "dense"])
+def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, variant):
+    """Checkpoint after epoch 1, resume to epoch 3: same history (pruning included) as 3 in a row."""
+    kw = dict(variant=variant, train_samples=200, eval_train_samples=100, batch_size=32,
+              prune_threshold=0.5, prior_weight=50.0)
+    straight = run_tt_training(TTTrainConfig(epochs=3, **kw))
+    ck = tmp_path / "run.npz"
+    run_tt_training(TTTrainConfig(epochs=1, **kw), checkpoint=ck)
+    resumed = run_tt_training(TTTrainConfig(epochs=3, **kw), checkpoint=ck)
+
+    def strip(history):
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in history]
+
+    assert strip(resumed["history"]) == strip(straight["history"])
+    assert resumed["ranks"] == straight["ranks"]
+
+
+@needs_fashion
+def test_checkpoint_of_another_run_is_refused(tmp_path):
+    ck = tmp_path / "run.npz"
+    kw = dict(variant="float", train_samples=64, eval_train_samples=64, epochs=1)
+    run_tt_training(TTTrainConfig(**kw), checkpoint=ck)
+    with pytest.raises(InsituError, match="belongs to another run"):
+        run_tt_training(TTTrainConfig(**{**kw, "lr": 0.01}), checkpoint=ck)
+
+
+@needs_fashion
+def test_more_train_samples_than_the_dataset_is_an_error():
+    with pytest.raises(ValueError, match="exceeds the 60000 training samples"):
+        run_tt_training(TTTrainConfig(variant="float", train_samples=70_000))

@@ -1,0 +1,106 @@
+"""`insitu tt`: the PE schedule, a short training run through the CLI, and bad input."""
+
+import json
+
+import pytest
+
+from insitu.data.datasets import FASHION_MNIST_DIR
+
+pytestmark = pytest.mark.system
+
+needs_fashion = pytest.mark.skipif(
+    not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file(),
+    reason=f"FashionMNIST not installed in {FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist)")
+
+
+def test_tt_help_lists_the_subcommands(run_cli):
+    run = run_cli("tt", "--help")
+    assert run.returncode == 0, run.stderr
+    commands = run.stdout.split("Commands:")[1].split()
+    for name in ("train", "schedule", "bench"):
+        assert name in commands
+
+
+def test_schedule_json_lists_ops_and_macs(run_cli):
+    run = run_cli("tt", "schedule", "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    ops = result["ops"]
+    assert ops
+    for op in ops:
+        assert op["kind"] in ("PE1", "PE2", "PE3")
+        for key in ("a", "b", "c", "d", "macs"):
+            assert isinstance(op[key], int) and op[key] >= 1, (key, op)
+    by_kind = result["macs_by_kind"]
+    assert set(by_kind) <= {"PE1", "PE2", "PE3"} and {op["kind"] for op in ops} == set(by_kind)
+    for kind, macs in by_kind.items():
+        assert macs == sum(op["macs"] for op in ops if op["kind"] == kind)
+    assert result["macs"] == sum(by_kind.values())
+    # The default is a first layer: no input gradient; --not-first-layer adds it.
+    assert "input-grad" not in {op["phase"] for op in ops}
+    run = run_cli("tt", "schedule", "--json", "--not-first-layer")
+    assert run.returncode == 0, run.stderr
+    later = json.loads(run.stdout)
+    assert "input-grad" in {op["phase"] for op in later["ops"]} and later["macs"] > result["macs"]
+
+
+def test_schedule_text_prints_ops_and_totals(run_cli):
+    run = run_cli("tt", "schedule", "--in-modes", "4,16", "--out-modes", "2,4", "--ranks", "3")
+    assert run.returncode == 0, run.stderr
+    assert "PE1" in run.stdout
+    assert "MACs:" in run.stdout + run.stderr and "total" in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--ranks", "0"), "ranks"),
+    (("--ranks", "a,b"), "--ranks takes comma-separated integers"),
+    (("--in-modes", "7,4", "--out-modes", "4,4,2"), "in_modes"),
+])
+def test_schedule_bad_input_is_a_usage_error(run_cli, args, message):
+    run = run_cli("tt", "schedule", *args)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert message in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+@needs_fashion
+def test_train_float_prints_json_and_writes_out_and_plot(run_cli, tmp_path):
+    # 128 training samples, one epoch; the 10,000 test samples are evaluated too: about 3 s.
+    out, plot = tmp_path / "res" / "tt.json", tmp_path / "tt.png"
+    run = run_cli("tt", "train", "--variant", "float", "--epochs", "1", "--train-samples", "128",
+                  "--out", out, "--plot", plot, "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    for key in ("variant", "config", "test_accuracy", "train_accuracy", "best_test_accuracy",
+                "best_epoch", "parameters", "memory_bits", "memory_reduction", "dense_memory_bits",
+                "ranks", "epochs", "train_samples", "seconds", "history"):
+        assert key in result, key
+    assert result["variant"] == "float" and result["epochs"] == 1 and result["train_samples"] == 128
+    assert result["parameters"] == 14800 and result["ranks"] == [[1, 16, 16, 16, 1], [1, 16, 1]]
+    assert 0 <= result["test_accuracy"] <= 1 and len(result["history"]) == 1
+    assert json.loads(out.read_text()) == result
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args,field", [
+    (("--epochs", "0"), "epochs"),
+    (("--lr", "0"), "lr"),
+    (("--prune-threshold", "1"), "prune_threshold"),
+    (("--variant", "sparse"), "--variant"),
+])
+def test_train_bad_input_is_a_usage_error(run_cli, args, field):
+    run = run_cli("tt", "train", *args)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert field in run.stderr
+    assert "Traceback" not in run.stderr and run.stdout == ""
+
+
+def test_train_unwritable_out_fails_before_training(run_cli, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    run = run_cli("tt", "train", "--variant", "float", "--epochs", "1", "--train-samples", "64",
+                  "--out", blocker / "tt.json", "--json", timeout=60)
+    assert run.returncode != 0, (run.stdout, run.stderr)
+    assert "--out" in run.stderr and "Traceback" not in run.stderr
+    assert run.stdout == ""                                   # no result: nothing was trained
+    assert blocker.read_text() == "not a folder"
