@@ -37,6 +37,8 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
 @click.option("--epochs", type=int, default=10, show_default=True)
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--lr", type=float, default=1e-3, show_default=True, help="Adam learning rate.")
+@click.option("--lr-schedule", type=click.Choice(["cosine", "constant"]), default="cosine",
+              show_default=True, help="cosine: anneal the learning rate to 0 over the epochs.")
 @click.option("--rank", type=int, default=16, show_default=True, help="Initial TT rank.")
 @click.option("--prune-threshold", type=float, default=0.01, show_default=True,
               help="Prune a rank slice whose lambda is below this fraction of its core's largest.")
@@ -55,14 +57,15 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
               help="Checkpoint (.npz) written after every epoch and resumed from if it exists; "
                    "with --variant all, one file per variant.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def train(variant, epochs, batch_size, lr, rank, prune_threshold, prior_weight, train_samples, seed,
-          dataset, data_dir, plot, out, checkpoint, as_json):
+def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, prior_weight,
+          train_samples, seed, dataset, data_dir, plot, out, checkpoint, as_json):
     """Train the two-layer TT network on FashionMNIST (the paper's Table 1)."""
     from insitu.tt.report import format_table, plot_history
     from insitu.tt.train import TTTrainConfig, run_tt_training
 
     variants = list(VARIANTS) if variant == "all" else [variant]
-    configs = [TTTrainConfig(variant=v, epochs=epochs, batch_size=batch_size, lr=lr, rank=rank,
+    configs = [TTTrainConfig(variant=v, epochs=epochs, batch_size=batch_size, lr=lr,
+                             lr_schedule=lr_schedule, rank=rank,
                              prune_threshold=prune_threshold, prior_weight=prior_weight,
                              train_samples=train_samples, seed=seed, dataset=dataset,
                              data_dir=data_dir) for v in variants]

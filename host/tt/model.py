@@ -82,10 +82,10 @@ class TTNet(Layer):
         self.core_fracs = [[factor_frac(he_core_std(t.in_modes, t.ranks))] * t.d for t in self.ttms]
         self.act_scales: dict[str, AutoScale] = {}
         self.lambdas = [update_lambdas(t.cores) for t in self.ttms]
-        self._sync_params()
+        self.sync_params()
 
     # ------------------------------------------------------------------ parameters
-    def _sync_params(self) -> None:
+    def sync_params(self) -> None:
         self.params, self.grads = {}, {}
         for k, (ttm, bias) in enumerate(zip(self.ttms, self.biases)):
             for n, core in enumerate(ttm.cores):
@@ -246,5 +246,5 @@ class TTNet(Layer):
                             st[name] = np.ascontiguousarray(np.take(st[name], keep, axis=axis))
                 self.lambdas[k] = update_lambdas(ttm.cores)
         if removed:
-            self._sync_params()
+            self.sync_params()
         return removed

@@ -36,6 +36,7 @@ VARIANTS = {
 }
 CLASSES = 10
 DENSE_BITS = 32
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -44,6 +45,7 @@ class TTTrainConfig:
     epochs: int = 10
     batch_size: int = 64
     lr: float = 1e-3
+    lr_schedule: str = "cosine"        # "constant" or "cosine" (annealed to 0 over the epochs)
     rank: int = 16
     prune_threshold: float = 0.01      # relative to the largest lambda of the core
     prior_weight: float = 1.0          # multiplies g / N
@@ -64,6 +66,8 @@ class TTTrainConfig:
             positive_int(name, getattr(self, name))
         if self.train_samples is not None:
             positive_int("train_samples", self.train_samples)
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive number, got {self.lr}")
         if not 0 <= self.prune_threshold < 1:
@@ -144,7 +148,7 @@ class Model:
                 ttm.cores = [np.array(arrays[f"param.l{k}.g{n + 1}"]) for n in range(ttm.d)]
                 self.net.biases[k] = np.array(arrays[f"param.l{k}.bias"])
             self.net.after_step()                          # lambdas from the loaded cores
-            self.net._sync_params()
+            self.net.sync_params()
             if self.net.quantized:
                 self.net.executor.load_state(meta["pe_scales"])
                 self.net.load_act_scales(meta["act_scales"])
@@ -168,6 +172,13 @@ class Model:
                 "memory_reduction": dense_memory_bits() / bits, "ranks": ranks}
 
 
+def learning_rate(config: TTTrainConfig, progress: float) -> float:
+    """The learning rate ``progress`` epochs into the run (cosine: half a cosine down to 0)."""
+    if config.lr_schedule == "constant":
+        return config.lr
+    return config.lr * 0.5 * (1 + math.cos(math.pi * progress / config.epochs))
+
+
 def accuracy(model: Model, x: np.ndarray, y: np.ndarray, batch: int = 250) -> float:
     correct = 0
     for start in range(0, len(x), batch):
@@ -176,9 +187,11 @@ def accuracy(model: Model, x: np.ndarray, y: np.ndarray, batch: int = 250) -> fl
 
 
 def _run_key(config: TTTrainConfig) -> dict:
-    """What makes a checkpoint this run's: the configuration except the epoch budget."""
+    """What makes a checkpoint this run's: the configuration (with a cosine schedule, the epoch
+    budget too: it shapes every step's learning rate)."""
     key = asdict(config)
-    key.pop("epochs")
+    if config.lr_schedule == "constant":
+        key.pop("epochs")
     return key
 
 
@@ -225,7 +238,9 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
     for epoch in range(first_epoch, config.epochs + 1):
         order = rng.permutation(len(x_train))
         losses = []
-        for start in range(0, len(order), config.batch_size):
+        steps = -(-len(order) // config.batch_size)
+        for step, start in enumerate(range(0, len(order), config.batch_size)):
+            model.optimizer.lr = learning_rate(config, epoch - 1 + step / steps)
             batch = order[start:start + config.batch_size]
             losses.append(model.step(x_train[batch], y_train[batch]))
             advance(len(batch))
