@@ -19,6 +19,7 @@ def command():
     Examples:
       insitu tt train --variant fixed-prior --epochs 10 --json
       insitu tt train --variant all --epochs 10 --plot tt.png --out tt.json
+      insitu tt report fixed.json fixed-prior.json --plot tt.png
       insitu tt schedule --batch 64
     """
 
@@ -91,6 +92,33 @@ def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, p
         emit_json(payload)
     else:
         click.echo(format_table(results))
+
+
+@command.command("report")
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write one PNG of accuracy and TT ranks per epoch for all the runs.")
+def report_cmd(results, plot):
+    """Table 1 from result files of `insitu tt train --out` (variants run separately, in parallel)."""
+    import json
+
+    from insitu.tt.report import format_table, plot_history
+
+    runs = []
+    for path in results:
+        try:
+            with open(path) as fh:
+                payload = json.load(fh)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UsageError(f"cannot read result {path}: {exc}") from None
+        found = payload.get("results", [payload]) if isinstance(payload, dict) else None
+        if not found or not all(isinstance(r, dict) and "variant" in r and "history" in r for r in found):
+            raise UsageError(f"{path} is not a result of `insitu tt train --out`")
+        runs += found
+    if plot:
+        check_writable(plot, "--plot")
+        plot_history(runs, plot)
+    click.echo(format_table(runs))
 
 
 @command.command("schedule")

@@ -81,6 +81,21 @@ def test_train_float_prints_json_and_writes_out_and_plot(run_cli, tmp_path):
     assert json.loads(out.read_text()) == result
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # `tt report` tabulates result files of separate runs and draws them in one figure.
+    both = tmp_path / "both.png"
+    run = run_cli("tt", "report", out, out, "--plot", both)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("\nfloat ") == 2 and "memory bits" in run.stdout
+    assert both.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_refuses_a_file_that_is_not_a_result(run_cli, tmp_path):
+    bogus = tmp_path / "bogus.json"
+    bogus.write_text(json.dumps({"hello": 1}))
+    run = run_cli("tt", "report", bogus)
+    assert run.returncode == 2
+    assert "is not a result of `insitu tt train --out`" in run.stderr
+
 
 @pytest.mark.parametrize("args,field", [
     (("--epochs", "0"), "epochs"),
