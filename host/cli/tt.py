@@ -43,7 +43,7 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
 @click.option("--rank", type=int, default=16, show_default=True, help="Initial TT rank.")
 @click.option("--prune-threshold", type=float, default=0.01, show_default=True,
               help="Prune a rank slice whose lambda is below this fraction of its core's largest.")
-@click.option("--prior-weight", type=float, default=1.0, show_default=True,
+@click.option("--prior-weight", type=float, default=5.0, show_default=True,
               help="Multiplier of the prior term g / N.")
 @click.option("--train-samples", type=int, default=None,
               help="Train on this many samples of the training set (default: all).")
