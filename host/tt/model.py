@@ -38,6 +38,9 @@ BIAS_FORMAT = FixedPoint(TT_BIAS_BITS, TT_BIAS_BITS - 2, name="tt.bias")
 #: Where the 4-bit grid clips, in standard deviations of the initial core (near the MSE-optimal
 #: clipping of a 4-bit uniform quantizer for a Gaussian).
 FACTOR_CLIP_STDS = 2.5
+#: The tensors the processor quantizes, by name: (bits, headroom of the AutoScale unit).
+PROCESSOR_TENSORS = {"x": (TT_ACTIVATION_BITS, TT_ACTIVATION_HEADROOM_BITS),   # layer inputs
+                     "dy": (TT_PE_DATA_BITS, TT_PE_HEADROOM_BITS)}             # output gradients
 FLOAT_BITS = 32
 
 
@@ -116,9 +119,10 @@ class TTNet(Layer):
         return [tt_factor_format(f).quantize_code(c) for c, f in zip(self.ttms[k].cores, self.core_fracs[k])]
 
     # ------------------------------------------------------------------ activations
-    def _quantize(self, key: str, x: np.ndarray, bits: int, headroom: int,
-                  observe: bool) -> tuple[np.ndarray, int]:
+    def _quantize(self, layer: int, tensor: str, x: np.ndarray, observe: bool) -> tuple[np.ndarray, int]:
         """Codes of ``x`` at the tensor's current power-of-2 scale (set from ``x`` at first use)."""
+        key = f"l{layer}.{tensor}"
+        bits, headroom = PROCESSOR_TENSORS[tensor]
         scale = self.act_scales.get(key)
         if scale is None:
             scale = self.act_scales[key] = AutoScale(bits, bits - 1, TT_MEAN_ABS_TARGET, key, headroom)
@@ -131,11 +135,9 @@ class TTNet(Layer):
 
     def load_act_scales(self, fracs: dict) -> None:
         """Restore the activation/gradient scales saved from :attr:`act_scales` (``key -> frac``)."""
-        heads = {"x": (TT_ACTIVATION_BITS, TT_ACTIVATION_HEADROOM_BITS),
-                 "dy": (TT_PE_DATA_BITS, TT_PE_HEADROOM_BITS)}
         self.act_scales = {}
         for key, frac in fracs.items():
-            bits, headroom = heads[key.split(".", 1)[1]]
+            bits, headroom = PROCESSOR_TENSORS[key.split(".", 1)[1]]
             self.act_scales[key] = AutoScale(bits, int(frac), TT_MEAN_ABS_TARGET, key, headroom)
 
     def _run(self, k, ops, buffers, fracs, codes, observe):
@@ -155,8 +157,7 @@ class TTNet(Layer):
         a = x
         for k, (ttm, bias) in enumerate(zip(self.ttms, self.biases)):
             if self.quantized:
-                codes, frac = self._quantize(f"l{k}.x", a, TT_ACTIVATION_BITS,
-                                             TT_ACTIVATION_HEADROOM_BITS, observe=train)
+                codes, frac = self._quantize(k, "x", a, observe=train)
                 buffers, fracs = {"x": codes.ravel()}, {"x": frac}
                 self._run(k, forward_ops(ttm.in_modes, ttm.out_modes, ttm.ranks, len(a)), buffers, fracs,
                           self._factor_codes(k), observe=train)
@@ -182,8 +183,7 @@ class TTNet(Layer):
             ttm = self.ttms[k]
             x_saved = cache[2 * k]
             if self.quantized:
-                dy_codes, dy_frac = self._quantize(f"l{k}.dy", dy, TT_PE_DATA_BITS,
-                                                       TT_PE_HEADROOM_BITS, observe=True)
+                dy_codes, dy_frac = self._quantize(k, "dy", dy, observe=True)
                 x_codes, x_frac = x_saved
                 buffers, fracs = {"dy": dy_codes.ravel(), "x": x_codes}, {"dy": dy_frac, "x": x_frac}
                 ops = input_grad_ops(ttm.in_modes, ttm.out_modes, ttm.ranks, n) if k else []
