@@ -69,6 +69,8 @@ __all__ = [
     "TT_ACTIVATION_HEADROOM_BITS",
     "tt_factor_format",
     "tt_pe_format",
+    "tt_activation_format",
+    "TT_BIAS",
     "INT8",
     "INT32",
     "REQUANT_MULTIPLIER_BITS",
@@ -525,6 +527,15 @@ def tt_factor_format(frac: int) -> FixedPoint:
     return FixedPoint(TT_FACTOR_BITS, frac, name="tt.factor")
 
 
+#: TT biases are parameters with a fixed scale: 8 bits, Q1.6 (range [-2, 2), step 1/64).
+TT_BIAS = FixedPoint(TT_BIAS_BITS, TT_BIAS_BITS - 2, name="tt.bias")
+
+
+def tt_activation_format(frac: int) -> FixedPoint:
+    """An 8-bit layer input (activation) at scale ``2**-frac`` (from :class:`AutoScale`)."""
+    return FixedPoint(TT_ACTIVATION_BITS, frac, name="tt.activation")
+
+
 def tt_pe_format(frac: int) -> FixedPoint:
     """A 16-bit PE operand (activation or gradient) at scale ``2**-frac`` (from :class:`AutoScale`)."""
     return FixedPoint(TT_PE_DATA_BITS, frac, name="tt.pe-data")
@@ -536,4 +547,4 @@ PSG_GRADIENT_MSB_BITS = 10
 
 #: The fixed formats by name, for reports and `insitu` introspection.
 FORMATS = {f.name: f for f in (LRT_WEIGHT, LRT_BIAS, LRT_ACCUMULATOR, LRT_ACTIVATION, LRT_GRADIENT,
-                               INT8, INT32)}
+                               TT_BIAS, INT8, INT32)}

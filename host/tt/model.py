@@ -21,9 +21,9 @@ import math
 import numpy as np
 
 from insitu.nn.layers import Layer
-from insitu.numerics import (TT_ACTIVATION_BITS, TT_ACTIVATION_HEADROOM_BITS, TT_BIAS_BITS,
-                             TT_FACTOR_BITS, TT_MEAN_ABS_TARGET, TT_PE_DATA_BITS, TT_PE_HEADROOM_BITS,
-                             AutoScale, FixedPoint, code_range, tt_factor_format)
+from insitu.numerics import (TT_ACTIVATION_HEADROOM_BITS, TT_BIAS, TT_FACTOR_BITS, TT_MEAN_ABS_TARGET,
+                             TT_PE_HEADROOM_BITS, AutoScale, code_range, tt_activation_format,
+                             tt_factor_format, tt_pe_format)
 
 from .execute import FixedExecutor
 from .prior import prior_grads, prior_value, ranks_to_keep, update_lambdas
@@ -33,14 +33,12 @@ from .ttm import TTMatrix, he_core_std
 #: The paper's network (appendix B): modes of each TT layer, input padded to 28 x 32.
 PAPER_LAYERS = (((7, 4, 2, 16), (4, 4, 2, 16)), ((32, 16), (1, 16)))
 PADDED_IMAGE = (28, 32)
-#: Biases: 8 bits in [-2, 2) with a fixed scale (they are parameters, like the factors).
-BIAS_FORMAT = FixedPoint(TT_BIAS_BITS, TT_BIAS_BITS - 2, name="tt.bias")
 #: Where the 4-bit grid clips, in standard deviations of the initial core (near the MSE-optimal
 #: clipping of a 4-bit uniform quantizer for a Gaussian).
 FACTOR_CLIP_STDS = 2.5
 #: The tensors the processor quantizes, by name: (bits, headroom of the AutoScale unit).
-PROCESSOR_TENSORS = {"x": (TT_ACTIVATION_BITS, TT_ACTIVATION_HEADROOM_BITS),   # layer inputs
-                     "dy": (TT_PE_DATA_BITS, TT_PE_HEADROOM_BITS)}             # output gradients
+PROCESSOR_TENSORS = {"x": (tt_activation_format, TT_ACTIVATION_HEADROOM_BITS),   # layer inputs
+                     "dy": (tt_pe_format, TT_PE_HEADROOM_BITS)}                  # output gradients
 FLOAT_BITS = 32
 
 
@@ -112,7 +110,7 @@ class TTNet(Layer):
     def memory_bits(self) -> int:
         """Model memory: 4-bit factors and 8-bit biases, or 32-bit floats."""
         if self.quantized:
-            return self.factor_count * TT_FACTOR_BITS + sum(b.size for b in self.biases) * TT_BIAS_BITS
+            return self.factor_count * TT_FACTOR_BITS + sum(b.size for b in self.biases) * TT_BIAS.bits
         return self.parameter_count * FLOAT_BITS
 
     def _factor_codes(self, k: int) -> list[np.ndarray]:
@@ -122,12 +120,11 @@ class TTNet(Layer):
     def _quantize(self, layer: int, tensor: str, x: np.ndarray, observe: bool) -> tuple[np.ndarray, int]:
         """Codes of ``x`` at the tensor's current power-of-2 scale (set from ``x`` at first use)."""
         key = f"l{layer}.{tensor}"
-        bits, headroom = PROCESSOR_TENSORS[tensor]
         scale = self.act_scales.get(key)
         if scale is None:
-            scale = self.act_scales[key] = AutoScale(bits, bits - 1, TT_MEAN_ABS_TARGET, key, headroom)
+            scale = self.act_scales[key] = self._new_scale(key)
             scale.observe(x)
-        fmt = FixedPoint(bits, scale.frac, name=key)
+        fmt = PROCESSOR_TENSORS[tensor][0](scale.frac)
         codes = fmt.quantize_code(x)
         if observe:
             scale.observe(fmt.to_float(codes))
@@ -137,8 +134,13 @@ class TTNet(Layer):
         """Restore the activation/gradient scales saved from :attr:`act_scales` (``key -> frac``)."""
         self.act_scales = {}
         for key, frac in fracs.items():
-            bits, headroom = PROCESSOR_TENSORS[key.split(".", 1)[1]]
-            self.act_scales[key] = AutoScale(bits, int(frac), TT_MEAN_ABS_TARGET, key, headroom)
+            self.act_scales[key] = self._new_scale(key, int(frac))
+
+    @staticmethod
+    def _new_scale(key: str, frac: int | None = None) -> AutoScale:
+        fmt_of, headroom = PROCESSOR_TENSORS[key.split(".", 1)[1]]
+        bits = fmt_of(0).bits
+        return AutoScale(bits, bits - 1 if frac is None else frac, TT_MEAN_ABS_TARGET, key, headroom)
 
     def _run(self, k, ops, buffers, fracs, codes, observe):
         ttm = self.ttms[k]
@@ -161,7 +163,7 @@ class TTNet(Layer):
                 buffers, fracs = {"x": codes.ravel()}, {"x": frac}
                 self._run(k, forward_ops(ttm.in_modes, ttm.out_modes, ttm.ranks, len(a)), buffers, fracs,
                           self._factor_codes(k), observe=train)
-                h = np.ldexp(buffers["y"], -fracs["y"]).reshape(len(a), -1) + BIAS_FORMAT.quantize(bias)
+                h = np.ldexp(buffers["y"], -fracs["y"]).reshape(len(a), -1) + TT_BIAS.quantize(bias)
                 cache.append((buffers["x"], frac))
             else:
                 h = ttm.forward(a) + bias
@@ -224,7 +226,7 @@ class TTNet(Layer):
                     fmt = tt_factor_format(frac)
                     np.clip(core, fmt.min_value, fmt.max_value, out=core)
             for bias in self.biases:
-                np.clip(bias, BIAS_FORMAT.min_value, BIAS_FORMAT.max_value, out=bias)
+                np.clip(bias, TT_BIAS.min_value, TT_BIAS.max_value, out=bias)
         self.lambdas = [update_lambdas(t.cores) for t in self.ttms]
 
     def prune(self, threshold: float, optimizer=None) -> int:

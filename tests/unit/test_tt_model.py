@@ -6,8 +6,8 @@ import pytest
 
 from insitu import nn
 from insitu.nn.gradcheck import numerical_gradient, relative_error
-from insitu.numerics import tt_factor_format
-from insitu.tt.model import BIAS_FORMAT, PADDED_IMAGE, TTNet, pad_images
+from insitu.numerics import TT_BIAS, tt_factor_format
+from insitu.tt.model import PADDED_IMAGE, TTNet, pad_images
 from insitu.tt.prior import update_lambdas
 
 pytestmark = pytest.mark.unit
@@ -157,8 +157,8 @@ def test_after_step_clips_shadow_factors_and_biases_and_updates_lambdas():
             fmt = tt_factor_format(frac)
             assert core.min() >= fmt.min_value and core.max() <= fmt.max_value
             assert core.min() == fmt.min_value and core.max() == fmt.max_value   # some did clip
-    assert qnet.biases[0].min() == BIAS_FORMAT.min_value == -2.0
-    assert qnet.biases[0].max() == BIAS_FORMAT.max_value
+    assert qnet.biases[0].min() == TT_BIAS.min_value == -2.0
+    assert qnet.biases[0].max() == TT_BIAS.max_value
     np.testing.assert_array_equal(qnet.biases[1], 0.25)        # inside the range: untouched
     for ttm, lams, old in zip(qnet.ttms, qnet.lambdas, stale):
         for lam, expected, before in zip(lams, update_lambdas(ttm.cores), old):

@@ -7,7 +7,8 @@ import pytest
 from insitu.data.datasets import FASHION_MNIST_DIR
 from insitu.errors import InsituError
 from insitu.tt.report import PAPER_TABLE1, format_table, plot_history
-from insitu.tt.train import VARIANTS, TTTrainConfig, dense_memory_bits, run_tt_training
+from insitu.tt.train import (VARIANTS, TTTrainConfig, dense_memory_bits, learning_rate,
+                             run_tt_training)
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +32,7 @@ needs_fashion = pytest.mark.skipif(
     ({"prune_threshold": -0.01}, "prune_threshold"),
     ({"prior_weight": -1.0}, "prior_weight"),
     ({"prior_weight": math.inf}, "prior_weight"),
+    ({"lr_schedule": "step"}, "lr_schedule"),
 ])
 def test_validate_names_the_bad_field(changes, field):
     config = TTTrainConfig(**changes)
@@ -50,6 +52,15 @@ def test_unknown_variant_message_lists_the_choices():
         TTTrainConfig(variant="sparse").validate()
 
 
+def test_cosine_schedule_anneals_from_lr_to_zero():
+    config = TTTrainConfig(lr=0.002, epochs=4)
+    assert learning_rate(config, 0) == 0.002
+    assert learning_rate(config, 2) == pytest.approx(0.001)
+    assert learning_rate(config, 4) == pytest.approx(0.0, abs=1e-15)
+    constant = TTTrainConfig(lr=0.002, epochs=4, lr_schedule="constant")
+    assert learning_rate(constant, 0) == learning_rate(constant, 3.5) == 0.002
+
+
 def test_run_validates_before_loading_data():
     with pytest.raises(ValueError, match="epochs"):
         run_tt_training(TTTrainConfig(epochs=0, dataset="no-such-dataset"))
@@ -61,8 +72,10 @@ def test_dense_memory_is_the_vanilla_network_in_32_bit_floats():
 
 
 # Each run trains on 256 samples for one epoch and evaluates 200 training and all 10,000 test
-# samples: about 3 s for float and 8 s for fixed-prior (the golden-model PEs) on one core.
-_RUN = {"train_samples": 256, "epochs": 1, "eval_train_samples": 200}
+# samples: about 3 s for float and 8 s for fixed-prior (the golden-model PEs) on one core. A
+# constant learning rate: cosine annealing would spend half of the only epoch at a small rate.
+_RUN = {"train_samples": 256, "epochs": 1, "eval_train_samples": 200, "lr_schedule": "constant",
+        "lr": 0.003}
 
 
 @pytest.fixture(scope="module")
@@ -141,22 +154,49 @@ def test_format_table_of_the_dense_variant_shows_no_paper_reduction():
     assert "n/a" in line and "0.8927" in line and "467472" in line
 
 
+class _Interrupted(Exception):
+    pass
+
+
+def _interrupt_after_epoch(n):
+    def on_epoch(record):
+        if record["epoch"] == n:
+            raise _Interrupted
+    return on_epoch
+
+
 @needs_fashion
 @pytest.mark.parametrize("variant", ["fixed-prior", "dense"])
 def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, variant):
-    """Checkpoint after epoch 1, resume to epoch 3: same history (pruning included) as 3 in a row."""
-    kw = dict(variant=variant, train_samples=200, eval_train_samples=100, batch_size=32,
-              prune_threshold=0.5, prior_weight=50.0)
-    straight = run_tt_training(TTTrainConfig(epochs=3, **kw))
+    """Interrupted after epoch 1 and resumed: the same history (pruning included) as 3 in a row."""
+    config = TTTrainConfig(variant=variant, epochs=3, train_samples=200, eval_train_samples=100,
+                           batch_size=32, prune_threshold=0.5, prior_weight=50.0)
+    straight = run_tt_training(config)
     ck = tmp_path / "run.npz"
-    run_tt_training(TTTrainConfig(epochs=1, **kw), checkpoint=ck)
-    resumed = run_tt_training(TTTrainConfig(epochs=3, **kw), checkpoint=ck)
+    with pytest.raises(_Interrupted):
+        run_tt_training(config, checkpoint=ck, on_epoch=_interrupt_after_epoch(1))
+    resumed = run_tt_training(config, checkpoint=ck)
 
     def strip(history):
         return [{k: v for k, v in r.items() if k != "seconds"} for r in history]
 
     assert strip(resumed["history"]) == strip(straight["history"])
     assert resumed["ranks"] == straight["ranks"]
+    # Asking a finished checkpoint for fewer epochs is refused; with a constant learning rate the
+    # epoch budget may grow (a cosine schedule depends on it, so there it is part of the run).
+    with pytest.raises(InsituError, match="belongs to another run"):
+        run_tt_training(TTTrainConfig(**{**config.__dict__, "epochs": 4}), checkpoint=ck)
+
+
+@needs_fashion
+def test_constant_rate_run_continues_for_more_epochs(tmp_path):
+    kw = dict(variant="float", train_samples=64, eval_train_samples=64, lr_schedule="constant")
+    ck = tmp_path / "run.npz"
+    run_tt_training(TTTrainConfig(epochs=2, **kw), checkpoint=ck)
+    longer = run_tt_training(TTTrainConfig(epochs=3, **kw), checkpoint=ck)
+    assert [r["epoch"] for r in longer["history"]] == [1, 2, 3]
+    with pytest.raises(InsituError, match="already 3 epochs in"):
+        run_tt_training(TTTrainConfig(epochs=2, **kw), checkpoint=ck)
 
 
 @needs_fashion
