@@ -70,6 +70,9 @@ __all__ = [
     "tt_factor_format",
     "tt_pe_format",
     "tt_activation_format",
+    "tt_factor_frac",
+    "TT_FACTOR_CLIP_STDS",
+    "tt_autoscale",
     "TT_BIAS",
     "INT8",
     "INT32",
@@ -516,7 +519,7 @@ TT_MEAN_ABS_TARGET = (0.1, 0.3)
 #: Integer bits of the unit in which AutoScale keeps mean |x| in the target band: a 16-bit PE word
 #: is read as Q4.11 and an 8-bit activation as Q1.6. Intermediate TT contractions and gradients are
 #: heavy-tailed (the loss gradient of a batch is a few large entries among many small ones); with
-#: full scale as the unit (headroom 0), 0.5-1.5 % of them saturate and training diverges (measured,
+#: full scale as the unit (headroom 0), 0.3-1.5 % of them saturate and training diverges (measured,
 #: docs/tt.md). Headroom 4 leaves 53-160x over the mean and still 205-614 LSBs at the mean.
 TT_PE_HEADROOM_BITS = 4
 TT_ACTIVATION_HEADROOM_BITS = 1
@@ -525,6 +528,30 @@ TT_ACTIVATION_HEADROOM_BITS = 1
 def tt_factor_format(frac: int) -> FixedPoint:
     """A 4-bit TT factor at its fixed power-of-2 scale ``2**-frac``."""
     return FixedPoint(TT_FACTOR_BITS, frac, name="tt.factor")
+
+
+#: Where the 4-bit factor grid's rounding edge ``(qmax + 1/2) * LSB`` sits, in standard deviations
+#: of the initial cores (near the MSE-optimal clipping of a 4-bit uniform quantizer for a Gaussian).
+TT_FACTOR_CLIP_STDS = 2.5
+
+
+def tt_factor_frac(std: float) -> int:
+    """The fixed scale of 4-bit factors drawn with standard deviation ``std``: the finest power of
+    2 whose rounding edge reaches :data:`TT_FACTOR_CLIP_STDS` standard deviations."""
+    qmax = code_range(TT_FACTOR_BITS)[1]
+    return int(math.floor(math.log2((qmax + 0.5) / (TT_FACTOR_CLIP_STDS * std))))
+
+
+def tt_autoscale(kind: str, name: str = "", frac: int | None = None) -> "AutoScale":
+    """The scale of a TT tensor: ``kind`` "pe" (a 16-bit PE word, Q4.11 unit: intermediates and
+    gradients) or "activation" (an 8-bit layer input, Q1.6 unit). Starts at the finest scale
+    (``frac = bits - 1``) unless ``frac`` is given; :meth:`AutoScale.observe` then fits it."""
+    try:
+        bits, headroom = {"pe": (TT_PE_DATA_BITS, TT_PE_HEADROOM_BITS),
+                          "activation": (TT_ACTIVATION_BITS, TT_ACTIVATION_HEADROOM_BITS)}[kind]
+    except KeyError:
+        raise ValueError(f"tt_autoscale: kind must be 'pe' or 'activation', got {kind!r}") from None
+    return AutoScale(bits, bits - 1 if frac is None else frac, TT_MEAN_ABS_TARGET, name, headroom)
 
 
 #: TT biases are parameters with a fixed scale: 8 bits, Q1.6 (range [-2, 2), step 1/64).

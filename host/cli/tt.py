@@ -62,7 +62,7 @@ def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, p
           train_samples, seed, dataset, data_dir, plot, out, checkpoint, as_json):
     """Train the two-layer TT network on FashionMNIST (the paper's Table 1)."""
     from insitu.tt.report import format_table, plot_history
-    from insitu.tt.train import TTTrainConfig, run_tt_training
+    from insitu.tt.train import TTTrainConfig, load_training_data, run_tt_training
 
     variants = list(VARIANTS) if variant == "all" else [variant]
     configs = [TTTrainConfig(variant=v, epochs=epochs, batch_size=batch_size, lr=lr,
@@ -71,7 +71,7 @@ def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, p
                              train_samples=train_samples, seed=seed, dataset=dataset,
                              data_dir=data_dir) for v in variants]
     for config in configs:
-        usage_errors(config.validate)
+        usage_errors(load_training_data, config)
     for path, what in ((plot, "--plot"), (out, "--out"), (checkpoint, "--checkpoint")):
         if path:
             check_writable(path, what)
@@ -80,9 +80,9 @@ def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, p
     for config in configs:
         total = epochs * (train_samples or 60_000)
         with progress(f"tt {config.variant}", total=total) as advance:
-            results.append(usage_errors(run_tt_training, config, advance=advance,
-                                        checkpoint=per_run_path(checkpoint, config.variant,
-                                                                        several=len(configs) > 1)))
+            results.append(run_tt_training(config, advance=advance,
+                                           checkpoint=per_run_path(checkpoint, config.variant,
+                                                                   several=len(configs) > 1)))
     payload = results[0] if len(results) == 1 else {"results": results}
     if plot:
         plot_history(results, plot)
@@ -92,6 +92,14 @@ def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, p
         emit_json(payload)
     else:
         click.echo(format_table(results))
+
+
+def _is_result(run) -> bool:
+    from insitu.tt.report import PAPER_TABLE1
+
+    keys = ("variant", "history", "train_accuracy", "test_accuracy", "parameters", "memory_bits",
+            "memory_reduction", "epochs", "seconds")
+    return isinstance(run, dict) and all(k in run for k in keys) and run["variant"] in PAPER_TABLE1
 
 
 @command.command("report")
@@ -112,7 +120,7 @@ def report_cmd(results, plot):
         except (OSError, json.JSONDecodeError) as exc:
             raise UsageError(f"cannot read result {path}: {exc}") from None
         found = payload.get("results", [payload]) if isinstance(payload, dict) else None
-        if not found or not all(isinstance(r, dict) and "variant" in r and "history" in r for r in found):
+        if not found or not all(_is_result(r) for r in found):
             raise UsageError(f"{path} is not a result of `insitu tt train --out`")
         runs += found
     if plot:
@@ -158,9 +166,11 @@ def bench(batch, steps, as_json):
     """Training samples per second of the float and fixed-point executors, MACs per sample."""
     from insitu.tt.bench import format_bench, run_bench
 
-    for name, value in (("--batch", batch), ("--steps", steps)):
-        if value < 1:
-            raise UsageError(f"{name} must be >= 1, got {value}")
+    from insitu.tt.train import TTTrainConfig
+
+    if steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {steps}")
+    usage_errors(TTTrainConfig(variant="fixed", batch_size=batch).validate)
     result = run_bench(batch=batch, steps=steps)
     if as_json:
         emit_json(result)

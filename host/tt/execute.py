@@ -20,10 +20,10 @@ import math
 
 import numpy as np
 
-from insitu.numerics import (TT_MEAN_ABS_TARGET, TT_PE_DATA_BITS, TT_PE_HEADROOM_BITS, AutoScale,
-                             accumulator_bits, code_range, tt_pe_format)
+from insitu.numerics import (TT_FACTOR_BITS, TT_PE_DATA_BITS, AutoScale, accumulator_bits,
+                             code_range, tt_autoscale)
 
-from .schedule import Op
+from .schedule import DEFAULT_LIMITS, Op, PELimits, check_op
 
 #: float64 holds every integer below 2**53 exactly: the widest accumulator computed through BLAS.
 EXACT_FLOAT_BITS = 53
@@ -115,26 +115,28 @@ class FixedExecutor:
 
     quantized = True
 
-    def __init__(self, factor_bits: int = 4, target=TT_MEAN_ABS_TARGET):
-        self.factor_bits = factor_bits
-        self.target = tuple(target)
+    def __init__(self, limits: PELimits = DEFAULT_LIMITS):
+        self.limits = limits
         self.scales: dict[str, AutoScale] = {}
 
     def _scale(self, key: str, values_first_seen) -> AutoScale:
         scale = self.scales.get(key)
         if scale is None:
-            scale = self.scales[key] = AutoScale(TT_PE_DATA_BITS, TT_PE_DATA_BITS - 1, self.target, key,
-                                                       TT_PE_HEADROOM_BITS)
+            scale = self.scales[key] = tt_autoscale("pe", key)
             scale.observe(values_first_seen())
         return scale
 
     def run(self, op: Op, buffers: dict, fracs: dict, cores, core_fracs, modes, prefix: str = "",
             observe: bool = True) -> None:
-        """Run one op; ``observe=False`` (inference) leaves the output scale as it is."""
+        """Run one op; ``observe=False`` (inference) leaves the output scale as it is, once set.
+
+        An op the PEs cannot take (:func:`check_op` against ``limits``) is refused.
+        """
+        check_op(op, self.limits)
         if op.kind == "PE3":
             other, other_frac, other_bits = buffers[op.src2], fracs[op.src2], TT_PE_DATA_BITS
         else:
-            other, other_frac, other_bits = cores[op.core], core_fracs[op.core], self.factor_bits
+            other, other_frac, other_bits = cores[op.core], core_fracs[op.core], TT_FACTOR_BITS
         _check_codes(op, buffers[op.src], TT_PE_DATA_BITS, op.src)
         _check_codes(op, other, other_bits, op.src2 or f"core {op.core + 1}")
         acc_bits = accumulator_bits(TT_PE_DATA_BITS, other_bits, op.terms)
@@ -144,7 +146,7 @@ class FixedExecutor:
         acc = contract(op, buffers[op.src], other, *modes)
         acc_frac = fracs[op.src] + other_frac
         scale = self._scale(prefix + op.dst, lambda: np.ldexp(acc, -acc_frac))
-        fmt = tt_pe_format(scale.frac)
+        fmt = scale.format
         out = fmt.requantize(acc.astype(np.int64), acc_frac)
         if observe:
             scale.observe(fmt.to_float(out))      # the scale of this buffer at the next step
@@ -154,5 +156,4 @@ class FixedExecutor:
         return {key: s.frac for key, s in self.scales.items()}
 
     def load_state(self, state: dict) -> None:
-        self.scales = {key: AutoScale(TT_PE_DATA_BITS, int(frac), self.target, key, TT_PE_HEADROOM_BITS)
-                       for key, frac in state.items()}
+        self.scales = {key: tt_autoscale("pe", key, int(frac)) for key, frac in state.items()}

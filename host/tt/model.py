@@ -10,7 +10,8 @@ Low precision (``quantized=True``), section 3.2-3.3 of the paper:
   quantization (a fixed power-of-2 scale per core, chosen at initialization); gradients with respect
   to the quantized factors update the shadows (straight-through), which are clipped to the 4-bit range;
 * layer inputs are 8-bit activations, biases 8-bit, gradients 16-bit; each activation, gradient and
-  intermediate tensor has a power-of-2 scale that keeps its mean |x| in [0.1, 0.3] of full scale;
+  intermediate tensor has a power-of-2 scale that keeps its mean |x| in [0.1, 0.3] of its unit
+  (Q1.6 for activations, Q4.11 for 16-bit words: :func:`insitu.numerics.tt_autoscale`);
 * the contractions are the fixed-point golden model of the PEs (:class:`FixedExecutor`).
 """
 
@@ -21,24 +22,21 @@ import math
 import numpy as np
 
 from insitu.nn.layers import Layer
-from insitu.numerics import (TT_ACTIVATION_HEADROOM_BITS, TT_BIAS, TT_FACTOR_BITS, TT_MEAN_ABS_TARGET,
-                             TT_PE_HEADROOM_BITS, AutoScale, code_range, tt_activation_format,
-                             tt_factor_format, tt_pe_format)
+from insitu.numerics import (TT_BIAS, TT_FACTOR_BITS, AutoScale, tt_autoscale, tt_factor_format,
+                             tt_factor_frac)
 
 from .execute import FixedExecutor
 from .prior import prior_grads, prior_value, ranks_to_keep, update_lambdas
-from .schedule import (factor_grad_ops, forward_ops, grad_buffer, input_grad_ops, weight_grad_op)
+from .schedule import (factor_grad_ops, forward_ops, grad_buffer, input_grad_ops, is_count,
+                       weight_grad_op)
 from .ttm import TTMatrix, he_core_std
 
 #: The paper's network (appendix B): modes of each TT layer, input padded to 28 x 32.
 PAPER_LAYERS = (((7, 4, 2, 16), (4, 4, 2, 16)), ((32, 16), (1, 16)))
 PADDED_IMAGE = (28, 32)
-#: Where the 4-bit grid clips, in standard deviations of the initial core (near the MSE-optimal
-#: clipping of a 4-bit uniform quantizer for a Gaussian).
-FACTOR_CLIP_STDS = 2.5
-#: The tensors the processor quantizes, by name: (bits, headroom of the AutoScale unit).
-PROCESSOR_TENSORS = {"x": (tt_activation_format, TT_ACTIVATION_HEADROOM_BITS),   # layer inputs
-                     "dy": (tt_pe_format, TT_PE_HEADROOM_BITS)}                  # output gradients
+#: The tensors the processor quantizes, by name, and their kind of scale (numerics.tt_autoscale).
+PROCESSOR_TENSORS = {"x": "activation",     # layer inputs: 8 bits
+                     "dy": "pe"}            # output gradients: 16-bit PE words
 FLOAT_BITS = 32
 
 
@@ -55,19 +53,13 @@ def pad_images(x: np.ndarray, shape=(28, 28), padded=PADDED_IMAGE) -> np.ndarray
     return out.reshape(n, -1)
 
 
-def factor_frac(std: float) -> int:
-    """The fixed power-of-2 scale of a 4-bit core: its grid reaches ``FACTOR_CLIP_STDS`` stds."""
-    qmax = code_range(TT_FACTOR_BITS)[1]
-    return int(math.floor(math.log2((qmax + 0.5) / (FACTOR_CLIP_STDS * std))))
-
-
 class TTNet(Layer):
     """A stack of TT layers with ReLU between them; params ``l{k}.g{n}`` (cores) and ``l{k}.bias``."""
 
     def __init__(self, layers=PAPER_LAYERS, rank: int = 16, *, classes: int = 10,
                  quantized: bool = False, seed: int = 0):
         super().__init__()
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        if not is_count(rank):
             raise ValueError(f"TT rank must be an integer >= 1, got {rank!r}")
         rng = np.random.default_rng(seed)
         self.ttms = [TTMatrix(i, o, rank, seed=int(rng.integers(2**31))) for i, o in layers]
@@ -80,7 +72,8 @@ class TTNet(Layer):
         self.biases = [np.zeros(t.shape[0]) for t in self.ttms]
         self.quantized = quantized
         self.executor = FixedExecutor() if quantized else None
-        self.core_fracs = [[factor_frac(he_core_std(t.in_modes, t.ranks))] * t.d for t in self.ttms]
+        # One fixed 4-bit scale per layer: its cores are drawn with one standard deviation.
+        self.core_fracs = [[tt_factor_frac(he_core_std(t.in_modes, t.ranks))] * t.d for t in self.ttms]
         self.act_scales: dict[str, AutoScale] = {}
         self.lambdas = [update_lambdas(t.cores) for t in self.ttms]
         self.sync_params()
@@ -122,9 +115,9 @@ class TTNet(Layer):
         key = f"l{layer}.{tensor}"
         scale = self.act_scales.get(key)
         if scale is None:
-            scale = self.act_scales[key] = self._new_scale(key)
+            scale = self.act_scales[key] = tt_autoscale(PROCESSOR_TENSORS[tensor], key)
             scale.observe(x)
-        fmt = PROCESSOR_TENSORS[tensor][0](scale.frac)
+        fmt = scale.format
         codes = fmt.quantize_code(x)
         if observe:
             scale.observe(fmt.to_float(codes))
@@ -132,15 +125,8 @@ class TTNet(Layer):
 
     def load_act_scales(self, fracs: dict) -> None:
         """Restore the activation/gradient scales saved from :attr:`act_scales` (``key -> frac``)."""
-        self.act_scales = {}
-        for key, frac in fracs.items():
-            self.act_scales[key] = self._new_scale(key, int(frac))
-
-    @staticmethod
-    def _new_scale(key: str, frac: int | None = None) -> AutoScale:
-        fmt_of, headroom = PROCESSOR_TENSORS[key.split(".", 1)[1]]
-        bits = fmt_of(0).bits
-        return AutoScale(bits, bits - 1 if frac is None else frac, TT_MEAN_ABS_TARGET, key, headroom)
+        self.act_scales = {key: tt_autoscale(PROCESSOR_TENSORS[key.split(".", 1)[1]], key, int(frac))
+                           for key, frac in fracs.items()}
 
     def _run(self, k, ops, buffers, fracs, codes, observe):
         ttm = self.ttms[k]
@@ -150,7 +136,11 @@ class TTNet(Layer):
 
     # ------------------------------------------------------------------ passes
     def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
-        """Logits ``(N, classes)`` of ``(N, 896)`` padded inputs."""
+        """Logits ``(N, classes)`` of ``(N, 896)`` padded inputs.
+
+        ``train=False`` caches nothing and leaves every scale as it is (a scale that does not exist
+        yet, before the first training step, is still fitted to what this call sees).
+        """
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.ttms[0].shape[1]:
             raise ValueError(f"inputs must be (N, {self.ttms[0].shape[1]}); got {x.shape} "
@@ -163,6 +153,8 @@ class TTNet(Layer):
                 buffers, fracs = {"x": codes.ravel()}, {"x": frac}
                 self._run(k, forward_ops(ttm.in_modes, ttm.out_modes, ttm.ranks, len(a)), buffers, fracs,
                           self._factor_codes(k), observe=train)
+                # The processor's bias add: a 16-bit word plus a Q1.6 bias is exact in float64;
+                # the sum is rounded once, by the next layer's 8-bit activation format.
                 h = np.ldexp(buffers["y"], -fracs["y"]).reshape(len(a), -1) + TT_BIAS.quantize(bias)
                 cache.append((buffers["x"], frac))
             else:
@@ -234,8 +226,9 @@ class TTNet(Layer):
         many went. Optimizer moments (``optimizer.state``) are sliced alongside."""
         removed = 0
         for k, ttm in enumerate(self.ttms):
-            for n in range(ttm.d - 1):
-                keep = ranks_to_keep(self.lambdas[k][n], threshold)
+            # Decide every core's slices from this step's lambdas, then cut.
+            keeps = [ranks_to_keep(lam, threshold) for lam in self.lambdas[k]]
+            for n, keep in enumerate(keeps):
                 if keep.size == ttm.cores[n].shape[3]:
                     continue
                 removed += ttm.cores[n].shape[3] - keep.size
@@ -246,7 +239,7 @@ class TTNet(Layer):
                         st = optimizer.state[key]
                         for name in st:
                             st[name] = np.ascontiguousarray(np.take(st[name], keep, axis=axis))
-                self.lambdas[k] = update_lambdas(ttm.cores)
+            self.lambdas[k] = update_lambdas(ttm.cores)
         if removed:
             self.sync_params()
         return removed

@@ -31,6 +31,8 @@ import math
 import numbers
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 PE_KINDS = ("PE1", "PE2", "PE3")
 PHASES = ("forward", "input-grad", "weight-grad", "factor-grad")
 #: Lanes along ``c`` of PE1/PE2 (and along ``i_d`` of PE3): the paper's 16-way parallelism.
@@ -64,7 +66,7 @@ class Op:
 
     kind: str
     phase: str
-    eq: int                      # the paper's equation this op instantiates
+    eq: int | None               # the paper's equation this op instantiates (PE3's is unnumbered)
     src: str
     dst: str
     a: int
@@ -115,7 +117,8 @@ class Op:
 
     def __str__(self) -> str:
         operand = f"G{self.core + 1}" if self.core is not None else self.src2
-        return (f"{self.kind} eq.{self.eq:<2} {self.phase:<11} {self.src}*{operand} -> {self.dst} "
+        eq = "-" if self.eq is None else self.eq
+        return (f"{self.kind} eq.{eq:<2} {self.phase:<11} {self.src}*{operand} -> {self.dst} "
                 f"a={self.a} b={self.b} c={self.c}{'' if self.c == self.c_padded else f'(+{self.c_padded - self.c})'}"
                 f" d={self.d} macs={self.macs}")
 
@@ -126,7 +129,7 @@ def check_op(op: Op, limits: PELimits = DEFAULT_LIMITS) -> None:
         raise ValueError(f"op {op.dst!r}: unknown PE kind {op.kind!r}; expected one of {PE_KINDS}")
     for name in ("a", "b", "c", "d"):
         size = getattr(op, name)
-        if not _is_count(size):
+        if not is_count(size):
             raise ValueError(f"{op.kind} op {op.dst!r}: size {name}={size!r} must be an integer >= 1")
         if size > limits.size_max:
             raise ValueError(f"{op.kind} op {op.dst!r}: size {name}={size} exceeds the PE's size "
@@ -147,7 +150,7 @@ def _prod(values) -> int:
     return math.prod(values)
 
 
-def _is_count(value, least: int = 1) -> bool:
+def is_count(value, least: int = 1) -> bool:
     """An integer (Python or NumPy, not bool) of at least ``least``."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
 
@@ -157,11 +160,15 @@ def check_modes(in_modes, out_modes, ranks=None) -> tuple[tuple[int, ...], tuple
 
     ``ranks`` is an int (every internal rank), the ``d - 1`` internal ranks, or all ``d + 1``.
     """
-    in_modes, out_modes = tuple(in_modes), tuple(out_modes)
-    if all(_is_count(m) for m in in_modes + out_modes):
+    try:
+        in_modes, out_modes = tuple(in_modes), tuple(out_modes)
+    except TypeError:
+        raise ValueError(f"in_modes and out_modes must be lists of integers, got {in_modes!r} and "
+                         f"{out_modes!r}") from None
+    if all(is_count(m) for m in in_modes + out_modes):
         in_modes, out_modes = tuple(int(m) for m in in_modes), tuple(int(m) for m in out_modes)
     for what, modes in (("in_modes", in_modes), ("out_modes", out_modes)):
-        if not modes or not all(_is_count(m) for m in modes):
+        if not modes or not all(is_count(m) for m in modes):
             raise ValueError(f"{what} must be a non-empty list of integers >= 1, got {list(modes)}")
     if len(in_modes) != len(out_modes):
         raise ValueError(f"in_modes {list(in_modes)} and out_modes {list(out_modes)} must have the "
@@ -169,8 +176,9 @@ def check_modes(in_modes, out_modes, ranks=None) -> tuple[tuple[int, ...], tuple
     d = len(in_modes)
     if ranks is None:
         return in_modes, out_modes, ()
-    if isinstance(ranks, numbers.Number):
-        if not _is_count(ranks):
+    if np.ndim(ranks) == 0:
+        ranks = ranks.item() if isinstance(ranks, np.ndarray) else ranks
+        if not is_count(ranks):
             raise ValueError(f"TT ranks must be integers >= 1, got {ranks!r}")
         ranks = (1,) + (int(ranks),) * (d - 1) + (1,)
     ranks = tuple(ranks)
@@ -179,7 +187,7 @@ def check_modes(in_modes, out_modes, ranks=None) -> tuple[tuple[int, ...], tuple
     if len(ranks) != d + 1:
         raise ValueError(f"ranks must be an int, {d - 1} internal ranks or {d + 1} ranks "
                          f"(1 at both ends) for {d} modes; got {list(ranks)}")
-    if not all(_is_count(r) for r in ranks):
+    if not all(is_count(r) for r in ranks):
         raise ValueError(f"TT ranks must be integers >= 1, got {list(ranks)}")
     ranks = tuple(int(r) for r in ranks)
     if ranks[0] != 1 or ranks[-1] != 1:
@@ -221,7 +229,7 @@ def input_grad_ops(in_modes, out_modes, ranks, batch: int) -> list[Op]:
 def weight_grad_op(in_modes, out_modes, batch: int) -> Op:
     """The full-weight gradient, interleaved ``(j_1, i_1, .., j_d, i_d)``, on PE3."""
     I, J, _ = check_modes(in_modes, out_modes)
-    return Op("PE3", "weight-grad", 14, "dy", "dw", a=_prod(J) * _prod(I[:-1]), b=batch, c=I[-1],
+    return Op("PE3", "weight-grad", None, "dy", "dw", a=_prod(J) * _prod(I[:-1]), b=batch, c=I[-1],
               d=1, src2="x")
 
 
@@ -247,7 +255,7 @@ def factor_grad_ops(in_modes, out_modes, ranks) -> list[Op]:
         src = partial[n]
         for k in range(n):
             dst = f"dg.{n + 1}" if k == n - 1 else f"l.{n + 1}.{k + 1}"
-            eq = 17 if (n == 1) else (18 if k < n - 1 else 19)
+            eq = 17 if n == 1 else (18 if k == 0 else 19)     # 18: by G_1; 19: by a later core
             ops.append(Op("PE2", "factor-grad", eq, src, dst, a=1, b=R[k] * JI[k],
                           c=_prod(JI[k + 1:n + 1]) * R[n + 1], d=R[k + 1],
                           core=k, factor_axes=(0, 1, 2, 3), len_b=3, len_d=1))
@@ -260,6 +268,12 @@ def grad_buffer(n: int, d: int) -> str:
     return "dw" if d == 1 else f"dg.{n + 1}"
 
 
+def check_batch(batch) -> int:
+    if not is_count(batch):
+        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    return int(batch)
+
+
 def layer_schedule(in_modes, out_modes, ranks, batch: int, *, input_grad: bool = True,
                    limits: PELimits = DEFAULT_LIMITS) -> list[Op]:
     """Every op of one training step of a TT layer on a batch, in execution order.
@@ -267,9 +281,7 @@ def layer_schedule(in_modes, out_modes, ranks, batch: int, *, input_grad: bool =
     Forward, then (when ``input_grad``: the layer is not the first) the input gradient, then the
     full-weight gradient on PE3 and the factor gradients. Each op is checked against ``limits``.
     """
-    if not _is_count(batch):
-        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
-    batch = int(batch)
+    batch = check_batch(batch)
     ops = forward_ops(in_modes, out_modes, ranks, batch)
     if input_grad:
         ops += input_grad_ops(in_modes, out_modes, ranks, batch)

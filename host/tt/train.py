@@ -25,6 +25,7 @@ from insitu.errors import InsituError
 from insitu.io import check_writable
 
 from .model import PAPER_LAYERS, TTNet, pad_images
+from .schedule import layer_schedule
 
 VARIANTS = {
     # name: (tensorized, quantized, prior)
@@ -74,6 +75,31 @@ class TTTrainConfig:
             raise ValueError(f"prune_threshold must be in [0, 1), got {self.prune_threshold}")
         if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
             raise ValueError(f"prior_weight must be >= 0, got {self.prior_weight}")
+        if VARIANTS[self.variant][0]:
+            # Every op of a training step must fit the PEs (the float variants run the same ops).
+            for k, (in_modes, out_modes) in enumerate(PAPER_LAYERS):
+                try:
+                    layer_schedule(in_modes, out_modes, self.rank, self.batch_size, input_grad=k > 0)
+                except ValueError as exc:
+                    raise ValueError(f"rank {self.rank} with batch_size {self.batch_size} does not "
+                                     f"fit the PEs: {exc}") from None
+
+
+def load_training_data(config: TTTrainConfig):
+    """Validate ``config`` and load its data: ``(x_train, y_train, x_test, y_test)``, padded.
+
+    Raises ValueError for anything the user chose wrong (the CLI's exit 2), before any training.
+    """
+    config.validate()
+    data = load_dataset(config.dataset, config.data_dir)
+    if data.sample_shape != (28, 28) or data.num_classes != CLASSES:
+        raise ValueError(f"the TT network takes 28x28 images of {CLASSES} classes; {config.dataset} "
+                         f"has {data.sample_shape} samples of {data.num_classes} classes")
+    if config.train_samples is not None and config.train_samples > len(data.x_train):
+        raise ValueError(f"train_samples={config.train_samples} exceeds the {len(data.x_train)} "
+                         f"training samples of {config.dataset}")
+    return (pad_images(data.x_train / 255.0), np.asarray(data.y_train),
+            pad_images(data.x_test / 255.0), np.asarray(data.y_test))
 
 
 def dense_network(seed: int) -> nn.Sequential:
@@ -202,21 +228,11 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
     ``checkpoint`` (.npz): written atomically after every epoch; when it exists, the run resumes
     after its last epoch and ends exactly where an uninterrupted run would.
     """
-    config.validate()
+    x_train, y_train, x_test, y_test = load_training_data(config)
     if checkpoint is not None:
         check_writable(checkpoint, "checkpoint")
-    data = load_dataset(config.dataset, config.data_dir)
-    if data.sample_shape != (28, 28) or data.num_classes != CLASSES:
-        raise ValueError(f"the TT network takes 28x28 images of {CLASSES} classes; {config.dataset} "
-                         f"has {data.sample_shape} samples of {data.num_classes} classes")
     rng = np.random.default_rng(config.seed)
-    x_train = pad_images(data.x_train / 255.0)
-    y_train = np.asarray(data.y_train)
-    x_test, y_test = pad_images(data.x_test / 255.0), np.asarray(data.y_test)
     if config.train_samples is not None:
-        if config.train_samples > len(x_train):
-            raise ValueError(f"train_samples={config.train_samples} exceeds the {len(x_train)} "
-                             f"training samples of {config.dataset}")
         pick = rng.permutation(len(x_train))[:config.train_samples]
         x_train, y_train = x_train[pick], y_train[pick]
     eval_pick = rng.permutation(len(x_train))[:config.eval_train_samples]
