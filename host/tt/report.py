@@ -39,25 +39,28 @@ def plot_history(results: list[dict], path) -> Path:
 
     if not results:
         raise ValueError("plot_history: no results to plot")
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
+    styles = ["-", "--", ":", "-."]
     for r in results:
         epochs = [h["epoch"] for h in r["history"]]
         line, = top.plot(epochs, [h["test_accuracy"] for h in r["history"]], marker="o",
                          label=f"{r['variant']} test")
         top.plot(epochs, [h["train_accuracy"] for h in r["history"]], ls="--", color=line.get_color(),
                  label=f"{r['variant']} train")
-        if r["history"][0]["ranks"] is None:
-            continue
-        n_layers = len(r["history"][0]["ranks"])
-        for k in range(n_layers):
-            for n in range(1, len(r["history"][0]["ranks"][k]) - 1):
-                bottom.plot(epochs, [h["ranks"][k][n] for h in r["history"]], marker=".",
-                            label=f"{r['variant']} layer {k + 1} R{n}")
+        ranks = [h["ranks"] for h in r["history"]]
+        if ranks[0] is None or ranks[0] == ranks[-1]:
+            continue                                   # dense, or no rank ever pruned
+        # One colour per variant (as above), one line style per internal rank.
+        internal = [(k, n) for k in range(len(ranks[0])) for n in range(1, len(ranks[0][k]) - 1)]
+        for style, (k, n) in zip(styles * len(internal), internal):
+            bottom.plot(epochs, [rk[k][n] for rk in ranks], ls=style, marker=".",
+                        color=line.get_color(), label=f"{r['variant']} layer {k + 1} R{n}")
     top.set_ylabel("accuracy")
     top.set_title("TT training on FashionMNIST")
     top.legend(fontsize=7, ncol=2)
     bottom.set_ylabel("TT rank")
     bottom.set_xlabel("epoch")
+    bottom.set_title("TT ranks of the runs that pruned (the others keep their initial ranks)", fontsize=9)
     if bottom.lines:
         bottom.legend(fontsize=7, ncol=2)
     fig.tight_layout()
