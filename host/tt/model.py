@@ -17,7 +17,6 @@ Low precision (``quantized=True``), section 3.2-3.3 of the paper:
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 

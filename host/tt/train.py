@@ -24,7 +24,8 @@ from insitu.data import load_dataset
 from insitu.errors import InsituError
 from insitu.io import check_writable
 
-from .model import PAPER_LAYERS, TTNet, pad_images
+from .model import FLOAT_BITS, PAPER_LAYERS, TTNet, pad_images
+from .prior import LAMBDA_FLOOR
 from .schedule import layer_schedule
 
 VARIANTS = {
@@ -36,7 +37,6 @@ VARIANTS = {
     "fixed-prior": (True, True, True),
 }
 CLASSES = 10
-DENSE_BITS = 32
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -112,7 +112,7 @@ def dense_network(seed: int) -> nn.Sequential:
 def dense_memory_bits() -> int:
     """Memory of the vanilla network: every weight and bias as a 32-bit float (the reference)."""
     net_sizes = [(math.prod(i), math.prod(o)) for i, o in PAPER_LAYERS]
-    return sum(i * o + o for i, o in net_sizes) * DENSE_BITS
+    return sum(i * o + o for i, o in net_sizes) * FLOAT_BITS
 
 
 class Model:
@@ -193,7 +193,7 @@ class Model:
             params, bits, ranks = self.net.parameter_count, self.net.memory_bits, self.net.ranks
         else:
             params = sum(p.value.size for p in self.net.parameters())
-            bits, ranks = params * DENSE_BITS, None
+            bits, ranks = params * FLOAT_BITS, None
         return {"parameters": params, "memory_bits": bits,
                 "memory_reduction": dense_memory_bits() / bits, "ranks": ranks}
 
@@ -273,8 +273,8 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
         if model.tensorized and model.use_prior:
             record["prior"] = model.net.prior()
             # lambda / the core's largest, per core: how close each rank slice is to pruning.
-            record["lambda_ratios"] = [[(lam / lam.max()).round(5).tolist() for lam in layer]
-                                       for layer in model.net.lambdas]
+            record["lambda_ratios"] = [[(lam / max(lam.max(), LAMBDA_FLOOR)).round(5).tolist()
+                                        for lam in layer] for layer in model.net.lambdas]
         history.append(record)
         if checkpoint is not None:
             arrays, meta = model.state()
