@@ -69,7 +69,6 @@ __all__ = [
     "TT_ACTIVATION_HEADROOM_BITS",
     "tt_factor_format",
     "tt_pe_format",
-    "tt_activation_format",
     "tt_factor_frac",
     "TT_FACTOR_CLIP_STDS",
     "tt_autoscale",
@@ -556,11 +555,6 @@ def tt_autoscale(kind: str, name: str = "", frac: int | None = None) -> "AutoSca
 
 #: TT biases are parameters with a fixed scale: 8 bits, Q1.6 (range [-2, 2), step 1/64).
 TT_BIAS = FixedPoint(TT_BIAS_BITS, TT_BIAS_BITS - 2, name="tt.bias")
-
-
-def tt_activation_format(frac: int) -> FixedPoint:
-    """An 8-bit layer input (activation) at scale ``2**-frac`` (from :class:`AutoScale`)."""
-    return FixedPoint(TT_ACTIVATION_BITS, frac, name="tt.activation")
 
 
 def tt_pe_format(frac: int) -> FixedPoint:
