@@ -81,8 +81,12 @@ class Adam:
         for p in self.params:
             w, g = p.value, p.grad
             st = self.state.get(p.key)
-            if st is None or st["m"].shape != w.shape:
+            if st is None:
                 st = self.state[p.key] = {"m": np.zeros_like(w), "v": np.zeros_like(w)}
+            elif st["m"].shape != w.shape:
+                # A trainer that reshapes a parameter (rank pruning) must slice its moments too.
+                raise ValueError(f"Adam: parameter {p.key} has shape {w.shape} but its moments "
+                                 f"{st['m'].shape}; slice optimizer.state[{p.key!r}] with it")
             st["m"] *= b1
             st["m"] += (1 - b1) * g
             st["v"] *= b2
