@@ -2,8 +2,9 @@
 
 ``data_out = saturate(round_half_up(data_in * 2**-shift))`` to ``out_width`` signed bits, where the
 rounding is ``(v + 2**(shift-1)) >> shift`` (ties toward +infinity) -- exactly
-:func:`insitu.numerics.shift_round` followed by :func:`insitu.numerics.saturate`. Combinational;
-the PEs register around it.
+:func:`insitu.numerics.shift_round` followed by :func:`insitu.numerics.saturate`. A negative shift
+(``min_shift < 0``) is an exact left shift before saturation, as
+:meth:`insitu.numerics.FixedPoint.requantize` does. Combinational; the PEs register around it.
 """
 
 from __future__ import annotations
@@ -18,26 +19,36 @@ from insitu.numerics import code_range
 class RoundShiftSaturate(wiring.Component):
     """Rescale a wide signed accumulator by a run-time power of two into a narrow signed code.
 
-    Parameters are generate-time bounds: ``in_width`` (accumulator), ``out_width`` (result code) and
-    ``max_shift`` (largest right shift the ``shift`` port accepts).
+    Parameters are generate-time bounds: ``in_width`` (accumulator), ``out_width`` (result code),
+    ``max_shift`` (largest right shift the ``shift`` port accepts) and ``min_shift`` (<= 0: the
+    largest left shift, negated).
     """
 
-    def __init__(self, in_width: int, out_width: int, max_shift: int):
-        if not (1 <= out_width <= in_width) or max_shift < 0:
-            raise ValueError(f"RoundShiftSaturate: need 1 <= out_width <= in_width and max_shift >= 0, "
-                             f"got in={in_width} out={out_width} max_shift={max_shift}")
-        self.in_width, self.out_width, self.max_shift = in_width, out_width, max_shift
+    def __init__(self, in_width: int, out_width: int, max_shift: int, min_shift: int = 0):
+        if not (1 <= out_width <= in_width) or max_shift < 0 or min_shift > 0:
+            raise ValueError(f"RoundShiftSaturate: need 1 <= out_width <= in_width, max_shift >= 0 and "
+                             f"min_shift <= 0, got in={in_width} out={out_width} "
+                             f"shifts=[{min_shift}, {max_shift}]")
+        self.in_width, self.out_width = in_width, out_width
+        self.min_shift, self.max_shift = min_shift, max_shift
         super().__init__({
             "data_in": In(signed(in_width)),
-            "shift": In(range(max_shift + 1)),
+            "shift": In(range(min_shift, max_shift + 1)),
             "data_out": Out(signed(out_width)),
         })
 
     def elaborate(self, platform):
         m = Module()
-        # Half an output LSB, 2**(shift-1), or 0 when shift == 0; one extra bit for the carry.
-        half = Mux(self.shift == 0, 0, (Const(1, self.max_shift + 1) << self.shift) >> 1)
-        rounded = (self.data_in + half) >> self.shift
+        right = Mux(self.shift > 0, self.shift, 0)[:max(1, self.max_shift.bit_length())]
+        # Half an output LSB, 2**(shift-1), or 0 when shift <= 0; one extra bit for the carry.
+        half = Mux(right == 0, 0, (Const(1, self.max_shift + 1) << right) >> 1)
+        rounded = (self.data_in + half) >> right
+        if self.min_shift < 0:
+            # A left shift by out_width or more saturates every nonzero value: cap it there.
+            cap = min(-self.min_shift, self.out_width)
+            left = Mux(self.shift < 0, -self.shift, 0)
+            left = Mux(left > cap, cap, left)[:cap.bit_length()]
+            rounded = Mux(self.shift < 0, self.data_in << left, rounded)
         lo, hi = code_range(self.out_width, signed=True)
         with m.If(rounded > hi):
             m.d.comb += self.data_out.eq(hi)

@@ -10,18 +10,21 @@ from insitu.rtl.requantize import RoundShiftSaturate
 pytestmark = pytest.mark.rtl
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(6))
 def test_round_shift_saturate_matches_the_spec(seed):
     rng = np.random.default_rng(seed)
     out_width = int(rng.integers(4, 17))
     in_width = out_width + int(rng.integers(0, 20))
     max_shift = int(rng.integers(0, in_width))
-    dut = RoundShiftSaturate(in_width, out_width, max_shift)
+    min_shift = -int(rng.integers(0, 20)) if seed % 2 else 0
+    dut = RoundShiftSaturate(in_width, out_width, max_shift, min_shift)
     values = rng.integers(-(1 << (in_width - 1)), 1 << (in_width - 1), size=200)
     edges = [-(1 << (in_width - 1)), (1 << (in_width - 1)) - 1, 0, -1, 1]
-    shifts = rng.integers(0, max_shift + 1, size=len(values) + len(edges))
+    shifts = rng.integers(min_shift, max_shift + 1, size=len(values) + len(edges))
     cases = list(zip([*values.tolist(), *edges], shifts.tolist()))
-    expected = [int(nx.saturate(nx.shift_round(v, s), out_width)) for v, s in cases]
+    # The spec's requantize: a rounding right shift, or an exact left shift, then saturation.
+    spec = nx.FixedPoint(out_width, 0)
+    expected = [int(spec.requantize(np.int64(v), s)) for v, s in cases]
     got = []
 
     async def testbench(ctx):

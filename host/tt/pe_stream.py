@@ -1,0 +1,268 @@
+"""Golden model of the TT PEs at their stream interface: configurations, stream layouts, results.
+
+This is what the RTL is verified against word for word, and what the board driver uses to turn
+the schedule's row-major buffers into DMA streams and back. A stream is a flat int64 array of
+16-bit words (8 per 128-bit beat, word 0 first); its length is always a multiple of 8.
+
+Layouts (``C = c / 16`` lane chunks; ``a8 = ceil(a/8)*8``; ``d8 = ceil(d/8)*8``):
+
+* **PE1** ``Z'(a,d) = sum_{b,c} Z(a,b,c) G(b,d,c)``. In: ``G`` as ``(b, d, c)``, then ``Z`` as
+  ``(a8, b, c)`` (zero rows up to a multiple of 8). Out: for each group of 8 rows, for each ``d``,
+  the 8 rows' outputs: ``(a8/8, d, 8)``.
+* **PE2** ``Z'(a,d,c) = sum_b Z(a,b,c) G(b,d)``. In: ``G`` as ``(b, d8)`` (zero columns), then
+  ``Z`` as ``(a, C, b, 16)``. Out: ``(a, C, d8, 16)``.
+* **PE3** ``W'(row, l) = sum_s dY_row(s) X_block(s, l)``: rows come in blocks of ``d`` that share
+  an X block of ``(b, 16)``. In: for each block, the X block ``(b, 16)``, then for each of its
+  ``d`` rows the ``b`` values of dY padded with zeros to a multiple of 8. Out: ``(a, 16)``.
+
+Every output word is an exact sum of products rescaled by ``SHIFT`` with the spec's rounding and
+16-bit saturation (:meth:`insitu.numerics.FixedPoint.requantize`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS, code_range, tt_pe_format
+
+from .schedule import C_LANES, Op
+
+#: 16-bit words per 128-bit stream beat.
+STREAM_WORDS = 8
+#: Rows (PE1) and d outputs (PE2) computed at once.
+PE_ROWS = 8
+PE_OPS = {"PE1": 1, "PE2": 2, "PE3": 3}
+
+
+def _ceil_to(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+@dataclass(frozen=True)
+class PEConfig:
+    """The register values of one PE op (OP, SIZE_A..SIZE_D, SHIFT)."""
+
+    kind: str
+    a: int
+    b: int
+    c: int
+    d: int
+    shift: int = 0
+
+    @property
+    def op(self) -> int:
+        return PE_OPS[self.kind]
+
+    @property
+    def chunks(self) -> int:
+        return self.c // C_LANES
+
+    def in_words(self) -> int:
+        a, b, c, d = self.a, self.b, self.c, self.d
+        if self.kind == "PE1":
+            return b * d * c + _ceil_to(a, PE_ROWS) * b * c
+        if self.kind == "PE2":
+            return b * _ceil_to(d, PE_ROWS) + a * b * c
+        return (a // d) * b * C_LANES + a * _ceil_to(b, STREAM_WORDS)
+
+    def out_words(self) -> int:
+        a, c, d = self.a, self.c, self.d
+        if self.kind == "PE1":
+            return _ceil_to(a, PE_ROWS) * d
+        if self.kind == "PE2":
+            return a * c * _ceil_to(d, PE_ROWS)
+        return a * C_LANES
+
+    def in_beats(self) -> int:
+        return self.in_words() // STREAM_WORDS
+
+    def out_beats(self) -> int:
+        return self.out_words() // STREAM_WORDS
+
+    def macs(self) -> int:
+        """MACs the PE array performs (row, d and lane padding included)."""
+        a, b, c, d = self.a, self.b, self.c, self.d
+        if self.kind == "PE1":
+            return _ceil_to(a, PE_ROWS) * b * c * d
+        if self.kind == "PE2":
+            return a * b * c * _ceil_to(d, PE_ROWS)
+        return a * b * C_LANES
+
+
+def config_for(op: Op, shift: int = 0, out_modes=None) -> PEConfig:
+    """The PE configuration of a schedule op; PE3 needs the layer's ``out_modes`` (block = J_d rows)."""
+    if op.kind == "PE3":
+        if out_modes is None:
+            raise ValueError(f"PE3 op {op.dst!r}: give out_modes (rows per X block = J_d)")
+        return PEConfig("PE3", op.a, op.b, op.c, int(out_modes[-1]), shift)
+    return PEConfig(op.kind, op.a, op.b, op.c_padded, op.d, shift)
+
+
+def _codes(x, bits: int, name: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype.kind not in "iu":
+        raise ValueError(f"{name}: integer codes expected, got dtype {x.dtype}")
+    lo, hi = code_range(bits)
+    if x.size and (x.min() < lo or x.max() > hi):
+        raise ValueError(f"{name}: codes outside the {bits}-bit range [{lo}, {hi}]")
+    return x.astype(np.int64)
+
+
+def _check_shape(name: str, x: np.ndarray, shape: tuple) -> None:
+    if x.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {x.shape}")
+
+
+def rescale(acc, shift: int) -> np.ndarray:
+    """The PE output stage: the spec's rounding shift and 16-bit saturation."""
+    return tt_pe_format(0).requantize(np.asarray(acc, dtype=np.int64), shift)
+
+
+# ----------------------------------------------------------------------------------- operands
+
+def check_operands(cfg: PEConfig, lhs, rhs) -> tuple[np.ndarray, np.ndarray]:
+    """Validate the two operands of ``cfg`` as codes of the right shapes and widths.
+
+    PE1: ``Z (a, b, c)``, ``G (b, d, c)``; PE2: ``Z (a, b, c)``, ``G (b, d)``;
+    PE3: ``dY rows (a, b)``, ``X blocks (a/d, b, 16)``. A ``c`` axis shorter than ``cfg.c`` (a
+    schedule op's unpadded c) is zero-padded.
+    """
+    a, b, c, d = cfg.a, cfg.b, cfg.c, cfg.d
+    if cfg.kind == "PE3":
+        dy, x = _codes(lhs, TT_PE_DATA_BITS, "dY"), _codes(rhs, TT_PE_DATA_BITS, "X")
+        _check_shape("dY rows", dy, (a, b))
+        _check_shape("X blocks", x, (a // d, b, C_LANES))
+        return dy, x
+    z, g = _codes(lhs, TT_PE_DATA_BITS, "Z"), _codes(rhs, TT_FACTOR_BITS, "G")
+    # A schedule op's c is zero-padded to the 16 lanes (cfg.c is the padded size).
+    if z.ndim == 3 and z.shape[2] < c:
+        z = np.pad(z, [(0, 0), (0, 0), (0, c - z.shape[2])])
+    if cfg.kind == "PE1" and g.ndim == 3 and g.shape[2] < c:
+        g = np.pad(g, [(0, 0), (0, 0), (0, c - g.shape[2])])
+    _check_shape("Z", z, (a, b, c))
+    _check_shape("G", g, (b, d, c) if cfg.kind == "PE1" else (b, d))
+    return z, g
+
+
+def sums(cfg: PEConfig, lhs, rhs) -> np.ndarray:
+    """Exact integer sums of the op, in the natural layout (PE1 ``(a,d)``, PE2 ``(a,d,c)``,
+    PE3 ``(a, 16)``)."""
+    lhs, rhs = check_operands(cfg, lhs, rhs)
+    if cfg.kind == "PE1":
+        return np.einsum("abc,bdc->ad", lhs, rhs)
+    if cfg.kind == "PE2":
+        return np.einsum("abc,bd->adc", lhs, rhs)
+    blocks = np.repeat(rhs, cfg.d, axis=0)                       # (a, b, 16)
+    return np.einsum("rs,rsl->rl", lhs, blocks)
+
+
+def result(cfg: PEConfig, lhs, rhs) -> np.ndarray:
+    """The op's output codes in the natural layout."""
+    return rescale(sums(cfg, lhs, rhs), cfg.shift)
+
+
+# ----------------------------------------------------------------------------------- streams
+
+def stream_in(cfg: PEConfig, lhs, rhs) -> np.ndarray:
+    """The input stream of the op (words)."""
+    lhs, rhs = check_operands(cfg, lhs, rhs)
+    a, b, c, d = cfg.a, cfg.b, cfg.c, cfg.d
+    if cfg.kind == "PE1":
+        z = np.zeros((_ceil_to(a, PE_ROWS), b, c), np.int64)
+        z[:a] = lhs
+        words = [rhs.ravel(), z.ravel()]
+    elif cfg.kind == "PE2":
+        g = np.zeros((b, _ceil_to(d, PE_ROWS)), np.int64)
+        g[:, :d] = rhs
+        z = lhs.reshape(a, b, cfg.chunks, C_LANES).transpose(0, 2, 1, 3)
+        words = [g.ravel(), z.ravel()]
+    else:
+        dy = np.zeros((a, _ceil_to(b, STREAM_WORDS)), np.int64)
+        dy[:, :b] = lhs
+        words = []
+        for t in range(a // d):
+            words += [rhs[t].ravel(), dy[t * d:(t + 1) * d].ravel()]
+    out = np.concatenate(words)
+    assert out.size == cfg.in_words()
+    return out
+
+
+def pack_out(cfg: PEConfig, out: np.ndarray) -> np.ndarray:
+    """Natural-layout outputs -> the output stream (padding as the PE produces it: zeros)."""
+    a, c, d = cfg.a, cfg.c, cfg.d
+    if cfg.kind == "PE1":
+        full = np.zeros((_ceil_to(a, PE_ROWS), d), np.int64)
+        full[:a] = out
+        return full.reshape(-1, PE_ROWS, d).transpose(0, 2, 1).ravel()
+    if cfg.kind == "PE2":
+        full = np.zeros((a, _ceil_to(d, PE_ROWS), c), np.int64)
+        full[:, :d] = out
+        return full.reshape(a, -1, cfg.chunks, C_LANES).transpose(0, 2, 1, 3).ravel()
+    return np.asarray(out, np.int64).ravel()
+
+
+def unpack_out(cfg: PEConfig, words) -> np.ndarray:
+    """The output stream -> natural-layout outputs (padding dropped)."""
+    words = np.asarray(words, dtype=np.int64)
+    if words.size != cfg.out_words():
+        raise ValueError(f"{cfg.kind}: the output stream holds {words.size} words; the op produces "
+                         f"{cfg.out_words()}")
+    a, c, d = cfg.a, cfg.c, cfg.d
+    if cfg.kind == "PE1":
+        return words.reshape(-1, d, PE_ROWS).transpose(0, 2, 1).reshape(-1, d)[:a]
+    if cfg.kind == "PE2":
+        d8 = _ceil_to(d, PE_ROWS)
+        return words.reshape(a, cfg.chunks, d8, C_LANES).transpose(0, 2, 1, 3).reshape(a, d8, c)[:, :d]
+    return words.reshape(a, C_LANES)
+
+
+def reference_stream_out(cfg: PEConfig, lhs, rhs) -> np.ndarray:
+    """The output stream the PE must produce for these operands."""
+    return pack_out(cfg, result(cfg, lhs, rhs))
+
+
+def to_words(values) -> np.ndarray:
+    """Signed codes -> unsigned 16-bit words (the bus view)."""
+    return np.asarray(values, dtype=np.int64) & 0xFFFF
+
+
+def from_words(words) -> np.ndarray:
+    """Unsigned 16-bit words -> signed codes."""
+    w = np.asarray(words, dtype=np.int64) & 0xFFFF
+    return np.where(w >= 1 << 15, w - (1 << 16), w)
+
+
+def beats(words) -> list[int]:
+    """Words -> 128-bit beat integers (word 0 in the low bits)."""
+    w = to_words(words).reshape(-1, STREAM_WORDS)
+    return [sum(int(v) << (16 * k) for k, v in enumerate(row)) for row in w]
+
+
+def words_of(beat_values) -> np.ndarray:
+    """128-bit beat integers -> signed words."""
+    out = [(int(b) >> (16 * k)) & 0xFFFF for b in beat_values for k in range(STREAM_WORDS)]
+    return from_words(np.array(out, dtype=np.int64))
+
+
+# ------------------------------------------------------------------- PE3 from layer tensors
+
+def pe3_operands(dy, x, in_modes, out_modes) -> tuple[np.ndarray, np.ndarray]:
+    """The PE3 operands for a layer: ``dY (B, J)`` and ``X (B, I)`` -> rows ``(a, B)`` and
+    X blocks ``(a/J_d, B, I_d)`` in the interleaved row order ``(j_1, i_1, .., j_d)``."""
+    I, J = tuple(in_modes), tuple(out_modes)
+    dn = len(I)
+    dy, x = np.asarray(dy), np.asarray(x)
+    batch = dy.shape[0]
+    dy_t = dy.reshape(batch, *J).transpose(*range(1, dn + 1), 0)          # (J_1..J_d, B)
+    rows_shape = [s for n in range(dn - 1) for s in (J[n], I[n])] + [J[-1], batch]
+    dy_rows = np.broadcast_to(dy_t.reshape([s for n in range(dn - 1) for s in (J[n], 1)] + [J[-1], batch]),
+                              rows_shape).reshape(-1, batch)
+    x_t = x.reshape(batch, *I).transpose(*range(1, dn), 0, dn)            # (I_1..I_{d-1}, B, I_d)
+    blocks_shape = [s for n in range(dn - 1) for s in (J[n], I[n])] + [batch, I[-1]]
+    x_blocks = np.broadcast_to(x_t.reshape([s for n in range(dn - 1) for s in (1, I[n])] + [batch, I[-1]]),
+                               blocks_shape).reshape(-1, batch, I[-1])
+    assert dy_rows.shape[0] == math.prod(J) * math.prod(I[:-1])
+    return np.ascontiguousarray(dy_rows), np.ascontiguousarray(x_blocks)

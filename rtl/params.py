@@ -1,0 +1,77 @@
+"""Generate-time parameters of the accelerator, and the stream word format.
+
+Pure Python (no Amaranth): the golden stream layouts (:mod:`insitu.tt.pe_stream`), the register map
+and the board driver import it without elaborating hardware.
+
+Run-time sizes live in registers; these bounds fix memory depths and accumulator widths at
+generate time. A configuration beyond them is refused by the hardware with an error code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS
+from insitu.tt.schedule import C_LANES, PELimits
+
+#: Bits of one word on the AXI streams: a 16-bit PE operand (activation or gradient), a 4-bit TT
+#: factor code sign-extended, or an LRT code.
+WORD_BITS = TT_PE_DATA_BITS
+#: Words per AXI-Stream beat: 128-bit streams, the width of Ultra96-V2's HP ports.
+STREAM_WORDS = 8
+STREAM_BITS = WORD_BITS * STREAM_WORDS
+#: Bits of the size registers (SIZE_A..SIZE_D): the TT schedule's ``PELimits.size_max``.
+SIZE_BITS = 16
+
+
+@dataclass(frozen=True)
+class AcceleratorParams:
+    """Bounds the RTL is generated for (defaults: the FashionMNIST TT network of the TT paper).
+
+    * ``factor_words``: depth in words of the PE1/PE2 factor buffer (4-bit codes);
+    * ``pe1_row_entries``: PE1 tile depth: ``b * c / 16`` entries of 16 words per row (8 rows);
+    * ``pe2_b_max``: PE2's largest ``b`` (its tile is ``b`` entries of 16 words);
+    * ``pe3_b_max``: PE3's largest batch ``b`` (its X block is ``b`` entries of 16 words);
+    * ``shift_min``/``shift_max``: the output rescaling shifts the PEs accept (negative: left);
+    * ``lrt_rows_max``, ``lrt_cols_max``: LRT basis memories (rows x q columns, both sides);
+    * ``lrt_cells_max``: LRT weight memory cells (m * n).
+    """
+
+    factor_words: int = 4096
+    pe1_row_entries: int = 64
+    pe2_b_max: int = 512
+    pe3_b_max: int = 512
+    shift_min: int = -16
+    shift_max: int = 63
+    lrt_rows_max: int = 256
+    lrt_cols_max: int = 8
+    lrt_cells_max: int = 16384
+
+    #: PE1 rows computed at once (8-way on a) and PE2 outputs (8-way on d).
+    pe_rows: int = 8
+    #: Lanes along c of PE1/PE2 and along i_d of PE3.
+    c_lanes: int = C_LANES
+
+    def __post_init__(self):
+        for name, value in asdict(self).items():
+            if name in ("shift_min", "shift_max"):
+                continue
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"AcceleratorParams.{name} must be an integer >= 1, got {value!r}")
+        if self.factor_words % (self.c_lanes * self.pe_rows):
+            raise ValueError(f"AcceleratorParams.factor_words ({self.factor_words}) must be a multiple "
+                             f"of {self.c_lanes * self.pe_rows}")
+        if not self.shift_min <= 0 <= self.shift_max:
+            raise ValueError("AcceleratorParams: need shift_min <= 0 <= shift_max")
+
+    @property
+    def limits(self) -> PELimits:
+        """The TT schedule's view of these bounds."""
+        return PELimits(size_max=(1 << SIZE_BITS) - 1, factor_words=self.factor_words)
+
+    @property
+    def factor_code_bits(self) -> int:
+        return TT_FACTOR_BITS
+
+
+DEFAULT_PARAMS = AcceleratorParams()
