@@ -75,3 +75,11 @@ class AcceleratorParams:
 
 
 DEFAULT_PARAMS = AcceleratorParams()
+
+#: The accelerator as a Vivado IP: its top-level Verilog module and VLNV (the PYNQ driver binds
+#: its DefaultIP subclass to this VLNV).
+TOP_MODULE = "insitu_accel"
+IP_VENDOR, IP_LIBRARY, IP_VERSION = "insitu.dev", "insitu", "1.0"
+IP_VLNV = f"{IP_VENDOR}:{IP_LIBRARY}:{TOP_MODULE}:{IP_VERSION}"
+#: Clock the figures and the block designs assume.
+CLOCK_HZ = 100_000_000
