@@ -508,6 +508,27 @@ def lrt_weight_format(bits: int) -> FixedPoint:
     return FixedPoint.from_range(bits, -1, 1, name=f"lrt.weight{bits}")
 
 
+# ---- LRT PE (rtl/pe_lrt.py; golden model insitu.lrt.pe_ops): the per-sample vector work of SKS
+# (MGS projections, new basis vector, rotation) and the rank-r weight update, in integers.
+#: Basis entries of Q_L, Q_R and entries of the q x r rotations M: Q1.14, range [-2, 2). Orthonormal
+#: columns and columns of orthogonal matrices have |entries| <= 1, so one integer bit is headroom.
+LRT_BASIS = FixedPoint(16, 14, name="lrt.basis")
+#: Vector words of the PE: the streamed sample x, the residual held on chip, the projections
+#: c = round(Q^T x) (in x's own scale, since Q is Q1.14) and the update's s codes.
+LRT_PE_WORD_BITS = 16
+#: LRT_RECIP: the unsigned reciprocal code of the residual norm that LRT_APPEND multiplies by
+#: (new column = round(residual * recip * 2**-SHIFT), saturated to LRT_BASIS).
+LRT_RECIP_BITS = 16
+#: Per-cell write counters (saturating) and the LRT_WRITES_TOTAL register (saturating).
+LRT_WRITE_COUNT_BITS = 16
+LRT_WRITES_TOTAL_BITS = 32
+#: LRT_NORM2 (LO/HI): the exact squared residual norm.
+LRT_NORM2_BITS = 64
+#: LRT_UPDATE's weight step ``round(sum, SHIFT)`` may be held saturated to one bit more than a
+#: weight: with |W| <= 2**(b-1), saturate(W - d, b) is the same for every d beyond that range.
+LRT_PE_DELTA_BITS = LRT_WEIGHT.bits + 1
+
+
 # TT training on FPGA (TT paper, sections 3.2-3.3 and 4).
 TT_FACTOR_BITS = 4
 TT_ACTIVATION_BITS = 8
@@ -567,5 +588,5 @@ PSG_ACTIVATION_MSB_BITS = 4
 PSG_GRADIENT_MSB_BITS = 10
 
 #: The fixed formats by name, for reports and `insitu` introspection.
-FORMATS = {f.name: f for f in (LRT_WEIGHT, LRT_BIAS, LRT_ACCUMULATOR, LRT_ACTIVATION, LRT_GRADIENT,
+FORMATS = {f.name: f for f in (LRT_WEIGHT, LRT_BIAS, LRT_ACCUMULATOR, LRT_ACTIVATION, LRT_GRADIENT, LRT_BASIS,
                                TT_BIAS, INT8, INT32)}

@@ -134,7 +134,8 @@ REGISTERS: tuple[Register, ...] = (
     _reg("LRT_ROWS_L", 0x84, "rw", 16, "m: rows of Q_L (weight rows)."),
     _reg("LRT_ROWS_R", 0x88, "rw", 16, "n: rows of Q_R (weight columns)."),
     _reg("LRT_COLS", 0x8C, "rw", 8, "r: basis columns in use (LRT_APPEND writes column r)."),
-    _reg("LRT_RECIP", 0x90, "rw", 16, "Reciprocal of the residual norm for LRT_APPEND (code)."),
+    _reg("LRT_RECIP", 0x90, "rw", 16, "Reciprocal of the residual norm for LRT_APPEND, unsigned: "
+         "column r = round(residual * LRT_RECIP * 2**-SHIFT), saturated to 16 bits."),
     _reg("LRT_NORM2_LO", 0x94, "ro", 32, "Squared residual norm of the last projection, low word."),
     _reg("LRT_NORM2_HI", 0x98, "ro", 32, "Squared residual norm of the last projection, high word."),
     _reg("LRT_WRITES_MAX", 0x9C, "ro", 32, "Largest per-cell write count since LRT_LOAD_WEIGHTS."),

@@ -45,9 +45,9 @@ def main():
 
 
 def _register():
-    from insitu.cli import boards, data, doctor, lrt, train, tt
+    from insitu.cli import boards, data, doctor, lrt, rtl, train, tt
 
-    for module in (boards, data, doctor, train, lrt, tt):
+    for module in (boards, data, doctor, train, lrt, tt, rtl):
         main.add_command(module.command)
 
 

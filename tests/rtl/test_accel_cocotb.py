@@ -1,0 +1,20 @@
+"""The accelerator's Verilog in Icarus, driven by cocotb through AXI-Lite and AXI-Stream bus models
+(cocotbext-axi) against the golden model; the test bodies are in cocotb_accel.py."""
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.rtl
+
+pytest.importorskip("cocotb_tools.runner", reason="the rtl extra (cocotb) is not installed")
+
+from insitu.rtl import sim  # noqa: E402
+
+CASES = ["registers", "bad_configurations", "pe1_random", "pe2_random", "pe3_random",
+         "start_while_busy_is_ignored", "abort_and_short_stream", "reset_in_the_middle_of_an_op"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_accelerator(case, tmp_path):
+    sim.run("cocotb_accel", case, module_dir=Path(__file__).parent, test_dir=tmp_path)

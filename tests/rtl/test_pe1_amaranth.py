@@ -1,0 +1,227 @@
+"""PE1 in Amaranth's simulator against the golden stream model (:mod:`insitu.tt.pe_stream`).
+
+Random small shapes and codes (Z over the full 16-bit range with its extremes, G over the full
+4-bit range, random SHIFT), random gaps on the input and back-pressure on the output; the
+configuration checks; the beat counts; one MAC cycle per clock in steady state; Verilog.
+"""
+
+import numpy as np
+import pytest
+from amaranth.back import verilog
+from amaranth.sim import Simulator
+
+from insitu.rtl.params import AcceleratorParams
+from insitu.rtl.pe1 import PE1
+from insitu.rtl.regmap import ErrorCode
+from insitu.tt.pe_stream import PEConfig, beats, reference_stream_out, stream_in, words_of
+
+pytestmark = pytest.mark.rtl
+
+SMALL = AcceleratorParams(factor_words=256, pe1_row_entries=6, pe2_b_max=12, shift_min=-4,
+                          shift_max=20)
+
+
+def operands(cfg, rng, extremes=0.1):
+    z = rng.integers(-(1 << 15), 1 << 15, size=(cfg.a, cfg.b, cfg.c))
+    g = rng.integers(-8, 8, size=(cfg.b, cfg.d, cfg.c))
+    flat = z.reshape(-1)
+    n = int(flat.size * extremes)
+    flat[rng.integers(0, flat.size, size=n)] = rng.choice([-(1 << 15), (1 << 15) - 1], size=n)
+    return z, g
+
+
+def simulate(dut, ops, seed=0, p_gap=0.0, p_stall=0.0):
+    """Run ``ops`` (``(cfg, lhs, rhs)``) back to back on ``dut``; per op: output words, cycles
+    from START to ``busy`` falling."""
+    rng = np.random.default_rng(seed)
+    results = []
+
+    async def testbench(ctx):
+        for cfg, lhs, rhs in ops:
+            ins = beats(stream_in(cfg, lhs, rhs))
+            for name in ("a", "b", "c", "d", "shift"):
+                ctx.set(getattr(dut, name), getattr(cfg, name))
+            ctx.set(dut.op, cfg.op)
+            await ctx.tick()
+            assert ctx.get(dut.cfg_error) == 0
+            assert ctx.get(dut.in_beats) == cfg.in_beats() == len(ins)
+            assert ctx.get(dut.out_beats) == cfg.out_beats()
+            assert not ctx.get(dut.busy) and not ctx.get(dut.s.ready) and not ctx.get(dut.m.valid)
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            out, taken, cycles = [], 0, 0
+            limit = 40 * (cfg.in_beats() + cfg.out_beats() + cfg.macs() // 128) + 200
+            while True:
+                assert ctx.get(dut.busy), "busy must be high from the cycle after START"
+                valid = taken < len(ins) and rng.random() >= p_gap
+                ctx.set(dut.s.valid, valid)
+                if valid:
+                    ctx.set(dut.s.payload, ins[taken])
+                ready = bool(rng.random() >= p_stall)
+                ctx.set(dut.m.ready, ready)
+                fired_in = valid and ctx.get(dut.s.ready)
+                if ready and ctx.get(dut.m.valid):
+                    out.append(ctx.get(dut.m.payload))
+                if hasattr(dut, "overrun"):
+                    assert not ctx.get(dut.overrun)
+                await ctx.tick()
+                cycles += 1
+                taken += fired_in
+                if not ctx.get(dut.busy):
+                    break
+                assert cycles < limit, f"{cfg}: no end after {cycles} cycles"
+            assert taken == len(ins), f"{cfg}: busy fell with {len(ins) - taken} input beats left"
+            ctx.set(dut.s.valid, 0)
+            results.append({"words": words_of(out), "cycles": cycles})
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(testbench)
+    sim.run()
+    return results
+
+
+def check(dut, ops, **kw):
+    results = simulate(dut, ops, **kw)
+    for (cfg, lhs, rhs), res in zip(ops, results):
+        np.testing.assert_array_equal(res["words"], reference_stream_out(cfg, lhs, rhs), err_msg=str(cfg))
+    return results
+
+
+def random_config(rng, params, a_max=26):
+    chunks_max = params.pe1_row_entries
+    while True:
+        b = int(rng.integers(1, 4))
+        C = int(rng.integers(1, min(4, chunks_max) + 1))
+        d = int(rng.integers(1, 11))
+        if b * C <= chunks_max and b * d * C <= params.factor_words // 16:
+            break
+    shift = int(rng.integers(max(params.shift_min, -16), min(params.shift_max, 40) + 1))
+    return PEConfig("PE1", int(rng.integers(1, a_max)), b, 16 * C, d, shift)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_shapes_under_gaps_and_back_pressure(seed):
+    rng = np.random.default_rng(seed)
+    p_gap, p_stall = [(0.0, 0.0), (0.3, 0.0), (0.0, 0.6), (0.5, 0.5)][seed]
+    ops = []
+    for _ in range(5):
+        cfg = random_config(rng, PE1().params)
+        ops.append((cfg, *operands(cfg, rng)))
+    check(PE1(), ops, seed=seed, p_gap=p_gap, p_stall=p_stall)
+
+
+def test_back_pressure_with_a_result_every_cycle():
+    """b*c/16 = 1: the MACs finish a result every cycle while the output mostly stalls; results
+    in flight must never overflow the output FIFO."""
+    rng = np.random.default_rng(12)
+    ops = []
+    for a, b, c, d, shift in [(20, 1, 16, 12, 3), (9, 2, 16, 5, 0), (16, 1, 16, 1, 1)]:
+        cfg = PEConfig("PE1", a, b, c, d, shift)
+        ops.append((cfg, *operands(cfg, rng)))
+    check(PE1(), ops, seed=4, p_gap=0.0, p_stall=0.75)
+
+
+def test_small_generated_bounds():
+    """Another generation (tile depth 6, not a power of 2; factor buffer of 16 entries) at its
+    limits, back to back."""
+    rng = np.random.default_rng(7)
+    shapes = [(9, 3, 32, 2, 20), (16, 1, 96, 2, -4), (5, 2, 48, 2, 3), (12, 1, 16, 16, 0)]
+    ops = []
+    for a, b, c, d, shift in shapes:
+        cfg = PEConfig("PE1", a, b, c, d, shift)
+        ops.append((cfg, *operands(cfg, rng)))
+    check(PE1(SMALL), ops, seed=1, p_gap=0.2, p_stall=0.3)
+
+
+def test_accumulator_at_its_limit():
+    """b*c/16 = pe1_row_entries with every product at the same extreme: no overflow."""
+    cfg = PEConfig("PE1", 8, 1, 16 * 64, 1, 13)
+    z = np.full((8, 1, cfg.c), -(1 << 15))
+    z[1] = (1 << 15) - 1
+    z[2, 0, ::2] = (1 << 15) - 1
+    g = np.full((1, 1, cfg.c), -8)
+    ops = [(cfg, z, g), (PEConfig("PE1", 8, 1, 16 * 64, 1, 28), z, g)]
+    check(PE1(), ops)
+
+
+def expected_error(cfg, params):
+    a, b, c, d, shift = cfg.a, cfg.b, cfg.c, cfg.d, cfg.shift
+    if 0 in (a, b, c, d):
+        return ErrorCode.ZERO_SIZE
+    if c % 16:
+        return ErrorCode.C_LANES
+    if b * c // 16 > params.pe1_row_entries:
+        return ErrorCode.TILE
+    if b * d * c // 16 > params.factor_words // 16:
+        return ErrorCode.FACTOR_WORDS
+    if not params.shift_min <= shift <= params.shift_max:
+        return ErrorCode.SHIFT
+    return ErrorCode.NONE
+
+
+def test_cfg_error_and_beat_counts():
+    params = PE1().params
+    cases = [
+        (0, 1, 16, 1, 0), (1, 0, 16, 1, 0), (1, 1, 0, 1, 0), (1, 1, 16, 0, 0),       # ZERO_SIZE
+        (1, 1, 8, 1, 0), (3, 2, 24, 5, 0), (1, 1, 1000, 1, 0),                      # C_LANES
+        (1, 65, 16, 1, 0), (1, 1, 16 * 65, 1, 0), (9, 5, 16 * 13, 1, 0),            # TILE
+        (1, 1, 16, 257, 0), (1, 16, 64, 5, 0), (1, 64, 16, 5, 0),                   # FACTOR_WORDS
+        (1, 1, 16, 1, -17), (1, 1, 16, 1, 64), (1, 1, 16, 1, -128), (1, 1, 16, 1, 127),  # SHIFT
+        (1, 1, 16, 256, -16), (1, 1, 16, 256, 63), (65535, 64, 16, 4, 0),           # accepted
+        (65535, 1, 1024, 4, 5), (8, 16, 64, 4, 0), (0, 0, 8, 0, 99), (1, 1, 16, 65535, 0),
+        (65535, 65535, 65520, 65535, 0),
+    ]
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        cases.append(tuple(int(rng.integers(0, hi)) for hi in (3000, 70, 1100, 300)) +
+                     (int(rng.integers(-128, 128)),))
+    dut = PE1()
+    seen = set()
+
+    async def testbench(ctx):
+        for a, b, c, d, shift in cases:
+            cfg = PEConfig("PE1", a, b, c, d, shift)
+            for name, value in zip("abcd", (a, b, c, d)):
+                ctx.set(getattr(dut, name), value)
+            ctx.set(dut.shift, shift)
+            want = expected_error(cfg, params)
+            seen.add(want)
+            assert ctx.get(dut.cfg_error) == want, cfg
+            assert ctx.get(dut.in_beats) == cfg.in_beats() % (1 << 32), cfg
+            assert ctx.get(dut.out_beats) == cfg.out_beats() % (1 << 32), cfg
+
+    sim = Simulator(dut)
+    sim.add_testbench(testbench)
+    sim.run()
+    assert seen == {ErrorCode.NONE, ErrorCode.ZERO_SIZE, ErrorCode.C_LANES, ErrorCode.TILE,
+                    ErrorCode.FACTOR_WORDS, ErrorCode.SHIFT}
+
+
+@pytest.mark.parametrize("b, c, d", [(1, 16, 64), (1, 64, 16), (2, 32, 16)])
+def test_steady_state_is_one_mac_cycle_per_clock(b, c, d):
+    """With the streams always ready, each further group of 8 rows costs exactly its b*c/16*d MAC
+    cycles (loading overlaps computing; no dead cycle between d's or groups), and the whole op
+    costs the G load + one group load + the MAC cycles + a short pipeline tail."""
+    rng = np.random.default_rng(b * c * d)
+    ops = []
+    for a in (16, 40):
+        cfg = PEConfig("PE1", a, b, c, d, 9)
+        ops.append((cfg, *operands(cfg, rng)))
+    first, second = check(PE1(), ops)
+    K = b * c // 16
+    assert second["cycles"] - first["cycles"] == 3 * K * d
+    cfg = ops[0][0]
+    ideal = cfg.macs() // 128
+    assert first["cycles"] <= ideal + b * d * c // 8 + 16 * K + 8
+
+
+def test_converts_to_verilog():
+    text = verilog.convert(PE1(), name="pe1")
+    assert "module pe1" in text
+
+
+def test_bad_generation_parameters_are_refused():
+    with pytest.raises(ValueError, match="pe_rows"):
+        PE1(AcceleratorParams(pe_rows=4))

@@ -1,0 +1,234 @@
+"""PE2 in Amaranth's simulator against the golden stream model (:mod:`insitu.tt.pe_stream`).
+
+Random small shapes and codes (Z over the full 16-bit range with its extremes, G over the full
+4-bit range, random SHIFT), random gaps on the input and back-pressure on the output; the
+configuration checks; the beat counts; one MAC cycle per clock in steady state; Verilog.
+"""
+
+import numpy as np
+import pytest
+from amaranth.back import verilog
+from amaranth.sim import Simulator
+
+from insitu.rtl.params import AcceleratorParams
+from insitu.rtl.pe2 import PE2
+from insitu.rtl.regmap import ErrorCode
+from insitu.tt.pe_stream import PEConfig, beats, reference_stream_out, stream_in, words_of
+
+pytestmark = pytest.mark.rtl
+
+SMALL = AcceleratorParams(factor_words=128, pe1_row_entries=6, pe2_b_max=12, shift_min=-4,
+                          shift_max=20)
+
+
+def operands(cfg, rng, extremes=0.1):
+    z = rng.integers(-(1 << 15), 1 << 15, size=(cfg.a, cfg.b, cfg.c))
+    g = rng.integers(-8, 8, size=(cfg.b, cfg.d))
+    flat = z.reshape(-1)
+    n = int(flat.size * extremes)
+    flat[rng.integers(0, flat.size, size=n)] = rng.choice([-(1 << 15), (1 << 15) - 1], size=n)
+    return z, g
+
+
+def simulate(dut, ops, seed=0, p_gap=0.0, p_stall=0.0):
+    """Run ``ops`` (``(cfg, lhs, rhs)``) back to back on ``dut``; per op: output words, cycles
+    from START to ``busy`` falling."""
+    rng = np.random.default_rng(seed)
+    results = []
+
+    async def testbench(ctx):
+        for cfg, lhs, rhs in ops:
+            ins = beats(stream_in(cfg, lhs, rhs))
+            for name in ("a", "b", "c", "d", "shift"):
+                ctx.set(getattr(dut, name), getattr(cfg, name))
+            ctx.set(dut.op, cfg.op)
+            await ctx.tick()
+            assert ctx.get(dut.cfg_error) == 0
+            assert ctx.get(dut.in_beats) == cfg.in_beats() == len(ins)
+            assert ctx.get(dut.out_beats) == cfg.out_beats()
+            assert not ctx.get(dut.busy) and not ctx.get(dut.s.ready) and not ctx.get(dut.m.valid)
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            out, taken, cycles = [], 0, 0
+            limit = 40 * (cfg.in_beats() + cfg.out_beats() + cfg.macs() // 128) + 200
+            while True:
+                assert ctx.get(dut.busy), "busy must be high from the cycle after START"
+                valid = taken < len(ins) and rng.random() >= p_gap
+                ctx.set(dut.s.valid, valid)
+                if valid:
+                    ctx.set(dut.s.payload, ins[taken])
+                ready = bool(rng.random() >= p_stall)
+                ctx.set(dut.m.ready, ready)
+                fired_in = valid and ctx.get(dut.s.ready)
+                if ready and ctx.get(dut.m.valid):
+                    out.append(ctx.get(dut.m.payload))
+                assert not ctx.get(dut.overrun), "shadow bank overwritten before it drained"
+                await ctx.tick()
+                cycles += 1
+                taken += fired_in
+                if not ctx.get(dut.busy):
+                    break
+                assert cycles < limit, f"{cfg}: no end after {cycles} cycles"
+            assert taken == len(ins), f"{cfg}: busy fell with {len(ins) - taken} input beats left"
+            ctx.set(dut.s.valid, 0)
+            results.append({"words": words_of(out), "cycles": cycles})
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(testbench)
+    sim.run()
+    return results
+
+
+def check(dut, ops, **kw):
+    results = simulate(dut, ops, **kw)
+    for (cfg, lhs, rhs), res in zip(ops, results):
+        np.testing.assert_array_equal(res["words"], reference_stream_out(cfg, lhs, rhs), err_msg=str(cfg))
+    return results
+
+
+def random_config(rng, params):
+    while True:
+        b = int(rng.integers(1, min(params.pe2_b_max, 24) + 1))
+        d = int(rng.integers(1, 20))
+        if b * -(-d // 8) * 8 <= params.factor_words:
+            break
+    shift = int(rng.integers(max(params.shift_min, -16), min(params.shift_max, 40) + 1))
+    return PEConfig("PE2", int(rng.integers(1, 4)), b, 16 * int(rng.integers(1, 3)), d, shift)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_shapes_under_gaps_and_back_pressure(seed):
+    rng = np.random.default_rng(seed)
+    p_gap, p_stall = [(0.0, 0.0), (0.3, 0.0), (0.0, 0.6), (0.5, 0.5)][seed]
+    ops = []
+    for _ in range(5):
+        cfg = random_config(rng, PE2().params)
+        ops.append((cfg, *operands(cfg, rng)))
+    check(PE2(), ops, seed=seed, p_gap=p_gap, p_stall=p_stall)
+
+
+def test_small_b_and_tight_output():
+    """b below the 16 output beats of a group (the drain, not the MACs, sets the pace) and an
+    output that stalls often."""
+    rng = np.random.default_rng(11)
+    ops = []
+    for a, b, c, d, shift in [(3, 1, 16, 24, 2), (2, 2, 32, 9, 0), (2, 5, 16, 17, 7), (1, 15, 32, 16, 5)]:
+        cfg = PEConfig("PE2", a, b, c, d, shift)
+        ops.append((cfg, *operands(cfg, rng)))
+    check(PE2(), ops, seed=2, p_gap=0.1, p_stall=0.7)
+
+
+def test_small_generated_bounds():
+    """Another generation (b up to 12, factor buffer of 16 entries) at its limits, back to back."""
+    rng = np.random.default_rng(7)
+    ops = []
+    for a, b, c, d, shift in [(3, 12, 16, 8, 20), (2, 8, 32, 16, -4), (2, 1, 16, 128, 3)]:
+        cfg = PEConfig("PE2", a, b, c, d, shift)
+        ops.append((cfg, *operands(cfg, rng)))
+    check(PE2(SMALL), ops, seed=1, p_gap=0.2, p_stall=0.3)
+
+
+def test_accumulator_at_its_limit():
+    """b = pe2_b_max with every product at the same extreme: no overflow."""
+    b = PE2().params.pe2_b_max
+    z = np.full((1, b, 16), -(1 << 15))
+    z[0, :, 1] = (1 << 15) - 1
+    z[0, ::2, 2] = (1 << 15) - 1
+    g = np.full((b, 3), -8)
+    g[:, 1] = 7
+    ops = [(PEConfig("PE2", 1, b, 16, 3, 14), z, g), (PEConfig("PE2", 1, b, 16, 3, 30), z, g)]
+    check(PE2(), ops)
+
+
+def expected_error(cfg, params):
+    a, b, c, d, shift = cfg.a, cfg.b, cfg.c, cfg.d, cfg.shift
+    if 0 in (a, b, c, d):
+        return ErrorCode.ZERO_SIZE
+    if c % 16:
+        return ErrorCode.C_LANES
+    if b > params.pe2_b_max:
+        return ErrorCode.TILE
+    if b * (-(-d // 8) * 8) > params.factor_words:
+        return ErrorCode.FACTOR_WORDS
+    if not params.shift_min <= shift <= params.shift_max:
+        return ErrorCode.SHIFT
+    return ErrorCode.NONE
+
+
+def test_cfg_error_and_beat_counts():
+    params = PE2().params
+    cases = [
+        (0, 1, 16, 1, 0), (1, 0, 16, 1, 0), (1, 1, 0, 1, 0), (1, 1, 16, 0, 0),       # ZERO_SIZE
+        (1, 1, 8, 1, 0), (3, 2, 24, 5, 0), (1, 1, 1000, 1, 0),                      # C_LANES
+        (1, 513, 16, 1, 0), (1, 65535, 16, 1, 0),                                   # TILE
+        (1, 512, 16, 9, 0), (1, 1, 16, 4097, 0), (1, 100, 16, 41, 0), (9, 1, 16, 65535, 0),
+        (1, 1, 16, 1, -17), (1, 1, 16, 1, 64), (1, 1, 16, 1, -128), (1, 1, 16, 1, 127),  # SHIFT
+        (1, 512, 16, 8, -16), (1, 1, 16, 4096, 63), (65535, 28, 16, 16, 0),          # accepted
+        (1, 28, 16384, 16, 5), (64, 112, 128, 4, 0), (0, 0, 8, 0, 99), (65535, 512, 65520, 8, 0),
+    ]
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        cases.append(tuple(int(rng.integers(0, hi)) for hi in (3000, 600, 1100, 80)) +
+                     (int(rng.integers(-128, 128)),))
+    dut = PE2()
+    seen = set()
+
+    async def testbench(ctx):
+        for a, b, c, d, shift in cases:
+            cfg = PEConfig("PE2", a, b, c, d, shift)
+            for name, value in zip("abcd", (a, b, c, d)):
+                ctx.set(getattr(dut, name), value)
+            ctx.set(dut.shift, shift)
+            want = expected_error(cfg, params)
+            seen.add(want)
+            assert ctx.get(dut.cfg_error) == want, cfg
+            assert ctx.get(dut.in_beats) == cfg.in_beats() % (1 << 32), cfg
+            assert ctx.get(dut.out_beats) == cfg.out_beats() % (1 << 32), cfg
+
+    sim = Simulator(dut)
+    sim.add_testbench(testbench)
+    sim.run()
+    assert seen == {ErrorCode.NONE, ErrorCode.ZERO_SIZE, ErrorCode.C_LANES, ErrorCode.TILE,
+                    ErrorCode.FACTOR_WORDS, ErrorCode.SHIFT}
+
+
+@pytest.mark.parametrize("b, c, d", [(32, 16, 32), (28, 64, 16), (17, 16, 16)])
+def test_steady_state_is_one_mac_cycle_per_clock(b, c, d):
+    """With the streams always ready, each further (a, chunk) tile costs exactly its
+    b*ceil(d/8) MAC cycles once loading keeps up (d >= 16: 2*b beats per tile), and the whole op
+    costs about the G load + the MAC cycles + a short tail (the MAC loop chases the first
+    tile's load)."""
+    rng = np.random.default_rng(b * c * d)
+    ops = []
+    for a in (1, 3):
+        cfg = PEConfig("PE2", a, b, c, d, 9)
+        ops.append((cfg, *operands(cfg, rng)))
+    first, second = check(PE2(), ops)
+    per_tile = b * -(-d // 8)
+    assert second["cycles"] - first["cycles"] == 2 * (c // 16) * per_tile
+    cfg = ops[0][0]
+    assert first["cycles"] <= cfg.macs() // 128 + b * -(-d // 8) + 2 * b + 24
+
+
+def test_input_bound_when_d_fits_one_group():
+    """d <= 8: a tile's 2*b beats take longer than its b MAC cycles: the input stream sets the
+    pace (one beat per cycle, no bubble)."""
+    rng = np.random.default_rng(5)
+    ops = []
+    for a in (1, 3):
+        cfg = PEConfig("PE2", a, 20, 32, 4, 3)
+        ops.append((cfg, *operands(cfg, rng)))
+    first, second = check(PE2(), ops)
+    assert second["cycles"] - first["cycles"] == ops[1][0].in_beats() - ops[0][0].in_beats()
+
+
+def test_converts_to_verilog():
+    text = verilog.convert(PE2(), name="pe2")
+    assert "module pe2" in text
+
+
+def test_bad_generation_parameters_are_refused():
+    with pytest.raises(ValueError, match="c_lanes"):
+        PE2(AcceleratorParams(c_lanes=8))
