@@ -130,10 +130,51 @@ class AccelBench:
         assert in_beats * STREAM_WORDS == len(in_words), (in_beats, len(in_words))
         if expect_out_words is not None:
             assert out_beats * STREAM_WORDS == expect_out_words, (out_beats, expect_out_words)
+        return await self._transfer(in_words, in_beats, out_beats, input_first=False,
+                                    timeout_cycles=timeout_cycles)
+
+    async def configure_lrt(self, op: int, shift: int = 0, **lrt):
+        """Write OP, SHIFT and the ``LRT_<NAME>`` registers of the keyword arguments (side=,
+        rows_l=, rows_r=, cols=, recip=); the PE1-PE3 size registers are left alone."""
+        await self.write("OP", int(op))
+        await self.write("SHIFT", shift)
+        for name, value in lrt.items():
+            await self.write(f"LRT_{name.upper()}", value)
+
+    async def run_lrt_op(self, op: int, in_words=None, *, in_beats: int | None = None,
+                         out_beats: int | None = None, shift: int = 0, input_first: bool = False,
+                         timeout_cycles: int = 200_000, **lrt) -> tuple[np.ndarray, int]:
+        """Run one LRT op: configure OP, SHIFT and the LRT registers (``**lrt`` as for
+        :meth:`configure_lrt`), check IN_BEATS / OUT_BEATS (against ``in_beats`` / ``out_beats``
+        when given, e.g. the golden model's, and against ``len(in_words)``), stream ``in_words``
+        in, collect the output; returns (output words, CYCLES). Asserts DONE without ERROR.
+
+        ``input_first``: queue the input stream before START (the source then offers its first
+        beat while the accelerator is idle, which must not take it), as a DMA started ahead of
+        the op would; otherwise the input is sent after START, as :meth:`run_op` does."""
+        in_words = np.zeros(0, np.int64) if in_words is None else np.asarray(in_words).ravel()
+        await self.configure_lrt(op, shift, **lrt)
+        got_in = await self.read("IN_BEATS")
+        got_out = await self.read("OUT_BEATS")
+        assert got_in * STREAM_WORDS == len(in_words), (got_in, len(in_words))
+        if in_beats is not None:
+            assert got_in == in_beats, f"IN_BEATS {got_in}, expected {in_beats}"
+        if out_beats is not None:
+            assert got_out == out_beats, f"OUT_BEATS {got_out}, expected {out_beats}"
+        return await self._transfer(in_words, got_in, got_out, input_first=input_first,
+                                    timeout_cycles=timeout_cycles)
+
+    async def _transfer(self, in_words, in_beats: int, out_beats: int, *, input_first: bool,
+                        timeout_cycles: int) -> tuple[np.ndarray, int]:
+        """START the configured op, stream ``in_words`` in and ``out_beats`` beats out, wait for
+        the end; returns (output words, CYCLES). Asserts DONE without ERROR and the beat counts."""
+        frame = AxiStreamFrame(words_to_bytes(in_words)) if len(in_words) else None
+        if frame is not None and input_first:
+            await self.source.send(frame)
         await self.start_op()
         receive = cocotb.start_soon(self.sink.recv()) if out_beats else None
-        if len(in_words):
-            await self.source.send(AxiStreamFrame(words_to_bytes(in_words)))
+        if frame is not None and not input_first:
+            await self.source.send(frame)
         out = bytes_to_words(bytes((await receive).tdata)) if receive is not None else np.zeros(0, np.int64)
         status = await self.wait_idle(timeout_cycles)
         code = await self.read("ERROR_CODE")

@@ -31,7 +31,8 @@ def _operands(rng, cfg: ps.PEConfig):
 
 @cocotb.test()
 async def measure_ops(dut):
-    configs = [ps.PEConfig(**c) for c in json.loads(open(os.environ["INSITU_MEASURE_IN"]).read())]
+    with open(os.environ["INSITU_MEASURE_IN"]) as f:
+        configs = [ps.PEConfig(**c) for c in json.load(f)]
     tb = AccelBench(dut)
     await tb.start()
     rng = np.random.default_rng(0)

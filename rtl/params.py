@@ -29,8 +29,11 @@ class AcceleratorParams:
     """Bounds the RTL is generated for (defaults: the FashionMNIST TT network of the TT paper).
 
     * ``factor_words``: depth in words of the PE1/PE2 factor buffer (4-bit codes);
-    * ``pe1_row_entries``: PE1 tile depth: ``b * c / 16`` entries of 16 words per row (8 rows);
-    * ``pe2_b_max``: PE2's largest ``b`` (its tile is ``b`` entries of 16 words);
+    * ``pe1_row_entries``: PE1 tile depth: ``b * c / 16`` entries of 16 words per row (8 rows).
+      The network needs 16; PE1 reads 8 rows x 256 bits per cycle, so a shallow tile maps to
+      LUT RAM, while 64 took 33 RAMB36 for their width alone (Yosys, xczu3eg);
+    * ``pe2_b_max``: PE2's largest ``b`` (its tile is ``b`` entries of 16 words; the network's
+      second layer needs 512);
     * ``pe3_b_max``: PE3's largest batch ``b`` (its X block is ``b`` entries of 16 words);
     * ``shift_min``/``shift_max``: the output rescaling shifts the PEs accept (negative: left);
     * ``lrt_rows_max``, ``lrt_cols_max``: LRT basis memories (rows x q columns, both sides);
@@ -38,9 +41,9 @@ class AcceleratorParams:
     """
 
     factor_words: int = 4096
-    pe1_row_entries: int = 64
+    pe1_row_entries: int = 16
     pe2_b_max: int = 512
-    pe3_b_max: int = 512
+    pe3_b_max: int = 256
     shift_min: int = -16
     shift_max: int = 63
     lrt_rows_max: int = 256

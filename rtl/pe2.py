@@ -194,15 +194,26 @@ class PE2(PE):
 
         # ---------------------------------------------------------------- MAC pipeline
         m.d.sync += [s1_v.eq(issue), s1_first.eq(cc_b == 0), s1_last.eq(last_b)]
-        # Stage 1 -> 2: 128 products of the buffers' outputs (d-major, lane-minor).
+        # Stage 1 -> 2: 128 products of the buffers' outputs (d-major, lane-minor), computed as
+        # 64 wide products: one DSP multiplies a 16-bit z by two 4-bit codes packed 20 bits apart
+        # (z * (g0 + g1 * 2**20) = z*g0 + z*g1 * 2**20, and |z*g0| < 2**19 fits the low 20 bits).
         z_lanes = words(t_r.data, LANES, DATA_BITS)
         g_codes = words(g_r.data, OUTS, CODE_BITS)
         pbits = product_bits(DATA_BITS, CODE_BITS)
+        packed = [g_codes[j] + (g_codes[j + 1] << pbits) for j in range(0, OUTS, 2)]
+        wide = {}
+        for p, pair in enumerate(packed):
+            for lane in range(LANES):
+                w = Signal(signed(2 * pbits + 1), name=f"wide_{p}_{lane}")
+                m.d.sync += w.eq(z_lanes[lane] * pair)
+                wide[p, lane] = w
         prods = []
         for j in range(OUTS):
             for lane in range(LANES):
-                prod = Signal(signed(pbits), name=f"prod_{j}_{lane}")
-                m.d.sync += prod.eq(z_lanes[lane] * g_codes[j])
+                w = wide[j // 2, lane]
+                low = w[:pbits].as_signed()
+                # The high product: floor(w / 2**20) corrected by the low product's sign.
+                prod = low if j % 2 == 0 else (w[pbits:].as_signed() + w[pbits - 1])[:pbits + 1].as_signed()
                 prods.append(prod)
         m.d.sync += [s2_v.eq(s1_v), s2_first.eq(s1_first), s2_last.eq(s1_last)]
         # Stage 2 -> 3: accumulate over b.

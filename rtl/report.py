@@ -77,7 +77,7 @@ def simulate_cycles(configs: list[PEConfig], params: AcceleratorParams = DEFAULT
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
         src.write_text(json.dumps([dataclasses.asdict(c) for c in configs]))
-        sim.run("insitu.rtl.cocotb_measure", "measure_ops", params=params, test_dir=Path(tmp),
+        sim.run("insitu.rtl.cocotb_measure", "measure_ops", params=params, test_dir=Path(tmp), quiet=True,
                 extra_env={"INSITU_MEASURE_IN": str(src), "INSITU_MEASURE_OUT": str(dst)})
         return json.loads(dst.read_text())
 
@@ -188,8 +188,13 @@ def synthesize(verilog: str, family: str, top: str = TOP_MODULE) -> dict:
 def resources(params: AcceleratorParams = DEFAULT_PARAMS) -> dict:
     from .sim import top_verilog
 
+    from concurrent.futures import ProcessPoolExecutor
+
     verilog = top_verilog(params)
-    return {part: synthesize(verilog, family) for part, family in FAMILIES.items()}
+    # Both parts at once: each Yosys run is single-threaded and takes minutes.
+    with ProcessPoolExecutor(max_workers=len(FAMILIES)) as pool:
+        jobs = {part: pool.submit(synthesize, verilog, family) for part, family in FAMILIES.items()}
+        return {part: job.result() for part, job in jobs.items()}
 
 
 def report(batch: int = 64, params: AcceleratorParams = DEFAULT_PARAMS, *, synth: bool = True,

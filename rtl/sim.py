@@ -68,9 +68,11 @@ def build(params: AcceleratorParams = DEFAULT_PARAMS, build_root: Path | None = 
 
 def run(test_module: str, testcase: str | list[str] | None = None, *, module_dir: Path | None = None,
         params: AcceleratorParams = DEFAULT_PARAMS, extra_env: dict | None = None,
-        waves: bool | None = None, seed: int | None = None, test_dir: Path | None = None) -> Path:
+        waves: bool | None = None, seed: int | None = None, test_dir: Path | None = None,
+        quiet: bool = False) -> Path:
     """Run cocotb tests of ``test_module`` (importable from ``module_dir``); returns the results
-    XML. Raises :class:`SimulationError` when a test fails (outside pytest too)."""
+    XML. Raises :class:`SimulationError` when a test fails (outside pytest too). ``quiet`` sends
+    the simulator's log to ``sim.log`` in the test directory (its tail is in the error)."""
     from cocotb_tools.check_results import get_results
 
     waves = waves_requested(waves)
@@ -82,15 +84,26 @@ def run(test_module: str, testcase: str | list[str] | None = None, *, module_dir
         sys.path.insert(0, str(module_dir))
     test_dir = Path(test_dir or build_dir / "runs")
     test_dir.mkdir(parents=True, exist_ok=True)
+    log_file = test_dir.resolve() / "sim.log" if quiet else None
+    if quiet:
+        env.setdefault("COCOTB_LOG_LEVEL", "WARNING")
+        env.setdefault("PYTHONWARNINGS", "ignore")
+
+    def log_tail() -> str:
+        return ("\n" + log_file.read_text()[-3000:]) if log_file and log_file.exists() else ""
+
     try:
         results = runner.test(test_module=test_module, hdl_toplevel=TOP_MODULE, testcase=testcase,
                               build_dir=build_dir, test_dir=test_dir, extra_env=env, waves=waves,
-                              seed=seed, timescale=TIMESCALE,
+                              seed=seed, timescale=TIMESCALE, log_file=log_file,
                               results_xml=str(test_dir.resolve() / f"{test_module}.{testcase if isinstance(testcase, str) else 'all'}.xml"))
     except SystemExit as exc:
-        raise SimulationError(f"cocotb tests of {test_module} failed (exit {exc.code}); see the log "
-                              "above") from None
-    total, failed = get_results(results)
+        raise SimulationError(f"cocotb tests of {test_module} failed (exit {exc.code}); see the "
+                              f"simulator's log{log_tail()}") from None
+    try:
+        total, failed = get_results(results)
+    except RuntimeError as exc:
+        raise SimulationError(f"{exc}{log_tail()}") from None
     if failed or not total:
-        raise SimulationError(f"{failed} of {total} cocotb tests of {test_module} failed")
+        raise SimulationError(f"{failed} of {total} cocotb tests of {test_module} failed{log_tail()}")
     return results

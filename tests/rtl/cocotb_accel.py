@@ -1,7 +1,8 @@
 """cocotb tests of the accelerator top level (Verilog in Icarus), run by test_accel_cocotb.py.
 
 Every PE op goes through the AXI-Lite registers and the AXI streams as the board driver drives
-them, against the golden model of :mod:`insitu.tt.pe_stream`.
+them, against the golden models of :mod:`insitu.tt.pe_stream` (PE1-PE3) and
+:mod:`insitu.lrt.pe_ops` (the LRT PE).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import cocotb
 from cocotb.triggers import ClockCycles
 from cocotbext.axi import AxiStreamFrame
 
+from insitu.lrt.pe_ops import LRTPEModel, append_reciprocal
 from insitu.rtl.cocotb_bench import STATUS_BUSY, STATUS_DONE, AccelBench, words_to_bytes
 from insitu.rtl.params import DEFAULT_PARAMS as P
 from insitu.rtl.regmap import ID_VALUE, OFFSETS, REGISTERS, VERSION, ErrorCode, Op, reset_value
@@ -220,3 +222,264 @@ async def reset_in_the_middle_of_an_op(dut):
         cfg, lhs, rhs = await _begin_op(tb, kind, SEED + 5)
         out, _ = await tb.run_op(cfg, ps.stream_in(cfg, lhs, rhs))
         assert np.array_equal(out, ps.reference_stream_out(cfg, lhs, rhs)), kind
+
+
+# ------------------------------------------------------------------------------ the LRT PE
+#
+# The LRT PE through the top level, against its golden model (insitu.lrt.pe_ops.LRTPEModel): every
+# op's streams, IN_BEATS / OUT_BEATS, and the LRT_NORM2 / LRT_WRITES_* registers after every op.
+
+LRT_RESULT_REGISTERS = ("LRT_NORM2_LO", "LRT_NORM2_HI", "LRT_WRITES_MAX", "LRT_WRITES_TOTAL")
+#: CYCLES counts the top's CHECK and START states and the cycle the PE drops busy, on top of the
+#: PE's own busy cycles (LRTPEModel.cycles).
+LRT_TOP_CYCLES = 3
+
+
+def lrt_codes(rng: np.random.Generator, shape, scale: float = 1.0, bits: int = 16) -> np.ndarray:
+    """Normal codes of ``bits`` bits, ``scale`` of full scale (saturating at the extremes)."""
+    hi = (1 << (bits - 1)) - 1
+    return np.clip(np.round(rng.standard_normal(shape) * scale * hi), -hi - 1, hi).astype(np.int64)
+
+
+def lrt_stream(rng: np.random.Generator, values) -> np.ndarray:
+    """``values`` padded to whole beats with random words: the PE must ignore the padding."""
+    v = np.asarray(values, dtype=np.int64).ravel()
+    return np.concatenate([v, rng.integers(-(1 << 15), 1 << 15, -v.size % ps.STREAM_WORDS)])
+
+
+def lrt_basis(rng: np.random.Generator, rows: int, kind: str) -> np.ndarray:
+    """A ``rows × lrt_cols_max`` basis of Q1.14 codes: orthonormal columns (as SKS keeps them),
+    small normal codes, or uniform codes with the extremes mixed in (MGS saturates)."""
+    q = P.lrt_cols_max
+    if kind == "orthonormal":
+        k = min(rows, q)
+        Q = np.zeros((rows, q))
+        Q[:, :k] = np.linalg.qr(rng.standard_normal((rows, k)))[0]
+        return np.clip(np.round(Q * (1 << 14)), -(1 << 15), (1 << 15) - 1).astype(np.int64)
+    if kind == "normal":
+        return lrt_codes(rng, (rows, q), scale=0.3)
+    return random_codes(rng, (rows, q), 16)
+
+
+class LRTCheck:
+    """Runs LRT ops on the accelerator (through the bench) and on the golden model, compares."""
+
+    def __init__(self, dut, tb: AccelBench, rng: np.random.Generator):
+        self.dut, self.tb, self.rng = dut, tb, rng
+        self.model = LRTPEModel(P)
+        self.ran: list[str] = []
+
+    def registers(self) -> dict:
+        """The model's registers as run_lrt_op keyword arguments."""
+        m = self.model
+        return dict(shift=m.shift, side=m.side, rows_l=m.rows_l, rows_r=m.rows_r, cols=m.cols,
+                    recip=m.recip)
+
+    async def results(self) -> dict:
+        return {name: await self.tb.read(name) for name in LRT_RESULT_REGISTERS}
+
+    def expected_results(self) -> dict:
+        m = self.model
+        return {"LRT_NORM2_LO": m.norm2 & 0xFFFFFFFF, "LRT_NORM2_HI": m.norm2 >> 32,
+                "LRT_WRITES_MAX": m.writes_max, "LRT_WRITES_TOTAL": m.writes_total}
+
+    async def run(self, op: Op, values=None, *, busy: bool | None = None, **regs) -> np.ndarray:
+        """Set ``regs`` (model attributes), run ``op`` with ``values`` (unpadded; padded here with
+        random words) on both, compare the output stream and the result registers. ``busy``:
+        random input idle cycles and output stalls (default: at random); without them the input
+        is queued before START and CYCLES must match LRTPEModel.cycles exactly."""
+        model, rng, tb = self.model, self.rng, self.tb
+        model.configure(**regs)
+        assert model.cfg_error(op) == ErrorCode.NONE, (op.name, self.registers())
+        words = lrt_stream(rng, values) if values is not None else None
+        in_beats, out_beats = model.in_beats(op), model.out_beats(op)
+        expected = model.execute(op, words)
+        if busy is None:
+            busy = rng.random() < 0.6
+        if busy:
+            tb.backpressure(input_idle=float(rng.choice([0.0, 0.3, 0.6])),
+                            output_stall=float(rng.choice([0.0, 0.3, 0.6])))
+        else:
+            tb.backpressure()
+        out, cycles = await tb.run_lrt_op(op, words, in_beats=in_beats, out_beats=out_beats,
+                                          input_first=not busy, **self.registers())
+        self.ran.append(op.name)
+        what = f"{op.name} {self.registers()}"
+        mask = 0xFFFF if op == Op.LRT_READ_COUNTS else -1      # unsigned counters
+        differ = np.flatnonzero((out & mask) != (expected & mask))
+        assert differ.size == 0, f"{what}: words {differ[:8]} differ: {out[differ[:8]]}, " \
+                                 f"expected {expected[differ[:8]]}"
+        got, want = await self.results(), self.expected_results()
+        assert got == want, f"{what}: registers {got}, expected {want}"
+        pe_cycles = model.cycles(op) + LRT_TOP_CYCLES
+        if busy:
+            assert cycles >= pe_cycles, f"{what}: CYCLES {cycles} < {pe_cycles}"
+        else:
+            assert cycles == pe_cycles, f"{what}: CYCLES {cycles}, expected {pe_cycles}"
+        self.dut._log.info("%s ok in %d cycles", what, cycles)
+        return out
+
+
+async def lrt_sequence(lrt: LRTCheck, n_ops: int):
+    """Both bases and the weights loaded with random codes, then a random sequence of about
+    ``n_ops`` LRT ops with random registers, then everything the PE holds read back."""
+    model, rng = lrt.model, lrt.rng
+    # The largest sizes of the sequence: everything the ops may read is loaded first (so that the
+    # RTL's memories and the model agree whatever ran before in the simulator).
+    m0, n0 = int(rng.integers(5, 41)), int(rng.integers(5, 41))
+    model.configure(rows_l=m0, rows_r=n0, cols=int(rng.integers(0, P.lrt_cols_max)))
+    for side in (0, 1):
+        kind = str(rng.choice(["orthonormal", "normal", "uniform"], p=[0.5, 0.3, 0.2]))
+        await lrt.run(Op.LRT_LOAD_BASIS, lrt_basis(rng, n0 if side else m0, kind), side=side)
+    await lrt.run(Op.LRT_LOAD_WEIGHTS, lrt_codes(rng, m0 * n0, scale=float(rng.choice([0.02, 0.5]))))
+    for side in (1, 0) if n0 > m0 else (0, 1):          # the residual of the larger side first
+        await lrt.run(Op.LRT_PROJECT, lrt_codes(rng, n0 if side else m0, scale=0.3), side=side)
+
+    kinds = ["project", "reproject", "append", "rotate", "update", "read", "sizes", "sks"]
+    ops = 0
+    while ops < n_ops:
+        kind = str(rng.choice(kinds, p=[.17, .08, .1, .12, .2, .17, .08, .08]))
+        regs = dict(side=int(rng.integers(0, 2)))
+        if rng.random() < 0.3:
+            regs["cols"] = int(rng.integers(0, P.lrt_cols_max))
+        model.configure(**regs)
+        rows, r = model.rows, model.cols
+        if kind == "project":
+            x = lrt_codes(rng, rows, scale=float(rng.choice([0.05, 0.3, 1.0])))
+            await lrt.run(Op.LRT_PROJECT, x)
+        elif kind == "reproject":
+            await lrt.run(Op.LRT_REPROJECT)
+        elif kind == "append":
+            shift = int(rng.integers(P.shift_min, P.shift_max + 1)) if rng.random() < 0.3 \
+                else int(rng.integers(8, 24))
+            await lrt.run(Op.LRT_APPEND, recip=int(rng.integers(0, 1 << 16)), shift=shift)
+        elif kind == "rotate":
+            M = lrt_codes(rng, (r + 1, r), scale=float(rng.choice([0.2, 0.6])))
+            await lrt.run(Op.LRT_ROTATE, M)
+        elif kind == "update":
+            # Steps of a few weight LSBs: Q ~ 2**13, s ~ 2**(e-1), r terms; now and then any SHIFT.
+            e = int(rng.integers(4, 16))
+            shift = 26 + e - int(rng.integers(0, 5)) if rng.random() < 0.85 else \
+                int(rng.integers(P.shift_min, P.shift_max + 1))
+            await lrt.run(Op.LRT_UPDATE, lrt_codes(rng, r, scale=2.0 ** (e - 16)), shift=shift)
+        elif kind == "read":
+            await lrt.run(Op(rng.choice([Op.LRT_READ_BASIS, Op.LRT_READ_WEIGHTS, Op.LRT_READ_COUNTS])))
+        elif kind == "sizes":
+            # Smaller sizes (the weights are re-read as an m × n matrix of the loaded cells).
+            model.configure(rows_l=int(rng.integers(1, m0 + 1)), rows_r=int(rng.integers(1, n0 + 1)))
+            continue
+        else:
+            # One SKS step on a side: project, reproject, append the normalized residual (LRT_RECIP
+            # and SHIFT from LRT_NORM2, as the processor computes them), rotate by q × r of an
+            # orthogonal matrix.
+            r = int(rng.integers(0, P.lrt_cols_max - 1))
+            model.configure(cols=r)
+            await lrt.run(Op.LRT_PROJECT, lrt_codes(rng, rows, scale=0.3))
+            await lrt.run(Op.LRT_REPROJECT)
+            recip, shift = append_reciprocal(model.norm2)
+            if P.shift_min <= shift <= P.shift_max:
+                await lrt.run(Op.LRT_APPEND, recip=recip, shift=shift)
+            M = np.linalg.qr(rng.standard_normal((r + 2, r + 2)))[0][:, :r + 1]
+            await lrt.run(Op.LRT_ROTATE, np.round(M * (1 << 14)).astype(np.int64), cols=r + 1)
+            ops += 3
+        ops += 1
+    # Everything the PE holds, read back.
+    model.configure(rows_l=m0, rows_r=n0)
+    for side in (0, 1):
+        await lrt.run(Op.LRT_READ_BASIS, side=side)
+    await lrt.run(Op.LRT_READ_WEIGHTS)
+    await lrt.run(Op.LRT_READ_COUNTS)
+
+
+@cocotb.test()
+async def lrt_random_sequence(dut):
+    """Two random LRT op sequences (random sizes, sides, ranks, reciprocals, shifts, codes; random
+    input idle cycles and output stalls), each op checked against the golden model."""
+    tb = AccelBench(dut, seed=SEED)
+    await tb.start()
+    lrt = LRTCheck(dut, tb, np.random.default_rng(SEED + 100))
+    for _ in range(2):
+        await lrt_sequence(lrt, 25)
+    dut._log.info("LRT ops run: %s", ", ".join(lrt.ran))
+    assert {"LRT_PROJECT", "LRT_REPROJECT", "LRT_APPEND", "LRT_ROTATE", "LRT_UPDATE"} <= set(lrt.ran)
+    assert lrt.model.writes_total > 0
+
+
+@cocotb.test()
+async def lrt_bad_configurations(dut):
+    """Every cfg_error of the LRT PE that the registers can reach gives STATUS.ERROR with its
+    ERROR_CODE (the golden model agrees), changes no state, and good LRT ops run afterwards."""
+    tb = AccelBench(dut, seed=SEED)
+    await tb.start()
+    rng = np.random.default_rng(SEED + 200)
+    lrt = LRTCheck(dut, tb, rng)
+    model = lrt.model
+    R, C, Q = P.lrt_rows_max, P.lrt_cells_max, P.lrt_cols_max
+    # Some state, so that a refused op that changed anything would show.
+    m0, n0, r0 = 6, 11, 3
+    model.configure(rows_l=m0, rows_r=n0, cols=r0)
+    for side in (0, 1):
+        await lrt.run(Op.LRT_LOAD_BASIS, lrt_basis(rng, model.rows_r if side else m0, "normal"),
+                      side=side)
+    await lrt.run(Op.LRT_LOAD_WEIGHTS, lrt_codes(rng, m0 * n0, scale=0.5))
+    await lrt.run(Op.LRT_UPDATE, lrt_codes(rng, r0, scale=2.0 ** -4), shift=32)
+    await lrt.run(Op.LRT_PROJECT, lrt_codes(rng, n0, scale=0.3), side=1)
+    assert model.norm2 and model.writes_total
+    good = dict(side=0, rows_l=m0, rows_r=n0, cols=r0, recip=0x9000, shift=12)
+
+    basis_ops = [Op.LRT_LOAD_BASIS, Op.LRT_READ_BASIS, Op.LRT_PROJECT, Op.LRT_REPROJECT,
+                 Op.LRT_APPEND, Op.LRT_ROTATE]
+    cols_ops = [Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_APPEND, Op.LRT_ROTATE, Op.LRT_UPDATE]
+    cells_ops = [Op.LRT_UPDATE, Op.LRT_LOAD_WEIGHTS, Op.LRT_READ_WEIGHTS, Op.LRT_READ_COUNTS]
+    cases = [(15, {}, ErrorCode.BAD_OP), (26, {}, ErrorCode.BAD_OP)]     # either side of the range
+    for op in basis_ops:
+        cases += [(op, dict(side=0, rows_l=0), ErrorCode.ZERO_SIZE),
+                  (op, dict(side=1, rows_r=0), ErrorCode.ZERO_SIZE),
+                  (op, dict(side=0, rows_l=R + 1), ErrorCode.LRT_SIZE),
+                  (op, dict(side=1, rows_r=0xFFFF), ErrorCode.LRT_SIZE)]
+    for op in cells_ops:
+        cases += [(op, dict(rows_l=0), ErrorCode.ZERO_SIZE),
+                  (op, dict(rows_r=0, side=1), ErrorCode.ZERO_SIZE),
+                  (op, dict(rows_l=R + 1, rows_r=1), ErrorCode.LRT_SIZE),
+                  (op, dict(rows_l=1, rows_r=R + 1), ErrorCode.LRT_SIZE),
+                  (op, dict(rows_l=R, rows_r=C // R + 1), ErrorCode.LRT_SIZE)]    # m·n > cells
+    for op in cols_ops:
+        cases += [(op, dict(cols=Q), ErrorCode.LRT_SIZE), (op, dict(cols=0xFF), ErrorCode.LRT_SIZE)]
+    for op in (Op.LRT_APPEND, Op.LRT_UPDATE):
+        cases += [(op, dict(shift=s), ErrorCode.SHIFT)
+                  for s in (P.shift_min - 1, P.shift_max + 1, -128, 127)]
+    # The order of the checks: ZERO_SIZE before LRT_SIZE before SHIFT.
+    cases += [(Op.LRT_UPDATE, dict(rows_l=0, rows_r=R + 1, cols=Q, shift=127), ErrorCode.ZERO_SIZE),
+              (Op.LRT_APPEND, dict(side=1, rows_r=R + 1, shift=-128), ErrorCode.LRT_SIZE),
+              (Op.LRT_APPEND, dict(cols=Q, shift=-128), ErrorCode.LRT_SIZE)]
+    seen = set()
+    for op, regs, code in cases:
+        model.configure(**{**good, **regs})
+        assert model.cfg_error(op) == code, (op, regs, model.cfg_error(op), code)
+        await tb.configure_lrt(op, **lrt.registers())
+        await tb.start_op()
+        await tb.expect_error(code)
+        assert await lrt.results() == lrt.expected_results(), (op, regs)
+        seen.add(code)
+    assert seen == {ErrorCode.BAD_OP, ErrorCode.ZERO_SIZE, ErrorCode.LRT_SIZE, ErrorCode.SHIFT}
+    # The configurations an op does not check are no error for it: run them.
+    model.configure(**good)
+    await lrt.run(Op.LRT_READ_BASIS, side=0, cols=Q, shift=-128)            # cols, SHIFT unused
+    await lrt.run(Op.LRT_READ_WEIGHTS, cols=0xFF, shift=127)
+    await lrt.run(Op.LRT_LOAD_BASIS, lrt_basis(rng, m0, "orthonormal"), side=0, rows_r=0)
+    await lrt.run(Op.LRT_PROJECT, lrt_codes(rng, m0, scale=0.3), cols=r0, shift=P.shift_max + 1)
+    await lrt.run(Op.LRT_REPROJECT, side=1, rows_l=R + 1, rows_r=n0)
+    # Nothing was changed by the refused ops: read back everything, and a few good ops.
+    model.configure(**good)
+    for side in (0, 1):
+        await lrt.run(Op.LRT_READ_BASIS, side=side)
+    await lrt.run(Op.LRT_READ_WEIGHTS)
+    await lrt.run(Op.LRT_READ_COUNTS)
+    await lrt.run(Op.LRT_APPEND, side=1)
+    await lrt.run(Op.LRT_UPDATE, lrt_codes(rng, r0, scale=2.0 ** -4), shift=31)
+    await lrt.run(Op.LRT_READ_COUNTS)
+    # And a PE op still runs after them.
+    cfg, lhs, rhs = random_op(np.random.default_rng(SEED), "PE2")
+    tb.backpressure()
+    out, _ = await tb.run_op(cfg, ps.stream_in(cfg, lhs, rhs))
+    assert np.array_equal(out, ps.reference_stream_out(cfg, lhs, rhs))
