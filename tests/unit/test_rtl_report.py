@@ -1,0 +1,69 @@
+"""The arithmetic of `insitu rtl report`: tile counts, reduced probes, summaries, cell counts."""
+
+import dataclasses
+
+import pytest
+
+from insitu.rtl import report
+from insitu.tt.pe_stream import PEConfig
+
+pytestmark = pytest.mark.unit
+
+
+def test_network_ops_cover_both_layers_forward_and_backward():
+    ops = report.network_ops(64)
+    assert {layer for layer, _, _ in ops} == {0, 1}
+    assert {op.phase for _, op, _ in ops} == {"forward", "input-grad", "weight-grad", "factor-grad"}
+    # The first layer needs no input gradient.
+    assert not [op for layer, op, _ in ops if layer == 0 and op.phase == "input-grad"]
+    for _, op, cfg in ops:
+        assert cfg.c % 16 == 0 and cfg.kind == op.kind
+
+
+@pytest.mark.parametrize("cfg", [PEConfig("PE1", 3584, 1, 16, 256), PEConfig("PE2", 448, 64, 32, 64),
+                                 PEConfig("PE2", 1, 28, 16384, 16), PEConfig("PE3", 28672, 64, 16, 16)])
+def test_reduced_probes_keep_the_tile_shape(cfg):
+    probes = report.reduced(cfg)
+    assert len(probes) == 3
+    counts = [report.tiles(p) for p in probes]
+    assert counts == sorted(counts) and len(set(counts)) == 3
+    for p in probes:
+        # Only the tile count changes: the work per tile is the op's.
+        assert p.macs() * report.tiles(cfg) == cfg.macs() * report.tiles(p)
+        assert (p.b, p.d) == (cfg.b, cfg.d)
+
+
+def test_small_ops_are_simulated_whole():
+    cfg = PEConfig("PE1", 28, 1, 256, 16)
+    assert report.reduced(cfg) == [cfg]
+
+
+def _row(kind, cycles, ideal, stream):
+    return {"kind": kind, "cycles": cycles, "ideal_cycles": ideal, "stream_cycles": stream,
+            "bound": "mac" if ideal >= stream else "stream", "utilization": ideal / cycles}
+
+
+def test_summary_and_targets():
+    rows = [_row("PE1", 100, 95, 50), _row("PE2", 100, 90, 40), _row("PE2", 100, 25, 100),
+            _row("PE3", 1000, 990, 200)]
+    s = report.summarize(rows, clock_hz=100)
+    assert s["per_pe"]["PE2"]["utilization"] == pytest.approx(115 / 200)
+    assert s["per_pe"]["PE2"]["utilization_cap_of_streams"] == pytest.approx(115 / 190)
+    assert s["per_pe"]["PE2"]["stream_bound_ops"] == 1
+    assert s["batch64_seconds_at_100mhz"] == pytest.approx(13.0)
+    assert s["ratio_to_mac_bound"] == pytest.approx(1300 / 1200)
+    t = report.targets({**s, "resources": {"xczu3eg": {"LUT": 1, "DSP": 279, "BRAM18": 1}}})
+    assert t["pe1_pe2_utilization_ge_0.90"] is False
+    assert t["within_1.5x_of_mac_bound"] is True
+    assert t["xczu3eg_within_paper_table2"] is False
+
+
+def test_resources_from_yosys_cells():
+    cells = {"LUT3": 10, "LUT6": 5, "RAM32M16": 2, "FDRE": 7, "FDSE": 1, "DSP48E2": 3,
+             "RAMB18E2": 2, "RAMB36E2": 4, "CARRY8": 9, "BUFG": 1}
+    assert report.resources_from_cells(cells) == {"LUT": 31, "FF": 8, "DSP": 3, "BRAM18": 10}
+
+
+def test_config_dataclass_replace_is_hashable():
+    cfg = PEConfig("PE2", 2, 3, 32, 4)
+    assert len({cfg, dataclasses.replace(cfg)}) == 1
