@@ -35,8 +35,8 @@ op                  cycles
 ==================  ================================================
 LRT_LOAD_BASIS      rows + 2
 LRT_READ_BASIS      rows + 3
-LRT_PROJECT         B(rows) + (r + 1)(rows + 5) + 3 (+1 when r > 0)
-LRT_REPROJECT       (r + 1)(rows + 5) + 2 (+1 when r > 0)
+LRT_PROJECT         B(rows) + (r + 1)(rows + 5) + 4 when r > 0, + 2 when r = 0
+LRT_REPROJECT       (r + 1)(rows + 5) + 3 when r > 0, + 1 when r = 0
 LRT_APPEND          rows + 5
 LRT_ROTATE          B(q r) + q r + rows r + 6 (r > 0; 2 for r = 0)
 LRT_UPDATE          B(r) + m (n + 2) + 6
@@ -47,8 +47,11 @@ LRT_READ_COUNTS     B(m n) + 3
 
 (:meth:`insitu.lrt.pe_ops.LRTPEModel.cycles` gives these figures.) LRT_LOAD_WEIGHTS clears every
 write counter, one memory word (8 counters) per cycle, in parallel with the weight stream.
-LRT_NORM2, LRT_WRITES_MAX and LRT_WRITES_TOTAL are not reset by the PE's reset (the top holds the
-PE in reset on ABORT): they describe memory contents, which a reset does not clear either.
+LRT_NORM2, LRT_WRITES_MAX and LRT_WRITES_TOTAL reset to 0 with the PE (``aresetn``, and ABORT or a
+short stream, for which the top holds the PE in reset). The memories keep their contents through
+a reset, so after one the processor reloads the weights (LRT_LOAD_WEIGHTS clears the counters);
+an op cut short leaves its memory partly updated (a partial LOAD_WEIGHTS: counters partly
+cleared; a partial UPDATE: some cells written).
 """
 
 from __future__ import annotations
@@ -225,9 +228,9 @@ class PELRT(PE):
         acc = Signal(signed(acc_bits))           # MGS dot product / squared norm
         cvec = Array(Signal(word, name=f"c{k}") for k in range(L))
         c_prev = Signal(word)                    # c_{p-1}
-        norm2 = Signal(LRT_NORM2_BITS, reset_less=True)
-        writes_max = Signal(LRT_WRITES_TOTAL_BITS, reset_less=True)
-        writes_total = Signal(LRT_WRITES_TOTAL_BITS, reset_less=True)
+        norm2 = Signal(LRT_NORM2_BITS)
+        writes_max = Signal(LRT_WRITES_TOTAL_BITS)
+        writes_total = Signal(LRT_WRITES_TOTAL_BITS)
         m.d.comb += [self.norm2.eq(norm2), self.writes_max.eq(writes_max),
                      self.writes_total.eq(writes_total)]
         # LRT_ROTATE: M[k][j] by lane k; the word deserializer of its input.

@@ -259,7 +259,9 @@ class LRTPEModel:
         def b(words):                                             # beats
             return _ceil_div(words, STREAM_WORDS)
 
-        passes = (r + 1) * (rows + 5) + (1 if r else 0)           # MGS passes and the c beat
+        # MGS passes, then the c beat (two cycles: its output state and the FIFO drain); without
+        # columns (r = 0) there is no c beat and the last pass ends a cycle earlier.
+        passes = (r + 1) * (rows + 5) + (1 if r else -1)
         return {
             Op.LRT_LOAD_BASIS: rows + 2,
             Op.LRT_READ_BASIS: rows + 3,
