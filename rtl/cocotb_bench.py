@@ -14,7 +14,7 @@ import numpy as np
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
 from cocotbext.axi import (AxiLiteBus, AxiLiteMaster, AxiStreamBus, AxiStreamFrame, AxiStreamSink,
                            AxiStreamSource)
 
@@ -175,7 +175,11 @@ class AccelBench:
         receive = cocotb.start_soon(self.sink.recv()) if out_beats else None
         if frame is not None and not input_first:
             await self.source.send(frame)
-        out = bytes_to_words(bytes((await receive).tdata)) if receive is not None else np.zeros(0, np.int64)
+        out = np.zeros(0, np.int64)
+        if receive is not None:
+            # A missing TLAST fails here instead of hanging the simulation.
+            frame_out = await with_timeout(receive, timeout_cycles * CLOCK_NS, "ns")
+            out = bytes_to_words(bytes(frame_out.tdata))
         status = await self.wait_idle(timeout_cycles)
         code = await self.read("ERROR_CODE")
         assert status == STATUS_DONE, f"STATUS {status:#x}, ERROR_CODE {ErrorCode(code).name}"

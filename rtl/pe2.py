@@ -70,15 +70,17 @@ class PE2(PE):
         G8 = Signal(14)                         # groups of 8 d's: ceil(d/8)
         m.d.comb += [C.eq(c >> 4), G8.eq((d + 7) >> 3)]
         checks, shift_check = common_cfg_errors(a, b, c, d, self.shift, p)
+        # Beat counts at full width: an op whose streams do not fit the 32-bit counters (of the
+        # top level and of an AXI DMA transfer) is refused, not wrapped.
+        in_beats, out_beats = (b * ((G8 << 3) + a * c)) >> 3, a * c * G8
         drive_cfg_error(m, self.cfg_error, checks + [
             (b > B, ErrorCode.TILE),
+            ((in_beats >> 32) != 0, ErrorCode.TILE),
+            ((out_beats >> 32) != 0, ErrorCode.TILE),
             (b * G8 > FE, ErrorCode.FACTOR_WORDS),
             shift_check,
         ])
-        m.d.comb += [
-            self.in_beats.eq((b * ((G8 << 3) + a * c)) >> 3),
-            self.out_beats.eq(a * c * G8),
-        ]
+        m.d.comb += [self.in_beats.eq(in_beats), self.out_beats.eq(out_beats)]
         # Derived sizes, registered (the configuration is stable from START on; the first use is
         # in the cycle after START). Meaningful for accepted configurations only.
         bm1 = Signal(range(B))

@@ -60,6 +60,11 @@ class ErrorCode(enum.IntEnum):
     STREAM_SHORT = 8         # the input stream ended (TLAST) before the op's last beat
     LRT_SIZE = 9             # LRT rows, columns or cells beyond the generated memories
     ABORTED = 10             # CTRL.ABORT stopped the op
+    STREAM_LONG = 11         # the op's last input beat came without TLAST (a longer stream)
+
+
+#: The ops of the LRT PE.
+LRT_OPS = frozenset(op for op in Op if op.name.startswith("LRT_"))
 
 
 @dataclass(frozen=True)
@@ -101,24 +106,26 @@ REGISTERS: tuple[Register, ...] = (
     _reg("VERSION", 0x04, "ro", 32, "Checksum of this register map; the driver refuses another."),
     _reg("CTRL", 0x08, "wo", 2, "Commands (write 1 to act).",
          ("START", 0, 1, "Start OP with the configuration registers; ignored while BUSY."),
-         ("ABORT", 1, 1, "Stop the running op: ERROR with ABORTED, back to idle.")),
+         ("ABORT", 1, 1, "Stop the running op: its PE is reset, ERROR with ABORTED, back to "
+          "idle (ignored while idle). Reset the DMA channels after any ERROR.")),
     _reg("STATUS", 0x0C, "ro", 3, "State of the last START.",
          ("BUSY", 0, 1, "An op is running."),
          ("DONE", 1, 1, "The last op finished (cleared by START)."),
          ("ERROR", 2, 1, "The last START or op failed; see ERROR_CODE (cleared by START).")),
     _reg("ERROR_CODE", 0x10, "ro", 8, "Why the last START failed (ErrorCode); 0 after success."),
-    _reg("CYCLES", 0x14, "ro", 32, "Clock cycles of the last op, START to done (counts while BUSY)."),
+    _reg("CYCLES", 0x14, "ro", 32, "Clock cycles of the last op, START to done (counts while BUSY, "
+         "saturates at 2**32 - 1)."),
     _reg("OP", 0x18, "rw", 8, "The operation START runs (Op)."),
     _reg("SHIFT", 0x1C, "rw", 8, "Output rescaling: right shift of the accumulators (negative: "
-         "left), round half up, saturate to 16 bits.", signed=True),
+         "left), round half up, saturate (to 16 bits; LRT_UPDATE: to the weight width).", signed=True),
     _reg("SIZE_A", 0x20, "rw", 16, "Size a of the op (PE1/PE2/PE3)."),
     _reg("SIZE_B", 0x24, "rw", 16, "Size b of the op."),
     _reg("SIZE_C", 0x28, "rw", 16, "Size c of the op."),
     _reg("SIZE_D", 0x2C, "rw", 16, "Size d of the op (PE3: rows per X block)."),
     _reg("IN_BEATS", 0x30, "ro", 32, "Input-stream beats the configured op consumes (size of the DMA "
-         "send)."),
+         "send; while busy: of the running op). The last one must carry TLAST."),
     _reg("OUT_BEATS", 0x34, "ro", 32, "Output-stream beats the configured op produces (size of the "
-         "DMA receive)."),
+         "DMA receive; TLAST on the last)."),
     _reg("BEATS_DONE_IN", 0x38, "ro", 32, "Input beats consumed by the current or last op."),
     _reg("BEATS_DONE_OUT", 0x3C, "ro", 32, "Output beats sent by the current or last op."),
     # Generate-time bounds, so that a driver can check its schedule against this bitstream.

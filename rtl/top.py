@@ -12,8 +12,9 @@ Control (registers of :mod:`insitu.rtl.regmap`):
   (nothing starts, nothing hangs); otherwise the PE starts and STATUS.BUSY is set;
 * a START while busy is ignored (the running op is unaffected);
 * the op ends when the PE drops ``busy``: STATUS.DONE; CYCLES holds START-to-done cycles;
-* CTRL.ABORT, or an input stream whose TLAST comes before the op's last beat, holds the PE in
-  reset for a cycle and ends the op with ERROR (ABORTED / STREAM_SHORT);
+* CTRL.ABORT, or an input stream whose TLAST does not come exactly on the op's last beat, holds
+  the running PE in reset for a cycle and ends the op with ERROR (ABORTED / STREAM_SHORT /
+  STREAM_LONG); the other PEs keep their state;
 * TLAST on the output marks the op's last beat (OUT_BEATS), so an AXI DMA S2MM transfer ends
   exactly there.
 """
@@ -30,9 +31,7 @@ from .pe1 import PE1
 from .pe2 import PE2
 from .pe3 import PE3
 from .pe_lrt import PELRT
-from .regmap import ErrorCode, Op
-
-LRT_OPS = tuple(op for op in Op if op.name.startswith("LRT_"))
+from .regmap import LRT_OPS, ErrorCode, Op
 
 
 def axi_stream_signature(width: int = STREAM_BITS) -> wiring.Signature:
@@ -49,7 +48,7 @@ def axi_stream_signature(width: int = STREAM_BITS) -> wiring.Signature:
 class _State(enum.Enum, shape=2):
     IDLE = 0
     CHECK = 1
-    START = 2
+    LAUNCH = 2
     BUSY = 3
 
 
@@ -73,9 +72,11 @@ class Accelerator(wiring.Component):
 
         pes = {"pe1": PE1(p), "pe2": PE2(p), "pe3": PE3(p), "pe_lrt": PELRT(p)}
         pe_reset = Signal()
+        ops_of = {"pe1": (Op.PE1,), "pe2": (Op.PE2,), "pe3": (Op.PE3,), "pe_lrt": sorted(LRT_OPS)}
+        selected = {name: Signal(name=f"sel_{name}") for name in pes}
         for name, pe in pes.items():
-            m.submodules[name] = ResetInserter(pe_reset)(pe)
-        ops_of = {"pe1": (Op.PE1,), "pe2": (Op.PE2,), "pe3": (Op.PE3,), "pe_lrt": LRT_OPS}
+            # ABORT resets the running PE only: the others keep their state (the LRT results).
+            m.submodules[name] = ResetInserter(pe_reset & selected[name])(pe)
 
         state = Signal(_State)
         frozen = Signal()                       # configuration latched (not idle)
@@ -96,7 +97,6 @@ class Accelerator(wiring.Component):
         with m.If(~frozen):
             m.d.sync += [cfg[k].eq(live[k]) for k in cfg]
 
-        selected = {name: Signal(name=f"sel_{name}") for name in pes}
         for name, pe in pes.items():
             m.d.comb += selected[name].eq(Cat(cfg["op"] == op for op in ops_of[name]).any())
             m.d.comb += [getattr(pe, k).eq(cfg[k]) for k in ("op", "a", "b", "c", "d", "shift")]
@@ -121,11 +121,11 @@ class Accelerator(wiring.Component):
         m.d.comb += [regs.in_beats.eq(in_beats), regs.out_beats.eq(out_beats)]
 
         # Status registers.
-        busy, done, error = Signal(), Signal(), Signal()
+        done, error = Signal(), Signal()
         error_code, cycles = Signal(8), Signal(32)
         beats_in, beats_out = Signal(32), Signal(32)
         m.d.comb += [
-            regs.status.eq(busy | (done << 1) | (error << 2)),
+            regs.status.eq(frozen | (done << 1) | (error << 2)),
             regs.error_code.eq(error_code),
             regs.cycles.eq(cycles),
             regs.beats_done_in.eq(beats_in),
@@ -133,8 +133,7 @@ class Accelerator(wiring.Component):
             self.done_irq.eq(done | error),
         ]
         start_cmd, abort_cmd = regs.ctrl[0], regs.ctrl[1]
-        m.d.comb += busy.eq(frozen)
-        with m.If(frozen):
+        with m.If(frozen & (cycles != (1 << 32) - 1)):
             m.d.sync += cycles.eq(cycles + 1)
 
         # Streams: only the selected PE, only while it runs.
@@ -165,8 +164,10 @@ class Accelerator(wiring.Component):
             m.d.sync += beats_in.eq(beats_in + 1)
         with m.If(out_fire):
             m.d.sync += beats_out.eq(beats_out + 1)
-        short = Signal()
-        m.d.comb += short.eq(in_fire & self.s_axis.tlast & (beats_in + 1 < in_beats))
+        # TLAST must come exactly on the op's last input beat (an AXI DMA transfer of IN_BEATS).
+        short, long = Signal(), Signal()
+        m.d.comb += [short.eq(in_fire & self.s_axis.tlast & (beats_in + 1 < in_beats)),
+                     long.eq(in_fire & ~self.s_axis.tlast & (beats_in + 1 == in_beats))]
 
         def fail(code):
             m.d.sync += [error.eq(1), error_code.eq(code), state.eq(_State.IDLE)]
@@ -183,15 +184,16 @@ class Accelerator(wiring.Component):
                 with m.Elif(cfg_error != 0):
                     fail(cfg_error)
                 with m.Else():
-                    m.d.sync += state.eq(_State.START)
-            with m.Case(_State.START):
+                    m.d.sync += state.eq(_State.LAUNCH)
+            with m.Case(_State.LAUNCH):
                 for name, pe in pes.items():
                     m.d.comb += pe.start.eq(selected[name])
                 m.d.sync += state.eq(_State.BUSY)
             with m.Case(_State.BUSY):
-                with m.If(abort_cmd | short):
+                with m.If(abort_cmd | short | long):
                     m.d.comb += pe_reset.eq(1)
-                    fail(Mux(short, ErrorCode.STREAM_SHORT, ErrorCode.ABORTED))
+                    fail(Mux(short, ErrorCode.STREAM_SHORT,
+                             Mux(long, ErrorCode.STREAM_LONG, ErrorCode.ABORTED)))
                 with m.Elif(~pe_busy):
                     m.d.sync += [done.eq(1), state.eq(_State.IDLE)]
         return m

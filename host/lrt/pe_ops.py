@@ -67,7 +67,7 @@ from insitu.numerics import (
     shift_round,
 )
 from insitu.rtl.params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
-from insitu.rtl.regmap import ErrorCode, Op, register
+from insitu.rtl.regmap import LRT_OPS, ErrorCode, Op, register
 from insitu.tt.pe_stream import beats, words_of
 
 __all__ = [
@@ -80,8 +80,6 @@ __all__ = [
     "words_of",
 ]
 
-#: The op codes of the LRT PE.
-LRT_OPS = frozenset(range(Op.LRT_LOAD_BASIS, Op.LRT_READ_COUNTS + 1))
 #: Ops that work on one basis (rows = LRT_ROWS_L or LRT_ROWS_R by LRT_SIDE).
 _BASIS_OPS = frozenset({Op.LRT_LOAD_BASIS, Op.LRT_READ_BASIS, Op.LRT_PROJECT, Op.LRT_REPROJECT,
                         Op.LRT_APPEND, Op.LRT_ROTATE})

@@ -10,7 +10,7 @@ import pytest
 from amaranth.back import verilog
 from amaranth.sim import Simulator
 
-from insitu.rtl.params import AcceleratorParams
+from insitu.rtl.params import DEFAULT_PARAMS, AcceleratorParams
 from insitu.rtl.pe1 import PE1
 from insitu.rtl.regmap import ErrorCode
 from insitu.tt.pe_stream import PEConfig, beats, reference_stream_out, stream_in, words_of
@@ -137,12 +137,13 @@ def test_small_generated_bounds():
 
 def test_accumulator_at_its_limit():
     """b*c/16 = pe1_row_entries with every product at the same extreme: no overflow."""
-    cfg = PEConfig("PE1", 8, 1, 16 * 64, 1, 13)
+    entries = DEFAULT_PARAMS.pe1_row_entries
+    cfg = PEConfig("PE1", 8, 1, 16 * entries, 1, 13)
     z = np.full((8, 1, cfg.c), -(1 << 15))
     z[1] = (1 << 15) - 1
     z[2, 0, ::2] = (1 << 15) - 1
     g = np.full((1, 1, cfg.c), -8)
-    ops = [(cfg, z, g), (PEConfig("PE1", 8, 1, 16 * 64, 1, 28), z, g)]
+    ops = [(cfg, z, g), (PEConfig("PE1", 8, 1, 16 * entries, 1, 28), z, g)]
     check(PE1(), ops)
 
 

@@ -148,7 +148,7 @@ def expected_error(cfg, params):
         return ErrorCode.ZERO_SIZE
     if c % 16:
         return ErrorCode.C_LANES
-    if b > params.pe2_b_max:
+    if b > params.pe2_b_max or max(cfg.in_beats(), cfg.out_beats()) >= 1 << 32:
         return ErrorCode.TILE
     if b * (-(-d // 8) * 8) > params.factor_words:
         return ErrorCode.FACTOR_WORDS
@@ -166,7 +166,8 @@ def test_cfg_error_and_beat_counts():
         (1, 512, 16, 9, 0), (1, 1, 16, 4097, 0), (1, 100, 16, 41, 0), (9, 1, 16, 65535, 0),
         (1, 1, 16, 1, -17), (1, 1, 16, 1, 64), (1, 1, 16, 1, -128), (1, 1, 16, 1, 127),  # SHIFT
         (1, 512, 16, 8, -16), (1, 1, 16, 4096, 63), (65535, 28, 16, 16, 0),          # accepted
-        (1, 28, 16384, 16, 5), (64, 112, 128, 4, 0), (0, 0, 8, 0, 99), (65535, 512, 65520, 8, 0),
+        (1, 28, 16384, 16, 5), (64, 112, 128, 4, 0), (0, 0, 8, 0, 99),
+        (65535, 512, 65520, 8, 0), (65535, 1, 65520, 16, 0),                        # TILE: beats >= 2**32
     ]
     rng = np.random.default_rng(3)
     for _ in range(60):

@@ -215,8 +215,10 @@ def test_configuration_errors_and_beat_counts():
     ]
     for args, code in cases:
         assert _error(dut, *args)["error"] == code, args
-    for a, b, d, shift in [(28672, 64, 16, 0), (512, 64, 16, p.shift_min), (65535, 512, 1, p.shift_max),
-                           (65535, 512, 65535, 5), (30, 5, 3, -3), (1, 1, 1, 0), (65280, 511, 255, 63)]:
+    bmax = p.pe3_b_max
+    for a, b, d, shift in [(28672, 64, 16, 0), (512, 64, 16, p.shift_min), (65535, bmax, 1, p.shift_max),
+                           (65535, bmax, 65535, 5), (30, 5, 3, -3), (1, 1, 1, 0),
+                           (65280, bmax - 1, 255, 63)]:
         cfg = PEConfig("PE3", a, b, 16, d, shift)
         got = _error(dut, a, b, 16, d, shift)
         assert got == {"error": 0, "in": cfg.in_beats(), "out": cfg.out_beats()}, cfg
