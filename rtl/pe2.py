@@ -52,6 +52,11 @@ class PE2(PE):
         self.lanes = params.c_lanes
         self.b_max = params.pe2_b_max
         self.factor_entries = params.factor_words // params.pe_rows
+        #: a * c below this keeps both beat counts below 2**32: OUT_BEATS = a*c*ceil(d/8) with
+        #: ceil(d/8) <= factor_entries, IN_BEATS = b*(8*ceil(d/8) + a*c)/8 with b <= pe2_b_max.
+        self.ac_limit = (1 << 32) // self.factor_entries
+        if self.b_max * (params.factor_words + self.ac_limit) >= 1 << 35:
+            raise ValueError("PE2: pe2_b_max too large for 32-bit beat counts")
         #: Accumulator width: never overflows for ``b <= pe2_b_max`` terms.
         self.acc_bits = accumulator_bits(DATA_BITS, CODE_BITS, self.b_max)
         #: Simulation check: high in a cycle where the shadow bank would be overwritten before it
@@ -70,17 +75,17 @@ class PE2(PE):
         G8 = Signal(14)                         # groups of 8 d's: ceil(d/8)
         m.d.comb += [C.eq(c >> 4), G8.eq((d + 7) >> 3)]
         checks, shift_check = common_cfg_errors(a, b, c, d, self.shift, p)
-        # Beat counts at full width: an op whose streams do not fit the 32-bit counters (of the
-        # top level and of an AXI DMA transfer) is refused, not wrapped.
+        # Beat counts must fit 32 bits (the top level's counters, an AXI DMA transfer). With
+        # b <= pe2_b_max and b * ceil(d/8) <= factor_words / 8, bounding a * c does it without a
+        # wide multiplier: see ac_limit.
         in_beats, out_beats = (b * ((G8 << 3) + a * c)) >> 3, a * c * G8
         drive_cfg_error(m, self.cfg_error, checks + [
             (b > B, ErrorCode.TILE),
-            ((in_beats >> 32) != 0, ErrorCode.TILE),
-            ((out_beats >> 32) != 0, ErrorCode.TILE),
+            ((a * c) >= self.ac_limit, ErrorCode.TILE),
             (b * G8 > FE, ErrorCode.FACTOR_WORDS),
             shift_check,
         ])
-        m.d.comb += [self.in_beats.eq(in_beats), self.out_beats.eq(out_beats)]
+        m.d.comb += [self.in_beats.eq(in_beats[:32]), self.out_beats.eq(out_beats[:32])]
         # Derived sizes, registered (the configuration is stable from START on; the first use is
         # in the cycle after START). Meaningful for accepted configurations only.
         bm1 = Signal(range(B))

@@ -177,6 +177,8 @@ def synthesize(verilog: str, family: str, top: str = TOP_MODULE) -> dict:
         os.chdir(tmp)
         try:
             code = run_yosys(["-q", "-l", "yosys.log", "-p", script])
+        except Exception as exc:               # a WebAssembly trap (e.g. out of memory)
+            raise RuntimeError(f"yosys synth_xilinx -family {family} crashed: {exc}") from None
         finally:
             os.chdir(cwd)
         log = Path(tmp) / "yosys.log"

@@ -148,7 +148,7 @@ def expected_error(cfg, params):
         return ErrorCode.ZERO_SIZE
     if c % 16:
         return ErrorCode.C_LANES
-    if b > params.pe2_b_max or max(cfg.in_beats(), cfg.out_beats()) >= 1 << 32:
+    if b > params.pe2_b_max or a * c >= (1 << 32) // (params.factor_words // 8):
         return ErrorCode.TILE
     if b * (-(-d // 8) * 8) > params.factor_words:
         return ErrorCode.FACTOR_WORDS
@@ -167,7 +167,8 @@ def test_cfg_error_and_beat_counts():
         (1, 1, 16, 1, -17), (1, 1, 16, 1, 64), (1, 1, 16, 1, -128), (1, 1, 16, 1, 127),  # SHIFT
         (1, 512, 16, 8, -16), (1, 1, 16, 4096, 63), (65535, 28, 16, 16, 0),          # accepted
         (1, 28, 16384, 16, 5), (64, 112, 128, 4, 0), (0, 0, 8, 0, 99),
-        (65535, 512, 65520, 8, 0), (65535, 1, 65520, 16, 0),                        # TILE: beats >= 2**32
+        (65535, 512, 65520, 8, 0), (65535, 1, 65520, 16, 0),                        # TILE: a*c
+        (128, 512, 65520, 8, 0), (129, 512, 65520, 8, 0),        # a*c just below / above 2**23
     ]
     rng = np.random.default_rng(3)
     for _ in range(60):
@@ -187,6 +188,8 @@ def test_cfg_error_and_beat_counts():
             assert ctx.get(dut.cfg_error) == want, cfg
             assert ctx.get(dut.in_beats) == cfg.in_beats() % (1 << 32), cfg
             assert ctx.get(dut.out_beats) == cfg.out_beats() % (1 << 32), cfg
+            if want == ErrorCode.NONE:          # accepted ops count their beats exactly
+                assert max(cfg.in_beats(), cfg.out_beats()) < 1 << 32, cfg
 
     sim = Simulator(dut)
     sim.add_testbench(testbench)
