@@ -13,7 +13,9 @@ from amaranth.sim import Simulator
 from insitu.rtl.params import AcceleratorParams
 from insitu.rtl.pe2 import PE2
 from insitu.rtl.regmap import ErrorCode
-from insitu.tt.pe_stream import PEConfig, beats, reference_stream_out, stream_in, words_of
+from insitu.tt.pe_stream import PEConfig
+
+from pe_sim import check, z_operand  # the test folder is on sys.path (no __init__.py)
 
 pytestmark = pytest.mark.rtl
 
@@ -22,70 +24,7 @@ SMALL = AcceleratorParams(factor_words=128, pe1_row_entries=6, pe2_b_max=12, shi
 
 
 def operands(cfg, rng, extremes=0.1):
-    z = rng.integers(-(1 << 15), 1 << 15, size=(cfg.a, cfg.b, cfg.c))
-    g = rng.integers(-8, 8, size=(cfg.b, cfg.d))
-    flat = z.reshape(-1)
-    n = int(flat.size * extremes)
-    flat[rng.integers(0, flat.size, size=n)] = rng.choice([-(1 << 15), (1 << 15) - 1], size=n)
-    return z, g
-
-
-def simulate(dut, ops, seed=0, p_gap=0.0, p_stall=0.0):
-    """Run ``ops`` (``(cfg, lhs, rhs)``) back to back on ``dut``; per op: output words, cycles
-    from START to ``busy`` falling."""
-    rng = np.random.default_rng(seed)
-    results = []
-
-    async def testbench(ctx):
-        for cfg, lhs, rhs in ops:
-            ins = beats(stream_in(cfg, lhs, rhs))
-            for name in ("a", "b", "c", "d", "shift"):
-                ctx.set(getattr(dut, name), getattr(cfg, name))
-            ctx.set(dut.op, cfg.op)
-            await ctx.tick()
-            assert ctx.get(dut.cfg_error) == 0
-            assert ctx.get(dut.in_beats) == cfg.in_beats() == len(ins)
-            assert ctx.get(dut.out_beats) == cfg.out_beats()
-            assert not ctx.get(dut.busy) and not ctx.get(dut.s.ready) and not ctx.get(dut.m.valid)
-            ctx.set(dut.start, 1)
-            await ctx.tick()
-            ctx.set(dut.start, 0)
-            out, taken, cycles = [], 0, 0
-            limit = 40 * (cfg.in_beats() + cfg.out_beats() + cfg.macs() // 128) + 200
-            while True:
-                assert ctx.get(dut.busy), "busy must be high from the cycle after START"
-                valid = taken < len(ins) and rng.random() >= p_gap
-                ctx.set(dut.s.valid, valid)
-                if valid:
-                    ctx.set(dut.s.payload, ins[taken])
-                ready = bool(rng.random() >= p_stall)
-                ctx.set(dut.m.ready, ready)
-                fired_in = valid and ctx.get(dut.s.ready)
-                if ready and ctx.get(dut.m.valid):
-                    out.append(ctx.get(dut.m.payload))
-                assert not ctx.get(dut.overrun), "shadow bank overwritten before it drained"
-                await ctx.tick()
-                cycles += 1
-                taken += fired_in
-                if not ctx.get(dut.busy):
-                    break
-                assert cycles < limit, f"{cfg}: no end after {cycles} cycles"
-            assert taken == len(ins), f"{cfg}: busy fell with {len(ins) - taken} input beats left"
-            ctx.set(dut.s.valid, 0)
-            results.append({"words": words_of(out), "cycles": cycles})
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(testbench)
-    sim.run()
-    return results
-
-
-def check(dut, ops, **kw):
-    results = simulate(dut, ops, **kw)
-    for (cfg, lhs, rhs), res in zip(ops, results):
-        np.testing.assert_array_equal(res["words"], reference_stream_out(cfg, lhs, rhs), err_msg=str(cfg))
-    return results
+    return z_operand(cfg, rng, extremes), rng.integers(-8, 8, size=(cfg.b, cfg.d))
 
 
 def random_config(rng, params):
