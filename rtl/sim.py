@@ -3,7 +3,8 @@
 :func:`build` converts the Vivado-facing top level to Verilog and compiles it with Icarus once per
 design (the build directory is keyed by a hash of the Verilog); :func:`run` runs cocotb test
 functions from a Python module against it. Waveforms: ``waves=True`` or the environment variable
-``INSITU_WAVES=1`` (an FST/VCD file in the test directory, named in the log).
+``INSITU_WAVES=1`` write ``<module>.<case>.fst`` into the test directory (pytest: the test's
+``tmp_path``; open it with GTKWave or Surfer).
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ def run(test_module: str, testcase: str | list[str] | None = None, *, module_dir
     runner, build_dir = build(params, waves=waves)
     env = dict(extra_env or {})
     if module_dir is not None:
-        module_dir = Path(module_dir).resolve()
-        env["PYTHONPATH"] = os.pathsep.join([str(module_dir), env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))])
-        sys.path.insert(0, str(module_dir))
+        # The simulator's embedded Python imports the test module from there: cocotb's runner
+        # passes this process's sys.path on as its PYTHONPATH.
+        if str(Path(module_dir).resolve()) not in sys.path:
+            sys.path.insert(0, str(Path(module_dir).resolve()))
     test_dir = Path(test_dir or build_dir / "runs")
     test_dir.mkdir(parents=True, exist_ok=True)
     log_file = test_dir.resolve() / "sim.log" if quiet else None
@@ -92,11 +94,14 @@ def run(test_module: str, testcase: str | list[str] | None = None, *, module_dir
     def log_tail() -> str:
         return ("\n" + log_file.read_text()[-3000:]) if log_file and log_file.exists() else ""
 
+    name = testcase if isinstance(testcase, str) else "all"
+    # Waveforms go next to the results, one file per run: <test dir>/<module>.<case>.fst.
+    plusargs = [f"+dumpfile_path={test_dir.resolve() / f'{test_module}.{name}.fst'}"] if waves else []
     try:
         results = runner.test(test_module=test_module, hdl_toplevel=TOP_MODULE, testcase=testcase,
                               build_dir=build_dir, test_dir=test_dir, extra_env=env, waves=waves,
-                              seed=seed, timescale=TIMESCALE, log_file=log_file,
-                              results_xml=str(test_dir.resolve() / f"{test_module}.{testcase if isinstance(testcase, str) else 'all'}.xml"))
+                              seed=seed, timescale=TIMESCALE, log_file=log_file, plusargs=plusargs,
+                              results_xml=str(test_dir.resolve() / f"{test_module}.{name}.xml"))
     except SystemExit as exc:
         raise SimulationError(f"cocotb tests of {test_module} failed (exit {exc.code}); see the "
                               f"simulator's log{log_tail()}") from None

@@ -20,3 +20,11 @@ CASES = ["registers", "bad_configurations", "pe1_random", "pe2_random", "pe3_ran
 @pytest.mark.parametrize("case", CASES)
 def test_accelerator(case, tmp_path):
     sim.run("cocotb_accel", case, module_dir=Path(__file__).parent, test_dir=tmp_path)
+
+
+def test_waveforms_on_request(tmp_path):
+    """waves=True (or INSITU_WAVES=1) leaves an FST trace of the run in the test directory."""
+    sim.run("cocotb_accel", "registers", module_dir=Path(__file__).parent, test_dir=tmp_path,
+            waves=True)
+    trace = tmp_path / "cocotb_accel.registers.fst"
+    assert trace.exists() and trace.stat().st_size > 1000
