@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS
+from insitu.numerics import TT_PE_DATA_BITS
 from insitu.tt.schedule import C_LANES, PELimits
 
 #: Bits of one word on the AXI streams: a 16-bit PE operand (activation or gradient), a 4-bit TT
@@ -71,10 +71,6 @@ class AcceleratorParams:
     def limits(self) -> PELimits:
         """The TT schedule's view of these bounds."""
         return PELimits(size_max=(1 << SIZE_BITS) - 1, factor_words=self.factor_words)
-
-    @property
-    def factor_code_bits(self) -> int:
-        return TT_FACTOR_BITS
 
 
 DEFAULT_PARAMS = AcceleratorParams()

@@ -27,13 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS, code_range, tt_pe_format
+from insitu.rtl.params import DEFAULT_PARAMS, STREAM_WORDS
 
 from .schedule import C_LANES, Op
 
-#: 16-bit words per 128-bit stream beat.
-STREAM_WORDS = 8
-#: Rows (PE1) and d outputs (PE2) computed at once.
-PE_ROWS = 8
+#: Rows (PE1) and d outputs (PE2) computed at once (the generated design's).
+PE_ROWS = DEFAULT_PARAMS.pe_rows
 PE_OPS = {"PE1": 1, "PE2": 2, "PE3": 3}
 
 
