@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from insitu.numerics import (TT_FACTOR_BITS, TT_PE_DATA_BITS, AutoScale, accumulator_bits,
-                             code_range, tt_autoscale)
+                             code_range, tt_autoscale, tt_pe_format)
 
 from .schedule import DEFAULT_LIMITS, Op, PELimits, check_op
 
@@ -143,14 +143,21 @@ class FixedExecutor:
         if acc_bits > EXACT_FLOAT_BITS:
             raise ValueError(f"{op.kind} op {op.dst!r}: a {acc_bits}-bit accumulator ({op.terms} terms) "
                              f"exceeds the {EXACT_FLOAT_BITS} bits the golden model computes exactly")
-        acc = contract(op, buffers[op.src], other, *modes)
         acc_frac = fracs[op.src] + other_frac
-        scale = self._scale(prefix + op.dst, lambda: np.ldexp(acc, -acc_frac))
+        scale = self._scale(prefix + op.dst,
+                            lambda: np.ldexp(contract(op, buffers[op.src], other, *modes), -acc_frac))
         fmt = scale.format
-        out = fmt.requantize(acc.astype(np.int64), acc_frac)
+        out = self.compute(op, buffers[op.src], other, modes, shift=acc_frac - fmt.frac)
         if observe:
             scale.observe(fmt.to_float(out))      # the scale of this buffer at the next step
         buffers[op.dst], fracs[op.dst] = out, fmt.frac
+
+    def compute(self, op: Op, lhs, other, modes, shift: int) -> np.ndarray:
+        """The op's 16-bit output codes (flat, the schedule's layout): the exact sums rescaled by
+        ``shift`` (right shift; negative: left) with the spec's rounding and saturation. The
+        board's executor (:class:`insitu.fpga.tt_board.BoardExecutor`) runs this on the PEs."""
+        acc = contract(op, lhs, other, *modes)
+        return tt_pe_format(0).requantize(acc.astype(np.int64), shift)
 
     def state(self) -> dict:
         return {key: s.frac for key, s in self.scales.items()}

@@ -265,3 +265,84 @@ def pe3_operands(dy, x, in_modes, out_modes) -> tuple[np.ndarray, np.ndarray]:
                                blocks_shape).reshape(-1, batch, I[-1])
     assert dy_rows.shape[0] == math.prod(J) * math.prod(I[:-1])
     return np.ascontiguousarray(dy_rows), np.ascontiguousarray(x_blocks)
+
+
+# ------------------------------------------------------- what the board's functional model needs
+
+def cfg_error(cfg: PEConfig, params=DEFAULT_PARAMS):
+    """The :class:`~insitu.rtl.regmap.ErrorCode` the PE reports at START for ``cfg`` (``NONE``: it
+    runs), checked in the RTL's order (``rtl/pe1.py``, ``pe2.py``, ``pe3.py``)."""
+    from insitu.rtl.regmap import ErrorCode
+
+    a, b, c, d = cfg.a, cfg.b, cfg.c, cfg.d
+    bad_shift = not params.shift_min <= cfg.shift <= params.shift_max
+    if min(a, b, c, d) == 0:
+        return ErrorCode.ZERO_SIZE
+    if cfg.kind == "PE3":
+        checks = [(c != C_LANES, ErrorCode.C_LANES), (a % d != 0, ErrorCode.BLOCK),
+                  (b > params.pe3_b_max, ErrorCode.TILE)]
+    elif cfg.kind == "PE1":
+        chunks = c // C_LANES
+        checks = [(c % C_LANES != 0, ErrorCode.C_LANES),
+                  (b * chunks > params.pe1_row_entries, ErrorCode.TILE),
+                  (b * d * chunks > params.factor_words // params.c_lanes, ErrorCode.FACTOR_WORDS)]
+    else:
+        factor_entries = params.factor_words // params.pe_rows
+        checks = [(c % C_LANES != 0, ErrorCode.C_LANES), (b > params.pe2_b_max, ErrorCode.TILE),
+                  (a * c >= (1 << 32) // factor_entries, ErrorCode.TILE),
+                  (b * -(-d // PE_ROWS) > factor_entries, ErrorCode.FACTOR_WORDS)]
+    for failed, code in checks + [(bad_shift, ErrorCode.SHIFT)]:
+        if failed:
+            return code
+    return ErrorCode.NONE
+
+
+def operands_from_stream(cfg: PEConfig, words) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of :func:`stream_in`: the input stream -> ``(lhs, rhs)`` in the layouts of
+    :func:`check_operands` (padding dropped). What a functional model of the PEs reads."""
+    words = from_words(words)
+    if words.size != cfg.in_words():
+        raise ValueError(f"{cfg.kind}: the input stream holds {words.size} words; the op takes "
+                         f"{cfg.in_words()}")
+    a, b, c, d = cfg.a, cfg.b, cfg.c, cfg.d
+    if cfg.kind == "PE1":
+        g = words[:b * d * c].reshape(b, d, c)
+        return words[b * d * c:].reshape(-1, b, c)[:a], g
+    if cfg.kind == "PE2":
+        d8 = _ceil_to(d, PE_ROWS)
+        g = words[:b * d8].reshape(b, d8)[:, :d]
+        z = words[b * d8:].reshape(a, cfg.chunks, b, C_LANES).transpose(0, 2, 1, 3).reshape(a, b, c)
+        return z, g
+    b8 = _ceil_to(b, STREAM_WORDS)
+    block = words.reshape(a // d, b * C_LANES + d * b8)
+    x = block[:, :b * C_LANES].reshape(a // d, b, C_LANES)
+    dy = block[:, b * C_LANES:].reshape(a, b8)[:, :b]
+    return dy, x
+
+
+#: MAC units of each PE (PE1/PE2: 8 rows x 16 lanes; PE3: 16 lanes).
+MAC_UNITS = {"PE1": PE_ROWS * C_LANES, "PE2": PE_ROWS * C_LANES, "PE3": C_LANES}
+
+
+def estimated_cycles(cfg: PEConfig) -> int:
+    """Cycles of the op on the PE when its streams never stall, for the functional model.
+
+    The larger of the MAC bound and the longer stream (one 128-bit beat per cycle each way), plus
+    what does not overlap: PE1 and PE2 load their factor operand before the first MAC, and every
+    op pays a short pipeline fill. ``tests/unit/test_fpga_functional.py`` checks it against the
+    CYCLES measured in simulation (``docs/results/rtl/report.json``).
+    """
+    mac_cycles = -(-cfg.macs() // MAC_UNITS[cfg.kind])
+    if cfg.kind == "PE1":
+        # the factor operand and the first group of 8 rows load before the first MAC
+        mac_cycles += (cfg.b * cfg.d * cfg.c + PE_ROWS * cfg.b * cfg.c) // STREAM_WORDS
+    elif cfg.kind == "PE2":
+        # the factor operand loads first; each tile's first entries arrive before its MACs
+        mac_cycles += cfg.b * _ceil_to(cfg.d, PE_ROWS) // STREAM_WORDS + cfg.b
+    else:
+        mac_cycles += cfg.b * C_LANES // STREAM_WORDS        # the first X block
+    return max(mac_cycles, cfg.in_beats(), cfg.out_beats()) + PIPELINE_CYCLES
+
+
+#: Cycles from START to the first MAC and from the last MAC to the last output beat (approximate).
+PIPELINE_CYCLES = 8

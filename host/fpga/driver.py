@@ -1,0 +1,271 @@
+"""The PYNQ host driver of the accelerator: what runs on the board's ARM core (and on twins).
+
+* :class:`InsituAcceleratorIP` is pynq's driver for the accelerator IP (bound to its VLNV, so
+  ``pynq.Overlay`` hands it out as ``overlay.insitu_accel_0``); its registers are reached by name
+  through :class:`insitu.fpga.regs.Registers`, generated from the register-map spec.
+* :class:`InsituOverlay` loads the bitstream and its .hwh and refuses one whose accelerator reports
+  another register-map VERSION.
+* :class:`Accelerator` runs ops: registers, START, the two AXI DMA channels of
+  ``pynq.lib.dma.DMA`` on buffers from ``pynq.allocate``, and a deadline on every wait (an
+  :class:`AcceleratorTimeout` with a register dump, never an endless poll). It counts cycles and
+  bytes for the figures. It is the *port* the training code programs against.
+* :func:`open_board` opens a real board (on its PYNQ image) or a simulated twin, the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from pynq import DefaultIP, Overlay
+
+from insitu.errors import InsituError, UsageError
+from insitu.rtl import vivado
+from insitu.rtl.params import CLOCK_HZ, IP_VLNV, STREAM_WORDS
+from insitu.rtl.regmap import ID_VALUE, VERSION, ErrorCode, Op
+
+from .regs import Registers, format_dump
+from .twin import BEAT_BYTES, MODES, BitstreamError, TwinDevice, write_twin_overlay
+
+#: Seconds any one wait may take on a board or a fast twin (an op of the TT network takes
+#: milliseconds); an RTL twin simulates about a thousand cycles a second, so it waits longer.
+DEFAULT_TIMEOUT_S = 10.0
+RTL_TIMEOUT_S = 1800.0
+
+
+class AcceleratorError(InsituError):
+    """The accelerator ended an op in ERROR (the message has the error code and the registers)."""
+
+
+class AcceleratorTimeout(AcceleratorError):
+    """A wait passed its deadline (the message has the registers and the DMA status)."""
+
+
+class InsituAcceleratorIP(DefaultIP):
+    """pynq's driver of the accelerator IP (bound to :data:`insitu.rtl.params.IP_VLNV`)."""
+
+    bindto = [IP_VLNV]
+
+    def __init__(self, description):
+        super().__init__(description)
+        self.regs = Registers(self.mmio)
+
+    def check_design(self, source: str) -> None:
+        ident, version = self.regs.read("ID"), self.regs.read("VERSION")
+        if ident != ID_VALUE:
+            raise BitstreamError(f"{source}: the IP at the accelerator's address reads ID {ident:#010x}, "
+                                 f"not {ID_VALUE:#010x}: not an insitu accelerator")
+        if version != VERSION:
+            raise BitstreamError(f"{source}: the accelerator's register map is version {version:#010x}; "
+                                 f"this driver speaks {VERSION:#010x}. Rebuild the bitstream from this "
+                                 "insitu version (insitu rtl generate, then Vivado) or install the "
+                                 "insitu version the bitstream came from")
+
+
+class InsituOverlay(Overlay):
+    """The accelerator's overlay: ``insitu_accel_0`` and ``axi_dma_0``, checked at load."""
+
+    def __init__(self, bitfile, device=None, download: bool = True):
+        bitfile = Path(bitfile)
+        for path in (bitfile, bitfile.with_suffix(".hwh")):
+            if not path.is_file():
+                raise BitstreamError(f"{path} is missing: pynq.Overlay needs the .bit and its .hwh "
+                                     "side by side (Vivado leaves both: see docs/rtl.md)")
+        super().__init__(str(bitfile.resolve()), download=download, device=device)
+        self.accel = getattr(self, vivado.ACCEL_CELL)
+        self.dma = getattr(self, vivado.DMA_CELL)
+        if not isinstance(self.accel, InsituAcceleratorIP):
+            raise BitstreamError(f"{bitfile}: {vivado.ACCEL_CELL} is not {IP_VLNV}")
+        self.accel.check_design(str(bitfile))
+
+
+class Accelerator:
+    """Runs accelerator ops through the overlay's registers and DMA (module docstring).
+
+    ``run(op, words, **registers)`` writes the named registers (regmap names), starts ``op``,
+    streams ``words`` (signed 16-bit words, a whole number of beats) in and returns the output
+    stream as signed int64 words. Registers keep their values between ops, as on the hardware,
+    and are only written when they change.
+    """
+
+    def __init__(self, overlay: InsituOverlay, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 clock_hz: int = CLOCK_HZ):
+        self.overlay = overlay
+        self.regs = overlay.accel.regs
+        self.dma = overlay.dma
+        self.device = overlay.device
+        self.timeout_s = timeout_s
+        self.clock_hz = clock_hz
+        self.written: dict[str, int] = {}
+        self.buffers: dict[str, object] = {}
+        self.ops: Counter = Counter()
+        self.cycles_by_op: Counter = Counter()
+        self.dma_bytes = 0
+        for channel in (self.dma.sendchannel, self.dma.recvchannel):
+            channel.start()
+
+    # ------------------------------------------------------------------------------ figures
+    @property
+    def cycles(self) -> int:
+        return sum(self.cycles_by_op.values())
+
+    def figures(self) -> dict:
+        return {"pl_cycles": self.cycles, "seconds_at_board_clock": self.cycles / self.clock_hz,
+                "pl_clock_hz": self.clock_hz, "dma_bytes": self.dma_bytes,
+                "ops": dict(sorted(self.ops.items())),
+                "cycles_by_op": dict(sorted(self.cycles_by_op.items()))}
+
+    # ------------------------------------------------------------------------------ registers
+    def read(self, name: str) -> int:
+        return self.regs.read(name)
+
+    def _configure(self, registers: dict) -> None:
+        for name, value in registers.items():
+            if self.written.get(name) != value:
+                self.regs.write(name, value)
+                self.written[name] = value
+
+    def _buffer(self, role: str, words: int):
+        """A DMA buffer of at least ``words`` 16-bit words, reused across ops (grown by doubling)."""
+        import pynq
+
+        buf = self.buffers.get(role)
+        if buf is None or buf.size < words:
+            size = max(words, 2 * buf.size if buf is not None else 4096)
+            buf = self.buffers[role] = pynq.allocate((size,), dtype=np.int16, target=self.device)
+        return buf
+
+    # ------------------------------------------------------------------------------ ops
+    def run(self, op: Op, words=None, **registers) -> np.ndarray:
+        op = Op(op)
+        words = np.zeros(0, np.int64) if words is None else np.asarray(words).ravel()
+        if words.size % STREAM_WORDS:
+            raise ValueError(f"{op.name}: the input stream must be whole beats of {STREAM_WORDS} "
+                             f"words, got {words.size}")
+        self._configure({"OP": int(op), **registers})
+        in_beats, out_beats = self.regs.read("IN_BEATS"), self.regs.read("OUT_BEATS")
+        if in_beats != words.size // STREAM_WORDS:
+            raise ValueError(f"{op.name}: the accelerator expects {in_beats} input beats for "
+                             f"{registers}; the stream has {words.size // STREAM_WORDS}")
+        self.regs.command("START")
+        if self.regs.field("STATUS", "ERROR"):
+            self._failed(op, "refused its configuration")
+        out = None
+        if out_beats:
+            out = self._buffer("out", out_beats * STREAM_WORDS)
+            self.dma.recvchannel.transfer(out, 0, out_beats * BEAT_BYTES)
+        if in_beats:
+            buf = self._buffer("in", words.size)
+            buf[:words.size] = words
+            self.dma.sendchannel.transfer(buf, 0, words.size * 2)
+        self._wait(op, lambda: self.regs.read("STATUS") & 0b110, "the op to end (STATUS.DONE)")
+        if self.regs.field("STATUS", "ERROR"):
+            self._failed(op, "failed")
+        result = np.zeros(0, np.int64)
+        for channel, buf, beats in ((self.dma.sendchannel, None, in_beats),
+                                    (self.dma.recvchannel, out, out_beats)):
+            if beats:
+                self._wait(op, lambda c=channel: c.idle or c.error, "the DMA to go idle")
+                if channel.error:
+                    self._reset_dma()
+                    raise AcceleratorError(f"{op.name}: the AXI DMA reported an error "
+                                           f"(DMASR {channel._mmio.read(channel._offset + 4):#x})")
+        if out_beats:
+            out.invalidate()
+            result = out[:out_beats * STREAM_WORDS].astype(np.int64)
+        cycles = self.regs.read("CYCLES")
+        self.ops[op.name] += 1
+        self.cycles_by_op[op.name] += cycles
+        self.dma_bytes += (in_beats + out_beats) * BEAT_BYTES
+        return result
+
+    def _wait(self, op: Op, ready, what: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not ready():
+            if time.monotonic() > deadline:
+                dump = self._dump()
+                self.regs.command("ABORT")
+                self._reset_dma()
+                raise AcceleratorTimeout(f"{op.name}: timed out after {self.timeout_s:g} s waiting for "
+                                         f"{what}. {dump}")
+
+    def _dump(self) -> str:
+        dma = " ".join(f"{name}_DMASR={c._mmio.read(c._offset + 4):#x}"
+                       for name, c in (("MM2S", self.dma.sendchannel), ("S2MM", self.dma.recvchannel)))
+        return f"Registers: {format_dump(self.regs.dump())} {dma}"
+
+    def _failed(self, op: Op, what: str):
+        code = ErrorCode(self.regs.read("ERROR_CODE"))
+        dump = self._dump()
+        self._reset_dma()
+        raise AcceleratorError(f"{op.name} {what}: {code.name}. {dump}")
+
+    def _reset_dma(self) -> None:
+        """After an ERROR a transfer may be left half done: reset the DMA and start it again."""
+        self.dma.sendchannel._mmio.write(0x00, 0x4)              # MM2S_DMACR.Reset resets both
+        for channel in (self.dma.sendchannel, self.dma.recvchannel):
+            channel._first_transfer = True
+            channel.start()
+        self.written.clear()
+
+
+# ---------------------------------------------------------------------------------- boards
+
+def _real_board_device():
+    """The PYNQ device of the board this runs on, or a UsageError within seconds."""
+    import warnings
+
+    import pynq
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            devices = pynq.Device.devices
+        except Exception as exc:                 # pynq's probes fail in many ways off a board
+            devices, why = [], f" ({exc})"
+        else:
+            why = ""
+    if not devices:
+        raise UsageError("no PYNQ board here" + why + ": run this on the board's PYNQ image "
+                         "(copy it there with `insitu deploy --board BOARD --host HOST`), or train "
+                         "on a simulated twin with --board BOARD-sim")
+    return devices[0]
+
+
+def twin_overlay_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "insitu" / "overlays"
+
+
+def open_board(board, mode: str = "fast", bitstream=None, timeout_s: float | None = None,
+               fault: str | None = None) -> Accelerator:
+    """The accelerator of ``board`` (an :class:`insitu.boards.Board`), ready to run ops.
+
+    A real board needs ``bitstream`` (the .bit with its .hwh beside it) and a PYNQ image. A twin
+    loads ``bitstream`` when given (a twin overlay), else one written for it; ``mode`` picks its
+    model of the PL (``fast`` or ``rtl``); ``fault`` injects a DMA fault (tests of the timeouts).
+    """
+    if board.kind != "fpga-soc":
+        raise UsageError(f"{board.name} is not an FPGA board; the accelerator runs on "
+                         "ultra96v2, zedboard and their -sim twins")
+    if not board.is_twin:
+        if bitstream is None:
+            raise UsageError(f"--board {board.name} needs --bitstream FILE.bit (with its .hwh beside "
+                             f"it; `insitu rtl generate` writes the Vivado scripts that build them)")
+        for path in (Path(bitstream), Path(bitstream).with_suffix(".hwh")):
+            if not path.is_file():
+                raise BitstreamError(f"{path} is missing: pynq.Overlay needs the .bit and its .hwh side by side")
+        device = _real_board_device()
+        overlay = InsituOverlay(bitstream, device=device)
+        return Accelerator(overlay, timeout_s or DEFAULT_TIMEOUT_S, board.fpga["pl_clock_hz"])
+    if mode not in MODES:
+        raise UsageError(f"unknown twin mode {mode!r}; choose one of {', '.join(MODES)}")
+    device = TwinDevice(board.twin_of, mode, fault=fault)
+    if bitstream is None:
+        # Rewritten at every start (atomically): it always matches this insitu version.
+        bitstream = write_twin_overlay(board.twin_of, twin_overlay_dir() / board.name)
+    overlay = InsituOverlay(bitstream, device=device)
+    default = RTL_TIMEOUT_S if mode == "rtl" else DEFAULT_TIMEOUT_S
+    return Accelerator(overlay, timeout_s or default, board.fpga["pl_clock_hz"])

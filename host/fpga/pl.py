@@ -1,0 +1,318 @@
+"""What serves a twin's programmable logic: the accelerator's registers and its two AXI streams.
+
+Two interchangeable models of the same hardware, behind one small interface (``axil_read``,
+``axil_write``, ``advance``):
+
+* :class:`RTLModel` runs the accelerator's RTL itself (:class:`insitu.rtl.top.Accelerator`) in
+  Amaranth's simulator: every register access is an AXI-Lite transaction on the design's bus and
+  every stream word is a beat on its AXI-Streams. Exact, including CYCLES, and slow (about a
+  thousand cycles per second here): for short runs and for cross-checking.
+* :class:`FunctionalModel` serves the same registers and streams from the bit-exact golden
+  models (:mod:`insitu.tt.pe_stream`, :class:`insitu.lrt.pe_ops.LRTPEModel`) with CYCLES from
+  their cycle models: for long runs.
+
+Amaranth's simulator rather than cocotb + Icarus for the RTL mode: it runs in the driver's own
+process and is stepped from it (a register read advances the clock), so the twin needs no
+second process, socket or protocol between the driver and the simulator; Icarus on the generated
+Verilog stays the RTL's own verification (``tests/rtl``).
+
+The streams meet the twin's AXI DMA model (:class:`insitu.fpga.twin.AxiDmaModel`) through
+``dma.input_beats()`` / ``dma.pop_input(n)`` and ``dma.output_room()`` / ``dma.push_output(...)``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from insitu.lrt.pe_ops import REGISTER_NAMES as LRT_ATTRS
+from insitu.lrt.pe_ops import LRTPEModel
+from insitu.rtl.params import CLOCK_HZ, DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
+from insitu.rtl.regmap import LRT_OPS, REGISTERS, ErrorCode, Op, reset_value
+from insitu.tt import pe_stream
+
+from .regs import decode
+
+_BY_OFFSET = {r.offset: r for r in REGISTERS}
+_TT_KINDS = {Op.PE1: "PE1", Op.PE2: "PE2", Op.PE3: "PE3"}
+_U32 = (1 << 32) - 1
+
+
+class FunctionalModel:
+    """The accelerator as the golden models compute it (see the module docstring).
+
+    It follows the control plane of :mod:`insitu.rtl.top`: configuration errors at START, TLAST
+    checks (STREAM_SHORT / STREAM_LONG), ABORT, DONE when the last output beat has left. An op
+    computes when its whole input has arrived, so an op cut short leaves the PE's state as it
+    was (the RTL may leave LRT memories partly written; either way the op ends in ERROR).
+    """
+
+    def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS, version: int | None = None):
+        self.params = params
+        self.lrt = LRTPEModel(params)
+        self.regs = {r.name: reset_value(r, params) for r in REGISTERS if r.access != "wo"}
+        if version is not None:
+            self.regs["VERSION"] = version
+        self.busy = False
+        self.op = None
+        self.inputs: list[np.ndarray] = []
+        self.outputs = np.zeros(0, np.int64)
+
+    # ----------------------------------------------------------------------------- bus
+    def axil_read(self, offset: int) -> int:
+        reg = _BY_OFFSET.get(offset)
+        if reg is None or reg.access == "wo":
+            return 0
+        if not self.busy and reg.name in ("IN_BEATS", "OUT_BEATS"):
+            self._beats_of_config()
+        return self.regs[reg.name] & _U32
+
+    def axil_write(self, offset: int, value: int) -> None:
+        reg = _BY_OFFSET.get(offset)
+        if reg is None or reg.access == "ro":
+            return
+        if reg.access == "rw":
+            if not self.busy:          # the RTL freezes the configuration while an op runs
+                self.regs[reg.name] = value & ((1 << reg.width) - 1)
+            return
+        if value & 1 and not self.busy:
+            self._start()
+        elif value & 2 and self.busy:
+            self._fail(ErrorCode.ABORTED)
+
+    # ----------------------------------------------------------------------------- ops
+    def _config(self) -> dict:
+        return {r.name: decode(r, self.regs[r.name]) for r in REGISTERS if r.access == "rw"}
+
+    def _tt_config(self, cfg: dict) -> pe_stream.PEConfig:
+        return pe_stream.PEConfig(_TT_KINDS[Op(cfg["OP"])], cfg["SIZE_A"], cfg["SIZE_B"],
+                                  cfg["SIZE_C"], cfg["SIZE_D"], cfg["SHIFT"])
+
+    def _configure_lrt(self, cfg: dict) -> None:
+        for attr, name in LRT_ATTRS.items():
+            setattr(self.lrt, attr, cfg[name])
+
+    def _error_and_beats(self) -> tuple[int, int, int]:
+        cfg = self._config()
+        op = cfg["OP"]
+        if op in _TT_KINDS:
+            tt = self._tt_config(cfg)
+            code = pe_stream.cfg_error(tt, self.params)
+            beats = (tt.in_beats(), tt.out_beats()) if not code else (0, 0)
+            return code, *beats
+        if op in LRT_OPS:
+            self._configure_lrt(cfg)
+            code = self.lrt.cfg_error(op)
+            beats = (self.lrt.in_beats(op), self.lrt.out_beats(op)) if not code else (0, 0)
+            return code, *beats
+        return ErrorCode.BAD_OP, 0, 0
+
+    def _beats_of_config(self) -> None:
+        _, self.regs["IN_BEATS"], self.regs["OUT_BEATS"] = self._error_and_beats()
+
+    def _start(self) -> None:
+        code, in_beats, out_beats = self._error_and_beats()
+        self.regs.update(STATUS=0, ERROR_CODE=0, CYCLES=0, BEATS_DONE_IN=0, BEATS_DONE_OUT=0,
+                         IN_BEATS=in_beats, OUT_BEATS=out_beats)
+        if code:
+            self._fail(code)
+            return
+        self.busy, self.op, self.inputs = True, self._config(), []
+        self.outputs = np.zeros(0, np.int64)
+        self.regs["STATUS"] = 1
+        if in_beats == 0:
+            self._compute()
+
+    def _fail(self, code: ErrorCode) -> None:
+        self.busy = False
+        self.regs.update(STATUS=4, ERROR_CODE=int(code))
+
+    def _compute(self) -> None:
+        cfg = self.op
+        words = np.concatenate(self.inputs) if self.inputs else np.zeros(0, np.int64)
+        if cfg["OP"] in _TT_KINDS:
+            tt = self._tt_config(cfg)
+            lhs, rhs = pe_stream.operands_from_stream(tt, words)
+            self.outputs = pe_stream.reference_stream_out(tt, lhs, rhs)
+            cycles = pe_stream.estimated_cycles(tt)
+        else:
+            self._configure_lrt(cfg)
+            cycles = self.lrt.cycles(cfg["OP"])
+            self.outputs = self.lrt.execute(cfg["OP"], pe_stream.from_words(words))
+            self.regs.update(LRT_NORM2_LO=self.lrt.norm2 & _U32, LRT_NORM2_HI=self.lrt.norm2 >> 32,
+                             LRT_WRITES_MAX=self.lrt.writes_max, LRT_WRITES_TOTAL=self.lrt.writes_total)
+        self.regs["CYCLES"] = min(cycles, _U32)
+        self._finish_if_sent()
+
+    def _finish_if_sent(self) -> None:
+        if self.regs["BEATS_DONE_OUT"] == self.regs["OUT_BEATS"]:
+            self.busy = False
+            self.regs["STATUS"] = 2
+
+    # ----------------------------------------------------------------------------- streams
+    def advance(self, dma) -> None:
+        """Move what the streams can move now: take input beats, compute, send output beats."""
+        if not self.busy:
+            return
+        need = self.regs["IN_BEATS"] - self.regs["BEATS_DONE_IN"]
+        while need and dma.input_beats():
+            words, last = dma.pop_input(need)
+            got = words.size // STREAM_WORDS
+            self.inputs.append(words)
+            self.regs["BEATS_DONE_IN"] += got
+            need -= got
+            if last and need:
+                self._fail(ErrorCode.STREAM_SHORT)
+                return
+            if not last and not need:
+                self._fail(ErrorCode.STREAM_LONG)
+                return
+            if not need:
+                self._compute()
+        if need or not self.busy:
+            return
+        sent = self.regs["BEATS_DONE_OUT"]
+        room = min(dma.output_room(), self.regs["OUT_BEATS"] - sent)
+        if room:
+            chunk = self.outputs[sent * STREAM_WORDS:(sent + room) * STREAM_WORDS]
+            dma.push_output(chunk, last=sent + room == self.regs["OUT_BEATS"])
+            self.regs["BEATS_DONE_OUT"] = sent + room
+            self._finish_if_sent()
+
+
+class RTLModel:
+    """The accelerator's RTL in Amaranth's simulator, stepped by the twin (module docstring).
+
+    One testbench serves requests in order: an AXI-Lite write or read (the design's own bus
+    handshakes), or stream cycles. Stream cycles run while an op is in flight and stop when it
+    ends (the design's interrupt output), when it waits for input the DMA does not have, when it
+    waits for room the DMA does not have, or after ``cycles_per_advance`` cycles (the driver's
+    next poll goes on from there).
+    """
+
+    def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS, cycles_per_advance: int = 4096):
+        from amaranth.sim import Simulator
+
+        from insitu.rtl.top import Accelerator
+
+        self.params = params
+        self.cycles_per_advance = cycles_per_advance
+        self.dut = Accelerator(params)
+        self.sim = Simulator(self.dut)
+        self.sim.add_clock(1 / CLOCK_HZ)
+        self.requests: deque = deque()
+        self.in_flight = False          # a START was written and the op has not ended
+        self.cycles = 0                 # simulated clock cycles so far
+        self.sim.add_testbench(self._bench)
+
+    # Requests are (kind, args, result list); the testbench appends the result when done.
+    def _call(self, kind: str, *args):
+        result: list = []
+        self.requests.append((kind, args, result))
+        while not result:
+            self.sim.advance()
+        return result[0]
+
+    def axil_write(self, offset: int, value: int) -> None:
+        self._call("write", offset, value)
+        if offset == _CTRL_OFFSET and value & 1:
+            self.in_flight = True
+
+    def axil_read(self, offset: int) -> int:
+        return self._call("read", offset)
+
+    def advance(self, dma) -> None:
+        if self.in_flight:
+            self._call("stream", dma)
+
+    async def _bench(self, ctx):
+        bus, s, m = self.dut.s_axi, self.dut.s_axis, self.dut.m_axis
+        ctx.set(bus.bready, 1)
+        ctx.set(bus.rready, 1)
+        while True:
+            if not self.requests:
+                await ctx.tick()
+                self.cycles += 1
+                continue
+            kind, args, result = self.requests.popleft()
+            if kind == "write":
+                result.append(await self._write(ctx, bus, *args))
+            elif kind == "read":
+                result.append(await self._read(ctx, bus, *args))
+            else:
+                result.append(await self._stream(ctx, s, m, *args))
+
+    async def _tick(self, ctx):
+        await ctx.tick()
+        self.cycles += 1
+
+    async def _write(self, ctx, bus, offset, value):
+        ctx.set(bus.awaddr, offset)
+        ctx.set(bus.wdata, value)
+        ctx.set(bus.wstrb, 0xF)
+        ctx.set(bus.awvalid, 1)
+        ctx.set(bus.wvalid, 1)
+        aw = w = False
+        while not (aw and w):
+            aw_now, w_now = ctx.get(bus.awready), ctx.get(bus.wready)
+            await self._tick(ctx)
+            if aw_now:
+                aw = True
+                ctx.set(bus.awvalid, 0)
+            if w_now:
+                w = True
+                ctx.set(bus.wvalid, 0)
+        while not ctx.get(bus.bvalid):
+            await self._tick(ctx)
+        await self._tick(ctx)           # the response handshake (bready is held high)
+        return True
+
+    async def _read(self, ctx, bus, offset):
+        ctx.set(bus.araddr, offset)
+        ctx.set(bus.arvalid, 1)
+        while not ctx.get(bus.arready):
+            await self._tick(ctx)
+        await self._tick(ctx)
+        ctx.set(bus.arvalid, 0)
+        while not ctx.get(bus.rvalid):
+            await self._tick(ctx)
+        data = ctx.get(bus.rdata)
+        await self._tick(ctx)
+        return int(data)
+
+    async def _stream(self, ctx, s, m, dma):
+        pending_in: deque = deque()
+        for _ in range(self.cycles_per_advance):
+            if ctx.get(self.dut.done_irq):
+                self.in_flight = False
+                break
+            if not pending_in and dma.input_beats():
+                words, last = dma.pop_input(1)
+                pending_in.append((pe_stream.beats(words)[0], last))
+            if pending_in:
+                beat, last = pending_in[0]
+                ctx.set(s.tdata, beat)
+                ctx.set(s.tlast, last)
+            ctx.set(s.tvalid, bool(pending_in))
+            room = dma.output_room() > 0
+            ctx.set(m.tready, room)
+            took = bool(pending_in) and ctx.get(s.tready)
+            gave = room and ctx.get(m.tvalid)
+            if gave:
+                dma.push_output(pe_stream.words_of([ctx.get(m.tdata)]), last=bool(ctx.get(m.tlast)))
+            starved = not pending_in and ctx.get(s.tready)
+            blocked = not room and ctx.get(m.tvalid)
+            await self._tick(ctx)
+            if took:
+                pending_in.popleft()
+            if (starved or blocked) and not (took or gave):
+                break
+        ctx.set(s.tvalid, 0)
+        ctx.set(m.tready, 0)
+        if pending_in:
+            dma.unpop_input(len(pending_in))
+        return True
+
+
+_CTRL_OFFSET = next(r.offset for r in REGISTERS if r.name == "CTRL")
