@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 from pynq import DefaultIP, Overlay
+from pynq.bitstream import Bitstream
 
 from insitu.errors import InsituError, UsageError
 from insitu.rtl import vivado
@@ -74,7 +75,13 @@ class InsituOverlay(Overlay):
             if not path.is_file():
                 raise BitstreamError(f"{path} is missing: pynq.Overlay needs the .bit and its .hwh "
                                      "side by side (Vivado leaves both: see docs/rtl.md)")
-        super().__init__(str(bitfile.resolve()), download=download, device=device)
+        super().__init__(str(bitfile.resolve()), download=False, device=device)
+        if download and isinstance(self.device, TwinDevice):
+            # A twin has no processing system whose PL clock registers Overlay.download would set
+            # (its clock is the board's pl_clock_hz): load the design only.
+            Bitstream.download(self, self.parser)
+        elif download:
+            self.download()
         self.accel = getattr(self, vivado.ACCEL_CELL)
         self.dma = getattr(self, vivado.DMA_CELL)
         if not isinstance(self.accel, InsituAcceleratorIP):

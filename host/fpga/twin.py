@@ -261,12 +261,14 @@ class TwinDevice(pynq.Device):
 
     # --- what pynq.Overlay calls
     def get_bitfile_metadata(self, bitfile_name, partial: bool = False):
-        from pynq.pl_server.hwh_parser import HWH
+        from pynqmetadata.frontends import Metadata
+        from pynqmetadata.views.runtime import RuntimeMetadataParser
 
         hwh = Path(bitfile_name).with_suffix(".hwh")
         if not hwh.is_file():
             raise BitstreamError(f"{hwh} is missing: pynq.Overlay needs the .hwh next to the .bit")
-        return HWH(str(hwh))
+        # What pynq's EmbeddedDevice does on a board for a full bitstream.
+        return RuntimeMetadataParser(Metadata(input=hwh))
 
     def download(self, bitstream, parser=None):
         meta = read_twin_bitstream(bitstream.bitfile_name)
