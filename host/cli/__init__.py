@@ -45,9 +45,9 @@ def main():
 
 
 def _register():
-    from insitu.cli import boards, data, doctor, lrt, rtl, train, tt
+    from insitu.cli import boards, data, deploy, doctor, lrt, rtl, train, tt
 
-    for module in (boards, data, doctor, train, lrt, tt, rtl):
+    for module in (boards, data, doctor, train, lrt, tt, rtl, deploy):
         main.add_command(module.command)
 
 

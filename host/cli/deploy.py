@@ -1,0 +1,90 @@
+"""`insitu deploy`: a bundle that trains on an FPGA board under PYNQ, optionally copied and run."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import click
+
+from insitu.cli.output import console, emit_json
+from insitu.errors import UsageError
+from insitu.fpga.deploy import DEFAULT_REMOTE_DIR, OVERLAY_SEARCH_DIR
+
+
+@click.command("deploy")
+@click.option("--board", required=True, help="The FPGA board: ultra96v2 or zedboard.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Bundle folder (created; an earlier bundle there is replaced).")
+@click.option("--bit", type=click.Path(exists=True, dir_okay=False),
+              help=f"Bitstream; its .hwh must sit beside it or come with --hwh "
+                   f"(default: {OVERLAY_SEARCH_DIR}/insitu_<board>.bit).")
+@click.option("--hwh", type=click.Path(exists=True, dir_okay=False),
+              help="Hardware handoff file of the bitstream.")
+@click.option("--wheel", type=click.Path(exists=True, dir_okay=False),
+              help="Ship this insitu wheel instead of building one from the source tree.")
+@click.option("--host", help="Copy the bundle to this host (name, address or ~/.ssh/config alias) "
+                             "and run it there.")
+@click.option("--user", help="Log in as this user (default: your SSH configuration's).")
+@click.option("--remote-dir", default=None,
+              help=f"Bundle folder on the host [default: {DEFAULT_REMOTE_DIR}, in the home directory].")
+@click.option("--dry-run", is_flag=True, help="With --host: print the ssh/scp commands, run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest, path and commands as JSON.")
+@click.argument("train_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- TRAIN_ARGS...]")
+def command(board, out_dir, bit, hwh, wheel, host, user, remote_dir, dry_run, as_json, train_args):
+    """Make a bundle that trains on a board running PYNQ, and optionally run it there over SSH.
+
+    The bundle holds the overlay (insitu_<board>.bit/.hwh), this insitu as a wheel, run.sh and a
+    manifest with checksums. On the board, `bash run.sh` installs the wheel (pip --no-deps, into
+    the PYNQ Python) and runs `insitu train --board <board> --bitstream ...` with TRAIN_ARGS,
+    writing result.json beside it. Without an overlay the bundle is still made, and run.sh says
+    how to get one.
+
+    With --host, the bundle is copied with rsync (or scp -r) and started with ssh, using your own
+    SSH keys and configuration: no password is asked for or stored, host keys are checked.
+
+    \b
+    Examples:
+      insitu deploy --board ultra96v2 --out bundle -- --samples 6000 --json
+      insitu deploy --board ultra96v2 --out bundle --bit my.bit --hwh my.hwh
+      insitu deploy --board ultra96v2 --out bundle --host pynq --user root --dry-run
+    """
+    from insitu.fpga import deploy
+
+    if not host and (user or remote_dir or dry_run):
+        raise UsageError("--user, --remote-dir and --dry-run go with --host")
+    remote_dir = remote_dir or DEFAULT_REMOTE_DIR
+    deploy.check_board(board)
+    if host:                                   # refuse a bad host before minutes of building
+        deploy.ssh_commands(host, user, remote_dir, out_dir, rsync=True)
+
+    def progress(msg):
+        if not as_json:
+            console.print(msg)
+
+    manifest = deploy.build_bundle(out_dir, board, bit=bit, hwh=hwh, wheel=wheel,
+                                   train_args=train_args, progress=progress)
+    commands = deploy.ssh_commands(host, user, remote_dir, out_dir) if host else []
+    ran = False
+    if host and not dry_run:
+        progress(f"copying the bundle to {host}:{remote_dir} and running it there")
+        deploy.run_commands(commands, host)
+        ran = True
+
+    if as_json:
+        payload = {"path": str(Path(out_dir).resolve()), **manifest}
+        if host:
+            payload.update(host=host, remote_dir=remote_dir, commands=commands, ran=ran)
+        emit_json(payload)
+        return
+    click.echo(str(out_dir))
+    if dry_run:
+        for cmd in commands:
+            click.echo(shlex.join(cmd))
+    for name in manifest["files"]:
+        console.print(f"  {name}")
+    if manifest["overlay_hint"]:
+        console.print(f"[yellow]warning:[/] {manifest['overlay_hint']}")
+    if not host:
+        console.print(f"copy {out_dir} to the board and run `bash run.sh` there, or deploy again "
+                      "with --host")
