@@ -13,7 +13,7 @@ budget, resumable checkpoints and the result record.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -33,25 +33,37 @@ class TrainConfig:
     algo: str = "sgd"
     dataset: str = "fashion-mnist"
     data_dir: str | None = None
-    model: str = "mlp"
+    model: str | None = None           # None: the algorithm's default network
     samples: int = 60_000
-    batch_size: int = 32
-    lr: float = 0.05
+    batch_size: int | None = None      # None: the algorithm's default
+    lr: float | None = None            # None: the algorithm's default
     seed: int = 0
     checkpoint: str | None = None
     checkpoint_every: int = 10_000     # samples between checkpoints
+    # The FPGA algorithms (tt, lrt):
+    mode: str = "fast"                 # a twin's model of the PL: "fast" (functional) or "rtl"
+    bitstream: str | None = None       # a real board's .bit (its .hwh beside it)
+    rank: int | None = None            # None: the algorithm's default
+    env: str = "shift"                 # lrt: the online environment
+    test_samples: int | None = None    # test samples to evaluate (None: the algorithm's default)
 
-    def validate(self) -> None:
+    def validate(self, models) -> None:
+        """Checks after the algorithm's defaults are filled in; ``models``: the algorithm's."""
         if self.samples < 1:
             raise UsageError(f"--samples must be >= 1, got {self.samples}")
-        if self.batch_size < 1:
+        if self.batch_size is not None and self.batch_size < 1:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if not (np.isfinite(self.lr) and self.lr > 0):
+        if self.lr is not None and not (np.isfinite(self.lr) and self.lr > 0):
             raise UsageError(f"--lr must be a positive number, got {self.lr}")
         if self.checkpoint_every < 1:
             raise UsageError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
-        if self.model not in MODELS:
-            raise UsageError(f"unknown --model {self.model!r}; known models: {', '.join(MODELS)}")
+        if self.model not in models:
+            raise UsageError(f"unknown --model {self.model!r} for --algo {self.algo}; its models: "
+                             f"{', '.join(models)}")
+        for name in ("rank", "test_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,10 @@ class Algorithm:
     board_kinds: tuple[str, ...]
     twins_only: bool
     run: Callable[[TrainConfig, Board, Callable[[int], None]], dict]
+    #: models the algorithm trains (the first is its default), and its default batch size and lr
+    models: tuple[str, ...] = ()
+    batch_size: int | None = 32
+    lr: float | None = 0.05
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
@@ -73,11 +89,13 @@ def register(algorithm: Algorithm) -> Algorithm:
 
 def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None) -> dict:
     """Train as ``config`` says; ``advance(n)`` is called as samples are consumed (progress)."""
-    config.validate()
     board = get_board(config.board)
     if config.algo not in ALGORITHMS:
         raise UsageError(f"unknown --algo {config.algo!r}; known algorithms: {', '.join(ALGORITHMS)}")
     algo = ALGORITHMS[config.algo]
+    config = replace(config, model=config.model or algo.models[0],
+                     batch_size=config.batch_size or algo.batch_size, lr=config.lr or algo.lr)
+    config.validate(algo.models)
     if board.kind not in algo.board_kinds:
         fits = [b.name for b in load_boards().values() if b.kind in algo.board_kinds]
         raise UsageError(f"algorithm {algo.name!r} does not run on {board.name} ({board.kind}); "
@@ -213,4 +231,35 @@ register(Algorithm(
     board_kinds=("fpga-soc", "mcu"),
     twins_only=True,
     run=_run_sgd,
+    models=tuple(MODELS),
+))
+
+
+def _run_fpga(name):
+    def run(config, board, advance):
+        from insitu.fpga import train as fpga_train       # pynq loads only when it is needed
+
+        return getattr(fpga_train, name)(config, board, advance)
+    return run
+
+
+register(Algorithm(
+    name="tt",
+    summary="tensor-train training, 4-bit factors and rank-adaptive prior, contractions on the PEs",
+    board_kinds=("fpga-soc",),
+    twins_only=False,
+    run=_run_fpga("run_tt"),
+    models=("paper", "tiny"),
+    batch_size=64,
+    lr=1e-3,
+))
+register(Algorithm(
+    name="lrt",
+    summary="LRT online adaptation of the last layer, per-sample vector work on the LRT PE",
+    board_kinds=("fpga-soc",),
+    twins_only=False,
+    run=_run_fpga("run_lrt"),
+    models=("cnn", "mlp"),
+    batch_size=None,            # None: LRTConfig's dense_batch and lr (insitu lrt adapt's)
+    lr=None,
 ))

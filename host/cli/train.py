@@ -7,7 +7,7 @@ import click
 from insitu.cli.output import emit_json, progress, report
 from insitu.errors import InsituError
 from insitu.io import atomic_write_json, check_writable
-from insitu.training import ALGORITHMS, MODELS, TrainConfig, train
+from insitu.training import ALGORITHMS, TrainConfig, train
 
 
 def _algo_help() -> str:
@@ -23,21 +23,32 @@ def _algo_help() -> str:
               help="Dataset (see `insitu data list`).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder with the dataset's IDX files (default: where Debian installs it).")
-@click.option("--model", type=click.Choice(sorted(MODELS)), default=TrainConfig.model, show_default=True,
-              help="Network for the sgd algorithm.")
+@click.option("--model", default=None,
+              help="Network: sgd: mlp (default), cnn; tt: paper (default), tiny; lrt: cnn (default), mlp.")
 @click.option("--samples", type=int, default=TrainConfig.samples, show_default=True,
               help="Training samples to stream (60000 is one FashionMNIST epoch).")
-@click.option("--batch-size", type=int, default=TrainConfig.batch_size, show_default=True)
-@click.option("--lr", type=float, default=TrainConfig.lr, show_default=True, help="Learning rate.")
+@click.option("--batch-size", type=int, default=None,
+              help="Samples per step (default: sgd 32, tt 64, lrt 100 per weight update).")
+@click.option("--lr", type=float, default=None, help="Learning rate (default: the algorithm's).")
 @click.option("--seed", type=int, default=TrainConfig.seed, show_default=True)
 @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
               help="Checkpoint file: resumed from if it exists, rewritten atomically as training goes.")
 @click.option("--checkpoint-every", type=int, default=TrainConfig.checkpoint_every, show_default=True,
               help="Samples between checkpoints.")
+@click.option("--mode", type=click.Choice(["fast", "rtl"]), default=TrainConfig.mode, show_default=True,
+              help="FPGA twins: serve the accelerator from the bit-exact functional model (fast) or "
+                   "from its RTL in simulation (rtl: exact cycles, ~1000 cycles/s; use --model tiny).")
+@click.option("--bitstream", type=click.Path(dir_okay=False), default=None,
+              help="Real FPGA boards: the overlay .bit (its .hwh beside it).")
+@click.option("--rank", type=int, default=None, help="tt: TT rank (paper 16, tiny 4); lrt: SKS rank (4).")
+@click.option("--env", type=click.Choice(["control", "shift"]), default=TrainConfig.env, show_default=True,
+              help="lrt: the online environment (docs/lrt.md).")
+@click.option("--test-samples", type=int, default=None,
+              help="tt/lrt: test samples to evaluate (default: tt all, lrt 1000).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed, checkpoint,
-            checkpoint_every, out, as_json):
+            checkpoint_every, mode, bitstream, rank, env, test_samples, out, as_json):
     """Train a network on a board, or on its simulated twin (the default, ultra96v2-sim).
 
     \b
@@ -45,10 +56,15 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
       insitu train --samples 6000 --json
       insitu train --board ultra96v2-sim --dataset digits --model cnn
       insitu train --checkpoint run.ckpt.npz     # interrupt it, run again: it resumes
+      insitu train --algo tt --samples 6000 --json             # TT training on the twin's PEs
+      insitu train --algo tt --model tiny --mode rtl --samples 8 --batch-size 4 --test-samples 50
+      insitu train --algo lrt --env shift --samples 2000 --json
+      insitu train --board ultra96v2 --bitstream insitu_ultra96v2.bit --algo tt   # on the board
     """
     config = TrainConfig(board=board, algo=algo, dataset=dataset, data_dir=data_dir, model=model,
                          samples=samples, batch_size=batch_size, lr=lr, seed=seed,
-                         checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+                         checkpoint=checkpoint, checkpoint_every=checkpoint_every, mode=mode,
+                         bitstream=bitstream, rank=rank, env=env, test_samples=test_samples)
     if out:
         check_writable(out, "--out")
     with progress(f"training on {board}", total=samples) as advance:
@@ -61,7 +77,13 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
         except OSError as exc:
             raise InsituError(f"cannot write --out {out}: {exc.strerror}") from None
     if not as_json:
-        report.print(f"[bold]{result['board']}[/] {result['algo']}: {result['samples']} samples "
-                      f"({result['epochs']:.2f} epochs) in {result['seconds']:.1f} s, "
-                      f"test accuracy [green]{result['accuracy']:.4f}[/]")
+        line = (f"[bold]{result['board']}[/] {result['algo']}: {result['samples']} samples in "
+                f"{result['seconds']:.1f} s, test accuracy [green]{result['accuracy']:.4f}[/]")
+        if "pl_cycles" in result:
+            line += (f"; accelerator {result['pl_cycles']:,} cycles "
+                     f"({result['seconds_at_board_clock']:.4f} s at its clock), "
+                     f"energy {result['energy_j']:.4g} J ({result['energy']['source']})")
+        if "max_writes_per_cell" in result:
+            line += f"; at most {result['max_writes_per_cell']} writes per cell"
+        report.print(line)
 

@@ -118,12 +118,13 @@ def dense_memory_bits() -> int:
 class Model:
     """The variant's network behind one interface: logits, a training step, size figures."""
 
-    def __init__(self, config: TTTrainConfig, train_size: int):
+    def __init__(self, config: TTTrainConfig, train_size: int, layers=PAPER_LAYERS):
         self.tensorized, quantized, self.use_prior = VARIANTS[config.variant]
         self.config = config
         self.train_size = train_size
         if self.tensorized:
-            self.net = TTNet(rank=config.rank, quantized=quantized, seed=config.seed, classes=CLASSES)
+            self.net = TTNet(layers, rank=config.rank, quantized=quantized, seed=config.seed,
+                             classes=CLASSES)
         else:
             self.net = dense_network(config.seed)
         self.optimizer = nn.Adam(self.net, lr=config.lr)
