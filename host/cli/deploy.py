@@ -55,6 +55,8 @@ def command(board, out_dir, bit, hwh, wheel, host, user, remote_dir, dry_run, as
         raise UsageError("--user, --remote-dir and --dry-run go with --host")
     remote_dir = remote_dir or DEFAULT_REMOTE_DIR
     deploy.check_board(board)
+    deploy.check_train_args(train_args)
+    _parse_train_args(train_args)
     if host:                                   # refuse a bad host before minutes of building
         deploy.ssh_commands(host, user, remote_dir, out_dir, rsync=True)
 
@@ -88,3 +90,16 @@ def command(board, out_dir, bit, hwh, wheel, host, user, remote_dir, dry_run, as
     if not host:
         console.print(f"copy {out_dir} to the board and run `bash run.sh` there, or deploy again "
                       "with --host")
+
+
+def _parse_train_args(args) -> None:
+    """Parse TRAIN_ARGS with `insitu train`'s own options here, so that a typo fails now rather
+    than on the board (the wheel carries this same command)."""
+    from insitu.cli.train import command as train_command
+
+    if {"-h", "--help"} & set(args):
+        raise UsageError("--help is not a training argument; see `insitu train --help`")
+    try:
+        train_command.make_context("insitu train", list(args))
+    except click.ClickException as exc:
+        raise UsageError(f"arguments after -- (for insitu train): {exc.format_message()}") from None

@@ -47,7 +47,7 @@ RESERVED_TRAIN_OPTIONS = ("--board", "--bitstream", "--out")
 # What the source copy for the wheel leaves out (as the packaging test does: an in-tree build
 # would leave build/ behind, and setuptools packs a stale build/lib into later wheels).
 _SOURCE_IGNORE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
-                  ".hypothesis", "sim_build", "out")
+                  ".hypothesis", "sim_build", "out", ".*.tmp", ".*.old")
 
 
 def deploy_boards() -> list[str]:
@@ -60,8 +60,10 @@ def deploy_boards() -> list[str]:
 def check_board(name: str) -> str:
     boards = deploy_boards()
     if name not in boards:
-        raise UsageError(f"deploy needs a real FPGA board running PYNQ, not {name!r}; "
-                         f"boards: {', '.join(boards)} (twins run here: insitu train --board {name})")
+        twin = name.removesuffix("-sim") in boards and name.endswith("-sim")
+        raise UsageError(f"deploy needs a real FPGA board running PYNQ, not {name!r}; boards: "
+                         f"{', '.join(boards)}" + (f" (a twin runs here: insitu train --board {name})"
+                                                   if twin else ""))
     return name
 
 

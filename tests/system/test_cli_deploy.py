@@ -1,0 +1,253 @@
+"""`insitu deploy` through the installed CLI: the bundle, its run.sh, and the SSH command lines.
+
+No test contacts a network host: the SSH tests check the command lines, or run with a PATH whose
+ssh/scp/rsync are scripts in tmp_path.
+"""
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from insitu.errors import UsageError
+from insitu.fpga import deploy
+from insitu.rtl import regmap
+
+pytestmark = pytest.mark.system
+
+
+def _overlay(folder: Path, name="insitu_ultra96v2", bit=True, hwh=True):
+    folder.mkdir(parents=True, exist_ok=True)
+    if bit:
+        (folder / f"{name}.bit").write_bytes(b"\x00\x09bitstream" * 100)
+    if hwh:
+        (folder / f"{name}.hwh").write_text("<MODULES/>\n")
+    return folder / f"{name}.bit", folder / f"{name}.hwh"
+
+
+def _fake_bin(folder: Path, scripts: dict) -> dict:
+    """A PATH whose first folder holds the given shell scripts (name -> body)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, body in scripts.items():
+        path = folder / name
+        path.write_text("#!/bin/sh\n" + body + "\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return {"PATH": f"{folder}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    """One real bundle, its wheel built from the source tree by the CLI (the slow part, once)."""
+    tmp = tmp_path_factory.mktemp("deploy")
+    bit, hwh = _overlay(tmp / "vivado", name="design")
+    out = tmp / "bundle"
+    from conftest import insitu_cli
+
+    run = insitu_cli("deploy", "--board", "ultra96v2", "--out", out, "--bit", bit, "--hwh", hwh,
+                     "--json", "--", "--samples", "600", "--algo", "sgd", cwd=tmp)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out, json.loads(run.stdout)
+
+
+@pytest.fixture
+def wheel(bundle):
+    out, manifest = bundle
+    return out / manifest["wheel"]
+
+
+def test_bundle_holds_overlay_wheel_script_and_manifest(bundle):
+    out, manifest = bundle
+    assert manifest["path"] == str(out.resolve()) and manifest["board"] == "ultra96v2"
+    assert manifest["versions"]["regmap"] == regmap.VERSION
+    assert manifest["train_args"] == ["--samples", "600", "--algo", "sgd"]
+    assert manifest["overlay"]["bit"] == "insitu_ultra96v2.bit" and manifest["overlay_hint"] is None
+    assert set(manifest["files"]) == {"run.sh", manifest["wheel"], "insitu_ultra96v2.bit",
+                                      "insitu_ultra96v2.hwh"}
+    for name, meta in manifest["files"].items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == meta["sha256"], name
+    assert json.loads((out / "manifest.json").read_text())["files"] == manifest["files"]
+    assert (out / "insitu_ultra96v2.hwh").read_text() == "<MODULES/>\n"
+    with zipfile.ZipFile(out / manifest["wheel"]) as whl:
+        names = set(whl.namelist())
+    assert {"insitu/fpga/deploy.py", "insitu/boards/ultra96v2.toml", "insitu/rtl/regmap.py"} <= names
+    script = (out / "run.sh").read_text()
+    assert "source /etc/profile.d/pynq_venv.sh" in script and "if [ -f /etc/profile.d/pynq_venv.sh ]" in script
+    assert "pip install --no-deps" in script
+    assert ('insitu train --board ultra96v2 --bitstream "$here/insitu_ultra96v2.bit" '
+            '--out "$here/result.json" --samples 600 --algo sgd') in script
+    assert subprocess.run(["bash", "-n", str(out / "run.sh")]).returncode == 0
+    # No temporary folders left beside the bundle.
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_run_sh_installs_and_trains_with_a_stand_in_python(bundle, tmp_path):
+    """run.sh on a copy of the bundle, with a python3 that runs the script's own checks for real
+    and logs pip and insitu instead of running them."""
+    import shutil
+
+    out, manifest = bundle
+    copy = tmp_path / "on-board"
+    shutil.copytree(out, copy)
+    log = tmp_path / "log"
+    env = {**os.environ, **_fake_bin(tmp_path / "bin", {"python3": (
+        f'if [ "$1" = "-" ]; then exec "{sys.executable}" "$@"; fi\n'
+        f'echo "$@" >> "{log}"')})}
+    run = subprocess.run(["bash", str(copy / "run.sh")], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    pip, train = log.read_text().splitlines()
+    assert pip.startswith("-m pip install --no-deps") and pip.endswith(manifest["wheel"])
+    assert train == (f"-m insitu train --board ultra96v2 --bitstream {copy}/insitu_ultra96v2.bit "
+                     f"--out {copy}/result.json --samples 600 --algo sgd")
+    # A file damaged on the way is refused before anything is installed.
+    log.unlink()
+    (copy / "insitu_ultra96v2.bit").write_bytes(b"truncated")
+    run = subprocess.run(["bash", str(copy / "run.sh")], capture_output=True, text=True, env=env)
+    assert run.returncode != 0 and "insitu_ultra96v2.bit" in run.stderr and not log.exists()
+
+
+def test_overlay_from_build_rtl_and_existing_bundle_replaced(run_cli, tmp_path, wheel):
+    _overlay(tmp_path / "build" / "rtl", name="insitu_zedboard")
+    out = tmp_path / "b"
+    first = run_cli("deploy", "--board", "zedboard", "--out", out, "--wheel", wheel, "--json", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["overlay"]["from"][0] == str(tmp_path / "build/rtl/insitu_zedboard.bit")
+    again = run_cli("deploy", "--board", "zedboard", "--out", out, "--wheel", wheel, "--json",
+                    "--", "--samples", "100", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "manifest.json").read_text())["train_args"] == ["--samples", "100"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "build"]
+
+
+def test_without_overlay_the_bundle_says_how_to_get_one(run_cli, tmp_path, wheel):
+    out = tmp_path / "b"
+    run = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--wheel", wheel, "--json", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert got["overlay"] is None
+    assert "insitu rtl generate --out build/rtl" in got["overlay_hint"]
+    assert "build_ultra96v2.tcl" in got["overlay_hint"]
+    assert set(got["files"]) == {"run.sh", got["wheel"]}
+    # On the board the script stops with the same message, before installing anything.
+    board = subprocess.run(["bash", str(out / "run.sh")], capture_output=True, text=True)
+    assert board.returncode == 1 and "insitu rtl generate --out build/rtl" in board.stderr
+
+
+@pytest.mark.parametrize("given", ["bit", "hwh", "search"])
+def test_half_an_overlay_is_a_usage_error(run_cli, tmp_path, wheel, given):
+    if given == "search":
+        _overlay(tmp_path / "build" / "rtl", bit=True, hwh=False)
+        args = []
+    else:
+        bit, hwh = _overlay(tmp_path / "v", name="x", bit=given == "bit", hwh=given == "hwh")
+        args = ["--bit", bit] if given == "bit" else ["--hwh", hwh]
+    out = tmp_path / "b"
+    run = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--wheel", wheel, *args, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert "pynq.Overlay needs both" in run.stderr and "Traceback" not in run.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("board", ["ultra96v2-sim", "stm32f746-disco", "nope"])
+def test_only_real_fpga_boards(run_cli, tmp_path, board):
+    run = run_cli("deploy", "--board", board, "--out", tmp_path / "b", cwd=tmp_path)
+    assert run.returncode == 2
+    assert "ultra96v2, zedboard" in run.stderr and "Traceback" not in run.stderr
+    assert ("a twin runs here" in run.stderr) == board.endswith("-sim")
+
+
+def test_refuses_a_folder_that_is_not_a_bundle_and_reserved_train_args(run_cli, tmp_path, wheel):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    run = run_cli("deploy", "--board", "ultra96v2", "--out", other, "--wheel", wheel, cwd=tmp_path)
+    assert run.returncode == 2 and "neither empty nor an insitu bundle" in run.stderr
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+    run = run_cli("deploy", "--board", "ultra96v2", "--out", tmp_path / "b", "--wheel", wheel,
+                  "--", "--board=zedboard", cwd=tmp_path)
+    assert run.returncode == 2 and "--board is set by the bundle" in run.stderr
+    # Training arguments are parsed by `insitu train`'s own options before anything is built.
+    run = run_cli("deploy", "--board", "ultra96v2", "--out", tmp_path / "b", "--wheel", wheel,
+                  "--", "--smaples", "10", cwd=tmp_path)
+    assert run.returncode == 2 and "No such option '--smaples'" in run.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_source_less_install_needs_wheel(tmp_path, monkeypatch):
+    monkeypatch.setattr(deploy, "project_root", lambda: None)
+    with pytest.raises(UsageError, match="--wheel FILE"):
+        deploy.build_bundle(tmp_path / "b", "ultra96v2", search_dir=tmp_path)
+    assert not (tmp_path / "b").exists()
+
+
+def test_ssh_command_lines(tmp_path):
+    (tmp_path / "run.sh").write_text("")
+    (tmp_path / "wheels").mkdir()
+    for rsync in (True, False):
+        cmds = deploy.ssh_commands("pynq", "root", "~/runs/u96", tmp_path, rsync=rsync)
+        assert len(cmds) == 3
+        flat = [" ".join(c) for c in cmds]
+        for cmd in flat:
+            assert "StrictHostKeyChecking" not in cmd and "sshpass" not in cmd and "Password" not in cmd
+        for cmd in cmds:
+            assert "BatchMode=yes" in " ".join(cmd) and "ConnectTimeout=10" in " ".join(cmd)
+        assert cmds[0][0] == "ssh" and cmds[0][-2:] == ["root@pynq", "mkdir -p -- runs/u96"]
+        assert cmds[-1][0] == "ssh" and cmds[-1][-2:] == ["root@pynq", "bash runs/u96/run.sh"]
+        if rsync:
+            assert cmds[1] == ["rsync", "-a", "-e", "ssh -o BatchMode=yes -o ConnectTimeout=10",
+                               f"{tmp_path}/", "root@pynq:runs/u96/"]
+        else:
+            assert cmds[1] == ["scp", "-r", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+                               str(tmp_path / "run.sh"), str(tmp_path / "wheels"), "root@pynq:runs/u96/"]
+    assert deploy.ssh_commands("board.local", None, "insitu-bundle", tmp_path, rsync=True)[0][-2] == "board.local"
+    for host, user, remote in (("-oProxyCommand=x", None, "d"), ("a b", None, "d"),
+                               ("pynq", "-l", "d"), ("pynq", None, "d; rm -rf /"), ("pynq", None, "~x")):
+        with pytest.raises(UsageError):
+            deploy.ssh_commands(host, user, remote, tmp_path, rsync=True)
+
+
+def test_dry_run_prints_the_commands_and_runs_nothing(run_cli, tmp_path, wheel):
+    called = tmp_path / "called"
+    env = _fake_bin(tmp_path / "bin", {tool: f'echo {tool} >> "{called}"; exit 0'
+                                       for tool in ("ssh", "scp", "rsync")})
+    out = tmp_path / "b"
+    run = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--wheel", wheel, "--host", "pynq",
+                  "--user", "xilinx", "--dry-run", "--json", env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert got["ran"] is False and got["host"] == "pynq" and len(got["commands"]) == 3
+    assert got["commands"][-1][-2:] == ["xilinx@pynq", "bash insitu-bundle/run.sh"]
+    assert not called.exists() and (out / "run.sh").is_file()
+    plain = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--wheel", wheel, "--host", "pynq",
+                    "--dry-run", env=env, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stdout.splitlines()
+    assert lines[0] == str(out) and lines[1].startswith("ssh -o BatchMode=yes") and len(lines) == 4
+    assert not called.exists()
+
+
+def test_unreachable_host_is_a_clear_usage_error(run_cli, tmp_path, wheel):
+    msg = "ssh: connect to host board.invalid port 22: Connection timed out"
+    env = _fake_bin(tmp_path / "bin", {tool: f'echo "{msg}" >&2; exit 255' for tool in ("ssh", "scp", "rsync")})
+    run = run_cli("deploy", "--board", "ultra96v2", "--out", tmp_path / "b", "--wheel", wheel,
+                  "--host", "board.invalid", env=env, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert "cannot reach board.invalid" in run.stderr and "Connection timed out" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_a_failing_run_on_the_board_is_an_error(run_cli, tmp_path, wheel):
+    # ssh and the copy succeed; run.sh "fails" on the board.
+    env = _fake_bin(tmp_path / "bin", {
+        "ssh": 'case "$*" in *run.sh*) echo "training failed" ; exit 3;; esac; exit 0',
+        "scp": "exit 0", "rsync": "exit 0"})
+    run = run_cli("deploy", "--board", "ultra96v2", "--out", tmp_path / "b", "--wheel", wheel,
+                  "--host", "pynq", "--json", env=env, cwd=tmp_path)
+    assert run.returncode == 1
+    assert "the run on pynq failed (exit 3)" in run.stderr and "training failed" in run.stderr
+    assert run.stdout == ""
