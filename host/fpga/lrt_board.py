@@ -17,13 +17,16 @@ simulated board on its twin, or any adapter over the golden model :class:`~insit
 LRTPEModel` (the unit tests have one). Fixed-point formats all come from :mod:`insitu.numerics`.
 
 Which layer: the PE holds one weight matrix of at most ``lrt_rows_max`` (256) rows and columns and
-``lrt_cells_max`` (16,384) cells, so :class:`LRTBoardTrainer` adapts the **last dense layer** of the
-LRT paper's quantized network (:mod:`insitu.lrt.qnet`): 64 → 10 (640 cells) for the paper's CNN,
-128 → 10 (1,280 cells) for the MLP. Both fit as they are; the CNN's 144 → 64 and the MLP's first
-layer (784 → 128) would not all be worth it or fit (784 rows > 256). The other layers are frozen on
-the processor (their batch-norm statistics too: the prefix runs in inference mode), the adapted
-layer's 16-bit bias is trained on the processor every sample as the LRT schemes of
-:mod:`insitu.lrt.trainer` do.
+``lrt_cells_max`` (16,384) cells, and its q = r + 1 basis columns bound the rank to
+``lrt_cols_max − 1`` (7). :class:`LRTBoardTrainer` adapts the **last dense layer** of the LRT
+paper's quantized network (:mod:`insitu.lrt.qnet`), which fits as it is in both architectures:
+64 → 10 (640 cells) in the paper's CNN, 128 → 10 (1,280 cells) in the MLP; rank ≤ 7 < 10 classes.
+(The CNN's 144 → 64 would fit too, the MLP's 784 → 128 would not. One weight memory holds one
+layer: the last, the one the LRT paper's transfer experiment (table 1) recovers, and the one whose
+gradient needs no backward pass through frozen layers.) The other layers are frozen on the
+processor, their batch-norm statistics too (the prefix runs in inference mode, a chunk of samples
+at once); the adapted layer's 16-bit bias is trained on the processor every sample, as the LRT
+schemes of :mod:`insitu.lrt.trainer` train it.
 
 Differences from :class:`insitu.lrt.trainer.OnlineTrainer` (scheme ``lrt``), and why:
 
@@ -37,7 +40,13 @@ Differences from :class:`insitu.lrt.trainer.OnlineTrainer` (scheme ``lrt``), and
   basis gives the same estimate, and this bounds the loss of orthogonality of Q1.14 bases that are
   rounded at every ROTATE to one batch of rotations (it grows without bound otherwise);
 * weight drift (the ``analog`` / ``digital`` environments) is not modelled on the PE's weight
-  memory: those environments are refused.
+  memory: those environments are refused;
+* no max-norm (``lrt-maxnorm``): it needs max |Ĝ| over the cells, which no PE op returns.
+
+Write counts: the PE counts writes per cell (16-bit, saturating) since its last LRT_LOAD_WEIGHTS.
+A resumed run loads the weights again, which restarts those counters at 0, so the trainer keeps the
+counts of before on the processor and adds them to what the PE reports (see
+:class:`LRTBoardTrainer`).
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from insitu import nn
-from insitu.lrt.adapt import EMA_DECAY, pretrained_model
+from insitu.lrt.adapt import EMA_DECAY, build_network, pretrained_model
 from insitu.lrt.online import OnlineData
 from insitu.lrt.pe_ops import append_reciprocal, pad_words
 from insitu.lrt.qnet import QNet
@@ -61,7 +70,8 @@ from insitu.numerics import LRT_BASIS, LRT_BIAS, LRT_PE_WORD_BITS, LRT_WEIGHT, m
 from insitu.rtl.params import DEFAULT_PARAMS, AcceleratorParams
 from insitu.rtl.regmap import Op
 
-__all__ = ["PEPort", "PEKroneckerSum", "LRTBoardTrainer", "run_board_adapt", "pe_params", "BOARD_ENVS"]
+__all__ = ["PEPort", "PEKroneckerSum", "LRTBoardTrainer", "run_board_adapt", "pe_params", "check_pe_fit",
+           "BOARD_ENVS"]
 
 #: Environments the board run accepts: the input-distribution ones (no drift of the weight cells).
 BOARD_ENVS = ("control", "shift")
@@ -114,6 +124,22 @@ def _check_int(name: str, value, lo: int, hi: int, what: str) -> int:
     return int(value)
 
 
+def check_pe_fit(m: int, n: int, rank: int, params: AcceleratorParams,
+                 kappa_th: float | None = None) -> None:
+    """ValueError unless a rank-``rank`` sum of ``m × n`` outer products fits the PE of ``params``."""
+    _check_int("rows m", m, 1, params.lrt_rows_max, "rows of Q_L: the PE's lrt_rows_max")
+    _check_int("columns n", n, 1, params.lrt_rows_max, "rows of Q_R: the PE's lrt_rows_max")
+    top = min(params.lrt_cols_max - 1, min(m, n) - 1)
+    if top < 1:
+        raise ValueError(f"no rank fits a {m} x {n} matrix on a PE with {params.lrt_cols_max} basis "
+                         "columns")
+    _check_int("rank", rank, 1, top,
+               f"q = rank + 1 basis columns must fit the PE's {params.lrt_cols_max}, and rank "
+               f"{min(m, n)} would be a full-rank estimate of a {m} x {n} matrix: use a lower rank")
+    if kappa_th is not None and not (np.isfinite(kappa_th) and kappa_th > 0):
+        raise ValueError(f"kappa_th must be a positive number or None (never skip), got {kappa_th!r}")
+
+
 class PEKroneckerSum:
     """Rank-``rank`` streaming estimate of ``Σ dz ⊗ a`` whose vector work runs on the LRT PE.
 
@@ -132,19 +158,8 @@ class PEKroneckerSum:
                  params: AcceleratorParams | None = None):
         self.pe = port if isinstance(port, _CountingPort) else _CountingPort(port)
         self.params = params or pe_params(self.pe.port)
-        p = self.params
-        self.n_out = _check_int("n_out", n_out, 1, p.lrt_rows_max, "rows of Q_L: the PE's lrt_rows_max")
-        self.n_in = _check_int("n_in", n_in, 1, p.lrt_rows_max, "rows of Q_R: the PE's lrt_rows_max")
-        top = min(p.lrt_cols_max - 1, min(n_out, n_in) - 1)
-        if top < 1:
-            raise ValueError(f"PEKroneckerSum: no rank fits a {n_out} x {n_in} matrix on a PE with "
-                             f"{p.lrt_cols_max} basis columns")
-        self.rank = _check_int("rank", rank, 1, top,
-                               f"q = rank + 1 basis columns must fit the PE's {p.lrt_cols_max}, and a "
-                               f"rank-{min(n_out, n_in)} estimate of a {n_out} x {n_in} matrix is full: "
-                               "use a lower rank")
-        if kappa_th is not None and not (np.isfinite(kappa_th) and kappa_th > 0):
-            raise ValueError(f"kappa_th must be a positive number or None, got {kappa_th!r}")
+        check_pe_fit(n_out, n_in, rank, self.params, kappa_th)
+        self.n_out, self.n_in, self.rank = int(n_out), int(n_in), int(rank)
         self.q = self.rank + 1
         self.unbiased = bool(unbiased)
         self.kappa_th = kappa_th
@@ -286,8 +301,9 @@ class LRTBoardTrainer:
     ``port``: the accelerator (:class:`PEPort`). ``net``: the pre-trained quantized network (e.g.
     from :func:`insitu.lrt.adapt.pretrained_model`); its last weight layer (``m × n``, ``m`` the
     classes) is adapted, the rest is frozen. Defaults are those of :class:`insitu.lrt.trainer.
-    LRTConfig` (``batch`` is its ``dense_batch``). ``params``: the PE's bounds (default: read from
-    the port's CAP registers).
+    LRTConfig` (``batch`` is its ``dense_batch``; ``bias_lr=None`` freezes the bias). ``params``: the
+    PE's bounds (default: read from the port's CAP registers). ``context``: JSON-ready facts of the
+    run (environment, dataset, …) that a saved state must match to be resumed here.
 
     On construction the PE gets the layer's weights (LRT_LOAD_WEIGHTS, which clears its write
     counters) and the accumulator's initial bases. Then :meth:`step` / :meth:`train` feed samples;
@@ -304,19 +320,17 @@ class LRTBoardTrainer:
                  batch: int = LRTConfig.dense_batch, lr: float = LRTConfig.lr,
                  bias_lr: float | None = LRTConfig.bias_lr, unbiased: bool = LRTConfig.unbiased,
                  kappa_th: float | None = LRTConfig.kappa_th, seed: int = 0,
-                 params: AcceleratorParams | None = None):
+                 params: AcceleratorParams | None = None, context: dict | None = None):
         self.pe = _CountingPort(port)
+        self.context = dict(context or {})
         self.params = params or pe_params(port)
         self.net = net
+        self.m, self.n = self.check(net, self.params, rank=rank, batch=batch, lr=lr,
+                                    bias_lr=bias_lr, kappa_th=kappa_th)
         self.layer = net.weight_layers[-1]
-        self.prefix = net.stages[:net.stages.index(self.layer)]
         self.layer_name = self.layer.name
-        self.m, self.n = self._check_layer(self.layer, self.params)
-        self.batch = _check_int("batch", batch, 1, 2**31, "samples per weight update")
-        for name, v in (("lr", lr), ("bias_lr", bias_lr)):
-            if v is not None and not (np.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a positive number, got {v!r}"
-                                 + (" (None freezes the bias)" if name == "bias_lr" else ""))
+        self.prefix = net.stages[:-1]
+        self.batch = int(batch)
         self.lr, self.bias_lr = float(lr), bias_lr
         self.seed = seed
         self.sks = PEKroneckerSum(self.pe, self.m, self.n, rank, unbiased=unbiased, seed=seed,
@@ -332,19 +346,34 @@ class LRTBoardTrainer:
         self._load_weights()
 
     @staticmethod
-    def _check_layer(layer, p: AcceleratorParams) -> tuple[int, int]:
+    def check(net: QNet, params: AcceleratorParams, *, rank: int = LRTConfig.rank,
+              batch: int = LRTConfig.dense_batch, lr: float = LRTConfig.lr,
+              bias_lr: float | None = LRTConfig.bias_lr,
+              kappa_th: float | None = LRTConfig.kappa_th) -> tuple[int, int]:
+        """ValueError (saying what to change) unless these options fit ``net`` and the PE of
+        ``params``; returns the adapted layer's ``(m, n)``. Cheap: run it before pre-training."""
+        layer = net.weight_layers[-1]
         if not isinstance(layer.core, nn.Dense):
             raise ValueError(f"layer {layer.name} is a {type(layer.core).__name__}: the LRT PE adapts "
                              "a dense layer (use a network whose last weight layer is dense)")
+        if net.stages[-1] is not layer:
+            raise ValueError(f"layer {layer.name} is not the network's last stage: the PE adapts "
+                             "the layer whose outputs are the logits")
         if layer.weight_format != LRT_WEIGHT:
             raise ValueError(f"layer {layer.name} stores {layer.weight_format}, the PE's weight memory "
                              f"holds {LRT_WEIGHT}: build the network with the default weight format")
         m, n = layer.weight.shape
-        if max(m, n) > p.lrt_rows_max or m * n > p.lrt_cells_max:
+        if max(m, n) > params.lrt_rows_max or m * n > params.lrt_cells_max:
             raise ValueError(f"layer {layer.name} ({m} x {n}) does not fit the LRT PE (rows and columns "
-                             f"<= {p.lrt_rows_max}, cells <= {p.lrt_cells_max}): use a network with a "
-                             "smaller last layer or a bitstream generated with larger LRT memories")
-        return m, n
+                             f"<= {params.lrt_rows_max}, cells <= {params.lrt_cells_max}): use a network "
+                             "with a smaller last layer or a bitstream generated with larger LRT memories")
+        check_pe_fit(m, n, rank, params, kappa_th)
+        _check_int("batch", batch, 1, 2**31, "samples per weight update")
+        for name, v in (("lr", lr), ("bias_lr", bias_lr)):
+            if (v is not None or name == "lr") and not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive number, got {v!r}"
+                                 + (" (None freezes the bias)" if name == "bias_lr" else ""))
+        return int(m), int(n)
 
     # -- the PE's weights ------------------------------------------------------------------------
     def _load_weights(self) -> None:
@@ -465,7 +494,8 @@ class LRTBoardTrainer:
     def _identity(self) -> dict:
         return {"layer": self.layer_name, "shape": [self.m, self.n], "rank": self.rank,
                 "batch": self.batch, "lr": self.lr, "bias_lr": self.bias_lr,
-                "unbiased": self.sks.unbiased, "kappa_th": self.sks.kappa_th, "seed": self.seed}
+                "unbiased": self.sks.unbiased, "kappa_th": self.sks.kappa_th, "seed": self.seed,
+                "context": self.context}
 
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
         """Everything needed to resume: ``(arrays, meta)`` for :func:`insitu.checkpoint.save_checkpoint`
@@ -536,13 +566,20 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
     test_samples = _check_int("test_samples", test_samples, 1, 2**62, "test samples to evaluate")
     config = LRTConfig()               # the pre-trained network of `insitu lrt adapt`
     data = OnlineData(dataset, data_dir, seed=seed, segment=segment)
+    params = params or pe_params(port)
+    # Everything that can be wrong, found before minutes of pre-training.
+    LRTBoardTrainer.check(build_network(arch, data, seed, config), params, rank=rank, batch=batch,
+                          lr=lr, bias_lr=bias_lr, kappa_th=kappa_th)
     net, pre = pretrained_model(arch, dataset, data_dir, seed, offline_samples, pretrain_epochs,
                                 cache_dir, config)
     x_test, y_test = data.test(test_samples)
     x_test = x_test.astype(np.float64)
     accuracy_before = evaluate(net, x_test, y_test)
+    context = {"env": env, "dataset": data.name, "arch": arch, "offline_samples": offline_samples,
+               "pretrain_epochs": pretrain_epochs, "segment": segment}
     trainer = LRTBoardTrainer(port, net, rank=rank, batch=batch, lr=lr, bias_lr=bias_lr,
-                              unbiased=unbiased, kappa_th=kappa_th, seed=seed, params=params)
+                              unbiased=unbiased, kappa_th=kappa_th, seed=seed, params=params,
+                              context=context)
     if resume is not None:
         if resume[1].get("samples", 0) > samples:
             raise ValueError(f"the saved state is already {resume[1]['samples']} samples in; ask for "

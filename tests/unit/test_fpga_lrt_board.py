@@ -185,9 +185,13 @@ def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(cache, tmp_path):
         assert resumed[key] == whole[key], key
     for op in COMPUTE_OPS:
         assert resumed["pe_ops"][op] == whole["pe_ops"][op], op
+    # A state resumes only a run made the same way.
+    other = LRTBoardTrainer(GoldenPort(), _net(cache, seed=1), batch=50, lr=0.01, seed=1)
+    with pytest.raises(ValueError, match="another run"):
+        other.load_state(*load_checkpoint(path))
 
 
-def test_configurations_the_pe_cannot_take_are_refused(cache):
+def test_configurations_the_pe_cannot_take_are_refused(cache, tmp_path):
     net = _net(cache)
     for rank in (0, 8, 10):
         with pytest.raises(ValueError, match="rank"):
@@ -201,5 +205,9 @@ def test_configurations_the_pe_cannot_take_are_refused(cache):
         LRTBoardTrainer(GoldenPort(), wide)
     with pytest.raises(ValueError, match="env"):
         run_board_adapt(GoldenPort(), env="analog", samples=10, cache_dir=cache, **SMALL)
+    # Refused before any pre-training: nothing lands in an empty cache.
+    with pytest.raises(ValueError, match="rank"):
+        run_board_adapt(GoldenPort(), samples=10, rank=8, cache_dir=tmp_path, **SMALL)
+    assert not any(tmp_path.iterdir())
     LRTBoardTrainer(GoldenPort(), net, rank=7)               # the largest that fits
     assert math.isfinite(LRTBoardTrainer(GoldenPort(), net).lr)
