@@ -37,8 +37,9 @@ Differences from :class:`insitu.lrt.trainer.OnlineTrainer` (scheme ``lrt``), and
   ``B_eff = B``), so ``lr`` means what it means for ``insitu lrt adapt``;
 * after each update the accumulator is reset (``c_x = 0``) and its bases are re-orthonormalized on
   the processor (read back, QR, loaded again; their span is kept). With ``c_x = 0`` any orthonormal
-  basis gives the same estimate, and this bounds the loss of orthogonality of Q1.14 bases that are
-  rounded at every ROTATE to one batch of rotations (it grows without bound otherwise);
+  basis gives the same estimate, and this bounds the loss of orthogonality of Q1.14 bases, which
+  are rounded at every ROTATE, to one batch of rotations (without it, max |QᵀQ − I| measured
+  9e-4 after 100 pairs and 2e-3 after 2000, and kept growing);
 * weight drift (the ``analog`` / ``digital`` environments) is not modelled on the PE's weight
   memory: those environments are refused;
 * no max-norm (``lrt-maxnorm``): it needs max |Ĝ| over the cells, which no PE op returns.
@@ -369,10 +370,11 @@ class LRTBoardTrainer:
                              "with a smaller last layer or a bitstream generated with larger LRT memories")
         check_pe_fit(m, n, rank, params, kappa_th)
         _check_int("batch", batch, 1, 2**31, "samples per weight update")
-        for name, v in (("lr", lr), ("bias_lr", bias_lr)):
-            if (v is not None or name == "lr") and not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a positive number, got {v!r}"
-                                 + (" (None freezes the bias)" if name == "bias_lr" else ""))
+        if not (isinstance(lr, (int, float)) and np.isfinite(lr) and lr > 0):
+            raise ValueError(f"lr must be a positive number, got {lr!r}")
+        if bias_lr is not None and not (isinstance(bias_lr, (int, float)) and np.isfinite(bias_lr)
+                                        and bias_lr > 0):
+            raise ValueError(f"bias_lr must be a positive number or None (a frozen bias), got {bias_lr!r}")
         return int(m), int(n)
 
     # -- the PE's weights ------------------------------------------------------------------------
