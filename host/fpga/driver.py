@@ -153,13 +153,16 @@ class Accelerator:
             raise ValueError(f"{op.name}: the input stream must be whole beats of {STREAM_WORDS} "
                              f"words, got {words.size}")
         self._configure({"OP": int(op), **registers})
-        in_beats, out_beats = self.regs.read("IN_BEATS"), self.regs.read("OUT_BEATS")
-        if in_beats != words.size // STREAM_WORDS:
-            raise ValueError(f"{op.name}: the accelerator expects {in_beats} input beats for "
-                             f"{registers}; the stream has {words.size // STREAM_WORDS}")
         self.regs.command("START")
         if self.regs.field("STATUS", "ERROR"):
             self._failed(op, "refused its configuration")
+        # Read while the op runs: the sizes of the op START froze.
+        in_beats, out_beats = self.regs.read("IN_BEATS"), self.regs.read("OUT_BEATS")
+        if in_beats != words.size // STREAM_WORDS:
+            self.regs.command("ABORT")
+            self._reset_dma()
+            raise ValueError(f"{op.name}: the accelerator expects {in_beats} input beats for "
+                             f"{registers}; the stream has {words.size // STREAM_WORDS}")
         out = None
         if out_beats:
             out = self._buffer("out", out_beats * STREAM_WORDS)
@@ -168,18 +171,17 @@ class Accelerator:
             buf = self._buffer("in", words.size)
             buf[:words.size] = words
             self.dma.sendchannel.transfer(buf, 0, words.size * 2)
-        self._wait(op, lambda: self.regs.read("STATUS") & 0b110, "the op to end (STATUS.DONE)")
+        channels = (self.dma.sendchannel, self.dma.recvchannel)
+        self._wait(op, lambda: self.regs.read("STATUS") & 0b110 or any(c.error for c in channels),
+                   "the op to end (STATUS.DONE)")
+        self._check_dma(op)
         if self.regs.field("STATUS", "ERROR"):
             self._failed(op, "failed")
-        result = np.zeros(0, np.int64)
-        for channel, buf, beats in ((self.dma.sendchannel, None, in_beats),
-                                    (self.dma.recvchannel, out, out_beats)):
+        for channel, beats in zip(channels, (in_beats, out_beats)):
             if beats:
                 self._wait(op, lambda c=channel: c.idle or c.error, "the DMA to go idle")
-                if channel.error:
-                    self._reset_dma()
-                    raise AcceleratorError(f"{op.name}: the AXI DMA reported an error "
-                                           f"(DMASR {channel._mmio.read(channel._offset + 4):#x})")
+        self._check_dma(op)
+        result = np.zeros(0, np.int64)
         if out_beats:
             out.invalidate()
             result = out[:out_beats * STREAM_WORDS].astype(np.int64)
@@ -188,6 +190,15 @@ class Accelerator:
         self.cycles_by_op[op.name] += cycles
         self.dma_bytes += (in_beats + out_beats) * BEAT_BYTES
         return result
+
+    def _check_dma(self, op: Op) -> None:
+        """A DMA error (a bad address, a transfer the DMA cannot make) ends the op at once."""
+        if self.dma.sendchannel.error or self.dma.recvchannel.error:
+            dump = self._dump()
+            self.regs.command("ABORT")
+            self._reset_dma()
+            raise AcceleratorError(f"{op.name}: the AXI DMA reported an error (DMASR bits 4-6: "
+                                   f"internal, slave, decode). {dump}")
 
     def _wait(self, op: Op, ready, what: str) -> None:
         deadline = time.monotonic() + self.timeout_s

@@ -98,13 +98,6 @@ def test_refused_config_raises_with_code_and_register_dump(acc, op, registers, c
     run_good(acc, PEConfig("PE2", 2, 5, 32, 3, 1), seed=2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "host/fpga/pl.py FunctionalModel._error_and_beats reports IN_BEATS = OUT_BEATS = 0 for a "
-    "configuration the PE refuses (the RTL reports the beats its formula gives: 36 for this PE1 "
-    "c=8 op), and host/fpga/driver.py Accelerator.run compares IN_BEATS with the stream before "
-    "START; so on the fast twin a refused op run with its stream raises ValueError 'the "
-    "accelerator expects 0 input beats' instead of AcceleratorError C_LANES (the RTL twin raises "
-    "AcceleratorError C_LANES)"))
 def test_refused_config_with_its_stream_raises_accelerator_error(acc):
     cfg = PEConfig("PE1", 5, 3, 8, 4, shift=2)
     lhs, rhs = operands(cfg)

@@ -745,12 +745,6 @@ def test_driver_on_a_dma_decode_error_raises_within_its_timeout(overlay, role, c
                                   pe_stream.reference_stream_out(cfg, lhs, rhs))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "driver.py Accelerator.run waits for STATUS.DONE (the _wait on `STATUS & 0b110`) without "
-    "looking at the DMA channels' error bits, so a DMA decode error (DMASR 0x40, the channel "
-    "halted) only surfaces as AcceleratorTimeout 'waiting for the op to end' at the deadline "
-    "(10 s on a board or fast twin, 1800 s on an RTL twin); the 'AXI DMA reported an error' branch "
-    "after the wait is unreachable for it"))
 def test_driver_reports_a_dma_decode_error_promptly(overlay):
     acc = open_board(BOARD, mode="fast", bitstream=overlay, timeout_s=1.0)
     cfg = PEConfig("PE1", 5, 3, 16, 4, 2)
