@@ -71,6 +71,8 @@ from insitu.numerics import LRT_BASIS, LRT_BIAS, LRT_PE_WORD_BITS, LRT_WEIGHT, m
 from insitu.rtl.params import DEFAULT_PARAMS, AcceleratorParams
 from insitu.rtl.regmap import Op
 
+from .regs import bitstream_params
+
 __all__ = ["PEPort", "PEKroneckerSum", "LRTBoardTrainer", "run_board_adapt", "pe_params", "check_pe_fit",
            "BOARD_ENVS"]
 
@@ -95,9 +97,7 @@ class PEPort(Protocol):
 
 def pe_params(port: PEPort) -> AcceleratorParams:
     """The LRT PE's bounds of the bitstream behind ``port`` (its CAP_LRT_* registers)."""
-    return replace(DEFAULT_PARAMS, lrt_rows_max=int(port.read("CAP_LRT_ROWS_MAX")),
-                   lrt_cols_max=int(port.read("CAP_LRT_COLS_MAX")),
-                   lrt_cells_max=int(port.read("CAP_LRT_CELLS_MAX")))
+    return bitstream_params(port.read, "CAP_LRT_")
 
 
 class _CountingPort:

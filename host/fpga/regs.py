@@ -72,6 +72,18 @@ class Registers:
         return {r.name: self.read(r.name) for r in REGISTERS if r.access != "wo"}
 
 
+def bitstream_params(read, prefix: str = "CAP_") -> "AcceleratorParams":
+    """The generate-time bounds of the bitstream behind ``read(name)``: its registers named
+    ``prefix``... (all CAP_* registers, or e.g. only the LRT PE's ``CAP_LRT_``); the rest (and
+    what no register reports: the shift range, PE rows and lanes) is the design's default."""
+    from dataclasses import replace
+
+    from insitu.rtl.params import DEFAULT_PARAMS
+
+    return replace(DEFAULT_PARAMS, **{r.param: int(read(r.name)) for r in REGISTERS
+                                      if r.param and r.name.startswith(prefix)})
+
+
 def format_dump(dump: dict[str, int]) -> str:
     """A register dump as one line a user can paste into a bug report."""
     parts = []

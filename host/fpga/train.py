@@ -25,6 +25,7 @@ from insitu.io import check_writable
 
 from . import power
 from .driver import open_board
+from .regs import bitstream_params
 from .tt_board import NETWORKS, BoardExecutor, check_fits, mac_counters
 
 
@@ -32,10 +33,11 @@ def _executor_name(board, accel) -> str:
     return f"twin-{accel.device.mode}" if board.is_twin else "board"
 
 
-def _identity(config, *extra_drop) -> dict:
-    """What makes two runs the same run (a checkpoint of one resumes the other)."""
+def _identity(config) -> dict:
+    """What makes two runs the same run (a checkpoint of one resumes the other; a run on the
+    RTL twin resumes on the fast one: they compute the same)."""
     drop = {"samples", "checkpoint", "checkpoint_every", "data_dir", "bitstream", "mode",
-            "test_samples", *extra_drop}
+            "test_samples"}
     return {k: v for k, v in asdict(config).items() if k not in drop}
 
 
@@ -93,7 +95,7 @@ def run_tt(config, board, advance) -> dict:
                          f"{data.sample_shape} samples of {data.num_classes} classes")
     accel = open_board(board, config.mode, config.bitstream)
     try:
-        check_fits(layers, rank, config.batch_size, _bitstream_params(accel))
+        check_fits(layers, rank, config.batch_size, bitstream_params(accel.read))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     from insitu.training import sample_order
@@ -158,13 +160,6 @@ def run_tt(config, board, advance) -> dict:
     }
 
 
-def _bitstream_params(accel):
-    """A real bitstream's bounds, read from its CAP registers."""
-    from .lrt_board import pe_params
-
-    return pe_params(accel)
-
-
 # ---------------------------------------------------------------------------------------- LRT
 
 def run_lrt(config, board, advance) -> dict:
@@ -215,5 +210,5 @@ def run_lrt(config, board, advance) -> dict:
 def _lrt_macs(accel) -> int:
     """An upper bound of the LRT PE's 16x16 products: its q-wide datapath (``lrt_cols_max``
     multipliers) busy in every cycle of every op."""
-    q = _bitstream_params(accel).lrt_cols_max
+    q = bitstream_params(accel.read).lrt_cols_max
     return q * sum(cycles for op, cycles in accel.cycles_by_op.items() if op.startswith("LRT_"))

@@ -19,7 +19,6 @@ to train on the RTL in simulation.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import numpy as np
@@ -89,7 +88,3 @@ class BoardExecutor(FixedExecutor):
 def mac_counters(macs: Counter) -> dict:
     """The executor's MAC counts by operand widths (PE1/PE2: 16 x 4 bits; PE3: 16 x 16)."""
     return {"macs_16x4": macs["PE1"] + macs["PE2"], "macs_16x16": macs["PE3"]}
-
-
-def steps_per_epoch(train_size: int, batch: int) -> int:
-    return math.ceil(train_size / batch)
