@@ -93,8 +93,9 @@ def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None) 
     if config.algo not in ALGORITHMS:
         raise UsageError(f"unknown --algo {config.algo!r}; known algorithms: {', '.join(ALGORITHMS)}")
     algo = ALGORITHMS[config.algo]
-    config = replace(config, model=config.model or algo.models[0],
-                     batch_size=config.batch_size or algo.batch_size, lr=config.lr or algo.lr)
+    config = replace(config, model=algo.models[0] if config.model is None else config.model,
+                     batch_size=algo.batch_size if config.batch_size is None else config.batch_size,
+                     lr=algo.lr if config.lr is None else config.lr)
     config.validate(algo.models)
     if board.kind not in algo.board_kinds:
         fits = [b.name for b in load_boards().values() if b.kind in algo.board_kinds]

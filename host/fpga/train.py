@@ -29,6 +29,10 @@ from .regs import bitstream_params
 from .tt_board import NETWORKS, BoardExecutor, check_fits, mac_counters
 
 
+#: Training steps whose mean loss is the record's final_loss.
+LOSS_WINDOW = 20
+
+
 def _executor_name(board, accel) -> str:
     return f"twin-{accel.device.mode}" if board.is_twin else "board"
 
@@ -60,6 +64,23 @@ def _energy(accel, counters: dict, recorder) -> dict:
         return recorder.summary()
     counters = {**counters, "dram_bytes": accel.dma_bytes}
     return power.estimate_energy(counters, seconds)
+
+
+def _counters(accel, executor=None) -> dict:
+    """The accelerator's running counts, saved with a checkpoint so that a resumed run reports
+    the whole run's cycles and energy."""
+    return {"ops": dict(accel.ops), "cycles_by_op": dict(accel.cycles_by_op),
+            "dma_bytes": accel.dma_bytes, "macs": dict(executor.macs) if executor else {}}
+
+
+def _restore_counters(accel, saved: dict | None, executor=None) -> None:
+    if not saved:
+        return
+    accel.ops.update(saved["ops"])
+    accel.cycles_by_op.update(saved["cycles_by_op"])
+    accel.dma_bytes += saved["dma_bytes"]
+    if executor is not None:
+        executor.macs.update(saved["macs"])
 
 
 @contextlib.contextmanager
@@ -109,20 +130,23 @@ def run_tt(config, board, advance) -> dict:
     model = Model(tt_config, len(x_train), layers=layers)
     executor = model.net.executor = BoardExecutor(accel)
     identity = _identity(config)
-    done, resumed_from = 0, None
+    done, resumed_from, losses, pruned = 0, None, [], 0
     saved = _load(config, identity)
     if saved:
         arrays, meta = saved
         model.load_state(arrays, meta)
         done = resumed_from = meta["samples_done"]
+        losses, pruned = list(meta["recent_losses"]), meta["pruned_ranks"]
+        _restore_counters(accel, meta["counters"], executor)
         advance(min(done, config.samples))
 
-    def checkpoint():
+    def checkpoint(counters):
         arrays, meta = model.state()
-        save_checkpoint(config.checkpoint, arrays, {**meta, "config": identity, "samples_done": done})
+        save_checkpoint(config.checkpoint, arrays, {
+            **meta, "config": identity, "samples_done": done, "recent_losses": losses[-LOSS_WINDOW:],
+            "pruned_ranks": pruned, "counters": counters})
 
     started = time.perf_counter()
-    losses, pruned = [], 0
     with _rails(board) as recorder:
         with _phase(recorder, "train"):
             next_save = (done // config.checkpoint_every + 1) * config.checkpoint_every
@@ -136,22 +160,23 @@ def run_tt(config, board, advance) -> dict:
                 if done // len(x_train) > epoch_before:
                     pruned += model.end_of_epoch()           # the prior prunes once per epoch
                 if config.checkpoint and done >= next_save:
-                    checkpoint()
+                    checkpoint(_counters(accel, executor))
                     next_save += config.checkpoint_every
         train_seconds = time.perf_counter() - started
+        trained = _counters(accel, executor)        # what the checkpoint keeps: not the test
         with _phase(recorder, "test"):
             predictions = np.concatenate([model.logits(x_test[i:i + 250]).argmax(axis=1)
                                           for i in range(0, len(x_test), 250)])
         energy = _energy(accel, mac_counters(executor.macs), recorder)
     if config.checkpoint:
-        checkpoint()
+        checkpoint(trained)
     return {
         "board": board.name, "algo": "tt", "executor": _executor_name(board, accel),
         "dataset": config.dataset, "model": config.model, "samples": done,
         "resumed_from": resumed_from, "epochs": done / len(x_train),
         "batch_size": config.batch_size, "lr": config.lr, "seed": config.seed,
         "accuracy": float(np.mean(predictions == y_test)), "test_samples": int(len(y_test)),
-        "final_loss": float(np.mean(losses[-20:])) if losses else None,
+        "final_loss": float(np.mean(losses[-LOSS_WINDOW:])) if losses else None,
         "ranks": model.net.ranks, "pruned_ranks": pruned, **model.figures(),
         **accel.figures(), **mac_counters(executor.macs),
         "energy_j": energy["energy_j"], "energy": energy,
@@ -174,11 +199,13 @@ def run_lrt(config, board, advance) -> dict:
     if saved:
         arrays, meta = saved
         resume = (arrays, meta["trainer"])
+        _restore_counters(accel, meta["counters"])
 
     def after_chunk(trainer):
         if config.checkpoint:
             arrays, meta = trainer.state()
-            save_checkpoint(config.checkpoint, arrays, {"config": identity, "trainer": meta})
+            save_checkpoint(config.checkpoint, arrays, {"config": identity, "trainer": meta,
+                                                        "counters": _counters(accel)})
 
     kwargs = {k: v for k, v in (("rank", config.rank), ("batch", config.batch_size),
                                 ("lr", config.lr)) if v is not None}

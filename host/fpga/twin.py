@@ -264,14 +264,26 @@ class TwinDevice(pynq.Device):
         from pynqmetadata.frontends import Metadata
         from pynqmetadata.views.runtime import RuntimeMetadataParser
 
+        self._twin_bitstream(bitfile_name)             # the design first: a clearer error
         hwh = Path(bitfile_name).with_suffix(".hwh")
         if not hwh.is_file():
             raise BitstreamError(f"{hwh} is missing: pynq.Overlay needs the .hwh next to the .bit")
         # What pynq's EmbeddedDevice does on a board for a full bitstream.
-        return RuntimeMetadataParser(Metadata(input=hwh))
+        try:
+            return RuntimeMetadataParser(Metadata(input=hwh))
+        except Exception as exc:                        # pynqmetadata raises many kinds
+            raise BitstreamError(f"{hwh} is not a readable hardware handoff ({exc}); write the "
+                                 "twin's overlay again (leave out --bitstream)") from None
+
+    def _twin_bitstream(self, path) -> dict:
+        meta = read_twin_bitstream(path)
+        if meta.get("board") != self.board:
+            raise BitstreamError(f"{path} is the overlay of {meta.get('board')}'s block design; "
+                                 f"{self.name} loads {self.board}'s")
+        return meta
 
     def download(self, bitstream, parser=None):
-        meta = read_twin_bitstream(bitstream.bitfile_name)
+        meta = self._twin_bitstream(bitstream.bitfile_name)
         params = AcceleratorParams(**meta["params"])
         if self.mode == "rtl":
             if meta["register_map_version"] != VERSION:
