@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from insitu import nn
 from insitu.checkpoint import load_checkpoint, save_checkpoint
 from insitu.data import load_dataset
 from insitu.errors import InsituError, UsageError
@@ -58,12 +57,12 @@ def _load(config, identity):
     return arrays, meta
 
 
-def _energy(accel, counters: dict, recorder) -> dict:
+def _energy(board, accel, counters: dict, recorder) -> dict:
     seconds = accel.cycles / accel.clock_hz
     if recorder is not None:
         return recorder.summary()
     counters = {**counters, "dram_bytes": accel.dma_bytes}
-    return power.estimate_energy(counters, seconds)
+    return power.estimate_energy(counters, seconds, power.table_for(board.name))
 
 
 def _counters(accel, executor=None) -> dict:
@@ -167,7 +166,7 @@ def run_tt(config, board, advance) -> dict:
         with _phase(recorder, "test"):
             predictions = np.concatenate([model.logits(x_test[i:i + 250]).argmax(axis=1)
                                           for i in range(0, len(x_test), 250)])
-        energy = _energy(accel, mac_counters(executor.macs), recorder)
+        energy = _energy(board, accel, mac_counters(executor.macs), recorder)
     if config.checkpoint:
         checkpoint(trained)
     return {
@@ -222,7 +221,7 @@ def run_lrt(config, board, advance) -> dict:
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
         pe_cycles = accel.cycles
-        energy = _energy(accel, {"macs_16x16": _lrt_macs(accel)}, recorder)
+        energy = _energy(board, accel, {"macs_16x16": _lrt_macs(accel)}, recorder)
     counts = result.pop("write_counts")
     return {
         "board": board.name, "algo": "lrt", "executor": _executor_name(board, accel),
