@@ -28,7 +28,7 @@ from insitu.rtl import vivado
 from insitu.rtl.params import CLOCK_HZ, IP_VLNV, STREAM_WORDS
 from insitu.rtl.regmap import ID_VALUE, VERSION, ErrorCode, Op
 
-from .regs import Registers, format_dump
+from .regs import DONE, ERROR, Registers, format_dump
 from .twin import BEAT_BYTES, MODES, BitstreamError, TwinDevice, write_twin_overlay
 
 #: Seconds any one wait may take on a board or a fast twin (an op of the TT network takes
@@ -172,7 +172,7 @@ class Accelerator:
             buf[:words.size] = words
             self.dma.sendchannel.transfer(buf, 0, words.size * 2)
         channels = (self.dma.sendchannel, self.dma.recvchannel)
-        self._wait(op, lambda: self.regs.read("STATUS") & 0b110 or any(c.error for c in channels),
+        self._wait(op, lambda: self.regs.read("STATUS") & (DONE | ERROR) or any(c.error for c in channels),
                    "the op to end (STATUS.DONE)")
         self._check_dma(op)
         if self.regs.field("STATUS", "ERROR"):

@@ -32,7 +32,7 @@ from insitu.rtl.params import CLOCK_HZ, DEFAULT_PARAMS, STREAM_WORDS, Accelerato
 from insitu.rtl.regmap import LRT_OPS, REGISTERS, ErrorCode, Op, reset_value
 from insitu.tt import pe_stream
 
-from .regs import decode
+from .regs import ABORT, BUSY, DONE, ERROR, START, decode
 
 _BY_OFFSET = {r.offset: r for r in REGISTERS}
 _TT_KINDS = {Op.PE1: "PE1", Op.PE2: "PE2", Op.PE3: "PE3"}
@@ -76,9 +76,9 @@ class FunctionalModel:
             if not self.busy:          # the RTL freezes the configuration while an op runs
                 self.regs[reg.name] = value & ((1 << reg.width) - 1)
             return
-        if value & 1 and not self.busy:
+        if value & START and not self.busy:
             self._start()
-        elif value & 2 and self.busy:
+        elif value & ABORT and self.busy:
             self._fail(ErrorCode.ABORTED)
 
     # ----------------------------------------------------------------------------- ops
@@ -120,13 +120,13 @@ class FunctionalModel:
             return
         self.busy, self.op, self.inputs = True, self._config(), []
         self.outputs = np.zeros(0, np.int64)
-        self.regs["STATUS"] = 1
+        self.regs["STATUS"] = BUSY
         if in_beats == 0:
             self._compute()
 
     def _fail(self, code: ErrorCode) -> None:
         self.busy = False
-        self.regs.update(STATUS=4, ERROR_CODE=int(code))
+        self.regs.update(STATUS=ERROR, ERROR_CODE=int(code))
 
     def _compute(self) -> None:
         cfg = self.op
@@ -148,7 +148,7 @@ class FunctionalModel:
     def _finish_if_sent(self) -> None:
         if self.regs["BEATS_DONE_OUT"] == self.regs["OUT_BEATS"]:
             self.busy = False
-            self.regs["STATUS"] = 2
+            self.regs["STATUS"] = DONE
 
     # ----------------------------------------------------------------------------- streams
     def advance(self, dma) -> None:
@@ -216,7 +216,7 @@ class RTLModel:
 
     def axil_write(self, offset: int, value: int) -> None:
         self._call("write", offset, value)
-        if offset == _CTRL_OFFSET and value & 1:
+        if offset == _CTRL_OFFSET and value & START:
             self.in_flight = True
 
     def axil_read(self, offset: int) -> int:

@@ -31,6 +31,19 @@ def decode(reg: Register, word: int) -> int:
     return value
 
 
+def field_mask(register_name: str, field: str) -> int:
+    """The bits of one field of a register (e.g. ``field_mask("CTRL", "START")``)."""
+    for f in _BY_NAME[register_name].fields:
+        if f.name == field:
+            return ((1 << f.width) - 1) << f.lsb
+    raise KeyError(f"register {register_name} has no field {field!r}")
+
+
+#: Bits of the control plane the driver and the twins' models use.
+START, ABORT = field_mask("CTRL", "START"), field_mask("CTRL", "ABORT")
+BUSY, DONE, ERROR = (field_mask("STATUS", f) for f in ("BUSY", "DONE", "ERROR"))
+
+
 class Registers:
     """``regs.read("CYCLES")``, ``regs.write("SIZE_A", 64)``, ``regs.dump()``."""
 
@@ -55,17 +68,12 @@ class Registers:
             self.write(name, value)
 
     def field(self, name: str, field: str) -> int:
-        reg = _BY_NAME[name]
-        for f in reg.fields:
-            if f.name == field:
-                return (self.read(name) >> f.lsb) & ((1 << f.width) - 1)
-        raise KeyError(f"register {name} has no field {field!r}")
+        mask = field_mask(name, field)
+        return (self.read(name) & mask) >> (mask & -mask).bit_length() - 1
 
     def command(self, field: str) -> None:
         """Pulse one CTRL bit (START, ABORT)."""
-        ctrl = _BY_NAME["CTRL"]
-        bit = next(f.lsb for f in ctrl.fields if f.name == field)
-        self.mmio.write(ctrl.offset, 1 << bit)
+        self.mmio.write(_BY_NAME["CTRL"].offset, field_mask("CTRL", field))
 
     def dump(self) -> dict[str, int]:
         """Every readable register (for error messages)."""
