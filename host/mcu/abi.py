@@ -1,0 +1,116 @@
+"""The kernel interface of the MCU path, defined once: what a compiled training program is.
+
+A compiled program is a sequence of kernel calls over one **arena** (a bytearray on the device, a
+uint8 NumPy array in the host simulator) and one **parameter table** ``P`` (int32). Each call is
+``kernel(A, P, o)``: ``P[o]`` is the opcode and ``P[o+1:]`` the fields below, in this order
+(viper functions take at most 4 arguments, so everything is passed through ``P``). Every ``*_off``
+field is a byte offset into the arena; tensors are C-ordered and aligned to their element size.
+
+Element types: activations and weights int8 (``i8``), activation gradients int16 (``i16``),
+biases and weight-gradient buffers int32 (``i32``). Requantization ``rq(v, m, sh)`` is the numeric
+spec's ``shift_round(v * m, sh)`` (``insitu.numerics``: add ``2**(sh-1)``, arithmetic shift, ties
+toward +inf), followed by saturation to the destination type. Where a field says "per channel" it
+is the offset of an i32 array in the arena.
+
+The host simulator (:mod:`insitu.mcu.kernels`) and the firmware (``firmware/tte_kernels.py``)
+implement each opcode; ``tests/firmware`` checks them bit for bit on random shapes and values.
+"""
+
+from __future__ import annotations
+
+#: Gradients of the logits are codes of p - onehot with this many fraction bits (int16).
+LOSS_GRAD_FRAC = 14
+#: exp table of the integer softmax: EXP[d] = round(2**EXP_FRAC * exp(-d * s_logits)), d = 0..255.
+EXP_FRAC = 16
+EXP_ENTRIES = 256
+#: The io block (4 x i32 in the arena): label in, predicted class out, p(label) code out, spare.
+IO_LABEL, IO_PREDICTED, IO_P_LABEL = 0, 1, 2
+IO_WORDS = 4
+
+#: opcode -> field names (after the opcode). Geometry fields of a conv, in this order:
+#: C, H, W (input), O, OH, OW (output), K (kernel), stride, pad, groups.
+CONV_GEOMETRY = ("C", "H", "W", "O", "OH", "OW", "K", "stride", "pad", "groups")
+
+OPS: dict[str, tuple[str, ...]] = {
+    # y[o,oy,ox] = clamp(rq(b[o] + sum w[o,c',ky,kx] * x[g*Cg+c', oy*s+ky-pad, ox*s+kx-pad], m[o], sh[o]), lo, hi)
+    # (zero padding; group g = o // (O // groups), Cg = C // groups). x, w, y: i8; b, m, sh: i32.
+    "conv_fwd": ("x_off", "w_off", "b_off", "m_off", "sh_off", "y_off", *CONV_GEOMETRY, "lo", "hi"),
+    # y = clamp(rq(a*ma + b*mb, sh), lo, hi); a, b, y: i8 of n elements.
+    "add_fwd": ("a_off", "b_off", "y_off", "n", "ma", "mb", "sh", "lo", "hi"),
+    # y[c] = sat8(rq(sum_p x[c, p], m, sh)); x: i8 [C, HW], y: i8 [C].
+    "gap_fwd": ("x_off", "y_off", "C", "HW", "m", "sh"),
+    # Integer softmax cross-entropy gradient on logits z (i8 [n]), label io[IO_LABEL]:
+    #   zmax = max z; e[k] = EXP[zmax - z[k]] (EXP: i32 table, EXP_ENTRIES entries);
+    #   S = sum e; q[k] = (e[k] * 2**LOSS_GRAD_FRAC + S // 2) // S;
+    #   g[k] = q[k] - (k == label) * 2**LOSS_GRAD_FRAC  (i16 [n]);
+    #   io[IO_PREDICTED] = first k with z[k] == zmax; io[IO_P_LABEL] = q[label].
+    "loss_grad": ("z_off", "g_off", "n", "exp_off", "io_off"),
+    # io[IO_PREDICTED] = first k with z[k] == max z (inference only).
+    "argmax": ("z_off", "n", "io_off"),
+    # Gradient through a fused activation, in place: g[i] = 0 unless lo < y[i] < hi. y: i8, g: i16.
+    "act_bwd": ("y_off", "g_off", "n", "lo", "hi"),
+    # Per-channel rescale of a gradient, in place: g[c, p] = sat16(rq(g[c, p], m[c], sh[c])), g: i16
+    # [C, HW]. Brings the output gradient of a conv with per-channel weight scales to one scale, so
+    # that conv_bwd_x can sum over output channels with one requantization.
+    "grad_scale_ch": ("g_off", "C", "HW", "m_off", "sh_off"),
+    # gx[c,iy,ix] = sat16(rq(sum over (o, ky, kx) with oy*s+ky-pad == iy, ox*s+kx-pad == ix of
+    #                        w[o, c - g*Cg, ky, kx] * gy[o, oy, ox], m, sh)), o in c's group.
+    # gy, gx: i16; w: i8 (all O rows).
+    "conv_bwd_x": ("gy_off", "w_off", "gx_off", *CONV_GEOMETRY, "m", "sh"),
+    # Weight gradient of the selected output channels idx[j], j < n_sel (i32 list):
+    #   G[j,c',ky,kx] = sum_{oy,ox} gy[idx[j],oy,ox] * x[g*Cg+c', oy*s+ky-pad, ox*s+kx-pad]
+    # "conv_grad_w" stores G (i32 [n_sel, Cg, K, K]) at gw_off; "conv_upd_w" applies it at once:
+    #   w[j,...] = sat8(w[j,...] - rq(G[j,...], um[j], ush[j]))  (w: the trained rows, i8 [n_sel, Cg, K, K])
+    "conv_grad_w": ("gy_off", "x_off", "gw_off", "idx_off", "n_sel", *CONV_GEOMETRY),
+    "conv_upd_w": ("gy_off", "x_off", "w_off", "idx_off", "n_sel", "um_off", "ush_off", *CONV_GEOMETRY),
+    # w[j] = sat8(w[j] - rq(gw[j], um[row j], ush[row j])) for the n_sel rows of row_len elements.
+    "apply_w": ("gw_off", "w_off", "n_sel", "row_len", "um_off", "ush_off"),
+    # Bias gradient Gb[o] = sum_p gy[o, p] (gy: i16 [O, HW]); "bias_grad" stores it (i32 [O]),
+    # "bias_upd" applies it at once: b[o] = sat32(b[o] - rq(Gb[o], um[o], ush[o])).
+    "bias_grad": ("gy_off", "gb_off", "O", "HW"),
+    "bias_upd": ("gy_off", "b_off", "O", "HW", "um_off", "ush_off"),
+    "apply_b": ("gb_off", "b_off", "O", "um_off", "ush_off"),
+    # gx[c, p] = sat16(rq(gy[c], m, sh)) for every p < HW (gradient of a global average pool).
+    "gap_bwd": ("gy_off", "gx_off", "C", "HW", "m", "sh"),
+    # y = sat16(rq(a*ma + b*mb, sh)) on i16 gradients (sums of gradients; mb = 0 rescales a).
+    "grad_add": ("a_off", "b_off", "y_off", "n", "ma", "mb", "sh"),
+    # Runtime (not arithmetic): copy n bytes of the weight blob at blob_off into the arena.
+    "load": ("blob_off", "dst_off", "n"),
+    # Runtime: arena copy, dst[idx[j] * row_bytes ...] = src[j * row_bytes ...] for j < n_sel
+    # (trained rows of a partially updated layer patched over its frozen weights).
+    "patch": ("src_off", "dst_off", "idx_off", "n_sel", "row_bytes"),
+}
+
+OPCODES: dict[str, int] = {name: i + 1 for i, name in enumerate(OPS)}
+NAMES: dict[int, str] = {code: name for name, code in OPCODES.items()}
+
+
+def record(op: str, **fields: int) -> list[int]:
+    """The P entries of one call: ``[opcode, field...]``; every field must be given, as int."""
+    names = OPS[op]
+    missing, extra = set(names) - set(fields), set(fields) - set(names)
+    if missing or extra:
+        raise ValueError(f"{op}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}")
+    values = [int(fields[n]) for n in names]
+    for n, v in zip(names, values):
+        if not -(1 << 31) <= v < (1 << 31):
+            raise ValueError(f"{op}.{n} = {v} does not fit int32")
+    return [OPCODES[op], *values]
+
+
+def fields(P, o: int) -> tuple[str, dict[str, int]]:
+    """Decode the call at ``P[o]``: ``(op, {field: value})``."""
+    op = NAMES[int(P[o])]
+    return op, {n: int(P[o + 1 + i]) for i, n in enumerate(OPS[op])}
+
+
+def firmware_constants() -> str:
+    """MicroPython source defining the opcodes and field offsets (generated into the firmware
+    build, so the device never restates this table by hand)."""
+    lines = ["# generated from insitu.mcu.abi: opcodes of the compiled training program",
+             "from micropython import const"]
+    for name, code in OPCODES.items():
+        lines.append(f"OP_{name.upper()} = const({code})")
+    for k in ("LOSS_GRAD_FRAC", "EXP_FRAC", "EXP_ENTRIES", "IO_LABEL", "IO_PREDICTED", "IO_P_LABEL", "IO_WORDS"):
+        lines.append(f"{k} = const({globals()[k]})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,605 @@
+"""The training compiler of the MCU path (the paper's Tiny Training Engine, for MicroPython).
+
+From an int8 :class:`~insitu.mcu.graph.Graph`, a sparse-update :class:`~insitu.mcu.scheme.Scheme`
+and gradient scales, :func:`compile_training` derives at compile time everything the device does
+per sample, as a straight-line program of kernel calls (:mod:`insitu.mcu.abi`):
+
+1. **autodiff**: the backward graph of the whole network (input gradients, weight and bias
+   gradients of every layer, each weight gradient materialized in an int32 buffer and applied at
+   the end, as a conventional framework does);
+2. **pruning** for the scheme: the gradient nodes of frozen weights and biases are removed, and a
+   partially updated layer keeps the gradient of its selected channels only;
+3. **dead-code elimination**: whatever no longer feeds an update goes (input gradients below the
+   deepest trained layer, the activations saved for them);
+4. **reordering with in-place update**: each gradient is applied as soon as it is computed (fused
+   compute-and-apply kernels), right after the layer's input gradient used the old weights, so no
+   gradient buffer outlives its layer;
+5. **static memory plan**: one arena; every buffer gets an offset from its lifetime (greedy
+   best-offset by size), persistent buffers (trained tensors, tables, the program itself) for
+   good; the arena size is the planned peak;
+6. **code generation**: a MicroPython module (``tte_model.py``) whose functions call the kernels
+   in order, and an int8 weight blob: the program table, the initial RAM tensors and every
+   layer's pack (weights, bias, requantization) that stays in flash and is loaded into a scratch
+   buffer when a kernel needs it. Only trained tensors live in RAM.
+
+The host simulator (:mod:`insitu.mcu.simulate`) runs the same program on the same arena layout.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from insitu import numerics as nx
+from insitu.errors import InsituError
+from insitu.mcu import abi
+from insitu.mcu.graph import (Add, Conv, GlobalAvgPool, Graph, act_bounds, add_requant, conv_requant,
+                              gap_requant)
+from insitu.mcu.scheme import Scheme
+
+ALIGN = 4
+ITEM = {"i8": 1, "i16": 2, "i32": 4}
+LOSS_GRAD_SCALE = 2.0 ** -abi.LOSS_GRAD_FRAC
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(eq=False)
+class Buf:
+    """A region of the arena. ``persistent`` buffers live for the whole run; the others from the
+    first op that writes them to the last op that reads them."""
+
+    name: str
+    nbytes: int
+    kind: str            # program, io, const, param (trained: checkpointed), input, act, grad, gradbuf, scratch
+    persistent: bool = False
+    init: bytes | None = None          # initial content (from the blob) of const/param buffers
+    offset: int = -1
+
+    def __repr__(self):
+        return f"Buf({self.name}, {self.nbytes} B, {self.kind}, @{self.offset})"
+
+
+@dataclass(frozen=True)
+class Ref:
+    buf: Buf
+    at: int = 0          # byte offset inside the buffer
+
+
+@dataclass(eq=False)
+class Op:
+    kind: str                                      # an abi op name
+    fields: dict                                   # field -> int | Ref
+    node: str = ""                                 # the graph node it belongs to (for comments)
+    phase: str = "fwd"                             # fwd, loss, bwd, update
+    param: tuple[str, str] | None = None           # (layer, "w" | "b") for gradient/update ops
+    sink: bool = False                             # changes persistent state (updates)
+
+    def refs(self) -> list[Ref]:
+        return [v for v in self.fields.values() if isinstance(v, Ref)]
+
+
+# Which fields each op reads and writes (the rest of its Ref fields are read-only tables).
+_WRITES = {"conv_fwd": ("y_off",), "add_fwd": ("y_off",), "gap_fwd": ("y_off",),
+           "loss_grad": ("g_off", "io_off"), "argmax": ("io_off",), "act_bwd": ("g_off",),
+           "grad_scale_ch": ("g_off",), "conv_bwd_x": ("gx_off",), "conv_grad_w": ("gw_off",),
+           "conv_upd_w": ("w_off",), "apply_w": ("w_off",), "bias_grad": ("gb_off",),
+           "bias_upd": ("b_off",), "apply_b": ("b_off",), "gap_bwd": ("gx_off",),
+           "grad_add": ("y_off",), "load": ("dst_off",), "patch": ("dst_off",)}
+_READS_TOO = {"act_bwd": ("g_off",), "grad_scale_ch": ("g_off",), "conv_upd_w": ("w_off",),
+              "apply_w": ("w_off",), "bias_upd": ("b_off",), "apply_b": ("b_off",),
+              "loss_grad": ("io_off",), "patch": ("dst_off",)}
+
+
+def writes(op: Op) -> set[Buf]:
+    return {op.fields[f].buf for f in _WRITES[op.kind] if isinstance(op.fields.get(f), Ref)}
+
+
+def reads(op: Op) -> set[Buf]:
+    out = {op.fields[f].buf for f in _READS_TOO.get(op.kind, ()) if isinstance(op.fields.get(f), Ref)}
+    out |= {r.buf for f, r in op.fields.items() if isinstance(r, Ref) and f not in _WRITES[op.kind]}
+    return out
+
+
+@dataclass
+class Options:
+    lr: float = 0.05
+    reorder: bool = True       # in-place update (fused kernels); False: gradients applied at the end
+    prune: bool = True         # False keeps the backward graph of the full network (the baseline)
+
+
+@dataclass
+class Compiled:
+    """What the compiler made: the arena plan, the program, the blob and the generated module."""
+
+    graph: Graph
+    scheme: Scheme
+    options: Options
+    arena_bytes: int
+    buffers: list[Buf]
+    train_ops: list[Op]
+    program: np.ndarray                  # int32 words (also at arena offset 0)
+    calls: dict[str, list[int]]          # init / train / infer: word offsets of the records
+    blob: bytes
+    module: str                          # the generated MicroPython source
+    input_off: int
+    input_bytes: int
+    io_off: int
+    trained: list[tuple[int, int]]       # (offset, bytes) of the checkpointed tensors
+    model_id: str
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def planned_peak_bytes(self) -> int:
+        return self.arena_bytes
+
+
+# --------------------------------------------------------------------------- building blocks
+
+def _codes(values, dtype) -> bytes:
+    return np.ascontiguousarray(values, dtype=dtype).astype(np.dtype(dtype).newbyteorder("<")).tobytes()
+
+
+def _rq_arrays(scales: list[nx.RequantScale]) -> tuple[bytes, bytes]:
+    return (_codes([s.multiplier for s in scales], np.int32), _codes([s.shift for s in scales], np.int32))
+
+
+def _rq(value: float, what: str) -> nx.RequantScale:
+    try:
+        return nx.RequantScale.from_float(float(value))
+    except ValueError as exc:
+        raise InsituError(f"compile: the scale of {what} ({value:.3g}) is out of the integer range "
+                          f"({exc}); change the learning rate or recalibrate the gradients") from None
+
+
+class _Layer:
+    """One conv's tensors as the program sees them: its pack in the blob, and its RAM copies."""
+
+    def __init__(self, conv: Conv, x_scale: float, y_scale: float):
+        self.conv = conv
+        self.rq = conv_requant(conv, x_scale, y_scale)
+        m, sh = _rq_arrays(self.rq)
+        w = conv.weight.tobytes()
+        o = conv.out_channels
+        self.w_bytes, self.row_bytes = len(w), len(w) // o
+        self.b_at = _aligned(len(w))
+        self.m_at = self.b_at + 4 * o
+        self.sh_at = self.m_at + 4 * o
+        self.pack = w + bytes(self.b_at - len(w)) + _codes(conv.bias, np.int32) + m + sh
+        self.blob_off = -1
+        # set by the compiler: the RAM copies of trained tensors
+        self.w_ram: Buf | None = None      # all rows (ratio 1) or the selected rows
+        self.b_ram: Buf | None = None
+        self.idx: np.ndarray | None = None
+        self.idx_buf: Buf | None = None
+        self.rq_ram: tuple[Buf, Buf] | None = None
+
+    @property
+    def whole_in_ram(self) -> bool:
+        return self.w_ram is not None and len(self.idx) == self.conv.out_channels
+
+
+class _Builder:
+    def __init__(self, graph: Graph, scheme: Scheme, grad_scales: dict[str, float], options: Options):
+        self.g, self.scheme, self.opts = graph, scheme, options
+        self.grad_scales = dict(grad_scales)
+        self.grad_scales[graph.output] = LOSS_GRAD_SCALE
+        self.buffers: list[Buf] = []
+        self.consts: dict[bytes, Buf] = {}
+        self.layers = {c.name: _Layer(c, graph.tensors[c.x].scale, graph.tensors[c.y].scale) for c in graph.convs}
+        self.acts = {name: self.buf(f"act:{name}", t.size, "act") for name, t in graph.tensors.items()}
+        self.acts[graph.input].kind = "input"
+        self.io = self.buf("io", 4 * abi.IO_WORDS, "io", persistent=True)
+
+    def buf(self, name, nbytes, kind, persistent=False, init=None) -> Buf:
+        b = Buf(name, _aligned(max(nbytes, 1)), kind, persistent, init)
+        self.buffers.append(b)
+        return b
+
+    def const(self, name: str, data: bytes) -> Buf:
+        """A read-only table in RAM (shared when two are byte-identical)."""
+        if data not in self.consts:
+            self.consts[data] = self.buf(f"const:{name}", len(data), "const", True, data)
+        return self.consts[data]
+
+    # ------------------------------------------------------------------ trained tensors in RAM
+
+    def place_trained(self) -> None:
+        bias_layers = set(self.scheme.bias_layers(self.g)) if self.opts.prune else set(self.layers)
+        weight_layers = dict(self.scheme.weights) if self.opts.prune else {n: 1.0 for n in self.layers}
+        for name, L in self.layers.items():
+            c = L.conv
+            if name in weight_layers:
+                L.idx = (np.arange(c.out_channels) if weight_layers[name] == 1.0
+                         else Scheme(0, {name: weight_layers[name]}).selected_channels(c))
+                rows = c.weight[L.idx].tobytes()
+                L.w_ram = self.buf(f"w:{name}", len(rows), "param", True, rows)
+                L.idx_buf = self.const(f"idx:{name}", _codes(L.idx, np.int32))
+            if name in bias_layers:
+                L.b_ram = self.buf(f"b:{name}", 4 * c.out_channels, "param", True, _codes(c.bias, np.int32))
+            if L.whole_in_ram:       # the forward pass needs no load: requantization in RAM too
+                m, sh = _rq_arrays(L.rq)
+                L.rq_ram = (self.const(f"m:{name}", m), self.const(f"sh:{name}", sh))
+
+    # ------------------------------------------------------------------ weights for one kernel
+
+    def weights_for(self, L: _Layer, ops: list[Op], with_bias_rq: bool) -> tuple[Ref, Ref, Ref, Ref]:
+        """(w, b, m, sh) refs for a kernel about to run, emitting load/patch ops where the layer's
+        tensors are in flash."""
+        c = L.conv
+        if L.whole_in_ram:
+            m, sh = L.rq_ram
+            b = Ref(L.b_ram) if L.b_ram else None
+            return Ref(L.w_ram), b, Ref(m), Ref(sh)
+        n = len(L.pack) if with_bias_rq else L.w_bytes
+        scratch = self.buf(f"scratch:{c.name}", n, "scratch")
+        ops.append(Op("load", {"blob_off": ("blob", L), "dst_off": Ref(scratch), "n": n}, c.name, "load"))
+        if L.w_ram is not None:
+            ops.append(Op("patch", {"src_off": Ref(L.w_ram), "dst_off": Ref(scratch), "idx_off": Ref(L.idx_buf),
+                                    "n_sel": len(L.idx), "row_bytes": L.row_bytes}, c.name, "load"))
+        b = Ref(L.b_ram) if L.b_ram else (Ref(scratch, L.b_at) if with_bias_rq else None)
+        if not with_bias_rq:
+            return Ref(scratch), b, None, None
+        return Ref(scratch), b, Ref(scratch, L.m_at), Ref(scratch, L.sh_at)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self) -> list[Op]:
+        ops: list[Op] = []
+        T = self.g.tensors
+        for n in self.g.nodes:
+            if isinstance(n, Conv):
+                L = self.layers[n.name]
+                w, b, m, sh = self.weights_for(L, ops, with_bias_rq=True)
+                (c, h, wd), (o, oh, ow) = T[n.x].shape, T[n.y].shape
+                lo, hi = act_bounds(n.act, T[n.y].scale)
+                ops.append(Op("conv_fwd", {"x_off": Ref(self.acts[n.x]), "w_off": w, "b_off": b, "m_off": m,
+                                           "sh_off": sh, "y_off": Ref(self.acts[n.y]),
+                                           **_geometry(n, T), "lo": lo, "hi": hi}, n.name))
+            elif isinstance(n, Add):
+                ma, mb, sh = add_requant(T[n.a].scale, T[n.b].scale, T[n.y].scale)
+                lo, hi = act_bounds(n.act, T[n.y].scale)
+                ops.append(Op("add_fwd", {"a_off": Ref(self.acts[n.a]), "b_off": Ref(self.acts[n.b]),
+                                          "y_off": Ref(self.acts[n.y]), "n": T[n.y].size, "ma": ma, "mb": mb,
+                                          "sh": sh, "lo": lo, "hi": hi}, n.name))
+            elif isinstance(n, GlobalAvgPool):
+                c, h, w_ = T[n.x].shape
+                s = gap_requant(T[n.x].scale, T[n.y].scale, h * w_)
+                ops.append(Op("gap_fwd", {"x_off": Ref(self.acts[n.x]), "y_off": Ref(self.acts[n.y]), "C": c,
+                                          "HW": h * w_, "m": s.multiplier, "sh": s.shift}, n.name))
+        return ops
+
+    # ------------------------------------------------------------------ loss and backward
+
+    def loss(self) -> tuple[Op, Op, Buf]:
+        z = self.g.output
+        s_z = self.g.tensors[z].scale
+        table = nx.round_half_up(np.ldexp(np.exp(-np.arange(abi.EXP_ENTRIES) * s_z), abi.EXP_FRAC))
+        exp = self.const("exp", _codes(table, np.int32))
+        n = self.g.num_classes
+        g = self.buf(f"grad:{z}", 2 * n, "grad")
+        loss = Op("loss_grad", {"z_off": Ref(self.acts[z]), "g_off": Ref(g), "n": n, "exp_off": Ref(exp),
+                                "io_off": Ref(self.io)}, "loss", "loss")
+        argmax = Op("argmax", {"z_off": Ref(self.acts[z]), "n": n, "io_off": Ref(self.io)}, "loss", "loss")
+        return loss, argmax, g
+
+    def backward(self, g_out: Buf) -> tuple[list[Op], list[Op]]:
+        """The full backward graph (every input, weight and bias gradient), with the weight and
+        bias gradients materialized and their applications returned separately (for the end)."""
+        T = self.g.tensors
+        grads: dict[str, Buf] = {self.g.output: g_out}
+        ops: list[Op] = []
+        applies: list[Op] = []
+
+        def contribute(tensor: str, buf: Buf, scale: float, node: str) -> None:
+            """Add a gradient contribution to ``tensor`` (a tensor read by several nodes)."""
+            if tensor == self.g.input:
+                return
+            if tensor not in grads:
+                if scale != self.grad_scales[tensor]:
+                    raise AssertionError(f"gradient of {tensor} has scale {scale}, planned {self.grad_scales[tensor]}")
+                grads[tensor] = buf
+                return
+            total = self.buf(f"grad:{tensor}+{node}", 2 * T[tensor].size, "grad")
+            ma, mb, sh = add_requant(self.grad_scales[tensor], scale, self.grad_scales[tensor])
+            ops.append(Op("grad_add", {"a_off": Ref(grads[tensor]), "b_off": Ref(buf), "y_off": Ref(total),
+                                       "n": T[tensor].size, "ma": ma, "mb": mb, "sh": sh}, node, "bwd"))
+            grads[tensor] = total
+
+        for n in reversed(self.g.nodes):
+            if n.y not in grads:
+                continue
+            gy, s_gy = grads[n.y], self.grad_scales[n.y]
+            if isinstance(n, Add):
+                # The add passes its gradient on unchanged (real units); rescale to each input's plan.
+                for t in (n.a, n.b):
+                    self._pass_gradient(n, t, gy, s_gy, ops, contribute)
+            elif isinstance(n, GlobalAvgPool):
+                c, h, w = T[n.x].shape
+                gx = self.buf(f"grad:{n.x}", 2 * c * h * w, "grad")
+                s = _rq(s_gy / (h * w * self.grad_scales[n.x]), f"the gradient of {n.name}")
+                ops.append(Op("gap_bwd", {"gy_off": Ref(gy), "gx_off": Ref(gx), "C": c, "HW": h * w,
+                                          "m": s.multiplier, "sh": s.shift}, n.name, "bwd"))
+                contribute(n.x, gx, self.grad_scales[n.x], n.name)
+            else:
+                self._conv_backward(n, gy, s_gy, ops, applies, contribute)
+        return ops, applies
+
+    def _pass_gradient(self, n: Add, t: str, gy: Buf, s_gy: float, ops, contribute) -> None:
+        if self.grad_scales[t] == s_gy:
+            contribute(t, gy, s_gy, n.name)
+            return
+        size = self.g.tensors[t].size
+        g = self.buf(f"grad:{t}@{n.name}", 2 * size, "grad")
+        ma, _, sh = add_requant(s_gy, s_gy, self.grad_scales[t])
+        ops.append(Op("grad_add", {"a_off": Ref(gy), "b_off": Ref(gy), "y_off": Ref(g), "n": size,
+                                   "ma": ma, "mb": 0, "sh": sh}, n.name, "bwd"))
+        contribute(t, g, self.grad_scales[t], n.name)
+
+    def _conv_backward(self, n: Conv, gy: Buf, s_gy: float, ops, applies, contribute) -> None:
+        T = self.g.tensors
+        L = self.layers[n.name]
+        (c, h, w), (o, oh, ow) = T[n.x].shape, T[n.y].shape
+        lo, hi = act_bounds(n.act, T[n.y].scale)
+        geom = _geometry(n, T)
+        ops.append(Op("act_bwd", {"y_off": Ref(self.acts[n.y]), "g_off": Ref(gy), "n": o * oh * ow,
+                                  "lo": lo, "hi": hi}, n.name, "bwd"))
+        # One scale for the gradient across output channels: g~[o] = g[o] * s_w[o] / max s_w.
+        live = [s for s, row in zip(n.w_scale, n.weight.reshape(o, -1)) if row.any()] or list(n.w_scale)
+        s_max = float(max(live))
+        ratios = [_rq(min(1.0, s / s_max), f"the channel scales of {n.name}") for s in n.w_scale]
+        m, sh = _rq_arrays(ratios)
+        ops.append(Op("grad_scale_ch", {"g_off": Ref(gy), "C": o, "HW": oh * ow,
+                                        "m_off": Ref(self.const(f"gm:{n.name}", m)),
+                                        "sh_off": Ref(self.const(f"gsh:{n.name}", sh))}, n.name, "bwd"))
+        s_g = s_gy * s_max            # real g[o] = code * s_g / s_w[o]
+        s_x = T[n.x].scale
+        lr = self.opts.lr
+        # Weight gradient of every channel (pruned later to the scheme's channels), QAS (eq. 4):
+        # W_code -= lr * G_real / s_w = rq(sum gy * x, lr * s_g * s_x / s_w^2).
+        idx = L.idx if L.idx is not None else np.arange(o)
+        um, ush = _rq_arrays([_rq(lr * s_g * s_x / float(n.w_scale[i]) ** 2, f"the weight update of {n.name}")
+                              for i in idx])
+        gw = self.buf(f"gw:{n.name}", 4 * len(idx) * L.row_bytes, "gradbuf")
+        wr = Ref(L.w_ram) if L.w_ram else None
+        sel = Ref(L.idx_buf) if L.idx_buf else None
+        ops.append(Op("conv_grad_w", {"gy_off": Ref(gy), "x_off": Ref(self.acts[n.x]), "gw_off": Ref(gw),
+                                      "idx_off": sel, "n_sel": len(idx), **geom}, n.name, "bwd", (n.name, "w")))
+        applies.append(Op("apply_w", {"gw_off": Ref(gw), "w_off": wr, "n_sel": len(idx), "row_len": L.row_bytes,
+                                      "um_off": Ref(self.const(f"um:{n.name}", um)),
+                                      "ush_off": Ref(self.const(f"ush:{n.name}", ush))},
+                          n.name, "update", (n.name, "w"), sink=True))
+        # Bias gradient: b_code -= lr * G_b_real / (s_w s_x) = rq(sum gy, lr * s_g / (s_w^2 s_x)).
+        bm, bsh = _rq_arrays([_rq(lr * s_g / (float(s) ** 2 * s_x), f"the bias update of {n.name}")
+                              for s in n.w_scale])
+        gb = self.buf(f"gb:{n.name}", 4 * o, "gradbuf")
+        ops.append(Op("bias_grad", {"gy_off": Ref(gy), "gb_off": Ref(gb), "O": o, "HW": oh * ow},
+                      n.name, "bwd", (n.name, "b")))
+        applies.append(Op("apply_b", {"gb_off": Ref(gb), "b_off": Ref(L.b_ram) if L.b_ram else None, "O": o,
+                                      "um_off": Ref(self.const(f"bm:{n.name}", bm)),
+                                      "ush_off": Ref(self.const(f"bsh:{n.name}", bsh))},
+                          n.name, "update", (n.name, "b"), sink=True))
+        # Input gradient, with the weights before this sample's update.
+        if n.x == self.g.input:
+            return
+        gx = self.buf(f"grad:{n.x}@{n.name}", 2 * c * h * w, "grad")
+        s = _rq(s_g / self.grad_scales[n.x], f"the input gradient of {n.name}")
+        ops.append(Op("conv_bwd_x", {"gy_off": Ref(gy), "w_off": ("weights", L), "gx_off": Ref(gx), **geom,
+                                     "m": s.multiplier, "sh": s.shift}, n.name, "bwd"))
+        contribute(n.x, gx, self.grad_scales[n.x], n.name)
+
+
+def _geometry(n: Conv, T) -> dict:
+    (c, h, w), (o, oh, ow) = T[n.x].shape, T[n.y].shape
+    return {"C": c, "H": h, "W": w, "O": o, "OH": oh, "OW": ow, "K": n.kernel, "stride": n.stride,
+            "pad": n.pad, "groups": n.groups}
+
+
+# --------------------------------------------------------------------------- passes
+
+def prune(ops: list[Op], applies: list[Op], trained: set[tuple[str, str]]) -> tuple[list[Op], list[Op]]:
+    """Drop the gradient and update nodes of frozen tensors."""
+    keep = [op for op in ops if op.param is None or op.param in trained]
+    return keep, [op for op in applies if op.param in trained]
+
+
+def eliminate_dead_code(ops: list[Op]) -> list[Op]:
+    """Remove ops whose results nothing needs: a backward liveness pass over the straight-line
+    program. Sinks (weight updates) and the forward pass's outputs are what is needed."""
+    needed: set[Buf] = set()
+    live: list[Op] = []
+    for op in reversed(ops):
+        if op.sink or op.phase in ("fwd", "load", "loss") or writes(op) & needed:
+            live.append(op)
+            needed -= writes(op) - reads(op)
+            needed |= reads(op)
+    return live[::-1]
+
+
+def reorder_in_place(ops: list[Op], applies: list[Op], builder: _Builder) -> list[Op]:
+    """Fuse each gradient with its update, placed right after the layer's last use of the old
+    weights (its input-gradient op, if any): the gradient buffer never exists."""
+    out: list[Op] = []
+    pending: dict[str, list[Op]] = {}
+    apply_of = {op.param: op for op in applies}
+    for op in ops:
+        if op.kind == "conv_grad_w":
+            a, f = apply_of[op.param], dict(op.fields)
+            del f["gw_off"]
+            fused = Op("conv_upd_w", {**f, "w_off": a.fields["w_off"], "um_off": a.fields["um_off"],
+                                      "ush_off": a.fields["ush_off"]}, op.node, "update", op.param, True)
+            pending.setdefault(op.node, []).append(fused)
+        elif op.kind == "bias_grad":
+            a = apply_of[op.param]
+            fused = Op("bias_upd", {"gy_off": op.fields["gy_off"], "b_off": a.fields["b_off"], "O": op.fields["O"],
+                                    "HW": op.fields["HW"], "um_off": a.fields["um_off"],
+                                    "ush_off": a.fields["ush_off"]}, op.node, "update", op.param, True)
+            pending.setdefault(op.node, []).append(fused)
+        else:
+            out.append(op)
+            if op.kind == "conv_bwd_x":
+                out.extend(pending.pop(op.node, []))
+    # Layers without an input gradient (the deepest trained one): after their last backward op.
+    for node, fused in pending.items():
+        last = max(i for i, op in enumerate(out) if op.node == node)
+        out[last + 1:last + 1] = fused
+    return out
+
+
+def materialize_weights(ops: list[Op], builder: _Builder) -> list[Op]:
+    """Resolve the ``("weights", layer)`` placeholders of input-gradient ops: RAM copies where the
+    layer is wholly trained, else a load (and patch) into a scratch buffer just before the op."""
+    out: list[Op] = []
+    for op in ops:
+        w = op.fields.get("w_off")
+        if isinstance(w, tuple) and w[0] == "weights":
+            ref, *_ = builder.weights_for(w[1], out, with_bias_rq=False)
+            op.fields["w_off"] = ref
+        out.append(op)
+    return out
+
+
+def plan_memory(buffers: list[Buf], ops: list[Op], first_offset: int = 0) -> int:
+    """Offsets for every buffer used by ``ops``; returns the arena size.
+
+    Persistent buffers are laid out first, back to back. Transient ones get the lowest offset that
+    does not overlap a placed buffer whose lifetime [first write, last read] meets theirs, largest
+    first (the greedy-by-size heuristic of inference planners, e.g. TFLite's)."""
+    span: dict[Buf, list[int]] = {}
+    for i, op in enumerate(ops):
+        for b in reads(op) | writes(op):
+            s = span.setdefault(b, [i, i])
+            s[0], s[1] = min(s[0], i), max(s[1], i)
+    used = set(span)
+    top = first_offset
+    for b in buffers:
+        if b.persistent and (b in used or b.kind in ("io", "param")):
+            b.offset, top = top, top + b.nbytes
+    base, placed = top, []
+    transient = sorted((b for b in used if not b.persistent), key=lambda b: (-b.nbytes, span[b][0]))
+    for b in transient:
+        lo, hi = span[b]
+        clashes = sorted((p.offset, p.offset + p.nbytes) for p in placed if not (span[p][1] < lo or hi < span[p][0]))
+        offset = base
+        for start, end in clashes:
+            if offset + b.nbytes <= start:
+                break
+            offset = max(offset, end)
+        b.offset = offset
+        placed.append(b)
+        top = max(top, offset + b.nbytes)
+    for b in buffers:
+        if b not in used and not (b.persistent and b.kind in ("io", "param")):
+            b.offset = -1
+    return _aligned(top)
+
+
+# --------------------------------------------------------------------------- the entry point
+
+def compile_training(graph: Graph, scheme: Scheme, grad_scales: dict[str, float],
+                     options: Options | None = None) -> Compiled:
+    """Compile ``scheme`` on ``graph`` into a program, a memory plan, a blob and a module."""
+    options = options or Options()
+    graph.validate()
+    scheme.validate(graph)
+    missing = [t for t in graph.tensors if t not in grad_scales and t not in (graph.input, graph.output)]
+    if missing:
+        raise InsituError(f"compile: no gradient scale for {missing[:3]}...; calibrate first")
+    b = _Builder(graph, scheme, grad_scales, options)
+    b.place_trained()
+    fwd = b.forward()
+    loss, argmax, g_out = b.loss()
+    bwd, applies = b.backward(g_out)
+    if options.prune:
+        trained = {(n, "w") for n in scheme.weights} | {(n, "b") for n in scheme.bias_layers(graph)}
+    else:
+        trained = {(n, k) for n in b.layers for k in "wb"}
+    bwd, applies = prune(bwd, applies, trained)
+    body = eliminate_dead_code(bwd + applies)
+    bwd = [op for op in body if op.phase != "update"]
+    applies = [op for op in body if op.phase == "update"]
+    body = reorder_in_place(bwd, applies, b) if options.reorder else bwd + applies
+    body = materialize_weights(body, b)
+    train_ops = fwd + [loss] + body
+    return _lower(b, graph, scheme, options, fwd, train_ops, argmax)
+
+
+def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax) -> Compiled:
+    # The memory-plan timeline: argmax (inference) right after the forward pass.
+    timeline = fwd + [argmax] + train_ops[len(fwd):]
+    used = set().union(*(reads(op) | writes(op) for op in timeline))
+    init_bufs = [x for x in b.buffers if x.persistent and x.init is not None and (x in used or x.kind == "param")]
+    # Records: init loads, then the train program (whose forward part is also the inference
+    # program), then argmax. The program table sits at arena offset 0.
+    init_ops = [Op("load", {"blob_off": ("init", x), "dst_off": Ref(x), "n": x.nbytes}, x.name, "init")
+                for x in init_bufs]
+    all_ops = init_ops + train_ops + [argmax]
+    words = sum(1 + len(abi.OPS[op.kind]) for op in all_ops)
+    program_buf = Buf("program", 4 * words, "program", persistent=True, offset=0)
+    arena = plan_memory(b.buffers, timeline, first_offset=program_buf.nbytes)
+    b.buffers.insert(0, program_buf)
+    # The blob: [program][initial RAM tensors][layer packs], each 4-aligned.
+    blob = bytearray(4 * words)
+    init_at = {}
+    for x in init_bufs:
+        init_at[x] = len(blob)
+        blob += x.init + bytes(_aligned(len(x.init)) - len(x.init))
+    for L in b.layers.values():
+        L.blob_off = len(blob)
+        blob += L.pack + bytes(_aligned(len(L.pack)) - len(L.pack))
+    program, calls, pos = [], {"init": [], "train": [], "infer": []}, 0
+    fwd_ids = {id(op) for op in fwd}
+    init_ids = {id(op) for op in init_ops}
+    for op in all_ops:
+        rec = abi.record(op.kind, **{k: _resolve(v, init_at) for k, v in op.fields.items()})
+        if id(op) in init_ids:
+            calls["init"].append(pos)
+        elif op is argmax or id(op) in fwd_ids:
+            calls["infer"].append(pos)
+        if id(op) not in init_ids and op is not argmax:
+            calls["train"].append(pos)
+        program += rec
+        pos += len(rec)
+    table = np.array(program, dtype=np.int32)
+    blob[:len(table) * 4] = _codes(table, np.int32)
+    trained = [(x.offset, x.nbytes) for x in b.buffers if x.kind == "param"]
+    model_id = hashlib.sha256(bytes(blob)).hexdigest()[:16]
+    compiled = Compiled(graph, scheme, options, arena, b.buffers, train_ops, table, calls, bytes(blob), "",
+                        b.acts[graph.input].offset, graph.tensors[graph.input].size, b.io.offset, trained,
+                        model_id, _stats(b, timeline, arena))
+    from insitu.mcu.codegen import generate_module
+    compiled.module = generate_module(compiled, all_ops)
+    return compiled
+
+
+def _resolve(v, init_at) -> int:
+    if v is None:
+        return 0
+    if isinstance(v, Ref):
+        if v.buf.offset < 0:
+            raise AssertionError(f"{v.buf.name} was not placed")
+        return v.buf.offset + v.at
+    if isinstance(v, tuple):
+        kind, obj = v
+        return obj.blob_off if kind == "blob" else init_at[obj]
+    return int(v)
+
+
+def _stats(b: _Builder, ops: list[Op], arena: int) -> dict:
+    by_kind: dict[str, int] = {}
+    for x in b.buffers:
+        if x.offset >= 0:
+            by_kind[x.kind] = by_kind.get(x.kind, 0) + x.nbytes
+    return {"arena_bytes": arena, "bytes_by_kind": by_kind, "ops": len(ops),
+            "trained_params": sum(x.nbytes for x in b.buffers if x.kind == "param" and x.name.startswith("w:")),
+            "kernels": {k: sum(op.kind == k for op in ops) for k in sorted({op.kind for op in ops})}}
+
+
+def blob_crc(blob: bytes) -> int:
+    return binascii.crc32(blob) & 0xFFFFFFFF
