@@ -254,3 +254,40 @@ def add_requant(a_scale: float, b_scale: float, y_scale: float) -> tuple[int, in
     small = int(nx.round_half_up(math.ldexp(min(a_scale, b_scale) / y_scale, big.shift)))
     ma, mb = (big.multiplier, small) if a_scale >= b_scale else (small, big.multiplier)
     return ma, mb, big.shift
+
+
+def random_graph(seed: int, classes: int | None = None) -> Graph:
+    """A random valid MobileNetV2-style graph (random sizes, strides, codes and scales): the
+    one-spec tests run every implementation on shapes like these, not on one hand-picked net."""
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(5, 11))
+    c1, e, f = (int(v) for v in rng.integers(2, 7, size=3))
+    classes = classes or int(rng.integers(2, 6))
+    stride = int(rng.integers(1, 3))
+    tensors = {"x": TensorInfo((1, size, size), INPUT_SCALE)}
+    nodes: list[Node] = []
+
+    def conv(name, x, o, k, stride=1, groups=1, act="relu6"):
+        c, h, w = tensors[x].shape
+        weight = rng.integers(-127, 128, size=(o, c // groups, k, k)).astype(np.int8)
+        w_scale = rng.uniform(0.2, 1.0, size=o) / (127 * np.sqrt(c // groups * k * k))
+        bias = rng.integers(-2000, 2000, size=o).astype(np.int32)
+        pad = k // 2
+        tensors[name] = TensorInfo((o, conv_out(h, k, stride, pad), conv_out(w, k, stride, pad)),
+                                   float(rng.uniform(0.01, 0.05)))
+        nodes.append(Conv(name, x, name, weight, bias, w_scale, stride, pad, groups, act))
+        return name
+
+    stem = conv("stem", "x", c1, 3, stride)
+    ex = conv("b1.expand", stem, e, 1)
+    dw = conv("b1.dw", ex, e, 3, groups=e)
+    pr = conv("b1.project", dw, c1, 1, act="none")
+    tensors["b1.add"] = TensorInfo(tensors[stem].shape, float(rng.uniform(0.02, 0.06)))
+    nodes.append(Add("b1.add", stem, pr, "b1.add"))
+    head = conv("head", "b1.add", f, 1, act="relu")
+    tensors["pool"] = TensorInfo((f, 1, 1), float(rng.uniform(0.01, 0.05)))
+    nodes.append(GlobalAvgPool("pool", head, "pool"))
+    conv("classifier", "pool", classes, 1, act="none")
+    graph = Graph(tensors, nodes, "x", "classifier")
+    graph.validate()
+    return graph
