@@ -31,7 +31,7 @@ from insitu.io import check_writable
 class TrainConfig:
     board: str = "ultra96v2-sim"
     algo: str = "sgd"
-    dataset: str = "fashion-mnist"
+    dataset: str | None = None         # None: the algorithm's default (its task)
     data_dir: str | None = None
     model: str | None = None           # None: the algorithm's default network
     samples: int = 60_000
@@ -46,6 +46,11 @@ class TrainConfig:
     rank: int | None = None            # None: the algorithm's default
     env: str = "shift"                 # lrt: the online environment
     test_samples: int | None = None    # test samples to evaluate (None: the algorithm's default)
+    # The MCU algorithm (sparse):
+    scheme: str | None = None          # sparse-update scheme (None: the algorithm's default)
+    port: str | None = None            # a real board's serial port (or a running twin's)
+    heap: int | None = None            # a twin's heap in bytes (None: the board's training budget)
+    flash_dir: str | None = None       # a twin's flash folder (None: a temporary one)
 
     def validate(self, models) -> None:
         """Checks after the algorithm's defaults are filled in; ``models``: the algorithm's."""
@@ -60,7 +65,7 @@ class TrainConfig:
         if self.model not in models:
             raise UsageError(f"unknown --model {self.model!r} for --algo {self.algo}; its models: "
                              f"{', '.join(models)}")
-        for name in ("rank", "test_samples"):
+        for name in ("rank", "test_samples", "heap"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -77,6 +82,7 @@ class Algorithm:
     models: tuple[str, ...] = ()
     batch_size: int | None = 32
     lr: float | None = 0.05
+    dataset: str = "fashion-mnist"
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
@@ -94,6 +100,7 @@ def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None) 
         raise UsageError(f"unknown --algo {config.algo!r}; known algorithms: {', '.join(ALGORITHMS)}")
     algo = ALGORITHMS[config.algo]
     config = replace(config, model=algo.models[0] if config.model is None else config.model,
+                     dataset=algo.dataset if config.dataset is None else config.dataset,
                      batch_size=algo.batch_size if config.batch_size is None else config.batch_size,
                      lr=algo.lr if config.lr is None else config.lr)
     config.validate(algo.models)
@@ -263,4 +270,23 @@ register(Algorithm(
     models=("cnn", "mlp"),
     batch_size=None,            # None: LRTConfig's dense_batch and lr (insitu lrt adapt's)
     lr=None,
+))
+
+
+def _run_sparse(config, board, advance):
+    from insitu.mcu import train as mcu_train      # the MCU toolchain loads only when it is needed
+
+    return mcu_train.run_sparse(config, board, advance)
+
+
+register(Algorithm(
+    name="sparse",
+    summary="sparse update with QAS (tiny-training) on a MicroPython microcontroller, compiled on the host",
+    board_kinds=("mcu",),
+    twins_only=False,
+    run=_run_sparse,
+    models=("mbv2-28", "mbv2-tiny"),
+    batch_size=1,               # batch size 1, as on the device
+    lr=0.05,
+    dataset="digits",
 ))

@@ -19,8 +19,9 @@ def _algo_help() -> str:
               help="Board or simulated twin (see `insitu boards`).")
 @click.option("--algo", default=TrainConfig.algo, show_default=True,
               help=f"Training algorithm. {_algo_help()}.")
-@click.option("--dataset", default=TrainConfig.dataset, show_default=True,
-              help="Dataset (see `insitu data list`).")
+@click.option("--dataset", default=None,
+              help="Dataset (see `insitu data list`); sparse: the adaptation task, digits (default) or "
+                   "fashion-shift. Default: fashion-mnist, sparse: digits.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder with the dataset's IDX files (default: where Debian installs it).")
 @click.option("--model", default=None,
@@ -45,10 +46,21 @@ def _algo_help() -> str:
               help="lrt: the online environment (docs/lrt.md).")
 @click.option("--test-samples", type=int, default=None,
               help="tt/lrt: test samples to evaluate (default: tt all, lrt 1000).")
+@click.option("--scheme", default=None,
+              help="sparse: the update scheme: bias-K, last-K, classifier, full, or JSON "
+                   '{"bias_k": K, "weights": {"layer": ratio}} (default bias-6).')
+@click.option("--port", default=None,
+              help="sparse: the board's serial port (a real board, or a twin from `insitu mcu emulate`).")
+@click.option("--flash-dir", type=click.Path(file_okay=False), default=None,
+              help="sparse on a twin: the twin's flash folder (kept: a rerun resumes from the device's "
+                   "checkpoint; default: a temporary folder).")
+@click.option("--heap", type=int, default=None,
+              help="sparse on a twin: its heap in bytes (default: the board's training budget, 256 KB).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed, checkpoint,
-            checkpoint_every, mode, bitstream, rank, env, test_samples, out, as_json):
+            checkpoint_every, mode, bitstream, rank, env, test_samples, scheme, port, flash_dir, heap, out,
+            as_json):
     """Train a network on a board, or on its simulated twin (the default, ultra96v2-sim).
 
     \b
@@ -60,11 +72,14 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
       insitu train --algo tt --model tiny --mode rtl --samples 8 --batch-size 4 --test-samples 50
       insitu train --algo lrt --env shift --samples 2000 --json
       insitu train --board ultra96v2 --bitstream insitu_ultra96v2.bit --algo tt   # on the board
+      insitu train --board stm32f746-disco-sim --algo sparse --samples 500 --json   # MCU twin
+      insitu train --board stm32f746-disco --port /dev/ttyACM0 --algo sparse --scheme bias-6
     """
     config = TrainConfig(board=board, algo=algo, dataset=dataset, data_dir=data_dir, model=model,
                          samples=samples, batch_size=batch_size, lr=lr, seed=seed,
                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, mode=mode,
-                         bitstream=bitstream, rank=rank, env=env, test_samples=test_samples)
+                         bitstream=bitstream, rank=rank, env=env, test_samples=test_samples,
+                         scheme=scheme, port=port, flash_dir=flash_dir, heap=heap)
     if out:
         check_writable(out, "--out")
     with progress(f"training on {board}", total=samples) as advance:
@@ -83,6 +98,10 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
             line += (f"; accelerator {result['pl_cycles']:,} cycles "
                      f"({result['seconds_at_board_clock']:.4f} s at its clock), "
                      f"energy {result['energy_j']:.4g} J ({result['energy']['source']})")
+        if "peak_heap_bytes" in result:
+            line += (f"; before {result['accuracy_before']}, host simulation "
+                     f"{result['host_sim_accuracy_after']:.4f}; heap peak {result['peak_heap_bytes']:,} B "
+                     f"(planned arena {result['planned_peak_bytes']:,} B)")
         if "max_writes_per_cell" in result:
             line += f"; at most {result['max_writes_per_cell']} writes per cell"
         report.print(line)

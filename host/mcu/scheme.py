@@ -1,6 +1,7 @@
 """Sparse-update schemes (tiny-training §2.2): which biases and which weight channels train.
 
-A scheme names the number ``bias_k`` of last layers whose biases are updated and, per layer, the
+The classifier of a new task starts from scratch, so every preset trains its weights (the paper's
+bias-only and sparse schemes do too). A scheme names the number ``bias_k`` of last layers whose biases are updated and, per layer, the
 fraction of output channels whose weights are updated (one of :data:`RATIOS`). Backpropagation
 has to reach the earliest updated layer anyway, and a bias update costs no saved activation, so
 every layer backpropagation passes through also updates its bias (the paper: "we always update
@@ -86,7 +87,8 @@ def full_update(graph: Graph) -> Scheme:
 
 
 def bias_only(graph: Graph, k: int) -> Scheme:
-    return Scheme(k)
+    """Biases of the last ``k`` layers, and the (new) classifier's weights."""
+    return Scheme(k, {graph.convs[-1].name: 1.0})
 
 
 def classifier_only(graph: Graph) -> Scheme:

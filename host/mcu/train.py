@@ -1,0 +1,179 @@
+"""`insitu train --algo sparse`: sparse-update training on a microcontroller or its twin.
+
+The path is the one a user takes with a board: the pre-trained int8 model gets a new classifier
+for the task, the scheme is compiled (backward graph, pruning, reordering, memory plan), checked
+against the board's heap, flashed with mpremote, started from the REPL, and fed samples over the
+serial link; accuracy is measured by the device before and after. The same compiled program runs
+in the host simulator on the same samples, which must agree with the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from insitu.boards import Board
+from insitu.errors import InsituError, UsageError
+from insitu.mcu.calibrate import calibrate_gradients
+from insitu.mcu.compiler import Compiled, Options, compile_training
+from insitu.mcu.graph import input_codes
+from insitu.mcu.scheme import preset
+from insitu.mcu.simulate import Simulator
+
+DEFAULT_MODEL = "mbv2-28"
+DEFAULT_TASK = "digits"
+DEFAULT_SCHEME = "bias-6"
+CALIBRATION_SAMPLES = 64
+#: Heap the firmware needs besides the arena: the interpreter's state, the imported firmware
+#: modules and the link's buffers; measured with `insitu mcu minheap` (docs/mcu.md).
+RUNTIME_HEAP_BYTES = 24 * 1024
+
+
+class Prepared:
+    """Everything the host knows before touching a board: model, data, compiled program."""
+
+    def __init__(self, model: str, task: str, scheme: str, lr: float, seed: int, reorder: bool = True):
+        from insitu.mcu.models import model_config
+        from insitu.mcu.quantize import new_head, pretrained
+        from insitu.mcu.tasks import load_task
+
+        size = model_config(model).input_size
+        x_train, self.y_train, x_test, self.y_test, classes = load_task(task, size)
+        self.x_train, self.x_test = input_codes(x_train), input_codes(x_test)
+        self.graph = new_head(pretrained(model), classes, seed)
+        self.scheme = preset(self.graph, scheme)
+        calib = np.random.default_rng(seed).permutation(len(self.y_train))[:CALIBRATION_SAMPLES]
+        self.grad_scales = calibrate_gradients(self.graph, self.x_train[calib], self.y_train[calib], seed)
+        self.compiled = compile_training(self.graph, self.scheme, self.grad_scales, Options(lr=lr, reorder=reorder))
+
+
+def predicted_heap_bytes(compiled: Compiled) -> int:
+    return compiled.arena_bytes + RUNTIME_HEAP_BYTES
+
+
+def check_fits(compiled: Compiled, heap_bytes: int) -> None:
+    need = predicted_heap_bytes(compiled)
+    if need > heap_bytes:
+        raise UsageError(f"the scheme ({compiled.scheme.describe()}) does not fit: planned peak "
+                         f"{compiled.arena_bytes:,} B of arena + {RUNTIME_HEAP_BYTES:,} B of runtime = "
+                         f"{need:,} B > the heap of {heap_bytes:,} B; choose a sparser --scheme "
+                         "(fewer layers, lower ratios) or a larger --heap (twins only)")
+
+
+def firmware_files(compiled: Compiled) -> dict[str, bytes | Path]:
+    from insitu.mcu.abi import firmware_constants
+    from insitu.resources import package_dir
+
+    fw = package_dir("firmware")
+    files: dict[str, bytes | Path] = {p.name: p for p in sorted(fw.glob("*.py"))}
+    files["tte_abi.py"] = firmware_constants().encode()
+    files["tte_model.py"] = compiled.module.encode()
+    files["tte_model.bin"] = compiled.blob
+    return files
+
+
+@contextlib.contextmanager
+def board_port(board: Board, port: str | None, heap_bytes: int, flash_dir: str | None):
+    """The serial port of the board: the given one, or a twin started here for a -sim board."""
+    if port or not board.is_twin:
+        if not port:
+            raise UsageError(f"{board.name}: give the board's serial port with --port (e.g. /dev/ttyACM0)")
+        yield port, None
+        return
+    from insitu.mcu.twin import McuTwin
+
+    with contextlib.ExitStack() as stack:
+        if flash_dir is None:
+            flash_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="insitu-flash-"))
+        Path(flash_dir).mkdir(parents=True, exist_ok=True)
+        twin = stack.enter_context(McuTwin(flash_dir, heap_bytes=heap_bytes, board=board.name))
+        yield twin.port, twin
+
+
+def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, seed: int, advance,
+                  checkpoint_every: int = 1) -> dict:
+    """Flash, start, measure, train and measure again; returns the device's figures."""
+    from insitu.mcu.device import TrainingDevice
+    from insitu.mcu.flash import flash
+    from insitu.training import sample_order
+
+    compiled = prep.compiled
+    flash(port, firmware_files(compiled))
+    dev = TrainingDevice(port)
+    try:
+        info = dev.with_recovery(dev.start)
+        if info.get("model") != compiled.model_id:
+            raise InsituError(f"the device runs model {info.get('model')}, not the one flashed "
+                              f"({compiled.model_id}); reflash")
+        dev.set_checkpoint_every(checkpoint_every)
+        resumed_from = int(info["done"])
+        x_test, y_test = prep.x_test[:test_samples], prep.y_test[:test_samples]
+        before = None
+        if resumed_from == 0:
+            before = float(np.mean(dev.predict_all(x_test) == y_test))
+        advance(min(resumed_from, samples))
+        order = sample_order(len(prep.y_train), seed, 0, samples)
+        predicted = np.full(samples, -1)
+        started = time.perf_counter()
+        done = resumed_from
+        while done < samples:
+            i = order[done]
+            done, predicted[done], _ = dev.with_recovery(
+                lambda n=done, i=i: dev.train(n, int(prep.y_train[i]), prep.x_train[i]))
+            advance(1)
+        train_s = time.perf_counter() - started
+        after = float(np.mean(dev.predict_all(x_test) == y_test))
+        stats = dev.stats()
+        runtime = info.get("impl", "micropython")
+        dev.bye()
+    finally:
+        dev.close()
+    return {"runtime": runtime, "platform": info.get("platform"), "accuracy_before": before,
+            "accuracy_after": after, "peak_heap_bytes": stats.get("mem_peak"),
+            "heap_free_bytes": stats.get("mem_free"), "resumed_from": resumed_from,
+            "reconnects": dev.reconnects, "restarts": dev.restarts, "train_seconds": train_s,
+            "predicted_during_training": predicted}
+
+
+def run_sparse(config, board: Board, advance) -> dict:
+    started = time.perf_counter()
+    heap = config.heap or board.mcu["training_budget_bytes"]
+    if config.heap and not board.is_twin:
+        raise UsageError("--heap sets a twin's heap; a real board's heap is what its firmware has")
+    prep = Prepared(config.model, config.dataset, config.scheme or DEFAULT_SCHEME, config.lr, config.seed)
+    compiled = prep.compiled
+    check_fits(compiled, heap)
+    test_samples = min(config.test_samples or 200, len(prep.y_test))
+    with board_port(board, config.port, heap, config.flash_dir) as (port, twin):
+        device = run_on_device(prep, port, config.samples, test_samples, config.seed, advance)
+    predicted = device.pop("predicted_during_training")
+    # The host simulation of the same program on the same samples (bit-exact with the device).
+    from insitu.training import sample_order
+
+    sim = Simulator(compiled)
+    x_test, y_test = prep.x_test[:test_samples], prep.y_test[:test_samples]
+    sim_before = sim.accuracy(x_test, y_test)
+    order = sample_order(len(prep.y_train), config.seed, 0, config.samples)
+    sim_predicted = np.array([sim.train_step(prep.x_train[i], int(prep.y_train[i])) for i in order])
+    sim_after = sim.accuracy(x_test, y_test)
+    seen = predicted >= 0
+    return {
+        "board": board.name, "algo": "sparse", "model": config.model, "dataset": config.dataset,
+        "scheme": compiled.scheme.to_json(), "scheme_text": compiled.scheme.describe(),
+        "samples": config.samples, "test_samples": test_samples, "lr": config.lr,
+        **device,
+        "accuracy": device["accuracy_after"],
+        "planned_peak_bytes": compiled.arena_bytes,
+        "predicted_heap_bytes": predicted_heap_bytes(compiled),
+        "heap_bytes": heap,
+        "memory_plan": compiled.stats["bytes_by_kind"],
+        "host_sim_accuracy_before": sim_before,
+        "host_sim_accuracy_after": sim_after,
+        "host_sim_agreement": float(np.mean(predicted[seen] == sim_predicted[seen])) if seen.any() else None,
+        "model_id": compiled.model_id,
+        "seconds": time.perf_counter() - started,
+    }
