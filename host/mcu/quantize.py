@@ -1,0 +1,380 @@
+"""Post-training quantization of the float models into the int8 graph IR, and the pretrained models.
+
+:func:`quantize_model` turns a trained :class:`insitu.mcu.models.MobileNetV2` into a
+:class:`insitu.mcu.graph.Graph` (tiny-training section 3.1: "pre-trained ... and perform
+post-training quantization"; eq. 1 for every layer):
+
+* BatchNorm is folded into the preceding conv (:func:`insitu.mcu.models.fold_bn`);
+* weights become per-output-channel symmetric int8 (:func:`graph.quantize_weight`), biases int32
+  at scale ``w_scale[o] * x_scale`` (:func:`graph.quantize_bias`);
+* every activation tensor gets one symmetric scale, calibrated on :data:`CALIBRATION_SAMPLES`
+  training images of the float (BN-folded) network: ``scale = peak / 127`` with ``peak`` the
+  :data:`CALIBRATION_PERCENTILE`-th percentile of ``|activation|`` over the calibration set
+  (the max clips nothing but wastes resolution on rare outliers of the linear tensors; on
+  mbv2-28 the percentile gave the better int8 accuracy, see :data:`CALIBRATION_PERCENTILE`);
+* the input scale is :data:`graph.INPUT_SCALE` (codes ``pixel - 128``), ReLU6 is fused into
+  its conv's ``act``, the residual add is a :class:`graph.Add`, the pooling a
+  :class:`graph.GlobalAvgPool`, the classifier a 1x1 :class:`graph.Conv` on the ``(C, 1, 1)``
+  pooled map.
+
+Node names: ``stem``, ``b<k>.expand``, ``b<k>.dw``, ``b<k>.project``, ``b<k>.add``,
+``head.conv``, ``pool``, ``classifier``. Every node's output tensor carries the node's name,
+except the classifier's, ``logits`` (the graph's output); the input tensor is ``input``.
+
+:func:`int8_forward` runs a graph on int8 input codes by walking its nodes with the functional
+ops of eq. 1 (``conv_fwd``, ``add_fwd``, ``gap_fwd``, with the requantization parameters that
+:mod:`insitu.mcu.graph` derives). The default ops are this module's batched NumPy versions
+(:data:`REFERENCE_OPS`); pass ``ops=insitu.mcu.kernels`` to run the golden kernels (one
+sample at a time) instead: both follow the same integer spec and agree bit for bit.
+
+:func:`pretrained` trains, quantizes and caches a named model; :func:`new_head` is the start of
+transfer learning on a new task.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from insitu import numerics as nx
+from insitu.errors import InsituError, UsageError
+from insitu.mcu import graph as g
+from insitu.mcu.models import (MobileNetV2, Unit, build_model, float_accuracy, folded_forward,
+                               folded_units, model_config, train_float)
+from insitu.nn.functional import im2col
+
+__all__ = ["quantize_model", "calibrate_scales", "build_graph", "int8_forward", "int8_accuracy",
+           "new_head", "pretrained", "pretrained_path", "cache_root", "PRETRAIN_DEFAULTS",
+           "REFERENCE_OPS", "conv_fwd", "add_fwd", "gap_fwd", "CALIBRATION_SAMPLES",
+           "CALIBRATION_PERCENTILE", "OUTPUT_TENSOR", "INPUT_TENSOR"]
+
+INPUT_TENSOR = "input"
+OUTPUT_TENSOR = "logits"
+#: Training images the activation ranges are measured on.
+CALIBRATION_SAMPLES = 1000
+#: Percentile of |activation| that maps to code 127 (100 would be the max).
+CALIBRATION_PERCENTILE = 99.99
+#: Bump when quantization or training changes in a way the configuration does not show, so
+#: cached pretrained graphs are rebuilt.
+FORMAT_VERSION = 1
+
+
+# --------------------------------------------------------------------------- calibration + export
+
+
+def _peak(values: np.ndarray, percentile: float) -> float:
+    a = np.abs(values).ravel()
+    peak = float(a.max()) if percentile >= 100 else float(np.percentile(a, percentile))
+    return peak if peak > 0 else float(a.max())
+
+
+def calibrate_scales(units: list[Unit], x: np.ndarray, percentile: float = CALIBRATION_PERCENTILE,
+                     batch_size: int = 250) -> dict[str, float]:
+    """Scale of every activation tensor (graph names) from float inputs ``x`` ``(N, 1, H, W)``."""
+    records: dict[str, list[np.ndarray]] = {}
+    for i in range(0, len(x), batch_size):
+        rec: dict[str, np.ndarray] = {}
+        folded_forward(units, x[i:i + batch_size], rec)
+        for k, v in rec.items():
+            records.setdefault(OUTPUT_TENSOR if k == "classifier" else k, []).append(v)
+    scales = {INPUT_TENSOR: g.INPUT_SCALE}
+    for name, parts in records.items():
+        peak = _peak(np.concatenate(parts), percentile)
+        scales[name] = peak / 127 if peak > 0 else 1.0 / 127      # a dead tensor: any scale works
+    return scales
+
+
+def build_graph(units: list[Unit], scales: dict[str, float], input_size: int, meta: dict | None = None) -> g.Graph:
+    """The int8 graph of the folded network ``units`` with activation ``scales`` (by tensor)."""
+    tensors = {INPUT_TENSOR: g.TensorInfo((1, input_size, input_size), g.INPUT_SCALE)}
+    nodes: list[g.Node] = []
+    current, block_in, size = INPUT_TENSOR, None, input_size
+    for u in units:
+        if u.block and (block_in is None or block_in[0] != u.block):
+            block_in = (u.block, current)
+        if u.name == "classifier":
+            c = tensors[current].shape[0]
+            tensors["pool"] = g.TensorInfo((c, 1, 1), scales["pool"])
+            nodes.append(g.GlobalAvgPool("pool", current, "pool"))
+            current, size = "pool", 1
+        out = OUTPUT_TENSOR if u.name == "classifier" else u.name
+        weight, w_scale = g.quantize_weight(u.weight)
+        bias = g.quantize_bias(u.bias, w_scale, tensors[current].scale)
+        size = g.conv_out(size, u.weight.shape[2], u.stride, u.pad)
+        tensors[out] = g.TensorInfo((u.weight.shape[0], size, size), scales[out])
+        nodes.append(g.Conv(u.name, current, out, weight, bias, w_scale, u.stride, u.pad, u.groups, u.act))
+        current = out
+        if u.residual:
+            add = f"{u.block}.add"
+            tensors[add] = g.TensorInfo(tensors[out].shape, scales[add])
+            nodes.append(g.Add(add, out, block_in[1], add))
+            current = add
+    graph = g.Graph(tensors, nodes, INPUT_TENSOR, OUTPUT_TENSOR, dict(meta or {}))
+    graph.validate()
+    return graph
+
+
+def quantize_model(model: MobileNetV2, calib_images: np.ndarray,
+                   percentile: float = CALIBRATION_PERCENTILE, meta: dict | None = None) -> g.Graph:
+    """Post-training quantization of ``model`` calibrated on uint8 images ``(N, H, W)``."""
+    from insitu.mcu.tasks import float_inputs
+
+    units = folded_units(model)
+    scales = calibrate_scales(units, float_inputs(calib_images, np.float64), percentile)
+    info = {"model": model.config.name, "config": model.config.as_dict(),
+            "calibration": {"samples": int(len(calib_images)), "percentile": percentile}}
+    return build_graph(units, scales, model.config.input_size, {**info, **(meta or {})})
+
+
+# --------------------------------------------------------------------------- int8 forward
+
+
+def _as_batch(x):
+    x = np.asarray(x)
+    return (x[None], True) if x.ndim == 3 else (x, False)
+
+
+def conv_fwd(x, w, b, m, sh, stride, pad, groups, lo, hi):
+    """Eq. 1 for a conv: ``clamp(rq(b[o] + sum w * x, m[o], sh[o]), lo, hi)`` with zero padding.
+    ``x`` int8 ``(C, H, W)`` or a batch ``(N, C, H, W)``; returns int8 of the same rank."""
+    x, single = _as_batch(x)
+    n, c, h, wd = x.shape
+    o, cg, k, _ = w.shape
+    ho, wo = g.conv_out(h, k, stride, pad), g.conv_out(wd, k, stride, pad)
+    # Products of int8 codes summed in float64 are exact (|acc| << 2**53), and BLAS is fast.
+    cols = im2col(x.astype(np.float64), k, stride, pad)             # (N, P, C*k*k)
+    if groups == 1:
+        acc = cols @ w.reshape(o, -1).T.astype(np.float64)
+    elif groups == c == o:
+        acc = np.einsum("npck,ck->npc", cols.reshape(n, ho * wo, c, k * k),
+                        w.reshape(o, k * k).astype(np.float64), optimize=True)
+    else:
+        raise InsituError(f"conv_fwd: groups={groups} is neither 1 nor depthwise (C={c}, O={o})")
+    acc = acc.astype(np.int64) + np.asarray(b, np.int64)
+    y = nx.shift_round(acc * np.asarray(m, np.int64), np.asarray(sh, np.int64))
+    y = np.clip(y, lo, hi).astype(np.int8).reshape(n, ho, wo, o).transpose(0, 3, 1, 2)
+    y = np.ascontiguousarray(y)
+    return y[0] if single else y
+
+
+def add_fwd(a, b, ma, mb, sh, lo, hi):
+    """``clamp(rq(a*ma + b*mb, sh), lo, hi)`` elementwise (int8 in, int8 out)."""
+    v = np.asarray(a, np.int64) * int(ma) + np.asarray(b, np.int64) * int(mb)
+    return np.clip(nx.shift_round(v, int(sh)), lo, hi).astype(np.int8)
+
+
+def gap_fwd(x, m, sh):
+    """``sat8(rq(sum over pixels of x[c], m, sh))``: ``(C, H, W) -> (C,)`` (batched: ``(N, C)``)."""
+    x = np.asarray(x)
+    s = x.reshape(*x.shape[:-2], -1).astype(np.int64).sum(axis=-1)
+    return nx.saturate(nx.shift_round(s * int(m), int(sh)), 8).astype(np.int8)
+
+
+#: This module's batched ops (the default of :func:`int8_forward`).
+REFERENCE_OPS = SimpleNamespace(conv_fwd=conv_fwd, add_fwd=add_fwd, gap_fwd=gap_fwd, batched=True)
+
+
+def int8_forward(graph: g.Graph, x_codes: np.ndarray, ops=None, record: dict | None = None) -> np.ndarray:
+    """Logit codes of the int8 graph on int8 input codes ``(1, H, W)`` or ``(N, 1, H, W)``:
+    int8 ``(classes,)`` or ``(N, classes)``.
+
+    ``ops`` provides ``conv_fwd``, ``add_fwd``, ``gap_fwd`` (default :data:`REFERENCE_OPS`;
+    e.g. ``insitu.mcu.kernels``); ops without a true ``batched`` attribute get one sample at a
+    time. ``record`` (a dict) receives every tensor's codes by name.
+    """
+    x = np.asarray(x_codes)
+    if x.dtype != np.int8:
+        raise ValueError(f"int8_forward needs int8 input codes, got {x.dtype} (see graph.input_codes)")
+    ops = REFERENCE_OPS if ops is None else ops
+    if x.ndim == 4 and not getattr(ops, "batched", False):
+        out = [int8_forward(graph, xi, ops) for xi in x]
+        return np.stack(out)
+    if x.ndim not in (3, 4) or x.shape[-3:] != graph.tensors[graph.input].shape:
+        raise ValueError(f"int8_forward: input codes of shape {graph.tensors[graph.input].shape} "
+                         f"(or a batch of them) expected, got {x.shape}")
+    T = graph.tensors
+    lead = x.shape[:-3]
+    vals = {graph.input: x}
+    for n in graph.nodes:
+        if isinstance(n, g.Conv):
+            rq = g.conv_requant(n, T[n.x].scale, T[n.y].scale)
+            m = np.array([r.multiplier for r in rq], np.int64)
+            sh = np.array([r.shift for r in rq], np.int64)
+            lo, hi = g.act_bounds(n.act, T[n.y].scale)
+            y = ops.conv_fwd(vals[n.x], n.weight, n.bias, m, sh, n.stride, n.pad, n.groups, lo, hi)
+        elif isinstance(n, g.Add):
+            ma, mb, sh = g.add_requant(T[n.a].scale, T[n.b].scale, T[n.y].scale)
+            lo, hi = g.act_bounds(n.act, T[n.y].scale)
+            y = ops.add_fwd(vals[n.a], vals[n.b], ma, mb, sh, lo, hi)
+        elif isinstance(n, g.GlobalAvgPool):
+            c, h, w = T[n.x].shape
+            rq = g.gap_requant(T[n.x].scale, T[n.y].scale, h * w)
+            y = ops.gap_fwd(vals[n.x], rq.multiplier, rq.shift)
+        else:  # pragma: no cover - the IR has no other node kinds
+            raise InsituError(f"int8_forward: unknown node {n!r}")
+        vals[n.y] = np.asarray(y).reshape(*lead, *T[n.y].shape)
+    if record is not None:
+        record.update(vals)
+    return vals[graph.output].reshape(*lead, -1)
+
+
+def int8_accuracy(graph: g.Graph, images: np.ndarray, labels: np.ndarray, batch_size: int = 500,
+                  ops=None) -> float:
+    """Top-1 accuracy of the int8 graph on uint8 images ``(N, H, W)`` (first maximal logit)."""
+    correct = 0
+    for i in range(0, len(images), batch_size):
+        logits = int8_forward(graph, g.input_codes(images[i:i + batch_size]), ops)
+        correct += int((logits.argmax(axis=1) == labels[i:i + batch_size]).sum())
+    return correct / max(len(images), 1)
+
+
+# --------------------------------------------------------------------------- transfer learning
+
+
+#: The fresh classifier of :func:`new_head` starts at these int8 codes (see its docstring).
+HEAD_INIT = "zero"
+
+
+def new_head(graph: g.Graph, num_classes: int, seed: int = 0) -> g.Graph:
+    """The start of transfer learning on a new task: a copy of ``graph`` whose classifier is a
+    fresh ``num_classes``-way dense layer.
+
+    * weights: int8 codes 0 (:data:`HEAD_INIT`), the classic linear-probe start (with zero
+      weights the logits are 0, the loss is log(classes) for every sample, and the first
+      gradients move the classifier toward the class means of the features);
+    * ``w_scale``: every output channel gets the median per-channel scale of the pretrained
+      classifier, so weights of the pretrained classifier's size are representable with the
+      same resolution (an int8 update needs resolution: a much larger scale would round small
+      updates away, a much smaller one would saturate);
+    * bias 0 (its scale is ``w_scale * pool_scale`` as for any conv);
+    * the logits tensor keeps the pretrained graph's scale.
+
+    ``seed`` is unused with zero codes; it is kept so that the call is the same if the start
+    becomes random.
+    """
+    if not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
+        raise UsageError(f"new_head: num_classes must be an integer >= 2, got {num_classes!r}")
+    out = copy.deepcopy(graph)
+    head = [n for n in out.nodes if isinstance(n, g.Conv) and n.y == out.output]
+    if len(head) != 1 or not head[0].is_dense or out.tensors[head[0].x].shape[1:] != (1, 1):
+        raise InsituError("new_head: the graph's output is not a dense 1x1 conv on a (C, 1, 1) map")
+    old = head[0]
+    c = old.weight.shape[1]
+    scale = float(np.median(old.w_scale))
+    weight = np.zeros((num_classes, c, 1, 1), np.int8)
+    fresh = g.Conv(old.name, old.x, old.y, weight, np.zeros(num_classes, np.int32),
+                   np.full(num_classes, scale), 1, 0, 1, "none")
+    out.nodes[out.nodes.index(old)] = fresh
+    out.tensors[out.output] = g.TensorInfo((num_classes, 1, 1), out.tensors[out.output].scale)
+    out.meta = {**out.meta, "head": {"num_classes": int(num_classes), "init": HEAD_INIT,
+                                     "w_scale": scale, "seed": int(seed)}}
+    out.validate()
+    return out
+
+
+# --------------------------------------------------------------------------- pretrained models
+
+
+#: Pretraining defaults per model: training samples (of FashionMNIST's 60000), epochs, peak lr.
+#: mbv2-28 takes ~4 min on a 2-core machine; mbv2-tiny ~10 s.
+PRETRAIN_DEFAULTS = {
+    "mbv2-28": {"samples": 60000, "epochs": 2, "lr": 0.1, "batch_size": 64},
+    "mbv2-tiny": {"samples": 20000, "epochs": 3, "lr": 0.1, "batch_size": 64},
+}
+_FALLBACK_DEFAULTS = {"samples": 60000, "epochs": 2, "lr": 0.1, "batch_size": 64}
+
+
+def cache_root() -> Path:
+    """``$INSITU_CACHE``, else ``$XDG_CACHE_HOME/insitu``, else ``~/.cache/insitu``."""
+    if os.environ.get("INSITU_CACHE"):
+        return Path(os.environ["INSITU_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "insitu"
+
+
+def _settings(model_name: str, samples, epochs, seed) -> dict:
+    config = model_config(model_name)
+    d = {**_FALLBACK_DEFAULTS, **PRETRAIN_DEFAULTS.get(model_name, {})}
+    if samples is not None:
+        d["samples"] = samples
+    if epochs is not None:
+        d["epochs"] = epochs
+    if not isinstance(d["samples"], (int, np.integer)) or d["samples"] < 1:
+        raise UsageError(f"pretrained: samples must be a positive integer, got {d['samples']!r}")
+    if not isinstance(d["epochs"], (int, np.integer)) or d["epochs"] < 1:
+        raise UsageError(f"pretrained: epochs must be a positive integer, got {d['epochs']!r}")
+    return {"config": config.as_dict(), "samples": int(d["samples"]), "epochs": int(d["epochs"]),
+            "lr": d["lr"], "batch_size": d["batch_size"], "seed": int(seed),
+            "calibration": {"samples": CALIBRATION_SAMPLES, "percentile": CALIBRATION_PERCENTILE},
+            "version": FORMAT_VERSION}
+
+
+def pretrained_path(model_name: str, cache_dir=None, samples=None, epochs=None, seed: int = 0) -> Path:
+    """Where :func:`pretrained` keeps this configuration's graph: ``<cache_dir>/<model>-<hash>.npz``
+    with ``cache_dir`` defaulting to ``cache_root()/mcu``; the hash covers the model
+    configuration, the training settings and the quantization settings."""
+    settings = _settings(model_name, samples, epochs, seed)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    folder = Path(cache_dir) if cache_dir is not None else cache_root() / "mcu"
+    return folder / f"{model_name}-{digest}.npz"
+
+
+def pretrained(model_name: str, cache_dir=None, samples: int | None = None, epochs: int | None = None,
+               seed: int = 0, verbose: bool | None = None) -> g.Graph:
+    """The int8 graph of ``model_name`` pretrained on FashionMNIST (:func:`tasks.pretrain_task`):
+    loaded from the cache when there, else trained (float, BN), quantized and cached.
+
+    ``samples`` / ``epochs`` override :data:`PRETRAIN_DEFAULTS` (first ``samples`` training
+    images). ``graph.meta["pretrain"]`` holds the float and int8 test accuracies and the time.
+    Progress goes to stderr when the training is slow (``verbose=None``: for runs expected to
+    take more than ~15 s).
+    """
+    path = pretrained_path(model_name, cache_dir, samples, epochs, seed)
+    if path.is_file():
+        try:
+            return g.Graph.load(path)
+        except InsituError:
+            pass                                  # unreadable: rebuild it below
+    from insitu.mcu.tasks import pretrain_task
+
+    settings = _settings(model_name, samples, epochs, seed)
+    config = model_config(model_name)
+    x_train, y_train, x_test, y_test, _ = pretrain_task(config.input_size)
+    n = min(settings["samples"], len(x_train))
+    if verbose is None:
+        from insitu.mcu.models import model_summary
+
+        verbose = model_summary(config)["macs"] * n * settings["epochs"] > 5e9
+
+    def say(msg):
+        if verbose:
+            print(f"[insitu] pretrain {model_name}: {msg}", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    model = build_model(config, seed=seed)
+    say(f"training on {n} FashionMNIST images for {settings['epochs']} epoch(s)")
+    losses = train_float(model, x_train[:n], y_train[:n], epochs=settings["epochs"],
+                         batch_size=settings["batch_size"], lr=settings["lr"], seed=seed,
+                         log=(lambda s, t, loss: say(f"step {s}/{t} loss {loss:.3f} "
+                                                     f"({time.perf_counter() - start:.0f} s)")) if verbose else None)
+    train_s = time.perf_counter() - start
+    float_acc = float_accuracy(model, x_test, y_test)
+    calib = np.random.default_rng(seed + 1).permutation(n)[:CALIBRATION_SAMPLES]
+    graph = quantize_model(model, x_train[calib])
+    int8_acc = int8_accuracy(graph, x_test, y_test)
+    graph.meta["pretrain"] = {**settings, "task": "fashion-mnist", "train_samples": n,
+                              "epoch_losses": [round(v, 4) for v in losses],
+                              "float_test_accuracy": float_acc, "int8_test_accuracy": int8_acc,
+                              "train_seconds": round(train_s, 1),
+                              "total_seconds": round(time.perf_counter() - start, 1)}
+    say(f"float test accuracy {float_acc:.4f}, int8 {int8_acc:.4f} "
+        f"({time.perf_counter() - start:.0f} s); cached in {path}")
+    graph.save(path)
+    return graph

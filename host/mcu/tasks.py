@@ -1,0 +1,125 @@
+"""The datasets of the MCU experiment, as uint8 images at a model's input size.
+
+===================  =========================================================================
+task                 what it is
+===================  =========================================================================
+``fashion-mnist``    the pretraining task (:func:`pretrain_task`): FashionMNIST train/test
+                     (60k/10k), resampled to the input size.
+``digits``           adaptation: scikit-learn's 8x8 digits (its 80/20 split from
+                     ``load_dataset('digits')``, 1438/359), upsampled to the input size —
+                     new classes, new image statistics (thick low-resolution strokes).
+``fashion-shift``    adaptation: the FashionMNIST *test* images (never seen in pretraining)
+                     rotated by 90 degrees counter-clockwise (``np.rot90``), same 10 classes,
+                     split 8000/2000 by a fixed seeded permutation. A rotation keeps the
+                     low-level statistics (edges, background, contrast) that the early layers
+                     learned, so a sparse update of the last layers can adapt, while the
+                     pretrained classifier is largely wrong on it (the shapes' orientation
+                     carries the class: trousers, dresses, sleeves).
+===================  =========================================================================
+
+Resampling (:func:`resize`) is separable and linear: area averaging when shrinking (every
+source pixel counts in proportion to its overlap, no aliasing), bilinear interpolation on pixel
+centres when enlarging, then rounding to uint8. Equal sizes pass through untouched.
+
+:func:`load_task` returns ``(x_train, y_train, x_test, y_test, num_classes)`` with uint8 images
+``(N, size, size)`` and int64 labels; feed them to the int8 graph through
+:func:`insitu.mcu.graph.input_codes`, to the float model through :func:`float_inputs`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from insitu.data import load_dataset
+from insitu.errors import UsageError
+
+__all__ = ["TASKS", "ADAPTATION_TASKS", "PRETRAIN_TASK", "load_task", "pretrain_task", "resize",
+           "float_inputs", "FASHION_SHIFT_TRAIN", "FASHION_SHIFT_SEED"]
+
+PRETRAIN_TASK = "fashion-mnist"
+ADAPTATION_TASKS = ("digits", "fashion-shift")
+TASKS = (PRETRAIN_TASK, *ADAPTATION_TASKS)
+#: fashion-shift: how many of the 10000 rotated test images form its train split, and the seed.
+FASHION_SHIFT_TRAIN = 8000
+FASHION_SHIFT_SEED = 0
+
+
+def _resample_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """``(n_out, n_in)`` rows of weights summing to 1: area averaging (shrink) or bilinear on
+    pixel centres with edge clamping (enlarge)."""
+    m = np.zeros((n_out, n_in))
+    if n_out <= n_in:
+        r = n_in / n_out
+        for i in range(n_out):
+            lo, hi = i * r, (i + 1) * r
+            for j in range(int(np.floor(lo)), min(n_in, int(np.ceil(hi)))):
+                m[i, j] = min(hi, j + 1) - max(lo, j)
+        return m / r
+    for i in range(n_out):
+        c = min(max((i + 0.5) * n_in / n_out - 0.5, 0.0), n_in - 1.0)
+        j = min(int(np.floor(c)), n_in - 2)
+        f = c - j
+        m[i, j] += 1 - f
+        m[i, j + 1] += f
+    return m
+
+
+def resize(images: np.ndarray, size: int) -> np.ndarray:
+    """uint8 ``(N, H, W)`` -> uint8 ``(N, size, size)`` (see the module docstring)."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8 or images.ndim != 3:
+        raise ValueError(f"resize expects uint8 (N, H, W) images, got {images.dtype}{images.shape}")
+    n, h, w = images.shape
+    if (h, w) == (size, size):
+        return images.copy()
+    rows, cols = _resample_matrix(h, size), _resample_matrix(w, size)
+    out = np.matmul(np.matmul(rows.astype(np.float32), images.astype(np.float32)), cols.T.astype(np.float32))
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def float_inputs(images: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """uint8 ``(N, H, W)`` -> the float model's input ``(N, 1, H, W)``: ``(pixel - 128) / 128``,
+    the real value of the int8 graph's input codes."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8:
+        raise ValueError(f"input images must be uint8, got {images.dtype}")
+    return ((images.astype(dtype) - 128) / 128)[:, None]
+
+
+def pretrain_task(input_size: int):
+    """FashionMNIST resampled to ``input_size``: ``(x_train, y_train, x_test, y_test, 10)``."""
+    return load_task(PRETRAIN_TASK, input_size)
+
+
+def load_task(name: str, input_size: int):
+    """``(x_train, y_train, x_test, y_test, num_classes)`` of a task at ``input_size`` (uint8
+    ``(N, input_size, input_size)`` images, int64 labels). Unknown names raise UsageError."""
+    if name not in TASKS:
+        raise UsageError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+    if not isinstance(input_size, (int, np.integer)) or input_size < 4:
+        raise UsageError(f"input size must be an integer >= 4, got {input_size!r}")
+    return _load(name, int(input_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _load(name: str, size: int):
+    if name == "digits":
+        ds = load_dataset("digits")
+        arrays = (resize(ds.x_train, size), ds.y_train.copy(), resize(ds.x_test, size), ds.y_test.copy())
+        num_classes = ds.num_classes
+    else:
+        ds = load_dataset("fashion-mnist")
+        num_classes = ds.num_classes
+        if name == PRETRAIN_TASK:
+            arrays = (resize(ds.x_train, size), ds.y_train.copy(), resize(ds.x_test, size), ds.y_test.copy())
+        else:
+            rotated = np.ascontiguousarray(np.rot90(ds.x_test, k=1, axes=(1, 2)))
+            order = np.random.RandomState(FASHION_SHIFT_SEED).permutation(len(rotated))
+            train, test = np.sort(order[:FASHION_SHIFT_TRAIN]), np.sort(order[FASHION_SHIFT_TRAIN:])
+            images = resize(rotated, size)
+            arrays = (images[train], ds.y_test[train].copy(), images[test], ds.y_test[test].copy())
+    for a in arrays:            # cached and shared between callers: read-only
+        a.flags.writeable = False
+    return (*arrays, num_classes)
