@@ -469,35 +469,48 @@ def plan_memory(buffers: list[Buf], ops: list[Op], first_offset: int = 0) -> int
     """Offsets for every buffer used by ``ops``; returns the arena size.
 
     Persistent buffers are laid out first, back to back. Transient ones get the lowest offset that
-    does not overlap a placed buffer whose lifetime [first write, last read] meets theirs, largest
-    first (the greedy-by-size heuristic of inference planners, e.g. TFLite's)."""
-    span: dict[Buf, list[int]] = {}
+    does not overlap a placed buffer whose lifetime [first write, last read] meets theirs, in the
+    order of a placement heuristic; three heuristics of inference planners (largest first, longest
+    lived first, earliest first) are tried and the smallest arena kept."""
+    span: dict[Buf, tuple[int, int]] = {}
     for i, op in enumerate(ops):
         for b in reads(op) | writes(op):
-            s = span.setdefault(b, [i, i])
-            s[0], s[1] = min(s[0], i), max(s[1], i)
-    used = set(span)
+            lo, hi = span.get(b, (i, i))
+            span[b] = (min(lo, i), max(hi, i))
     top = first_offset
     for b in buffers:
-        if b.persistent and (b in used or b.kind in ("io", "param")):
+        b.offset = -1
+        if b.persistent and (b in span or b.kind in ("io", "param")):
             b.offset, top = top, top + b.nbytes
-    base, placed = top, []
-    transient = sorted((b for b in used if not b.persistent), key=lambda b: (-b.nbytes, span[b][0]))
-    for b in transient:
+    transient = [b for b in span if not b.persistent]
+    orders = (lambda b: (-b.nbytes, span[b][0]),
+              lambda b: (span[b][0] - span[b][1], -b.nbytes),
+              lambda b: (span[b][0], -b.nbytes))
+    best = None
+    for key in orders:
+        offsets = _place(sorted(transient, key=key), span, top)
+        end = max((offsets[b] + b.nbytes for b in transient), default=top)
+        if best is None or end < best[0]:
+            best = (end, offsets)
+    end, offsets = best
+    for b, off in offsets.items():
+        b.offset = off
+    return _aligned(end)
+
+
+def _place(order: list[Buf], span: dict, base: int) -> dict[Buf, int]:
+    placed: dict[Buf, int] = {}
+    for b in order:
         lo, hi = span[b]
-        clashes = sorted((p.offset, p.offset + p.nbytes) for p in placed if not (span[p][1] < lo or hi < span[p][0]))
+        clashes = sorted((off, off + p.nbytes) for p, off in placed.items()
+                         if not (span[p][1] < lo or hi < span[p][0]))
         offset = base
         for start, end in clashes:
             if offset + b.nbytes <= start:
                 break
             offset = max(offset, end)
-        b.offset = offset
-        placed.append(b)
-        top = max(top, offset + b.nbytes)
-    for b in buffers:
-        if b not in used and not (b.persistent and b.kind in ("io", "param")):
-            b.offset = -1
-    return _aligned(top)
+        placed[b] = offset
+    return placed
 
 
 # --------------------------------------------------------------------------- the entry point

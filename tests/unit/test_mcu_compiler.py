@@ -1,0 +1,130 @@
+"""The MCU training compiler: autodiff, pruning, DCE, reordering, memory plan, generated module."""
+
+import numpy as np
+import pytest
+
+from insitu.errors import InsituError, UsageError
+from insitu.mcu import abi
+from insitu.mcu import scheme as S
+from insitu.mcu.calibrate import calibrate_gradients
+from insitu.mcu.compiler import Options, compile_training, reads, writes
+from insitu.mcu.graph import random_graph
+
+pytestmark = pytest.mark.unit
+
+
+def _setup(seed):
+    g = random_graph(seed)
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, size=(12, 1) + g.tensors[g.input].shape[1:]).astype(np.int8)
+    y = rng.integers(0, g.num_classes, size=12)
+    return g, calibrate_gradients(g, x, y)
+
+
+def _schemes(g):
+    convs = [c.name for c in g.convs]
+    return [S.full_update(g), S.bias_only(g, 2), S.classifier_only(g), S.last_k_layers(g, 3),
+            S.Scheme(3, {"b1.dw": 0.5, convs[-1]: 1.0}), S.Scheme(1, {"b1.expand": 0.25, convs[-1]: 1.0})]
+
+
+def _lifetimes(c):
+    timeline = c.train_ops
+    span = {}
+    for i, op in enumerate(timeline):
+        for b in reads(op) | writes(op):
+            lo, hi = span.get(b, (i, i))
+            span[b] = (min(lo, i), max(hi, i))
+    return span
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_live_buffers_never_share_arena_bytes(seed):
+    g, gs = _setup(seed)
+    for sch in _schemes(g):
+        for reorder in (False, True):
+            c = compile_training(g, sch, gs, Options(reorder=reorder))
+            span = _lifetimes(c)
+            bufs = [b for b in span if b.offset >= 0]
+            for i, a in enumerate(bufs):
+                assert a.offset + a.nbytes <= c.arena_bytes
+                assert a.offset % 4 == 0
+                for b in bufs[i + 1:]:
+                    both_live = a.persistent or b.persistent or not (span[a][1] < span[b][0] or span[b][1] < span[a][0])
+                    disjoint = a.offset + a.nbytes <= b.offset or b.offset + b.nbytes <= a.offset
+                    assert not both_live or disjoint, (sch.describe(), a, b)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pruning_and_dce_keep_exactly_the_scheme_updates(seed):
+    g, gs = _setup(seed)
+    for sch in _schemes(g):
+        c = compile_training(g, sch, gs)
+        updated = {(op.node, op.kind) for op in c.train_ops if op.sink}
+        expect = {(n, "conv_upd_w") for n in sch.weights} | {(n, "bias_upd") for n in sch.bias_layers(g)}
+        assert updated == expect
+        # backpropagation stops at the deepest trained layer: no input gradient below it
+        depth = sch.depth(g)
+        below = {c_.name for c_ in g.convs[:depth + 1]}
+        assert not [op for op in c.train_ops if op.kind == "conv_bwd_x" and op.node in below]
+        # DCE: nothing computed that no update needs
+        needed = set()
+        for op in reversed(c.train_ops):
+            if op.phase == "bwd":
+                assert writes(op) & needed, f"dead op {op.kind} of {op.node} survived"
+            if op.phase != "fwd":
+                needed |= reads(op)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_reordering_removes_gradient_buffers_and_never_plans_more(seed):
+    g, gs = _setup(seed)
+    for sch in _schemes(g):
+        plain = compile_training(g, sch, gs, Options(reorder=False))
+        fused = compile_training(g, sch, gs, Options(reorder=True))
+        assert "gradbuf" in plain.stats["bytes_by_kind"]
+        assert "gradbuf" not in fused.stats["bytes_by_kind"]
+    # where gradients are most of the memory (the full update), applying them in place pays
+    full = compile_training(g, S.full_update(g), gs, Options(reorder=False))
+    assert compile_training(g, S.full_update(g), gs).arena_bytes < full.arena_bytes
+    # and a sparse scheme plans far less than the full update
+    assert compile_training(g, S.bias_only(g, 2), gs).arena_bytes < full.arena_bytes
+
+
+def test_program_records_decode_and_the_module_calls_them_in_order():
+    g, gs = _setup(0)
+    c = compile_training(g, S.Scheme(3, {"b1.dw": 0.5, g.convs[-1].name: 1.0}), gs)
+    for seg, calls in c.calls.items():
+        for o in calls:
+            op, fields = abi.fields(c.program, o)
+            assert set(fields) == set(abi.OPS[op])
+    train_calls = [line for line in c.module.split("def train")[1].split("def infer")[0].splitlines()
+                   if line.strip() and not line.strip().startswith(('"', "#"))]
+    assert [int(line.split(",")[2].split(")")[0]) for line in train_calls[1:]] == c.calls["train"]
+    assert f"ARENA_BYTES = {c.arena_bytes}" in c.module
+    compile(c.module, "tte_model.py", "exec")          # valid Python (and so MicroPython) syntax
+    # the blob starts with the program table
+    assert c.blob[:4 * len(c.program)] == c.program.astype("<i4").tobytes()
+
+
+def test_bad_schemes_and_missing_scales_are_refused():
+    g, gs = _setup(1)
+    with pytest.raises(UsageError, match="no layer"):
+        compile_training(g, S.Scheme(1, {"nope": 1.0}), gs)
+    with pytest.raises(UsageError, match="ratio"):
+        compile_training(g, S.Scheme(1, {"b1.dw": 0.3}), gs)
+    with pytest.raises(UsageError, match="nothing to train"):
+        compile_training(g, S.Scheme(0), gs)
+    with pytest.raises(InsituError, match="calibrate"):
+        compile_training(g, S.bias_only(g, 1), {})
+    with pytest.raises(UsageError, match="unknown scheme"):
+        S.preset(g, "most")
+
+
+def test_channel_selection_takes_the_largest_weights():
+    g, _ = _setup(2)
+    conv = g.node("b1.expand")
+    for ratio in S.RATIOS:
+        idx = S.Scheme(0, {conv.name: ratio}).selected_channels(conv)
+        norms = np.abs(conv.weight.astype(int)).reshape(conv.out_channels, -1).sum(1)
+        assert len(idx) == max(1, int(np.ceil(ratio * conv.out_channels)))
+        assert norms[idx].min() >= np.delete(norms, idx).max(initial=-1)
