@@ -1,0 +1,553 @@
+"""The golden model of the MCU kernels: every opcode of :mod:`insitu.mcu.abi` in NumPy integers.
+
+The comments of :data:`insitu.mcu.abi.OPS` are the spec; this module is its executable form, and
+the firmware (``firmware/tte_kernels.py``) is tested against it bit for bit. Two layers:
+
+- one array function per opcode (:func:`conv_fwd`, :func:`conv_bwd_x`, ...) on NumPy arrays of
+  any integer dtype. They compute in int64 (exact: no float anywhere) and return the
+  destination's dtype. The host simulator and the calibration pass call them directly;
+- :func:`run` executes one call of a compiled program on an arena (a uint8 array, modified in
+  place): it decodes ``P[o]``, takes typed views of the arena (:func:`view`) and calls the array
+  function.
+
+Domain. The device computes in 32-bit machine words, so every sum the firmware holds in one
+(conv_fwd's ``b + sum``, the sums of conv_bwd_x, gap_fwd and the weight and bias gradients) must
+fit int32, multipliers must be in ``[0, 2**15)`` and shifts in ``[1, 62]``. The functions raise
+ValueError outside that domain rather than return a result the MCU would not compute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from insitu import numerics as nx
+from insitu.mcu import abi
+from insitu.mcu.graph import conv_out
+
+__all__ = ["view", "run", "conv_fwd", "add_fwd", "gap_fwd", "loss_grad", "argmax", "act_bwd",
+           "grad_scale_ch", "conv_bwd_x", "conv_grad_w", "conv_upd_w", "apply_w", "bias_grad",
+           "bias_upd", "apply_b", "gap_bwd", "grad_add", "DTYPES"]
+
+#: Element types of the arena (little-endian, as on the device); "u8" is raw bytes (load, patch).
+DTYPES = {"u8": np.dtype("u1"), "i8": np.dtype("<i1"), "i16": np.dtype("<i2"), "i32": np.dtype("<i4")}
+_M_LIMIT = 1 << nx.REQUANT_MULTIPLIER_BITS
+_SHIFTS = (1, 62)
+_I32 = nx.code_range(32)
+
+
+# --------------------------------------------------------------------------- arena views
+
+def _dtype_name(dtype) -> str:
+    if dtype in DTYPES:
+        return dtype
+    try:
+        dt = np.dtype(dtype).newbyteorder("<")
+    except TypeError:
+        dt = None
+    for name, d in DTYPES.items():
+        if d == dt:
+            return name
+    raise ValueError(f"arena tensors are {'/'.join(DTYPES)}, not {dtype!r}")
+
+
+def view(A: np.ndarray, off: int, dtype, n: int) -> np.ndarray:
+    """The ``n`` elements of type ``dtype`` ("i8", "i16", "i32", "u8" or the NumPy dtype) at byte
+    ``off`` of the arena, as a writable NumPy view; ValueError if misaligned or out of range."""
+    name = _dtype_name(dtype)
+    dt = DTYPES[name]
+    if not (isinstance(A, np.ndarray) and A.dtype == np.uint8 and A.ndim == 1 and A.flags.c_contiguous):
+        raise ValueError("the arena must be a contiguous 1-D uint8 array")
+    off, n = int(off), int(n)
+    if n < 0:
+        raise ValueError(f"{name} tensor with {n} elements")
+    if off % dt.itemsize:
+        raise ValueError(f"offset {off} of an {name} tensor is not aligned to {dt.itemsize} bytes")
+    end = off + n * dt.itemsize
+    if off < 0 or end > A.size:
+        raise ValueError(f"{name}[{n}] at offset {off} (bytes {off}..{end}) is outside the arena of {A.size} bytes")
+    return A[off:end].view(dt)
+
+
+# --------------------------------------------------------------------------- domain checks
+
+def _i64(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.int64)
+
+
+def _check_rq(op: str, m, sh) -> None:
+    m, sh = _i64(m), _i64(sh)
+    if m.size and (m.min() < 0 or m.max() >= _M_LIMIT):
+        raise ValueError(f"{op}: multipliers must be in [0, 2**15), got {m.min()}..{m.max()}")
+    if sh.size and (sh.min() < _SHIFTS[0] or sh.max() > _SHIFTS[1]):
+        raise ValueError(f"{op}: shifts must be in [1, 62], got {sh.min()}..{sh.max()}")
+
+
+def _check_i32(op: str, what: str, v: np.ndarray) -> None:
+    if v.size and (v.min() < _I32[0] or v.max() > _I32[1]):
+        raise ValueError(f"{op}: {what} reaches {v.min()}..{v.max()}, outside int32 "
+                         "(the MCU's 32-bit words would wrap)")
+
+
+def _check_clamp(op: str, lo: int, hi: int) -> None:
+    if not -128 <= lo <= hi <= 127:
+        raise ValueError(f"{op}: activation clamp [{lo}, {hi}] must satisfy -128 <= lo <= hi <= 127")
+
+
+def _rq(v, m, sh) -> np.ndarray:
+    """``rq(v, m, sh) = shift_round(v * m, sh)`` (ties toward +inf), not yet saturated."""
+    return nx.shift_round(_i64(v) * _i64(m), _i64(sh))
+
+
+def _per_row(a, ndim: int) -> np.ndarray:
+    """A per-row (per-channel) array shaped to broadcast over the rows of an ``ndim`` array."""
+    return _i64(a).reshape((-1,) + (1,) * (ndim - 1))
+
+
+def _sub_rq(t, G, um, ush, bits: int) -> np.ndarray:
+    """The SGD step ``sat(t - rq(G, um[row], ush[row]))``: the rq value is exact int64, not
+    saturated before the subtraction; only the result saturates to the parameter's type."""
+    G = _i64(G)
+    return nx.saturate(_i64(t) - _rq(G, _per_row(um, G.ndim), _per_row(ush, G.ndim)), bits)
+
+
+# --------------------------------------------------------------------------- convolution
+
+def _out_hw(op: str, C, H, W, O, Cg, K, stride, pad, groups) -> tuple[int, int]:
+    if min(C, H, W, O, K, stride, groups) < 1 or pad < 0:
+        raise ValueError(f"{op}: geometry C={C} H={H} W={W} O={O} K={K} stride={stride} "
+                         f"groups={groups} must be >= 1 and pad={pad} >= 0")
+    if C % groups or O % groups or Cg != C // groups:
+        raise ValueError(f"{op}: groups={groups} must divide C={C} and O={O}, with C/groups == {Cg} "
+                         "input channels per weight row")
+    OH, OW = conv_out(H, K, stride, pad), conv_out(W, K, stride, pad)
+    if OH < 1 or OW < 1:
+        raise ValueError(f"{op}: a {K}x{K} kernel does not fit a {H}x{W} map padded by {pad}")
+    return OH, OW
+
+
+def _padded(x: np.ndarray, pad: int) -> np.ndarray:
+    if not pad:
+        return x
+    C, H, W = x.shape
+    xp = np.zeros((C, H + 2 * pad, W + 2 * pad), np.int64)     # np.pad costs 5x more here
+    xp[:, pad:pad + H, pad:pad + W] = x
+    return xp
+
+
+def _tap(xp: np.ndarray, ky: int, kx: int, stride: int, OH: int, OW: int) -> np.ndarray:
+    """``t[c, oy, ox] = xp[c, oy*stride + ky, ox*stride + kx]`` (a strided view)."""
+    return xp[:, ky:ky + stride * (OH - 1) + 1:stride, kx:kx + stride * (OW - 1) + 1:stride]
+
+
+def _conv_sum(x, w, stride, pad, groups, OH, OW) -> np.ndarray:
+    """``sum w[o,c',ky,kx] * x[g*Cg+c', oy*s+ky-pad, ox*s+kx-pad]`` as int64 ``[O, OH*OW]``: one
+    (batched) matrix product per kernel tap, or a broadcast multiply where Cg == 1 (depthwise)."""
+    O, Cg, K, _ = w.shape
+    Og = O // groups
+    xp = _padded(x, pad)
+    acc = np.zeros((O, OH * OW), np.int64)
+    if Cg == 1:
+        src = xp if Og == 1 else xp[np.arange(O) // Og]       # the input channel of each output
+        for ky in range(K):
+            for kx in range(K):
+                acc += w[:, 0, ky, kx, None] * _tap(src, ky, kx, stride, OH, OW).reshape(O, -1)
+        return acc
+    wg = w.reshape(groups, Og, Cg, K, K)
+    for ky in range(K):
+        for kx in range(K):
+            t = _tap(xp, ky, kx, stride, OH, OW).reshape(groups, Cg, -1)
+            acc += np.matmul(wg[:, :, :, ky, kx], t).reshape(O, -1)
+    return acc
+
+
+def conv_fwd(x, w, b, m, sh, stride=1, pad=0, groups=1, lo=-128, hi=127) -> np.ndarray:
+    """``y[o] = clamp(rq(b[o] + conv(x, w)[o], m[o], sh[o]), lo, hi)``: x ``[C, H, W]``, w
+    ``[O, C/groups, K, K]``, b, m, sh ``[O]``; returns int8 ``[O, OH, OW]``."""
+    x, w = _i64(x), _i64(w)
+    b, m, sh = (_i64(v).reshape(-1) for v in (b, m, sh))
+    (C, H, W), (O, Cg, K, _) = x.shape, w.shape
+    OH, OW = _out_hw("conv_fwd", C, H, W, O, Cg, K, stride, pad, groups)
+    if not b.shape == m.shape == sh.shape == (O,):
+        raise ValueError(f"conv_fwd: b, m, sh need {O} entries, got {b.size}, {m.size}, {sh.size}")
+    _check_rq("conv_fwd", m, sh)
+    _check_clamp("conv_fwd", lo, hi)
+    acc = b[:, None] + _conv_sum(x, w, stride, pad, groups, OH, OW)
+    _check_i32("conv_fwd", "b + sum", acc)
+    # [lo, hi] lies inside int8, so the clamp is also the saturation to the destination.
+    return np.clip(_rq(acc, m[:, None], sh[:, None]), lo, hi).astype(np.int8).reshape(O, OH, OW)
+
+
+def conv_bwd_x(gy, w, in_shape, stride, pad, groups, m, sh) -> np.ndarray:
+    """The input gradient (a transposed conv): gy int16 ``[O, OH, OW]``, w ``[O, C/groups, K, K]``,
+    ``in_shape = (C, H, W)``; returns int16 ``[C, H, W]`` requantized by the scalar ``m, sh``."""
+    gy, w = _i64(gy), _i64(w)
+    C, H, W = (int(v) for v in in_shape)
+    O, Cg, K, _ = w.shape
+    OH, OW = _out_hw("conv_bwd_x", C, H, W, O, Cg, K, stride, pad, groups)
+    if gy.shape != (O, OH, OW):
+        raise ValueError(f"conv_bwd_x: gy must be {(O, OH, OW)}, got {gy.shape}")
+    _check_rq("conv_bwd_x", m, sh)
+    Og = O // groups
+    gxp = np.zeros((C, H + 2 * pad, W + 2 * pad), np.int64)
+    gyg = gy.reshape(groups, Og, OH * OW)
+    wg = w.reshape(groups, Og, Cg, K, K)
+    for ky in range(K):
+        for kx in range(K):
+            if Cg == 1 and Og == 1:       # depthwise: input channel c gets output channel c only
+                part = w[:, 0, ky, kx, None] * gy.reshape(O, -1)
+            else:
+                part = np.matmul(wg[:, :, :, ky, kx].transpose(0, 2, 1), gyg)
+            _tap(gxp, ky, kx, stride, OH, OW)[...] += part.reshape(C, OH, OW)
+    acc = gxp[:, pad:pad + H, pad:pad + W]
+    _check_i32("conv_bwd_x", "a sum", acc)
+    return nx.saturate(_rq(acc, m, sh), 16).astype(np.int16)
+
+
+def conv_grad_w(gy, x, idx, K, stride=1, pad=0, groups=1) -> np.ndarray:
+    """Weight gradient of the output channels ``idx``: gy ``[O, OH, OW]``, x ``[C, H, W]``;
+    returns int32 ``[len(idx), C/groups, K, K]``."""
+    gy, x = _i64(gy), _i64(x)
+    idx = _i64(idx).reshape(-1)
+    (C, H, W), O = x.shape, gy.shape[0]
+    if groups < 1 or C % groups:
+        raise ValueError(f"conv_grad_w: groups={groups} must divide C={C}")
+    Cg, Og = C // groups, O // groups
+    OH, OW = _out_hw("conv_grad_w", C, H, W, O, Cg, K, stride, pad, groups)
+    if gy.shape != (O, OH, OW):
+        raise ValueError(f"conv_grad_w: gy must be {(O, OH, OW)}, got {gy.shape}")
+    if idx.size and (idx.min() < 0 or idx.max() >= O):
+        raise ValueError(f"conv_grad_w: selected channels {idx.min()}..{idx.max()} outside [0, {O})")
+    xp = _padded(x, pad)
+    gsel = gy[idx].reshape(idx.size, -1)
+    G = np.empty((idx.size, Cg, K, K), np.int64)
+    for ky in range(K):
+        for kx in range(K):
+            t = _tap(xp, ky, kx, stride, OH, OW).reshape(groups, Cg, -1)
+            if groups == 1:
+                G[:, :, ky, kx] = gsel @ t[0].T
+            else:
+                G[:, :, ky, kx] = np.einsum("jp,jcp->jc", gsel, t[idx // Og])
+    _check_i32("conv_grad_w", "a weight gradient", G)
+    return G.astype(np.int32)
+
+
+def conv_upd_w(w, gy, x, idx, um, ush, stride=1, pad=0, groups=1) -> np.ndarray:
+    """The fused update of the trained rows ``w`` (int8 ``[len(idx), C/groups, K, K]``, row j is
+    channel ``idx[j]``): ``sat8(w - rq(conv_grad_w(...), um[j], ush[j]))``, int8."""
+    w = _i64(w)
+    G = conv_grad_w(gy, x, idx, w.shape[-1], stride, pad, groups)
+    if w.shape != G.shape:
+        raise ValueError(f"conv_upd_w: the trained rows must be {G.shape}, got {w.shape}")
+    _check_rq("conv_upd_w", um, ush)
+    return _sub_rq(w, G, um, ush, 8).astype(np.int8)
+
+
+def apply_w(w, gw, um, ush) -> np.ndarray:
+    """``sat8(w[j] - rq(gw[j], um[j], ush[j]))`` row by row: w int8, gw int32 ``[n_sel, row_len]``."""
+    w, gw = _i64(w), _i64(gw)
+    if w.shape != gw.shape:
+        raise ValueError(f"apply_w: w {w.shape} and gw {gw.shape} differ")
+    _check_rq("apply_w", um, ush)
+    return _sub_rq(w, gw, um, ush, 8).astype(np.int8)
+
+
+# --------------------------------------------------------------------------- biases
+
+def bias_grad(gy) -> np.ndarray:
+    """``Gb[o] = sum_p gy[o, p]`` over every axis but the first; int32 ``[O]``."""
+    gy = _i64(gy)
+    gb = gy.reshape(gy.shape[0], -1).sum(axis=1)
+    _check_i32("bias_grad", "a bias gradient", gb)
+    return gb.astype(np.int32)
+
+
+def apply_b(b, gb, um, ush) -> np.ndarray:
+    """``sat32(b[o] - rq(gb[o], um[o], ush[o]))``, int32."""
+    _check_rq("apply_b", um, ush)
+    return _sub_rq(b, gb, um, ush, 32).astype(np.int32)
+
+
+def bias_upd(b, gy, um, ush) -> np.ndarray:
+    """The fused bias update ``apply_b(b, bias_grad(gy), um, ush)``."""
+    return apply_b(b, bias_grad(gy), um, ush)
+
+
+# --------------------------------------------------------------------------- elementwise and pooling
+
+def add_fwd(a, b, ma, mb, sh, lo=-128, hi=127) -> np.ndarray:
+    """``clamp(rq(a*ma + b*mb, sh), lo, hi)`` elementwise; int8."""
+    _check_rq("add_fwd", [ma, mb], sh)
+    _check_clamp("add_fwd", lo, hi)
+    return np.clip(nx.shift_round(_i64(a) * ma + _i64(b) * mb, sh), lo, hi).astype(np.int8)
+
+
+def grad_add(a, b, ma, mb, sh) -> np.ndarray:
+    """``sat16(rq(a*ma + b*mb, sh))`` elementwise on int16 gradients; int16."""
+    _check_rq("grad_add", [ma, mb], sh)
+    return nx.saturate(nx.shift_round(_i64(a) * ma + _i64(b) * mb, sh), 16).astype(np.int16)
+
+
+def gap_fwd(x, m, sh) -> np.ndarray:
+    """``sat8(rq(sum over pixels of x[c], m, sh))``: x ``[C, ...]`` -> int8 ``[C]``."""
+    x = _i64(x)
+    _check_rq("gap_fwd", m, sh)
+    acc = x.reshape(x.shape[0], -1).sum(axis=1)
+    _check_i32("gap_fwd", "a channel sum", acc)
+    return nx.saturate(_rq(acc, m, sh), 8).astype(np.int8)
+
+
+def gap_bwd(gy, HW, m, sh) -> np.ndarray:
+    """``gx[c, p] = sat16(rq(gy[c], m, sh))`` for every p < HW; int16 ``[C, HW]``."""
+    _check_rq("gap_bwd", m, sh)
+    g = nx.saturate(_rq(_i64(gy).reshape(-1), m, sh), 16).astype(np.int16)
+    return np.repeat(g[:, None], int(HW), axis=1)
+
+
+def grad_scale_ch(g, m, sh) -> np.ndarray:
+    """``sat16(rq(g[c, ...], m[c], sh[c]))`` per channel (first axis); int16."""
+    g = _i64(g)
+    _check_rq("grad_scale_ch", m, sh)
+    return nx.saturate(_rq(g, _per_row(m, g.ndim), _per_row(sh, g.ndim)), 16).astype(np.int16)
+
+
+def act_bwd(y, g, lo, hi) -> np.ndarray:
+    """``g`` where ``lo < y < hi`` (the fused clamp passes the gradient), else 0; int16."""
+    y = _i64(y)
+    return np.where((y > lo) & (y < hi), _i64(g), 0).astype(np.int16)
+
+
+# --------------------------------------------------------------------------- loss
+
+def argmax(z) -> int:
+    """The first index of the largest logit."""
+    z = _i64(z).reshape(-1)
+    if not z.size:
+        raise ValueError("argmax of no logits")
+    return int(np.argmax(z))
+
+
+def loss_grad(z, exp_table, label) -> tuple[np.ndarray, int, int]:
+    """Integer softmax cross-entropy gradient: ``(g int16 [n], predicted, q[label])``, where
+    ``q[k] = round(p[k] * 2**LOSS_GRAD_FRAC)`` from the exp table (see :data:`abi.OPS`)."""
+    z, table = _i64(z).reshape(-1), _i64(exp_table).reshape(-1)
+    one = 1 << abi.LOSS_GRAD_FRAC
+    if table.size != abi.EXP_ENTRIES or table.min() < 0 or table.max() > 1 << abi.EXP_FRAC:
+        raise ValueError(f"loss_grad: the exp table needs {abi.EXP_ENTRIES} entries in "
+                         f"[0, 2**{abi.EXP_FRAC}], got {table.size} in {table.min()}..{table.max()}")
+    if not 0 <= label < z.size:
+        raise ValueError(f"loss_grad: label {label} outside [0, {z.size})")
+    zmax = z.max()
+    e = table[zmax - z]
+    S = int(e.sum())
+    if S <= 0:
+        raise ValueError("loss_grad: the exp table gives a zero sum (EXP[0] must be > 0)")
+    _check_i32("loss_grad", "e * 2**LOSS_GRAD_FRAC + S // 2", np.array([e.max() * one + S // 2]))
+    q = (e * one + S // 2) // S
+    g = q.copy()
+    g[label] -= one
+    return g.astype(np.int16), int(np.argmax(z)), int(q[label])
+
+
+# --------------------------------------------------------------------------- the arena interpreter
+
+class _Call:
+    """The arena tensors of one call, named by their fields. The firmware writes an output while
+    it still reads the inputs, so :meth:`check` refuses an output that overlaps another tensor
+    (an elementwise op may write exactly over one of its inputs)."""
+
+    def __init__(self, A: np.ndarray, op: str, f: dict[str, int], blob):
+        self.A, self.op, self.f, self.blob = A, op, f, blob
+        self.spans: list[tuple[int, int, str, str]] = []
+
+    def t(self, field: str, dtype: str, n: int, mode: str = "r") -> np.ndarray:
+        """The tensor at ``f[field]``; ``mode``: r (read), w (written), rw (updated in place)."""
+        try:
+            v = view(self.A, self.f[field], dtype, n)
+        except ValueError as exc:
+            raise ValueError(f"{self.op}.{field}: {exc}") from None
+        self.spans.append((self.f[field], self.f[field] + v.nbytes, mode, field))
+        return v
+
+    def check(self, same_ok: bool = False) -> None:
+        spans = [s for s in self.spans if s[1] > s[0]]
+        for i, (a0, a1, am, an) in enumerate(spans):
+            for b0, b1, bm, bn in spans[i + 1:]:
+                if "w" in am + bm and a0 < b1 and b0 < a1 and not (same_ok and (a0, a1) == (b0, b1)):
+                    raise ValueError(f"{self.op}: {an} (bytes {a0}..{a1}) overlaps {bn} (bytes {b0}..{b1})")
+
+
+def _geometry(c: _Call) -> tuple[int, ...]:
+    """The conv geometry fields, checked (OH, OW must be those of the kernel, stride and pad)."""
+    C, H, W, O, OH, OW, K, s, pad, groups = (c.f[k] for k in abi.CONV_GEOMETRY)
+    if groups < 1 or C % groups:
+        raise ValueError(f"{c.op}: groups={groups} must divide C={C}")
+    if (OH, OW) != _out_hw(c.op, C, H, W, O, C // groups, K, s, pad, groups):
+        raise ValueError(f"{c.op}: OH, OW = {OH}, {OW}, but a {K}x{K} kernel with stride {s} and pad "
+                         f"{pad} on {H}x{W} gives {conv_out(H, K, s, pad)}, {conv_out(W, K, s, pad)}")
+    return C, H, W, O, OH, OW, K, s, pad, groups
+
+
+def _run_conv_fwd(c: _Call) -> None:
+    C, H, W, O, OH, OW, K, s, pad, groups = _geometry(c)
+    x = c.t("x_off", "i8", C * H * W).reshape(C, H, W)
+    w = c.t("w_off", "i8", O * (C // groups) * K * K).reshape(O, -1, K, K)
+    b, m, sh = (c.t(k, "i32", O) for k in ("b_off", "m_off", "sh_off"))
+    y = c.t("y_off", "i8", O * OH * OW, "w")
+    c.check()
+    y[:] = conv_fwd(x, w, b, m, sh, s, pad, groups, c.f["lo"], c.f["hi"]).reshape(-1)
+
+
+def _run_add_fwd(c: _Call) -> None:
+    n = c.f["n"]
+    a, b, y = c.t("a_off", "i8", n), c.t("b_off", "i8", n), c.t("y_off", "i8", n, "w")
+    c.check(same_ok=True)
+    y[:] = add_fwd(a, b, c.f["ma"], c.f["mb"], c.f["sh"], c.f["lo"], c.f["hi"])
+
+
+def _run_gap_fwd(c: _Call) -> None:
+    C, HW = c.f["C"], c.f["HW"]
+    x, y = c.t("x_off", "i8", C * HW).reshape(C, HW), c.t("y_off", "i8", C, "w")
+    c.check()
+    y[:] = gap_fwd(x, c.f["m"], c.f["sh"])
+
+
+def _run_loss_grad(c: _Call) -> None:
+    n = c.f["n"]
+    z, g = c.t("z_off", "i8", n), c.t("g_off", "i16", n, "w")
+    table, io = c.t("exp_off", "i32", abi.EXP_ENTRIES), c.t("io_off", "i32", abi.IO_WORDS, "rw")
+    c.check()
+    g[:], io[abi.IO_PREDICTED], io[abi.IO_P_LABEL] = loss_grad(z, table, int(io[abi.IO_LABEL]))
+
+
+def _run_argmax(c: _Call) -> None:
+    z, io = c.t("z_off", "i8", c.f["n"]), c.t("io_off", "i32", abi.IO_WORDS, "rw")
+    c.check()
+    io[abi.IO_PREDICTED] = argmax(z)
+
+
+def _run_act_bwd(c: _Call) -> None:
+    n = c.f["n"]
+    y, g = c.t("y_off", "i8", n), c.t("g_off", "i16", n, "rw")
+    c.check()
+    g[:] = act_bwd(y, g, c.f["lo"], c.f["hi"])
+
+
+def _run_grad_scale_ch(c: _Call) -> None:
+    C, HW = c.f["C"], c.f["HW"]
+    g = c.t("g_off", "i16", C * HW, "rw").reshape(C, HW)
+    m, sh = c.t("m_off", "i32", C), c.t("sh_off", "i32", C)
+    c.check()
+    g[:] = grad_scale_ch(g, m, sh)
+
+
+def _run_conv_bwd_x(c: _Call) -> None:
+    C, H, W, O, OH, OW, K, s, pad, groups = _geometry(c)
+    gy = c.t("gy_off", "i16", O * OH * OW).reshape(O, OH, OW)
+    w = c.t("w_off", "i8", O * (C // groups) * K * K).reshape(O, -1, K, K)
+    gx = c.t("gx_off", "i16", C * H * W, "w")
+    c.check()
+    gx[:] = conv_bwd_x(gy, w, (C, H, W), s, pad, groups, c.f["m"], c.f["sh"]).reshape(-1)
+
+
+def _grad_w_inputs(c: _Call):
+    C, H, W, O, OH, OW, K, s, pad, groups = _geometry(c)
+    n_sel = c.f["n_sel"]
+    gy = c.t("gy_off", "i16", O * OH * OW).reshape(O, OH, OW)
+    x = c.t("x_off", "i8", C * H * W).reshape(C, H, W)
+    idx = c.t("idx_off", "i32", n_sel)
+    return gy, x, idx, n_sel * (C // groups) * K * K, (K, s, pad, groups)
+
+
+def _run_conv_grad_w(c: _Call) -> None:
+    gy, x, idx, size, (K, s, pad, groups) = _grad_w_inputs(c)
+    gw = c.t("gw_off", "i32", size, "w")
+    c.check()
+    gw[:] = conv_grad_w(gy, x, idx, K, s, pad, groups).reshape(-1)
+
+
+def _run_conv_upd_w(c: _Call) -> None:
+    gy, x, idx, size, (K, s, pad, groups) = _grad_w_inputs(c)
+    um, ush = c.t("um_off", "i32", idx.size), c.t("ush_off", "i32", idx.size)
+    w = c.t("w_off", "i8", size, "rw")
+    c.check()
+    w[:] = conv_upd_w(w.reshape(idx.size, -1, K, K), gy, x, idx, um, ush, s, pad, groups).reshape(-1)
+
+
+def _run_apply_w(c: _Call) -> None:
+    n_sel, row_len = c.f["n_sel"], c.f["row_len"]
+    gw = c.t("gw_off", "i32", n_sel * row_len).reshape(n_sel, row_len)
+    w = c.t("w_off", "i8", n_sel * row_len, "rw")
+    um, ush = c.t("um_off", "i32", n_sel), c.t("ush_off", "i32", n_sel)
+    c.check()
+    w[:] = apply_w(w.reshape(n_sel, row_len), gw, um, ush).reshape(-1)
+
+
+def _run_bias_grad(c: _Call) -> None:
+    O, HW = c.f["O"], c.f["HW"]
+    gy, gb = c.t("gy_off", "i16", O * HW).reshape(O, HW), c.t("gb_off", "i32", O, "w")
+    c.check()
+    gb[:] = bias_grad(gy)
+
+
+def _run_bias_upd(c: _Call) -> None:
+    O, HW = c.f["O"], c.f["HW"]
+    gy, b = c.t("gy_off", "i16", O * HW).reshape(O, HW), c.t("b_off", "i32", O, "rw")
+    um, ush = c.t("um_off", "i32", O), c.t("ush_off", "i32", O)
+    c.check()
+    b[:] = bias_upd(b, gy, um, ush)
+
+
+def _run_apply_b(c: _Call) -> None:
+    O = c.f["O"]
+    gb, b = c.t("gb_off", "i32", O), c.t("b_off", "i32", O, "rw")
+    um, ush = c.t("um_off", "i32", O), c.t("ush_off", "i32", O)
+    c.check()
+    b[:] = apply_b(b, gb, um, ush)
+
+
+def _run_gap_bwd(c: _Call) -> None:
+    C, HW = c.f["C"], c.f["HW"]
+    gy, gx = c.t("gy_off", "i16", C), c.t("gx_off", "i16", C * HW, "w")
+    c.check()
+    gx[:] = gap_bwd(gy, HW, c.f["m"], c.f["sh"]).reshape(-1)
+
+
+def _run_grad_add(c: _Call) -> None:
+    n = c.f["n"]
+    a, b, y = c.t("a_off", "i16", n), c.t("b_off", "i16", n), c.t("y_off", "i16", n, "w")
+    c.check(same_ok=True)
+    y[:] = grad_add(a, b, c.f["ma"], c.f["mb"], c.f["sh"])
+
+
+def _run_load(c: _Call) -> None:
+    src, n = c.f["blob_off"], c.f["n"]
+    dst = c.t("dst_off", "u8", n, "w")
+    if src < 0 or src + n > len(c.blob):
+        raise ValueError(f"load: blob bytes {src}..{src + n} outside the blob of {len(c.blob)} bytes")
+    dst[:] = np.frombuffer(c.blob, dtype=np.uint8, count=n, offset=src)
+
+
+def _run_patch(c: _Call) -> None:
+    n_sel, rb = c.f["n_sel"], c.f["row_bytes"]
+    idx = c.t("idx_off", "i32", n_sel)
+    if rb < 0 or (n_sel and idx.min() < 0):
+        raise ValueError(f"patch: row_bytes {rb} and row indices must be >= 0")
+    rows = int(idx.max()) + 1 if n_sel else 0
+    src = c.t("src_off", "u8", n_sel * rb).reshape(n_sel, rb)
+    dst = c.t("dst_off", "u8", rows * rb, "w").reshape(rows, rb)
+    c.check()
+    for j, row in enumerate(idx):        # in order: a repeated index keeps its last row, as on the device
+        dst[row] = src[j]
+
+
+_RUNNERS = {name[5:]: fn for name, fn in globals().items() if name.startswith("_run_")}
+
+
+def run(A: np.ndarray, P: np.ndarray, o: int, blob: bytes | memoryview = b"") -> None:
+    """Execute the call at ``P[o]`` on the arena ``A`` (uint8, modified in place); ``blob`` is the
+    weight blob that ``load`` reads."""
+    try:
+        op, f = abi.fields(P, o)
+    except KeyError:
+        raise ValueError(f"P[{o}] = {P[o]} is not an opcode") from None
+    _RUNNERS[op](_Call(A, op, f, blob))
