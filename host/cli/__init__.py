@@ -45,9 +45,9 @@ def main():
 
 
 def _register():
-    from insitu.cli import boards, data, deploy, doctor, lrt, rtl, train, tt
+    from insitu.cli import boards, data, deploy, doctor, flash, lrt, mcu, rtl, train, tt
 
-    for module in (boards, data, doctor, train, lrt, tt, rtl, deploy):
+    for module in (boards, data, doctor, train, lrt, tt, rtl, deploy, mcu, flash):
         main.add_command(module.command)
 
 

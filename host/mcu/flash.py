@@ -1,0 +1,196 @@
+"""Deploying files to a MicroPython board's flash with mpremote, on a board and on its twin alike.
+
+- ``.py`` modules are cross-compiled to ``.mpy`` for the architecture the *device* reports
+  (``sys.implementation._mpy``): ``armv7emsp`` on the STM32F746, ``x64`` on the unix-port twin,
+  which loads x64 ``.mpy`` (viper included) but refuses ``armv7emsp`` ones. So the twin runs
+  compiled code too, through the same path. ``boot.py`` and ``main.py`` stay source (MicroPython
+  runs only those names at boot), and a device whose .mpy version differs from mpy-cross's gets
+  sources.
+- Each file is copied to ``NAME.tmp``; a snippet run on the device checks every copy's SHA-256 and
+  only then renames them over the old files (and removes a stale ``.py`` that would shadow a new
+  ``.mpy``, or the reverse). A failed flash leaves the old files in place.
+- mpremote's soft reset before the first command is kept (no ``resume``): it stops what runs and
+  gives the copy a clean heap, and the next import loads the new code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+from insitu.errors import InsituError, UsageError
+from insitu.mcu.link import LinkError
+from insitu.mcu.twin import find_tool
+
+# sys.implementation._mpy = version | sub-version << 8 | native arch << 10 (py/persistentcode.h).
+_ARCHES = (None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
+           "xtensa", "xtensawin", "rv32imc", "rv64imc")
+_SOURCE_ONLY = ("boot.py", "main.py")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_MARK = "insitu-flash:"
+
+# Runs on the device: hash each copy in 512-byte reads (a weight blob must not need its size in
+# heap), and rename only if every copy matches.
+_DEVICE_SNIPPET = """
+import os, hashlib, binascii, json
+_b = bytearray(512)
+def _h(path):
+    d = hashlib.sha256()
+    with open(path, 'rb') as f:
+        while True:
+            k = f.readinto(_b)
+            if not k:
+                break
+            d.update(memoryview(_b)[:k])
+    return binascii.hexlify(d.digest()).decode()
+_want = {want}
+_got = {{n: _h(n + '.tmp') for n in _want}}
+_ok = _got == _want
+if _ok:
+    for n in _want:
+        for s in {shadows}.get(n, ()):
+            try:
+                os.remove(s)
+            except OSError:
+                pass
+        os.rename(n + '.tmp', n)
+print('{mark}' + json.dumps({{'ok': _ok, 'sha256': _got}}))
+"""
+
+
+def _mpremote(port: str, args: list[str], timeout_s: float) -> str:
+    """Run ``mpremote connect PORT ARGS``; its stdout, or an error that says what failed."""
+    try:
+        run = subprocess.run([find_tool("mpremote"), "connect", port, *args], capture_output=True,
+                             text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise InsituError(f"mpremote on {port} did not finish in {timeout_s:g} s; reset the board "
+                          "and flash again") from None
+    if run.returncode == 0:
+        return run.stdout
+    output = (run.stderr + run.stdout).strip()
+    tail = "\n".join(output.splitlines()[-8:])
+    if "failed to access" in output or "no device found" in output:
+        raise LinkError(f"cannot open the serial port {port} (mpremote: {tail}); is the board "
+                        "plugged in? `insitu mcu emulate` starts a simulated one")
+    if "could not enter raw repl" in output:
+        raise InsituError(f"the board on {port} does not answer Ctrl-C: a program that ignores it "
+                          "runs there (the insitu firmware while it serves). Press the board's "
+                          "reset button (a twin: restart `insitu mcu emulate`) and flash again")
+    raise InsituError(f"mpremote failed on {port}:\n{tail}")
+
+
+def probe(port: str, timeout_s: float = 30.0) -> dict:
+    """The device's platform and .mpy format: ``{"platform", "mpy_version", "arch"}``."""
+    _check_port(port)
+    out = _mpremote(port, ["exec", "import sys; print(sys.platform, "
+                                   "getattr(sys.implementation, '_mpy', 0))"], timeout_s)
+    platform, mpy = out.split()[-2:]
+    mpy = int(mpy)
+    arch = (mpy >> 10) & 0x0F
+    return {"platform": platform, "mpy_version": (mpy & 0xFF, (mpy >> 8) & 3),
+            "arch": _ARCHES[arch] if arch < len(_ARCHES) else None}
+
+
+def _check_board(name: str, port: str, platform: str) -> None:
+    from insitu.boards import get_board, twin_name
+
+    spec = get_board(name)
+    if spec.mcu is None:
+        raise UsageError(f"board {name!r} is not a microcontroller; flash takes an mcu board "
+                         "(stm32f746-disco, or its twin stm32f746-disco-sim)")
+    is_twin_port = platform == "linux"                # the twin is the MicroPython unix port
+    if spec.is_twin and not is_twin_port:
+        raise UsageError(f"{port} is a real board (MicroPython on {platform}), not a twin: use "
+                         f"--board {spec.twin_of}")
+    if not spec.is_twin and is_twin_port:
+        raise UsageError(f"{port} is a simulated board (the MicroPython unix port): use "
+                         f"--board {twin_name(spec)}")
+
+
+def _check_port(port: str) -> None:
+    # mpremote also takes shortcuts (a0, u0, auto); a path is checked here for a clearer message.
+    if os.sep in port and not os.path.exists(port):
+        raise LinkError(f"cannot open the serial port {port}: no such device; is the board "
+                        "plugged in? `insitu mcu emulate` starts a simulated one")
+
+
+def _mpy_cross_version() -> tuple[int, int]:
+    out = subprocess.run([find_tool("mpy-cross"), "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"mpy v(\d+)\.(\d+)", out)
+    if not match:
+        raise InsituError(f"cannot tell the .mpy version of mpy-cross from {out.strip()!r}")
+    return int(match[1]), int(match[2])
+
+
+def _compile(source: Path, name: str, arch: str | None, out: Path) -> None:
+    cmd = [find_tool("mpy-cross"), "-s", name, "-o", str(out)]
+    if arch:
+        cmd.append(f"-march={arch}")
+    run = subprocess.run([*cmd, str(source)], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise InsituError(f"mpy-cross could not compile {name}:\n{run.stderr.strip()}")
+
+
+def flash(port: str, files: dict[str, bytes | Path], *, compile_mpy: bool = True,
+          board: str | None = None, timeout_s: float = 120.0) -> dict:
+    """Deploy ``files`` (device name -> content or local path) to the board's flash folder.
+
+    With ``board``, the device on ``port`` must be that board: a twin (``-sim``) is the unix port,
+    a real board is not. Returns ``{"port", "platform", "arch", "files": [{"name", "source",
+    "bytes", "sha256"}]}``.
+    """
+    if not files:
+        raise UsageError("nothing to flash")
+    for name in files:
+        if not _NAME.fullmatch(name):
+            raise UsageError(f"cannot flash {name!r}: device files are plain names in the flash "
+                             "folder (letters, digits, _ . -), not paths")
+    device = probe(port, timeout_s)
+    if board is not None:
+        _check_board(board, port, device["platform"])
+    compile_mpy = compile_mpy and device["mpy_version"] == _mpy_cross_version()
+    deployed, commands = [], []
+    with tempfile.TemporaryDirectory(prefix="insitu-flash-") as stage:
+        stage = Path(stage)
+        for name, content in files.items():
+            source = Path(content) if isinstance(content, Path) else None
+            data = source.read_bytes() if source else bytes(content)
+            local = stage / name
+            local.write_bytes(data)
+            if compile_mpy and name.endswith(".py") and name not in _SOURCE_ONLY:
+                name = name[:-3] + ".mpy"
+                _compile(local, local.name, device["arch"], stage / name)
+                local = stage / name
+                data = local.read_bytes()
+            deployed.append({"name": name, "source": str(source) if source else None,
+                             "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+            commands += ["fs", "cp", str(local), f":{name}.tmp", "+"]
+        want = {f["name"]: f["sha256"] for f in deployed}
+        shadows = {n: [n[:-4] + ".py"] if n.endswith(".mpy") else [n[:-3] + ".mpy"]
+                   for n in want if n.endswith((".py", ".mpy"))}
+        snippet = _DEVICE_SNIPPET.format(want=repr(want), shadows=repr(shadows), mark=_MARK)
+        out = _mpremote(port, [*commands, "exec", snippet], timeout_s)
+    report = [line for line in out.splitlines() if line.startswith(_MARK)]
+    if not report:
+        raise InsituError(f"the board on {port} did not report its copies:\n{out.strip()[-500:]}")
+    result = json.loads(report[-1][len(_MARK):])
+    if not result["ok"]:
+        bad = [n for n in want if result["sha256"].get(n) != want[n]]
+        raise InsituError(f"copies on {port} differ from what was sent ({', '.join(bad)}); the old "
+                          "files are kept. Flash again; if it persists the board's flash may be "
+                          "full (mpremote df)")
+    return {"port": port, "platform": device["platform"],
+            "arch": device["arch"] if compile_mpy else None, "files": deployed}
+
+
+def firmware_files() -> dict[str, Path]:
+    """The firmware runtime: every ``firmware/*.py`` shipped with insitu."""
+    from insitu.resources import package_dir
+
+    return {p.name: p for p in sorted(package_dir("firmware").glob("*.py"))}

