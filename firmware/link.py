@@ -30,7 +30,7 @@ CRC_SIZE = struct.calcsize(CRC)
 # needs no 32-bit int for the received CRC (that would be a heap object on a 32-bit board).
 _CRC_RESIDUE = 0x2144DF1C
 # Bytes of a begun frame read per poll: small enough that a stalled frame is dropped soon.
-_PIECE = 64
+_PIECE = 256
 
 
 class Link:

@@ -33,7 +33,10 @@ def _constants_from_firmware() -> dict:
     for node in ast.parse(path.read_text(), filename=str(path)).body:
         if (isinstance(node, ast.Assign) and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id in wanted):
-            found[node.targets[0].id] = ast.literal_eval(node.value)
+            try:
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass                        # not a literal: reported as missing below
     missing = [name for name in wanted if name not in found]
     if missing:
         raise InsituError(f"{path} does not define {', '.join(missing)} as literals; "

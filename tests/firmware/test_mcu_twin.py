@@ -1,0 +1,154 @@
+"""The simulated STM32F746 (the MicroPython unix port on a pty) through the tools a real board is
+reached with: mpremote, `insitu flash`, `insitu mcu emulate`."""
+
+import json
+import os
+import select
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import VENV_BIN
+from insitu.mcu.twin import McuTwin, find_tool
+from insitu.resources import package_dir
+
+pytestmark = pytest.mark.firmware
+
+
+def mpremote(port, *args, check=True):
+    run = subprocess.run([find_tool("mpremote"), "connect", port, *args], capture_output=True,
+                         text=True, timeout=30)
+    if check:
+        assert run.returncode == 0, run.stdout + run.stderr
+    return run
+
+
+@pytest.fixture
+def twin(tmp_path):
+    with McuTwin(tmp_path / "flash") as t:
+        yield t
+
+
+def test_mpremote_runs_code_and_each_command_soft_resets_the_board(twin):
+    for i in range(3):
+        assert mpremote(twin.port, "exec", f"print({i} + 40)").stdout == f"{40 + i}\n"
+    # Each mpremote command starts with a soft reset: the unix port exits and is started again.
+    assert twin.restarts == 3
+    mpremote(twin.port, "exec", "X = 5")
+    assert mpremote(twin.port, "resume", "exec", "print(X)").stdout == "5\n"   # no reset: kept
+    run = mpremote(twin.port, "exec", "print(X)", check=False)                   # reset: gone
+    assert run.returncode != 0 and "NameError" in run.stdout + run.stderr
+
+
+def test_files_copied_with_mpremote_land_in_the_flash_folder_and_import(twin, tmp_path):
+    (tmp_path / "x.py").write_text("VALUE = 6 * 7\n")
+    mpremote(twin.port, "fs", "cp", str(tmp_path / "x.py"), ":x.py")
+    assert (twin.flash_dir / "x.py").read_text() == "VALUE = 6 * 7\n"
+    assert mpremote(twin.port, "exec", "import x; print(x.VALUE)").stdout == "42\n"
+
+
+def test_the_heap_is_the_boards_training_budget(twin):
+    assert twin.heap_bytes == 262144
+    assert mpremote(twin.port, "exec", "b = bytearray(200_000); print(len(b))").stdout == "200000\n"
+    run = mpremote(twin.port, "exec", "b = bytearray(300_000)", check=False)
+    assert run.returncode != 0 and "MemoryError" in run.stdout + run.stderr
+
+
+def test_a_smaller_heap_is_honoured(tmp_path):
+    with McuTwin(tmp_path, heap_bytes="64K") as small:
+        assert small.heap_bytes == 65536
+        run = mpremote(small.port, "exec", "b = bytearray(100_000)", check=False)
+    assert "MemoryError" in run.stdout + run.stderr
+
+
+def test_the_board_comes_back_after_a_crash_and_after_a_hard_reset(twin, tmp_path):
+    (tmp_path / "kept.py").write_text("print('still here')\n")
+    mpremote(twin.port, "fs", "cp", str(tmp_path / "kept.py"), ":kept.py")
+    crashed = twin.pid
+    os.kill(crashed, signal.SIGKILL)
+    assert mpremote(twin.port, "exec", "import kept").stdout == "still here\n"
+    assert twin.pid != crashed
+    before = twin.pid
+    twin.reset()
+    assert twin.pid != before
+    assert (twin.flash_dir / "kept.py").exists()
+    assert mpremote(twin.port, "exec", "import kept").stdout == "still here\n"
+
+
+def test_a_twin_that_cannot_start_says_why(tmp_path):
+    from insitu.errors import InsituError
+
+    with pytest.raises(InsituError, match="did not start with heap 1024 bytes"):
+        McuTwin(tmp_path, heap_bytes=1024).start()
+
+
+def read_line(stream, timeout_s=20.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    line = b""
+    while not line.endswith(b"\n"):
+        assert select.select([stream], [], [], max(0.0, deadline - time.monotonic()))[0], \
+            f"no line in {timeout_s} s (got {line!r})"
+        chunk = os.read(stream.fileno(), 1)
+        assert chunk, f"stream closed (got {line!r})"
+        line += chunk
+    return line.decode()
+
+
+def test_emulate_serves_mpremote_and_insitu_flash_then_stops_cleanly_on_sigterm(tmp_path):
+    flash_dir = tmp_path / "flash"
+    flash_dir.mkdir()
+    (flash_dir / "link.py").write_text("STALE = True\n")     # would shadow the new link.mpy
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights.bin").write_bytes(bytes(range(256)) * 3)
+    proc = subprocess.Popen([str(VENV_BIN / "insitu"), "mcu", "emulate", "--json",
+                             "--flash-dir", str(flash_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        info = json.loads(read_line(proc.stdout))
+        assert info["heap_bytes"] == 262144 and info["flash_dir"] == str(flash_dir)
+        assert info["pid"] == proc.pid
+        port = info["port"]
+        assert mpremote(port, "exec", "print('hello')").stdout == "hello\n"
+
+        run = subprocess.run([str(VENV_BIN / "insitu"), "flash", "--board", "stm32f746-disco-sim",
+                              "--port", port, "--model-dir", str(model), "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        result = json.loads(run.stdout)
+        runtime = sorted(p.stem for p in package_dir("firmware").glob("*.py"))
+        assert result["arch"] == "x64"
+        assert sorted(f["name"] for f in result["files"]) == \
+            sorted([f"{name}.mpy" for name in runtime] + ["weights.bin"])
+        assert sorted(p.name for p in flash_dir.iterdir()) == \
+            sorted([f"{name}.mpy" for name in runtime] + ["weights.bin"])
+        assert (flash_dir / "weights.bin").read_bytes() == bytes(range(256)) * 3
+        out = mpremote(port, "exec", "import link; print(link.MAX_PAYLOAD, link.__file__)").stdout
+        assert out == "2048 link.mpy\n"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0, proc.stderr.read().decode()
+    assert not os.path.exists(port)
+    with pytest.raises(ProcessLookupError):
+        os.kill(info["micropython_pid"], 0)
+
+
+def test_flash_to_an_unknown_port_fails_naming_the_port(run_cli, tmp_path):
+    port = str(tmp_path / "ttyACM7")
+    run = run_cli("flash", "--board", "stm32f746-disco-sim", "--port", port)
+    assert run.returncode != 0
+    assert port in run.stderr and "insitu mcu emulate" in run.stderr
+
+
+def test_flash_refuses_a_real_board_name_for_a_twin(run_cli, twin):
+    run = run_cli("flash", "--board", "stm32f746-disco", "--port", twin.port)
+    assert run.returncode == 2
+    assert "--board stm32f746-disco-sim" in run.stderr
+    assert list(twin.flash_dir.iterdir()) == []
+
+
+def test_emulate_refuses_a_real_board(run_cli):
+    run = run_cli("mcu", "emulate", "--board", "stm32f746-disco")
+    assert run.returncode == 2 and "--board stm32f746-disco-sim" in run.stderr
