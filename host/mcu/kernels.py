@@ -98,6 +98,11 @@ def _rq(v, m, sh) -> np.ndarray:
     return nx.shift_round(_i64(v) * _i64(m), _i64(sh))
 
 
+def _rows(a: np.ndarray) -> np.ndarray:
+    """``a`` as ``[rows, everything else]`` (also when either is empty)."""
+    return a.reshape(a.shape[0], int(np.prod(a.shape[1:])))
+
+
 def _per_row(a, ndim: int) -> np.ndarray:
     """A per-row (per-channel) array shaped to broadcast over the rows of an ``ndim`` array."""
     return _i64(a).reshape((-1,) + (1,) * (ndim - 1))
@@ -218,7 +223,7 @@ def conv_grad_w(gy, x, idx, K, stride=1, pad=0, groups=1) -> np.ndarray:
     if idx.size and (idx.min() < 0 or idx.max() >= O):
         raise ValueError(f"conv_grad_w: selected channels {idx.min()}..{idx.max()} outside [0, {O})")
     xp = _padded(x, pad)
-    gsel = gy[idx].reshape(idx.size, -1)
+    gsel = gy[idx].reshape(idx.size, OH * OW)
     G = np.empty((idx.size, Cg, K, K), np.int64)
     for ky in range(K):
         for kx in range(K):
@@ -256,7 +261,7 @@ def apply_w(w, gw, um, ush) -> np.ndarray:
 def bias_grad(gy) -> np.ndarray:
     """``Gb[o] = sum_p gy[o, p]`` over every axis but the first; int32 ``[O]``."""
     gy = _i64(gy)
-    gb = gy.reshape(gy.shape[0], -1).sum(axis=1)
+    gb = _rows(gy).sum(axis=1)
     _check_i32("bias_grad", "a bias gradient", gb)
     return gb.astype(np.int32)
 
@@ -291,7 +296,7 @@ def gap_fwd(x, m, sh) -> np.ndarray:
     """``sat8(rq(sum over pixels of x[c], m, sh))``: x ``[C, ...]`` -> int8 ``[C]``."""
     x = _i64(x)
     _check_rq("gap_fwd", m, sh)
-    acc = x.reshape(x.shape[0], -1).sum(axis=1)
+    acc = _rows(x).sum(axis=1)
     _check_i32("gap_fwd", "a channel sum", acc)
     return nx.saturate(_rq(acc, m, sh), 8).astype(np.int8)
 
@@ -455,22 +460,22 @@ def _grad_w_inputs(c: _Call):
     gy = c.t("gy_off", "i16", O * OH * OW).reshape(O, OH, OW)
     x = c.t("x_off", "i8", C * H * W).reshape(C, H, W)
     idx = c.t("idx_off", "i32", n_sel)
-    return gy, x, idx, n_sel * (C // groups) * K * K, (K, s, pad, groups)
+    return gy, x, idx, (n_sel, C // groups, K, K), (s, pad, groups)
 
 
 def _run_conv_grad_w(c: _Call) -> None:
-    gy, x, idx, size, (K, s, pad, groups) = _grad_w_inputs(c)
-    gw = c.t("gw_off", "i32", size, "w")
+    gy, x, idx, shape, (s, pad, groups) = _grad_w_inputs(c)
+    gw = c.t("gw_off", "i32", int(np.prod(shape)), "w")
     c.check()
-    gw[:] = conv_grad_w(gy, x, idx, K, s, pad, groups).reshape(-1)
+    gw[:] = conv_grad_w(gy, x, idx, shape[-1], s, pad, groups).reshape(-1)
 
 
 def _run_conv_upd_w(c: _Call) -> None:
-    gy, x, idx, size, (K, s, pad, groups) = _grad_w_inputs(c)
+    gy, x, idx, shape, (s, pad, groups) = _grad_w_inputs(c)
     um, ush = c.t("um_off", "i32", idx.size), c.t("ush_off", "i32", idx.size)
-    w = c.t("w_off", "i8", size, "rw")
+    w = c.t("w_off", "i8", int(np.prod(shape)), "rw")
     c.check()
-    w[:] = conv_upd_w(w.reshape(idx.size, -1, K, K), gy, x, idx, um, ush, s, pad, groups).reshape(-1)
+    w[:] = conv_upd_w(w.reshape(shape), gy, x, idx, um, ush, s, pad, groups).reshape(-1)
 
 
 def _run_apply_w(c: _Call) -> None:

