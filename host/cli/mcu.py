@@ -46,7 +46,8 @@ def emulate(board, flash_dir, heap, as_json):
     with the board's heap, until Ctrl-C or SIGTERM.
 
     Use the printed port as a board's: `mpremote connect PORT ...`, `insitu flash --board
-    stm32f746-disco-sim --port PORT`. Ctrl-D or a program's exit soft-resets it, as on a board.
+    stm32f746-disco-sim --port PORT`. Ctrl-D or a program's exit soft-resets it, as on a board;
+    `kill -USR1 PID` presses its reset button (a hard reset: RAM lost, flash kept).
 
     \b
     Example:
@@ -66,9 +67,10 @@ def emulate(board, flash_dir, heap, as_json):
     twin_log.addHandler(handler)
     twin_log.setLevel(logging.INFO)
 
-    stop = threading.Event()
+    stop, reset = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: reset.set())
     twin = McuTwin(flash_dir, parse_size(heap) if heap else None, board=board)
     twin.start()
     try:
@@ -79,10 +81,13 @@ def emulate(board, flash_dir, heap, as_json):
         else:
             click.echo(twin.port)
             console.print(f"{board}: heap {twin.heap_bytes} bytes, flash {twin.flash_dir}; "
-                          "Ctrl-C stops it")
+                          f"Ctrl-C stops it, kill -USR1 {os.getpid()} resets it")
         sys.stdout.flush()
         while not stop.wait(0.2):
             if not twin.running:
                 raise InsituError(f"the simulated board on {twin.port} stopped (see above)")
+            if reset.is_set():
+                reset.clear()
+                twin.reset()
     finally:
         twin.stop()

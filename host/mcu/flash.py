@@ -81,7 +81,7 @@ def _mpremote(port: str, args: list[str], timeout_s: float) -> str:
     if "could not enter raw repl" in output:
         raise InsituError(f"the board on {port} does not answer Ctrl-C: a program that ignores it "
                           "runs there (the insitu firmware while it serves). Press the board's "
-                          "reset button (a twin: restart `insitu mcu emulate`) and flash again")
+                          "reset button (a twin: `kill -USR1` its `insitu mcu emulate`) and flash again")
     raise InsituError(f"mpremote failed on {port}:\n{tail}")
 
 
@@ -97,13 +97,19 @@ def probe(port: str, timeout_s: float = 30.0) -> dict:
             "arch": _ARCHES[arch] if arch < len(_ARCHES) else None}
 
 
-def _check_board(name: str, port: str, platform: str) -> None:
-    from insitu.boards import get_board, twin_name
+def _mcu_board(name: str):
+    from insitu.boards import get_board
 
     spec = get_board(name)
     if spec.mcu is None:
         raise UsageError(f"board {name!r} is not a microcontroller; flash takes an mcu board "
                          "(stm32f746-disco, or its twin stm32f746-disco-sim)")
+    return spec
+
+
+def _check_board(spec, port: str, platform: str) -> None:
+    from insitu.boards import twin_name
+
     is_twin_port = platform == "linux"                # the twin is the MicroPython unix port
     if spec.is_twin and not is_twin_port:
         raise UsageError(f"{port} is a real board (MicroPython on {platform}), not a twin: use "
@@ -151,9 +157,10 @@ def flash(port: str, files: dict[str, bytes | Path], *, compile_mpy: bool = True
         if not _NAME.fullmatch(name):
             raise UsageError(f"cannot flash {name!r}: device files are plain names in the flash "
                              "folder (letters, digits, _ . -), not paths")
+    spec = _mcu_board(board) if board is not None else None
     device = probe(port, timeout_s)
-    if board is not None:
-        _check_board(board, port, device["platform"])
+    if spec is not None:
+        _check_board(spec, port, device["platform"])
     compile_mpy = compile_mpy and device["mpy_version"] == _mpy_cross_version()
     deployed, commands = [], []
     with tempfile.TemporaryDirectory(prefix="insitu-flash-") as stage:

@@ -319,6 +319,7 @@ def start_program(port: str, statement: str, baudrate: int = 115200, timeout_s: 
                 seen += ser.read(max(1, ser.in_waiting))
 
         try:
+            ser.reset_input_buffer()      # a prompt left from before must not count
             ser.write(b"\r\x03\x03")      # interrupt what runs
             ser.write(b"\r\x02")          # leave the raw REPL if mpremote left the board there
             expect(b"\r\n>>> ", "prompt")

@@ -17,6 +17,7 @@ to mpremote and pyserial:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import queue
@@ -137,6 +138,7 @@ class McuTwin:
         self._link_up_at = None
         self._thread = threading.Thread(target=self._serve, name=f"twin {self.port}", daemon=True)
         self._thread.start()
+        atexit.register(self.stop)                # no orphan port folder if the caller forgets
         log.info("twin of %s on %s: heap %d bytes, flash %s", self.board, self.port,
                  self.heap_bytes, self.flash_dir)
         return self.port
@@ -145,8 +147,9 @@ class McuTwin:
         """Stop the board: the unix port is killed and the port path disappears."""
         if self._thread is None:
             return
-        if self._thread.is_alive():
-            self._command("stop")
+        atexit.unregister(self.stop)
+        self._commands.put(("stop", (), threading.Event()))
+        os.write(self._wake_w, b"\0")
         self._thread.join()
         self._thread = None
 
@@ -194,8 +197,9 @@ class McuTwin:
                 break
         if not self._booted:
             self._kill()
+            said = bytes(out[-400:]).decode(errors="replace").strip() or "no output"
             raise InsituError(f"the MicroPython unix port ({self.micropython}) did not start with "
-                              f"heap {self.heap_bytes} bytes: {bytes(out[-400:]).decode(errors='replace').strip() or 'no output'}")
+                              f"heap {self.heap_bytes} bytes: {said}")
 
     def _kill(self) -> None:
         if self._proc is None:
@@ -280,6 +284,8 @@ class McuTwin:
         try:
             while self._step():
                 pass
+        except InsituError as exc:
+            log.error("the twin on %s stopped: %s", self.port, exc)
         except Exception:
             log.exception("the twin on %s stopped", self.port)
         finally:

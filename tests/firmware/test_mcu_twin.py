@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +85,19 @@ def test_a_twin_that_cannot_start_says_why(tmp_path):
         McuTwin(tmp_path, heap_bytes=1024).start()
 
 
+def children(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (the board of an `insitu mcu emulate`)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue                                       # it ended while we looked
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
 def read_line(stream, timeout_s=20.0) -> str:
     deadline = time.monotonic() + timeout_s
     line = b""
@@ -96,7 +110,7 @@ def read_line(stream, timeout_s=20.0) -> str:
     return line.decode()
 
 
-def test_emulate_serves_mpremote_and_insitu_flash_then_stops_cleanly_on_sigterm(tmp_path):
+def test_emulate_serves_mpremote_and_insitu_flash_resets_on_sigusr1_and_stops_on_sigterm(tmp_path):
     flash_dir = tmp_path / "flash"
     flash_dir.mkdir()
     (flash_dir / "link.py").write_text("STALE = True\n")     # would shadow the new link.mpy
@@ -127,12 +141,22 @@ def test_emulate_serves_mpremote_and_insitu_flash_then_stops_cleanly_on_sigterm(
         assert (flash_dir / "weights.bin").read_bytes() == bytes(range(256)) * 3
         out = mpremote(port, "exec", "import link; print(link.MAX_PAYLOAD, link.__file__)").stdout
         assert out == "2048 link.mpy\n"
+
+        (board,) = children(proc.pid)
+        proc.send_signal(signal.SIGUSR1)                  # the reset button
+        deadline = time.monotonic() + 10
+        while children(proc.pid) in ([], [board]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(children(proc.pid)) == 1 and children(proc.pid) != [board]
+        assert mpremote(port, "exec", "import link; print(link.MAX_PAYLOAD)").stdout == "2048\n"
+        left = children(proc.pid)
+        assert len(left) == 1
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0, proc.stderr.read().decode()
+    assert "hard reset" in proc.stderr.read().decode()
     assert not os.path.exists(port)
-    with pytest.raises(ProcessLookupError):
-        os.kill(info["micropython_pid"], 0)
+    assert not os.path.exists(f"/proc/{left[0]}")         # no orphan unix port
 
 
 def test_flash_to_an_unknown_port_fails_naming_the_port(run_cli, tmp_path):
