@@ -1,0 +1,480 @@
+"""The golden model of the MCU kernels (insitu.mcu.kernels) against straightforward references of
+the ABI's formulas, its arena interpreter, and the 32-bit arithmetic of the firmware's rounding."""
+
+import math
+import re
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from insitu import numerics as nx
+from insitu.mcu import abi, kernels
+from insitu.resources import package_dir
+
+pytestmark = pytest.mark.unit
+
+FIRMWARE = package_dir("firmware")
+
+
+# --------------------------------------------------------------------------- references
+
+def rq_ref(v: int, m: int, sh: int) -> int:
+    """round(v * m / 2**sh), ties toward +inf, from exact rationals (no shifts)."""
+    return math.floor(Fraction(int(v) * int(m), 2 ** int(sh)) + Fraction(1, 2))
+
+
+def clamp(v, lo, hi):
+    return max(lo, min(hi, v))
+
+
+def sat(v, bits):
+    return clamp(v, -(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+
+
+def x_at(x, c, iy, ix):
+    """x[c, iy, ix] with zero padding outside the map."""
+    return int(x[c, iy, ix]) if 0 <= iy < x.shape[1] and 0 <= ix < x.shape[2] else 0
+
+
+def conv_fwd_ref(x, w, b, m, sh, s, pad, groups, lo, hi):
+    C, H, W = x.shape
+    O, Cg, K, _ = w.shape
+    OH, OW = (H + 2 * pad - K) // s + 1, (W + 2 * pad - K) // s + 1
+    y = np.zeros((O, OH, OW), np.int64)
+    for o in range(O):
+        g = o // (O // groups)
+        for oy in range(OH):
+            for ox in range(OW):
+                acc = int(b[o])
+                for c in range(Cg):
+                    for ky in range(K):
+                        for kx in range(K):
+                            acc += int(w[o, c, ky, kx]) * x_at(x, g * Cg + c, oy * s + ky - pad, ox * s + kx - pad)
+                y[o, oy, ox] = clamp(rq_ref(acc, m[o], sh[o]), lo, hi)
+    return y
+
+
+def conv_bwd_x_ref(gy, w, shape, s, pad, groups, m, sh):
+    C, H, W = shape
+    O, Cg, K, _ = w.shape
+    acc = np.zeros(shape, dtype=object)
+    for o in range(O):
+        g = o // (O // groups)
+        for oy in range(gy.shape[1]):
+            for ox in range(gy.shape[2]):
+                for c in range(Cg):
+                    for ky in range(K):
+                        for kx in range(K):
+                            iy, ix = oy * s + ky - pad, ox * s + kx - pad
+                            if 0 <= iy < H and 0 <= ix < W:
+                                acc[g * Cg + c, iy, ix] += int(w[o, c, ky, kx]) * int(gy[o, oy, ox])
+    return np.vectorize(lambda v: sat(rq_ref(v, m, sh), 16))(acc).astype(np.int64)
+
+
+def conv_grad_w_ref(gy, x, idx, K, s, pad, groups):
+    C = x.shape[0]
+    O, OH, OW = gy.shape
+    Cg = C // groups
+    G = np.zeros((len(idx), Cg, K, K), np.int64)
+    for j, o in enumerate(idx):
+        g = o // (O // groups)
+        for c in range(Cg):
+            for ky in range(K):
+                for kx in range(K):
+                    G[j, c, ky, kx] = sum(int(gy[o, oy, ox]) * x_at(x, g * Cg + c, oy * s + ky - pad, ox * s + kx - pad)
+                                          for oy in range(OH) for ox in range(OW))
+    return G
+
+
+# --------------------------------------------------------------------------- random cases
+
+def random_geometry(rng, kind):
+    C, O = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+    H, W = (int(v) for v in rng.integers(1, 8, 2))
+    K, s, pad, groups = int(rng.choice([1, 2, 3])), int(rng.integers(1, 3)), int(rng.integers(0, 3)), 1
+    if kind == "pointwise":
+        K, s, pad = 1, 1, 0
+    elif kind == "dense":
+        K, s, pad, H, W = 1, 1, 0, 1, 1
+    elif kind == "depthwise":
+        groups, O, K = C, C * int(rng.choice([1, 2])), 3
+    elif kind == "grouped":
+        groups = 2
+        C, O = 2 * C, 2 * O
+    H, W = max(H, K - 2 * pad), max(W, K - 2 * pad)
+    return C, H, W, O, K, s, pad, groups
+
+
+def random_scale(rng, n):
+    """Realistic multipliers and shifts, or the domain's extremes."""
+    if rng.random() < 0.5:
+        return rng.integers(1 << 14, 1 << 15, n), rng.integers(8, 30, n)
+    return rng.choice([0, 1, (1 << 15) - 1], n), rng.choice([1, 15, 16, 31, 32, 62], n)
+
+
+KINDS = ["full", "pointwise", "dense", "depthwise", "grouped"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_conv_fwd_matches_the_formula(kind):
+    rng = np.random.default_rng(KINDS.index(kind))
+    for _ in range(12):
+        C, H, W, O, K, s, pad, groups = random_geometry(rng, kind)
+        x = rng.integers(-128, 128, (C, H, W))
+        w = rng.choice([-128, 127, *rng.integers(-128, 128, 8)], (O, C // groups, K, K))
+        b = rng.integers(-2**30, 2**30, O)
+        m, sh = random_scale(rng, O)
+        lo, hi = sorted(int(v) for v in rng.integers(-128, 128, 2)) if rng.random() < 0.5 else (-128, 127)
+        y = kernels.conv_fwd(x, w, b, m, sh, s, pad, groups, lo, hi)
+        assert y.dtype == np.int8
+        np.testing.assert_array_equal(y, conv_fwd_ref(x, w, b, m, sh, s, pad, groups, lo, hi))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_conv_bwd_x_matches_the_formula(kind):
+    rng = np.random.default_rng(10 + KINDS.index(kind))
+    for _ in range(12):
+        C, H, W, O, K, s, pad, groups = random_geometry(rng, kind)
+        OH, OW = (H + 2 * pad - K) // s + 1, (W + 2 * pad - K) // s + 1
+        gy = rng.integers(-2**15, 2**15, (O, OH, OW))
+        w = rng.integers(-128, 128, (O, C // groups, K, K))
+        (m,), (sh,) = random_scale(rng, 1)
+        gx = kernels.conv_bwd_x(gy, w, (C, H, W), s, pad, groups, int(m), int(sh))
+        assert gx.dtype == np.int16
+        np.testing.assert_array_equal(gx, conv_bwd_x_ref(gy, w, (C, H, W), s, pad, groups, m, sh))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_weight_gradient_and_update_match_the_formula(kind):
+    rng = np.random.default_rng(20 + KINDS.index(kind))
+    for _ in range(12):
+        C, H, W, O, K, s, pad, groups = random_geometry(rng, kind)
+        OH, OW = (H + 2 * pad - K) // s + 1, (W + 2 * pad - K) // s + 1
+        gy = rng.integers(-2**15, 2**15, (O, OH, OW))
+        x = rng.integers(-128, 128, (C, H, W))
+        idx = rng.permutation(O)[:int(rng.integers(0, O + 1))]
+        G = kernels.conv_grad_w(gy, x, idx, K, s, pad, groups)
+        assert G.dtype == np.int32
+        ref = conv_grad_w_ref(gy, x, idx, K, s, pad, groups)
+        np.testing.assert_array_equal(G, ref)
+        w = rng.integers(-128, 128, ref.shape)
+        um, ush = random_scale(rng, len(idx))
+        new = kernels.conv_upd_w(w, gy, x, idx, um, ush, s, pad, groups)
+        expect = [sat(int(wv) - rq_ref(g, um[j], ush[j]), 8)
+                  for j in range(len(idx)) for wv, g in zip(w[j].ravel(), ref[j].ravel())]
+        assert new.dtype == np.int8 and new.shape == ref.shape
+        assert new.ravel().tolist() == expect
+
+
+def test_apply_w_and_biases_match_the_formula():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n, row = int(rng.integers(1, 6)), int(rng.integers(1, 30))
+        w, gw = rng.integers(-128, 128, (n, row)), rng.integers(-2**31, 2**31, (n, row))
+        um, ush = random_scale(rng, n)
+        expect = [[sat(int(w[j, i]) - rq_ref(gw[j, i], um[j], ush[j]), 8) for i in range(row)] for j in range(n)]
+        np.testing.assert_array_equal(kernels.apply_w(w, gw, um, ush), expect)
+        O, HW = int(rng.integers(1, 10)), int(rng.integers(1, 50))
+        gy, b = rng.integers(-2**15, 2**15, (O, HW)), rng.choice([-2**31, 2**31 - 1, *rng.integers(-2**31, 2**31, 4)], O)
+        um, ush = random_scale(rng, O)
+        gb = [sum(int(v) for v in gy[o]) for o in range(O)]
+        np.testing.assert_array_equal(kernels.bias_grad(gy), gb)
+        expect = [sat(int(b[o]) - rq_ref(gb[o], um[o], ush[o]), 32) for o in range(O)]
+        np.testing.assert_array_equal(kernels.bias_upd(b, gy, um, ush), expect)
+        np.testing.assert_array_equal(kernels.apply_b(b, gb, um, ush), expect)
+        assert kernels.apply_b(b, gb, um, ush).dtype == np.int32
+
+
+def test_the_update_step_is_not_saturated_before_the_subtraction():
+    # rq(2**30, 4, 1) = 2**31: b = 0 goes to -2**31 (a step clipped to int32 first would give -2**31 + 1).
+    assert kernels.apply_b([0], [2**30], [4], [1]).tolist() == [-2**31]
+    assert kernels.apply_b([2**31 - 1], [2**30], [4], [1]).tolist() == [-1]
+    assert kernels.apply_w([[127]], [[2**31 - 1]], [2**15 - 1], [1]).tolist() == [[-128]]
+
+
+def test_elementwise_and_pooling_match_the_formula():
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        n = int(rng.integers(1, 100))
+        (ma, mb), (sh, _) = random_scale(rng, 2)
+        lo, hi = sorted(int(v) for v in rng.integers(-128, 128, 2))
+        a8, b8 = rng.integers(-128, 128, n), rng.integers(-128, 128, n)
+        np.testing.assert_array_equal(kernels.add_fwd(a8, b8, ma, mb, sh, lo, hi),
+                                      [clamp(rq_ref(int(a) * ma + int(b) * mb, 1, sh), lo, hi) for a, b in zip(a8, b8)])
+        a16, b16 = rng.integers(-2**15, 2**15, n), rng.integers(-2**15, 2**15, n)
+        np.testing.assert_array_equal(kernels.grad_add(a16, b16, ma, mb, sh),
+                                      [sat(rq_ref(int(a) * ma + int(b) * mb, 1, sh), 16) for a, b in zip(a16, b16)])
+        C, H, W = (int(v) for v in rng.integers(1, 9, 3))
+        (m, m2), (s, s2) = random_scale(rng, 2)
+        x = rng.integers(-128, 128, (C, H, W))
+        np.testing.assert_array_equal(kernels.gap_fwd(x, m, s), [sat(rq_ref(int(x[c].sum()), m, s), 8) for c in range(C)])
+        gy = rng.integers(-2**15, 2**15, C)
+        np.testing.assert_array_equal(kernels.gap_bwd(gy, H * W, m, s),
+                                      [[sat(rq_ref(g, m, s), 16)] * (H * W) for g in gy])
+        g = rng.integers(-2**15, 2**15, (C, H * W))
+        ms, ss = random_scale(rng, C)
+        np.testing.assert_array_equal(kernels.grad_scale_ch(g, ms, ss),
+                                      [[sat(rq_ref(v, ms[c], ss[c]), 16) for v in g[c]] for c in range(C)])
+        y, g16 = rng.integers(-128, 128, n), rng.integers(-2**15, 2**15, n)
+        np.testing.assert_array_equal(kernels.act_bwd(y, g16, lo, hi),
+                                      [gv if lo < yv < hi else 0 for yv, gv in zip(y, g16)])
+
+
+def exp_table(s_z):
+    return nx.round_half_up(np.ldexp(np.exp(-np.arange(abi.EXP_ENTRIES) * s_z), abi.EXP_FRAC))
+
+
+def test_loss_grad_is_the_rounded_softmax_gradient():
+    rng = np.random.default_rng(5)
+    one = 1 << abi.LOSS_GRAD_FRAC
+    for _ in range(30):
+        n, s_z = int(rng.integers(1, 30)), float(rng.uniform(0.005, 0.3))
+        z = rng.integers(-128, 128, n)
+        z[rng.integers(0, n)] = z.max()
+        label = int(rng.integers(0, n))
+        table = exp_table(s_z)
+        g, predicted, p_label = kernels.loss_grad(z, table, label)
+        e = [int(table[z.max() - v]) for v in z]
+        q = [math.floor(Fraction(ek * one, sum(e)) + Fraction(1, 2)) for ek in e]
+        assert g.dtype == np.int16
+        assert g.tolist() == [qk - one * (k == label) for k, qk in enumerate(q)]
+        assert predicted == list(z).index(max(z)) == kernels.argmax(z)
+        assert p_label == q[label]
+        # ... and close to the float softmax it stands for: each e is off by 1/2 in S >= 2**16.
+        p = np.exp((z - z.max()) * s_z)
+        np.testing.assert_allclose(q, p / p.sum() * one, atol=1 + n / 4)
+
+
+# --------------------------------------------------------------------------- domain
+
+def test_results_outside_the_devices_domain_are_refused():
+    x, w = np.full((1, 1, 1), 127), np.full((1, 1, 1, 1), 127)
+    with pytest.raises(ValueError, match="b \\+ sum .* outside int32"):
+        kernels.conv_fwd(x, w, [2**31 - 1], [1 << 14], [20])
+    with pytest.raises(ValueError, match="multipliers"):
+        kernels.conv_fwd(x, w, [0], [1 << 15], [20])
+    with pytest.raises(ValueError, match="shifts"):
+        kernels.gap_fwd(x, 100, 0)
+    with pytest.raises(ValueError, match="shifts"):
+        kernels.add_fwd([1], [1], 1, 1, 63)
+    with pytest.raises(ValueError, match="clamp"):
+        kernels.conv_fwd(x, w, [0], [1 << 14], [20], lo=5, hi=4)
+    with pytest.raises(ValueError, match="weight gradient .* outside int32"):
+        kernels.conv_grad_w(np.full((1, 23, 23), -2**15), np.full((1, 23, 23), -128), [0], 1)   # 529 * 2**22
+    with pytest.raises(ValueError, match="label"):
+        kernels.loss_grad([1, 2], exp_table(0.1), 2)
+    with pytest.raises(ValueError, match="exp table"):
+        kernels.loss_grad([1, 2], np.zeros(10), 0)
+    with pytest.raises(ValueError, match="groups"):
+        kernels.conv_fwd(np.zeros((3, 4, 4)), np.zeros((2, 1, 3, 3)), [0, 0], [1, 1], [1, 1], groups=2)
+
+
+# --------------------------------------------------------------------------- arena views and run
+
+def test_view_is_a_typed_little_endian_window_of_the_arena():
+    A = np.zeros(16, np.uint8)
+    v = kernels.view(A, 4, "i16", 3)
+    v[:] = [-2, 1, 0x1234]
+    assert A[4:10].tolist() == [0xFE, 0xFF, 1, 0, 0x34, 0x12]
+    assert kernels.view(A, 8, np.int32, 2).dtype == np.dtype("<i4")
+    assert kernels.view(A, 16, "i8", 0).size == 0
+
+
+@pytest.mark.parametrize("off, dtype, n, message", [
+    (2, "i32", 1, "not aligned to 4 bytes"),
+    (1, "i16", 1, "not aligned to 2 bytes"),
+    (12, "i32", 2, "outside the arena of 16 bytes"),
+    (-4, "i32", 1, "outside the arena"),
+    (0, "i8", -1, "-1 elements"),
+    (0, "i64", 1, "arena tensors are"),
+])
+def test_view_refuses_misaligned_or_outside_tensors(off, dtype, n, message):
+    with pytest.raises(ValueError, match=message):
+        kernels.view(np.zeros(16, np.uint8), off, dtype, n)
+
+
+def test_view_needs_a_byte_arena():
+    with pytest.raises(ValueError, match="uint8"):
+        kernels.view(np.zeros(4, np.int32), 0, "i8", 1)
+
+
+class Arena:
+    """A uint8 arena with tensors placed one after the other, 4-byte aligned."""
+
+    def __init__(self, size=4096):
+        self.A, self.top = np.zeros(size, np.uint8), 0
+
+    def put(self, dtype, values):
+        values = np.asarray(values)
+        off = self.top
+        kernels.view(self.A, off, dtype, values.size)[:] = values.reshape(-1)
+        self.top += -(-values.size * kernels.DTYPES[dtype].itemsize // 4) * 4
+        return off
+
+    def get(self, off, dtype, n):
+        return kernels.view(self.A, off, dtype, n).copy()
+
+
+def test_run_executes_a_conv_call_on_the_arena():
+    rng = np.random.default_rng(6)
+    C, H, W, O, K, s, pad, groups = 4, 7, 5, 4, 3, 2, 1, 2
+    OH, OW = (H + 2 * pad - K) // s + 1, (W + 2 * pad - K) // s + 1
+    x, w = rng.integers(-128, 128, (C, H, W)), rng.integers(-128, 128, (O, C // groups, K, K))
+    b, m, sh = rng.integers(-2**20, 2**20, O), rng.integers(1 << 14, 1 << 15, O), rng.integers(15, 25, O)
+    ar = Arena()
+    f = dict(x_off=ar.put("i8", x), w_off=ar.put("i8", w), b_off=ar.put("i32", b), m_off=ar.put("i32", m),
+             sh_off=ar.put("i32", sh), y_off=ar.put("i8", np.zeros(O * OH * OW)),
+             C=C, H=H, W=W, O=O, OH=OH, OW=OW, K=K, stride=s, pad=pad, groups=groups, lo=0, hi=100)
+    P = np.array([7, 7, *abi.record("conv_fwd", **f)], np.int32)
+    before = ar.A.copy()
+    kernels.run(ar.A, P, 2)
+    y = ar.get(f["y_off"], "i8", O * OH * OW).reshape(O, OH, OW)
+    np.testing.assert_array_equal(y, conv_fwd_ref(x, w, b, m, sh, s, pad, groups, 0, 100))
+    changed = np.flatnonzero(ar.A != before)
+    assert changed.size == 0 or f["y_off"] <= changed.min() <= changed.max() < f["y_off"] + O * OH * OW
+
+
+def test_run_loss_grad_reads_the_label_and_writes_the_io_block():
+    ar = Arena()
+    z = [3, -5, 9, 9, 0]
+    f = dict(z_off=ar.put("i8", z), g_off=ar.put("i16", np.zeros(5)), n=5,
+             exp_off=ar.put("i32", exp_table(0.05)), io_off=ar.put("i32", [1, -1, -1, 77]))
+    kernels.run(ar.A, np.array(abi.record("loss_grad", **f), np.int32), 0)
+    g, predicted, p_label = kernels.loss_grad(z, exp_table(0.05), 1)
+    assert ar.get(f["io_off"], "i32", 4).tolist() == [1, predicted, p_label, 77]
+    assert predicted == 2
+    np.testing.assert_array_equal(ar.get(f["g_off"], "i16", 5), g)
+
+
+def test_run_load_and_patch_copy_bytes():
+    ar = Arena()
+    blob = bytes(range(200))
+    dst = ar.put("u8", np.zeros(12))
+    kernels.run(ar.A, np.array(abi.record("load", blob_off=50, dst_off=dst, n=12), np.int32), 0, blob)
+    assert ar.get(dst, "u8", 12).tolist() == list(range(50, 62))
+    with pytest.raises(ValueError, match="outside the blob"):
+        kernels.run(ar.A, np.array(abi.record("load", blob_off=190, dst_off=dst, n=12), np.int32), 0, blob)
+    src, rows = ar.put("u8", [1, 2, 3, 4, 5, 6]), ar.put("u8", np.zeros(4 * 3))
+    idx = ar.put("i32", [3, 0, 3])          # a repeated row keeps the last source row
+    kernels.run(ar.A, np.array(abi.record("patch", src_off=src, dst_off=rows, idx_off=idx, n_sel=3, row_bytes=2),
+                               np.int32), 0)
+    assert ar.get(rows, "u8", 8).tolist() == [3, 4, 0, 0, 0, 0, 5, 6]
+
+
+def test_run_refuses_bad_calls():
+    ar = Arena(64)
+    with pytest.raises(ValueError, match="not an opcode"):
+        kernels.run(ar.A, np.array([0, 1, 2], np.int32), 0)
+    with pytest.raises(ValueError, match=r"act_bwd.g_off: offset 3 .* not aligned"):
+        kernels.run(ar.A, np.array(abi.record("act_bwd", y_off=0, g_off=3, n=2, lo=0, hi=9), np.int32), 0)
+    with pytest.raises(ValueError, match="act_bwd.g_off: .* outside the arena"):
+        kernels.run(ar.A, np.array(abi.record("act_bwd", y_off=0, g_off=60, n=4, lo=0, hi=9), np.int32), 0)
+    with pytest.raises(ValueError, match="y_off .* overlaps g_off"):
+        kernels.run(ar.A, np.array(abi.record("act_bwd", y_off=4, g_off=0, n=4, lo=0, hi=9), np.int32), 0)
+    geometry = dict(C=1, H=3, W=3, O=1, OH=2, OW=3, K=3, stride=1, pad=1, groups=1)
+    with pytest.raises(ValueError, match="OH, OW = 2, 3"):
+        kernels.run(ar.A, np.array(abi.record("conv_bwd_x", gy_off=0, w_off=0, gx_off=0, **geometry, m=1, sh=1),
+                                   np.int32), 0)
+
+
+def test_an_elementwise_op_may_write_over_its_input_and_nothing_else_may():
+    ar = Arena(64)
+    a = ar.put("i8", [10, -20, 30, 127])
+    kernels.run(ar.A, np.array(abi.record("add_fwd", a_off=a, b_off=a, y_off=a, n=4, ma=1 << 14, mb=1 << 14,
+                                          sh=15, lo=-128, hi=127), np.int32), 0)
+    assert ar.get(a, "i8", 4).tolist() == [10, -20, 30, 127]
+    with pytest.raises(ValueError, match="overlaps"):
+        kernels.run(ar.A, np.array(abi.record("add_fwd", a_off=a, b_off=a, y_off=a + 1, n=4, ma=1, mb=1,
+                                              sh=1, lo=-128, hi=127), np.int32), 0)
+    with pytest.raises(ValueError, match="overlaps"):
+        kernels.run(ar.A, np.array(abi.record("gap_fwd", x_off=a, y_off=a, C=1, HW=4, m=1, sh=1), np.int32), 0)
+
+
+def test_every_opcode_has_a_golden_kernel():
+    assert set(kernels._RUNNERS) == set(abi.OPS)
+
+
+# --------------------------------------------------------------------------- the firmware's side
+
+def test_firmware_abi_module_is_generated_from_the_abi():
+    committed = (FIRMWARE / "tte_abi.py").read_text()
+    assert committed == abi.firmware_constants(), (
+        "firmware/tte_abi.py is stale; regenerate it with: .venv/bin/python -c \"from insitu.mcu.abi import "
+        "firmware_constants as f; open('firmware/tte_abi.py', 'w').write(f())\"")
+
+
+def test_firmware_field_comments_match_the_abi():
+    """tte_kernels.py reads each field at a fixed P index, restated in a "# fields(op):" comment
+    above the kernel: the comments must list abi.OPS exactly, for every opcode."""
+    source = (FIRMWARE / "tte_kernels.py").read_text()
+    found = {op: tuple(f.strip() for f in names.split(","))
+             for op, names in re.findall(r"^# fields\((\w+)\): (.+)$", source, re.M)}
+    assert found == abi.OPS
+
+
+BIG = 0x3FFFFFFF
+
+
+def word(v: int) -> int:
+    """A value the firmware holds in a machine word: on the Cortex-M7 it must fit int32."""
+    assert -2**31 <= v < 2**31, f"{v} does not fit a 32-bit word"
+    return v
+
+
+def rq32(v, m, sh):
+    """firmware _requant's arithmetic for one sum, transcribed line by line, every intermediate
+    checked by word(): (r, wide), where wide means r = +-BIG stands for |rq| > 2**16."""
+    k = min(sh - 16, 31)
+    half = word(1 << (sh - 1)) if sh <= 15 else 0
+    vl = word((v & 0x7FFF) * m)
+    t = word(word(word(v >> 15) * m) + word(vl >> 15))
+    if sh > 15:
+        u = word(t >> k)
+        return word(word(u >> 1) + word(u & 1)), False
+    if t > 0x10000:
+        return BIG, True
+    if t < -0x10000:
+        return -BIG, True
+    return word(word(t << (15 - sh)) + word(word(word(vl & 0x7FFF) + half) >> sh)), False
+
+
+def sub_i32(b, r, wide, v, m, sh):
+    """firmware's b = sat32(b - r) in words (the wide case is exact Python ints on the device)."""
+    imin = word(-0x40000000 + -0x40000000)
+    imax = word(-1 - imin)
+    if wide:
+        return sat(b - ((v * m + (1 << (sh - 1))) >> sh), 32)
+    if r > 0 and b < word(imin + r):
+        return imin
+    if r < 0 and b > word(imax + r):
+        return imax
+    return word(b - r)
+
+
+EDGE_V = [0, 1, -1, 2, -2, 2**15 - 1, 2**15, -2**15, 2**16, -2**16 - 1, 2**30, -2**30, 2**31 - 1, -2**31, -2**31 + 1]
+EDGE_M = [0, 1, 2, 3, 1 << 14, (1 << 15) - 1]
+EDGE_SH = [1, 2, 7, 14, 15, 16, 17, 30, 31, 32, 33, 46, 47, 48, 61, 62]
+
+
+def test_firmware_rounding_is_exact_in_32_bit_words():
+    rng = np.random.default_rng(8)
+    cases = [(v, m, sh) for v in EDGE_V for m in EDGE_M for sh in EDGE_SH]
+    cases += zip(rng.integers(-2**31, 2**31, 3000).tolist(), rng.integers(0, 1 << 15, 3000).tolist(),
+                 rng.integers(1, 63, 3000).tolist())
+    cases += zip(rng.integers(-2**20, 2**20, 2000).tolist(), rng.integers(0, 1 << 15, 2000).tolist(),
+                 rng.integers(1, 16, 2000).tolist())
+    for v, m, sh in cases:
+        exact = int(nx.shift_round(v * m, sh))
+        r, wide = rq32(v, m, sh)
+        if wide:
+            assert abs(exact) > 2**16 and (r > 0) == (exact > 0), (v, m, sh)
+        else:
+            assert r == exact, (v, m, sh)
+        # What each destination makes of r: clamps to i8/i16, weight and bias updates.
+        for lo, hi in ((-128, 127), (-2**15, 2**15 - 1), (0, 6)):
+            assert clamp(r, lo, hi) == clamp(exact, lo, hi)
+        for w in (-128, -1, 0, 127):
+            assert clamp(word(w - r), -128, 127) == sat(w - exact, 8)
+        for b in (-2**31, -2**30, -1, 0, 5, 2**30, 2**31 - 1):
+            assert sub_i32(b, r, wide, v, m, sh) == sat(b - exact, 32), (b, v, m, sh)
