@@ -26,6 +26,10 @@ MAX_PAYLOAD = 2048
 
 HEADER_SIZE = struct.calcsize(HEADER)
 CRC_SIZE = struct.calcsize(CRC)
+# Offsets of HEADER's fields, read by hand: unpack_from would allocate a tuple per frame.
+_AT_TYPE = len(SYNC)
+_AT_SEQ = _AT_TYPE + 1
+_AT_LEN = _AT_SEQ + 2
 # CRC-32 run over data followed by its own little-endian CRC always gives this residue: checking it
 # needs no 32-bit int for the received CRC (that would be a heap object on a 32-bit board).
 _CRC_RESIDUE = 0x2144DF1C
@@ -37,6 +41,8 @@ class Link:
     """Frames over a byte stream pair (default: the REPL's USB serial, stdin/stdout).
 
     While a Link is open, Ctrl-C (0x03) is an ordinary byte: close() gives it back its meaning.
+    Replies carry the seq of their request; a resent request is answered from the last frame
+    sent, so reply before sending anything else.
     """
 
     def __init__(self, stream_in=None, stream_out=None, max_payload=MAX_PAYLOAD, timeout_ms=200):
@@ -87,17 +93,17 @@ class Link:
             if rx[s] != SYNC[0] or rx[s + 1] != SYNC[1]:
                 self._skip(1)
                 continue
-            n = rx[s + 5] | rx[s + 6] << 8                        # HEADER: length at offset 5
+            n = rx[s + _AT_LEN] | rx[s + _AT_LEN + 1] << 8
             size = HEADER_SIZE + n + CRC_SIZE
             if n > self.max_payload or not self._fill(size):
                 self._skip(1)
                 continue
             s = self._s                                           # _fill may have compacted
-            if binascii.crc32(self._rxv[s + 2:s + size]) != _CRC_RESIDUE:
+            if binascii.crc32(self._rxv[s + _AT_TYPE:s + size]) != _CRC_RESIDUE:
                 self._skip(1)
                 continue
-            ftype = rx[s + 2]                                      # HEADER: type at offset 2
-            seq = rx[s + 3] | rx[s + 4] << 8                       # HEADER: seq at offset 3
+            ftype = rx[s + _AT_TYPE]
+            seq = rx[s + _AT_SEQ] | rx[s + _AT_SEQ + 1] << 8
             payload = self._rxv[s + HEADER_SIZE:s + HEADER_SIZE + n]
             resend = seq == self._last_seq and self._answered
             for i in range(CRC_SIZE):
@@ -120,7 +126,7 @@ class Link:
         struct.pack_into(HEADER, self._tx, 0, SYNC, ftype, seq, n)
         self._txv[HEADER_SIZE:HEADER_SIZE + n] = payload
         struct.pack_into(CRC, self._tx, HEADER_SIZE + n,
-                         binascii.crc32(self._txv[2:HEADER_SIZE + n]))
+                         binascii.crc32(self._txv[_AT_TYPE:HEADER_SIZE + n]))
         self._tx_len = HEADER_SIZE + n + CRC_SIZE
         self._answered = seq == self._last_seq
         self._write(self._txv[:self._tx_len])

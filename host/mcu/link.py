@@ -110,12 +110,13 @@ class FrameDecoder:
 
     def stall(self) -> list[Frame]:
         """The sender went quiet with a frame begun: that candidate is garbage (a truncated frame,
-        or a false sync whose length would swallow the next frames). Drops its first byte and
-        scans the rest again."""
-        if not self._buf:
-            return []
-        self._skip(1)
-        return self._parse()
+        or a false sync whose length would swallow the next frames), and so is any candidate
+        after it that the held bytes do not complete. Returns the complete frames among them."""
+        frames = []
+        while self._buf:
+            self._skip(1)
+            frames += self._parse()
+        return frames
 
     def reset(self) -> None:
         """Forget the bytes held (counted as skipped): what came before a reconnection."""
@@ -155,7 +156,8 @@ def _serial_module():
     try:
         import serial
     except ImportError:
-        raise InsituError("pyserial is missing: pip install 'insitu[mcu]' (or bash scripts/setup.sh)") from None
+        raise InsituError("pyserial is missing: pip install 'insitu[mcu]' "
+                          "(or bash scripts/setup.sh)") from None
     return serial
 
 
@@ -183,8 +185,9 @@ class DeviceLink:
         self.max_payload = max_payload
         self.resends = 0            # requests sent again for want of a reply
         self.discarded = 0          # frames that answered no pending request (late replies)
-        # A random first seq: a new session's first request never looks like a resend of the
-        # request the firmware answered last (it would get that old reply back).
+        # A random first seq: the firmware answers a frame identical (seq and CRC) to the one it
+        # answered last from its last reply; a new session starting where the last left off
+        # would get an old reply to a repeated request.
         self._seq = int.from_bytes(os.urandom(2), "little")
         self._decoder = FrameDecoder(max_payload)
         self._frames: deque[Frame] = deque()

@@ -228,7 +228,8 @@ class McuTwin:
         if self._failed_starts >= _MAX_FAILED_STARTS:
             raise InsituError(f"the MicroPython unix port exits at start (exit code {code}), "
                               f"{_MAX_FAILED_STARTS} times in a row; the twin stops")
-        log.info("micropython exited (code %s): soft reboot%s", code, " into the raw REPL" if was_raw else "")
+        log.info("micropython exited (code %s): soft reboot%s", code,
+                 " into the raw REPL" if was_raw else "")
         self._relay_out(b"soft reboot\r\n")
         self._tail = b""
         self._spawn()

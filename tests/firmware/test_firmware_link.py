@@ -4,14 +4,13 @@ pipes, and over the twin's serial port (garbage both ways, every byte value, a p
 import os
 import random
 import shutil
-import struct
 import subprocess
 import time
 
 import pytest
 
-from insitu.mcu.link import (MAX_PAYLOAD, SYNC, DeviceLink, Frame, FrameDecoder, encode_frame,
-                             start_program)
+from insitu.mcu.link import (HEADER, MAX_PAYLOAD, SYNC, DeviceLink, Frame, FrameDecoder,
+                             encode_frame, start_program)
 from insitu.mcu.twin import McuTwin, find_tool
 from insitu.resources import package_dir
 
@@ -88,7 +87,7 @@ def test_every_frame_sent_between_garbage_comes_back_in_order(piped):
         encoded = encode_frame(*frame)
         junk = rng.choice([rng.randbytes(rng.randrange(40)),                     # noise
                            encoded[:rng.randrange(1, len(encoded))] + SYNC[:1],  # truncated
-                           SYNC + struct.pack("<BHH", 1, 0, MAX_PAYLOAD + 1),    # over the cap
+                           HEADER.pack(SYNC, 1, 0, MAX_PAYLOAD + 1),             # over the cap
                            bytes([encoded[0] ^ 0x10]) + encoded[1:]])            # flipped bit
         stream += junk + encoded
     piped.stdin.write(bytes(stream))
@@ -99,7 +98,7 @@ def test_every_frame_sent_between_garbage_comes_back_in_order(piped):
 def test_a_frame_that_stops_midway_is_dropped_after_the_timeout(piped):
     dec = FrameDecoder()
     # A false header whose length would swallow the next request, then silence.
-    piped.stdin.write(SYNC + struct.pack("<BHH", ECHO, 1, 1500))
+    piped.stdin.write(HEADER.pack(SYNC, ECHO, 1, 1500))
     piped.stdin.flush()
     time.sleep(0.5)
     piped.stdin.write(encode_frame(ECHO, 2, b"after the stall"))

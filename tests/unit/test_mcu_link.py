@@ -4,6 +4,7 @@ import binascii
 import os
 import random
 import re
+import select
 import threading
 
 import pytest
@@ -22,14 +23,14 @@ frames_st = st.lists(st.builds(Frame, st.integers(0, 255), st.integers(0, 0xFFFF
 
 
 def decode_all(data: bytes, chunks: list[int] | None = None) -> tuple[list[Frame], FrameDecoder]:
-    """Feed ``data`` in pieces, then let the sender go quiet until nothing is held."""
+    """Feed ``data`` in pieces, then let the sender go quiet."""
     dec, out, at = FrameDecoder(), [], 0
     for size in chunks or [len(data)]:
         out += dec.feed(data[at:at + size])
         at += size
     out += dec.feed(data[at:])
-    while dec.pending:
-        out += dec.stall()
+    out += dec.stall()
+    assert dec.pending == 0
     return out, dec
 
 
@@ -120,22 +121,22 @@ def test_encode_refuses_out_of_range_fields(args):
 # -- DeviceLink over a pseudo-terminal, with a Python stand-in for the firmware -----------------
 
 class FakeBoard:
-    """Answers each request on a pty with its payload reversed; drops the first ``lose`` replies
-    and answers every request with a stale frame (a wrong seq) first."""
+    """Answers each request on a pty with its payload reversed, after noise and a stale frame (a
+    wrong seq); drops the first ``lose`` replies; with ``false_header``, the reply is hidden
+    behind a false header whose length swallows it, and nothing follows."""
 
-    def __init__(self, lose=0):
+    def __init__(self, lose=0, false_header=False):
         self.master, slave = os.openpty()
         self.port = os.ttyname(slave)
         self._slave = slave
         self.lose = lose
+        self.false_header = false_header
         self.requests = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self):
-        import select
-
         dec = FrameDecoder()
         while not self._stop.is_set():
             if not select.select([self.master], [], [], 0.02)[0]:
@@ -146,8 +147,9 @@ class FakeBoard:
                     self.lose -= 1
                     continue
                 stale = encode_frame(frame.type, (frame.seq - 1) & 0xFFFF, b"stale")
-                os.write(self.master, b"noise" + stale + encode_frame(frame.type, frame.seq,
-                                                                     frame.payload[::-1]))
+                false = HEADER.pack(SYNC, 0, 0, 1500) if self.false_header else b""
+                os.write(self.master, b"noise" + stale + false +
+                         encode_frame(frame.type, frame.seq, frame.payload[::-1]))
 
     def close(self):
         self._stop.set()
@@ -158,7 +160,7 @@ class FakeBoard:
 
 @pytest.fixture
 def board(request):
-    fake = FakeBoard(lose=getattr(request, "param", 0))
+    fake = FakeBoard(**getattr(request, "param", {}))
     yield fake
     fake.close()
 
@@ -172,7 +174,7 @@ def test_request_gets_its_own_reply_past_noise_and_stale_frames(board):
         assert dl.resends == 0
 
 
-@pytest.mark.parametrize("board", [2], indirect=True)
+@pytest.mark.parametrize("board", [{"lose": 2}], indirect=True)
 def test_a_lost_reply_is_asked_again_with_the_same_seq(board):
     with DeviceLink(board.port) as dl:
         reply = dl.request(1, b"ab", timeout_s=0.2, retries=3)
@@ -181,11 +183,18 @@ def test_a_lost_reply_is_asked_again_with_the_same_seq(board):
     assert len({f.seq for f in board.requests}) == 1 and len(board.requests) == 3
 
 
-@pytest.mark.parametrize("board", [10], indirect=True)
+@pytest.mark.parametrize("board", [{"lose": 10}], indirect=True)
 def test_no_reply_after_all_retries_is_a_timeout_naming_the_port(board):
     with DeviceLink(board.port) as dl:
         with pytest.raises(LinkTimeout, match=f"no reply from {board.port}.*after 3 tries"):
             dl.request(1, b"x", timeout_s=0.1, retries=2)
+
+
+@pytest.mark.parametrize("board", [{"false_header": True}], indirect=True)
+def test_a_reply_swallowed_by_a_false_header_comes_out_when_the_board_goes_quiet(board):
+    with DeviceLink(board.port) as dl:
+        assert dl.request(1, b"xy", timeout_s=1.0, retries=0).payload == b"yx"
+    assert dl.garbage_bytes >= HEADER.size
 
 
 def test_an_unknown_port_is_a_link_error_naming_it(tmp_path):
