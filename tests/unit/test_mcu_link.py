@@ -73,7 +73,10 @@ def test_every_valid_frame_comes_out_in_order_between_garbage_truncations_and_fl
     stream = bytearray(garbage[0])
     for i, frame in enumerate(frames):
         encoded = encode_frame(*frame)
-        stream += garbage[i + 1] + _damaged(encoded, rng) + garbage[-i - 1] + encoded
+        # The damaged copy right before the frame: bytes after a truncated copy could complete
+        # it into a valid frame (garbage ending with the missing CRC byte, say); the frame's own
+        # bytes can only complete it into the same frame, which then loses its head.
+        stream += garbage[i + 1] + _damaged(encoded, rng) + encoded
     stream += garbage[-1]
     out, dec = decode_all(bytes(stream), chunks)
     assert out == frames
@@ -177,7 +180,7 @@ def test_request_gets_its_own_reply_past_noise_and_stale_frames(board):
 @pytest.mark.parametrize("board", [{"lose": 2}], indirect=True)
 def test_a_lost_reply_is_asked_again_with_the_same_seq(board):
     with DeviceLink(board.port) as dl:
-        reply = dl.request(1, b"ab", timeout_s=0.2, retries=3)
+        reply = dl.request(1, b"ab", timeout_s=0.5, retries=3)
     assert reply.payload == b"ba"
     assert dl.resends == 2
     assert len({f.seq for f in board.requests}) == 1 and len(board.requests) == 3
