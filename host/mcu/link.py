@@ -280,11 +280,15 @@ class DeviceLink:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         seq = self._next_seq()
         frame = encode_frame(ftype, seq, payload, self.max_payload)
+        # Before a resend, zeros as long as the longest frame: a firmware whose stdin read blocks
+        # until it has every byte it asked for may sit inside a truncated frame or a false
+        # header; the zeros complete it (its CRC fails), and zeros never make a sync.
+        pad = bytes(HEADER.size + self.max_payload + CRC.size)
         for attempt in range(retries + 1):
             if attempt:
                 self.resends += 1
             try:
-                self._io(self._serial.write, frame)
+                self._io(self._serial.write, pad + frame if attempt else frame)
                 deadline = time.monotonic() + timeout_s
                 while True:
                     reply = self.recv(max(0.0, deadline - time.monotonic()))

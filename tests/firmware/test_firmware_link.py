@@ -176,6 +176,20 @@ def test_a_resend_is_answered_from_the_last_reply_not_handled_twice(device):
     assert handled(dl) == before + 1
 
 
+def test_a_request_swallowed_by_a_false_header_is_answered_at_the_first_resend(device):
+    twin, dl = device
+    # The request's bytes go into the false frame's length, inside one read of the device, which
+    # then waits for more: the sender never went quiet between reads, so only a resend helps.
+    sender = os.open(twin.port, os.O_WRONLY | os.O_NOCTTY)
+    try:
+        os.write(sender, HEADER.pack(SYNC, ECHO, 1, MAX_PAYLOAD))
+    finally:
+        os.close(sender)
+    assert dl.request(ECHO, b"swallowed", timeout_s=1.0, retries=1).payload == b"swallowed"
+    assert dl.resends == 1
+    assert handled(dl) == 1
+
+
 def test_a_pulled_cable_is_survived_by_reopening_the_port(device):
     twin, dl = device
     assert dl.request(ECHO, b"before").payload == b"before"
