@@ -9,6 +9,9 @@
 # loses its first byte and the rest is scanned again, so a frame hidden behind garbage or behind a
 # truncated frame is still found. A candidate that stops arriving mid-frame for timeout_ms is
 # treated the same way (a truncated frame whose length would otherwise swallow the next frames).
+# Silence is noticed between reads of up to _PIECE bytes (a stdin read blocks until it has them
+# all); inside a read, the host's resend completes the candidate: it sends a frame's length of
+# zeros before each resend.
 #
 # Steady state allocates no buffers: rx/tx are preallocated and frames are read and written
 # through memoryview slices of them (a slice is a small object; the bytes are never copied out).
@@ -33,7 +36,7 @@ _AT_LEN = _AT_SEQ + 2
 # CRC-32 run over data followed by its own little-endian CRC always gives this residue: checking it
 # needs no 32-bit int for the received CRC (that would be a heap object on a 32-bit board).
 _CRC_RESIDUE = 0x2144DF1C
-# Bytes of a begun frame read per poll: small enough that a stalled frame is dropped soon.
+# Bytes of a begun frame read per poll: few reads per frame, yet a stall is seen soon.
 _PIECE = 256
 
 
