@@ -82,7 +82,10 @@ class McuTwin:
         self.heap_bytes = parse_size(heap_bytes) if heap_bytes is not None \
             else spec.mcu["training_budget_bytes"]
         self.flash_dir = Path(flash_dir).resolve()
-        self.micropython = micropython or find_tool("micropython")
+        self.micropython = shutil.which(micropython) if micropython else find_tool("micropython")
+        if self.micropython is None:
+            raise InsituError(f"no MicroPython unix port at {micropython!r}: give the path of a "
+                              "`micropython` executable, or leave it out to use insitu's")
         self.port: str | None = None
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
