@@ -9,9 +9,13 @@ post-training quantization"; eq. 1 for every layer):
   at scale ``w_scale[o] * x_scale`` (:func:`graph.quantize_bias`);
 * every activation tensor gets one symmetric scale, calibrated on :data:`CALIBRATION_SAMPLES`
   training images of the float (BN-folded) network: ``scale = peak / 127`` with ``peak`` the
-  :data:`CALIBRATION_PERCENTILE`-th percentile of ``|activation|`` over the calibration set
-  (the max clips nothing but wastes resolution on rare outliers of the linear tensors; on
-  mbv2-28 the percentile gave the better int8 accuracy, see :data:`CALIBRATION_PERCENTILE`);
+  max of ``|activation|`` over the calibration set (:data:`CALIBRATION_PERCENTILE` = 100).
+  A high percentile clips rare outliers to gain resolution, but it did not help here: int8
+  FashionMNIST test accuracy with max / 99.999 / 99.99 / 99.9 / 99.5th percentile was
+  85.98 / 85.88 / 85.86 / 85.86 / 85.29 % on an mbv2-28 trained for one epoch on 30k images
+  (float 86.10 %) and 82.76 / - / 82.67 / 82.81 % on mbv2-tiny (float 82.75 %). The default
+  pretrained mbv2-28 gets 90.22 % int8 with the max (90.29 % with the 99.99th percentile)
+  against 90.27 % float;
 * the input scale is :data:`graph.INPUT_SCALE` (codes ``pixel - 128``), ReLU6 is fused into
   its conv's ``act``, the residual add is a :class:`graph.Add`, the pooling a
   :class:`graph.GlobalAvgPool`, the classifier a 1x1 :class:`graph.Conv` on the ``(C, 1, 1)``
@@ -61,8 +65,8 @@ INPUT_TENSOR = "input"
 OUTPUT_TENSOR = "logits"
 #: Training images the activation ranges are measured on.
 CALIBRATION_SAMPLES = 1000
-#: Percentile of |activation| that maps to code 127 (100 would be the max).
-CALIBRATION_PERCENTILE = 99.99
+#: Percentile of |activation| that maps to code 127 (100: the max; see the module docstring).
+CALIBRATION_PERCENTILE = 100.0
 #: Bump when quantization or training changes in a way the configuration does not show, so
 #: cached pretrained graphs are rebuilt.
 FORMAT_VERSION = 1
@@ -312,7 +316,9 @@ def new_head(graph: g.Graph, num_classes: int, seed: int = 0) -> g.Graph:
 
 
 #: Pretraining defaults per model: training samples (of FashionMNIST's 60000), epochs, peak lr.
-#: mbv2-28 takes ~4 min on a 2-core machine; mbv2-tiny ~10 s.
+#: Measured on an idle 2-core machine: mbv2-28 227 s of training + 20 s of evaluation and
+#: quantization, FashionMNIST test accuracy 90.27 % float / 90.22 % int8; mbv2-tiny 6.8 s + 0.6 s,
+#: 82.75 % / 82.76 %.
 PRETRAIN_DEFAULTS = {
     "mbv2-28": {"samples": 60000, "epochs": 2, "lr": 0.1, "batch_size": 64},
     "mbv2-tiny": {"samples": 20000, "epochs": 3, "lr": 0.1, "batch_size": 64},
