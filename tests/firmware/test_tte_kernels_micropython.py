@@ -94,12 +94,16 @@ class Call:
         return b"".join(self.chunks), table
 
 
-def _scale(rng, n):
-    """Requantization multipliers and shifts: realistic ones, or the extremes of the domain."""
-    if rng.random() < 0.5:
-        return rng.integers(1 << 14, 1 << 15, n), rng.integers(8, 36, n)
-    m = rng.choice([0, 1, 2, 1 << 14, (1 << 15) - 1], n)
-    return m, rng.choice([1, 2, 7, 15, 16, 17, 30, 31, 32, 33, 46, 47, 48, 62], n)
+def _scale(rng, n, typical, out_bits=8):
+    """Multipliers and shifts. Usually realistic: m in [2**14, 2**15) and shifts that bring
+    ``typical * m`` to about a quarter of an ``out_bits`` range, so that results spread over the
+    range (some saturate, most do not); otherwise the domain's edges, where ties and saturation
+    concentrate."""
+    if rng.random() < 0.6:
+        sh = int(typical * (1 << 15)).bit_length() - (out_bits - 2) + rng.integers(-2, 3, n)
+        return rng.integers(1 << 14, 1 << 15, n), np.clip(sh, 1, 62)
+    return (rng.choice([0, 1, 2, 3, 1 << 14, (1 << 15) - 1], n),
+            rng.choice([1, 2, 7, 15, 16, 17, 30, 31, 32, 33, 46, 47, 48, 62], n))
 
 
 def _clamp(rng):
@@ -107,20 +111,19 @@ def _clamp(rng):
     return lo, int(rng.choice([127, int(rng.integers(lo, 128))]))
 
 
-def _geometry(rng, depthwise=None, K=None):
-    """A random conv: full, grouped or depthwise (with a channel multiplier), 1x1 pointwise,
-    1x1 on a 1x1 map (dense), stride 1 or 2, pad 0..2, odd sizes."""
-    kind = rng.choice(["full", "pw", "dense", "dw", "dw", "grouped"]) if depthwise is None else depthwise
-    C = int(rng.integers(1, 7))
+def _geometry(rng, kind=None):
+    """A random conv: full, grouped, depthwise (with a channel multiplier), 1x1 pointwise, 1x1 on
+    a 1x1 map (dense, up to 300 inputs), stride 1 or 2, pad 0..2, odd sizes."""
+    kind = rng.choice(["full", "pw", "dense", "dw", "dw", "grouped"]) if kind is None else kind
+    C, O = int(rng.integers(1, 7)), int(rng.integers(1, 7))
     H, W = (int(v) for v in rng.integers(1, 12, 2))
-    K = int(rng.choice([1, 2, 3, 5])) if K is None else K
-    s, pad, groups, O = int(rng.integers(1, 3)), int(rng.integers(0, 3)), 1, int(rng.integers(1, 7))
+    K, s, pad, groups = int(rng.choice([1, 2, 3, 5])), int(rng.integers(1, 3)), int(rng.integers(0, 3)), 1
     if kind == "pw":
         K, s, pad = 1, 1, 0
     elif kind == "dense":
         K, s, pad, H, W, C, O = 1, 1, 0, 1, 1, int(rng.integers(1, 300)), int(rng.integers(1, 12))
     elif kind == "dw":
-        groups, O, K = C, C * int(rng.choice([1, 1, 2])), int(rng.choice([3, 3, 3, 5])) if K is None else K
+        groups, O, K = C, C * int(rng.choice([1, 1, 2])), int(rng.choice([3, 3, 3, 5]))
     elif kind == "grouped":
         groups = int(rng.choice([1, 2, 3]))
         C, O = groups * int(rng.integers(1, 4)), groups * int(rng.integers(1, 4))
@@ -129,27 +132,32 @@ def _geometry(rng, depthwise=None, K=None):
     return dict(C=C, H=H, W=W, O=O, OH=OH, OW=OW, K=K, stride=s, pad=pad, groups=groups)
 
 
-def _bias_range(terms: int, b_bits: int = 31) -> int:
-    """The largest |b| that keeps ``b + sum`` of ``terms`` int8 products inside int32."""
-    return min((1 << b_bits) - 1, I32_MAX - terms * 128 * 128)
+def _top(terms: int) -> int:
+    """The largest |gradient| (<= 2**15) for which sums of ``terms`` products with int8 stay inside int32."""
+    return min(1 << 15, (I32_MAX // (128 * terms)))
 
 
-def gen_conv_fwd(rng):
-    c, g = Call(rng, "conv_fwd"), _geometry(rng)
+STD8 = 74          # standard deviation of a uniform int8 code
+
+
+def gen_conv_fwd(rng, kind=None):
+    c, g = Call(rng, "conv_fwd"), _geometry(rng, kind)
     Cg = g["C"] // g["groups"]
-    bmax = _bias_range(Cg * g["K"] ** 2, int(rng.choice([12, 20, 31])))
-    m, sh = _scale(rng, g["O"])
+    terms = Cg * g["K"] ** 2
+    typical = STD8 * STD8 * terms ** 0.5
+    m, sh = _scale(rng, g["O"], typical)
+    bmax = I32_MAX - terms * 128 * 128 if m[0] < 4 or rng.random() < 0.2 else int(2 * typical)
     lo, hi = _clamp(rng)
     return c, dict(x_off=c.rand("x", "i8", g["C"] * g["H"] * g["W"]),
                    w_off=c.rand("w", "i8", g["O"] * Cg * g["K"] ** 2),
-                   b_off=c.rand("b", "i32", g["O"], -bmax, bmax),
+                   b_off=c.put("b", "i32", rng.choice([-bmax, bmax, *rng.integers(-bmax, bmax + 1, 8)], g["O"])),
                    m_off=c.put("m", "i32", m), sh_off=c.put("sh", "i32", sh),
                    y_off=c.rand("y", "i8", g["O"] * g["OH"] * g["OW"]), **g, lo=lo, hi=hi)
 
 
 def gen_add_fwd(rng):
     c, n = Call(rng, "add_fwd"), int(rng.integers(1, 600))
-    (ma, mb), (sh, _) = _scale(rng, 2)
+    (ma, mb), (sh, _) = _scale(rng, 2, STD8 * 1.4)
     lo, hi = _clamp(rng)
     a = c.rand("a", "i8", n)
     b = a if rng.random() < 0.2 else c.rand("b", "i8", n)
@@ -159,7 +167,7 @@ def gen_add_fwd(rng):
 
 def gen_grad_add(rng):
     c, n = Call(rng, "grad_add"), int(rng.integers(1, 600))
-    (ma, mb), (sh, _) = _scale(rng, 2)
+    (ma, mb), (sh, _) = _scale(rng, 2, 2**14 * 1.4, 16)
     a = c.rand("a", "i16", n)
     b = a if rng.random() < 0.2 else c.rand("b", "i16", n)
     y = b if rng.random() < 0.2 else c.rand("y", "i16", n)
@@ -168,19 +176,19 @@ def gen_grad_add(rng):
 
 def gen_gap_fwd(rng):
     c, C, HW = Call(rng, "gap_fwd"), int(rng.integers(1, 300)), int(rng.integers(1, 50))
-    (m,), (sh,) = _scale(rng, 1)
+    (m,), (sh,) = _scale(rng, 1, STD8 * HW ** 0.5)
     return c, dict(x_off=c.rand("x", "i8", C * HW), y_off=c.rand("y", "i8", C), C=C, HW=HW, m=m, sh=sh)
 
 
 def gen_gap_bwd(rng):
     c, C, HW = Call(rng, "gap_bwd"), int(rng.integers(1, 300)), int(rng.integers(1, 30))
-    (m,), (sh,) = _scale(rng, 1)
+    (m,), (sh,) = _scale(rng, 1, 2**14, 16)
     return c, dict(gy_off=c.rand("gy", "i16", C), gx_off=c.rand("gx", "i16", C * HW), C=C, HW=HW, m=m, sh=sh)
 
 
 def gen_grad_scale_ch(rng):
     c, C, HW = Call(rng, "grad_scale_ch"), int(rng.integers(1, 12)), int(rng.integers(1, 300))
-    m, sh = _scale(rng, C)
+    m, sh = _scale(rng, C, 2**14, 16)
     return c, dict(g_off=c.rand("g", "i16", C * HW), C=C, HW=HW,
                    m_off=c.put("m", "i32", m), sh_off=c.put("sh", "i32", sh))
 
@@ -215,43 +223,46 @@ def gen_act_bwd(rng):
 def gen_conv_bwd_x(rng):
     c, g = Call(rng, "conv_bwd_x"), _geometry(rng)
     Cg = g["C"] // g["groups"]
-    # The sums stay inside int32 (the domain) for any gradients up to 2**15 / 2**extra.
     terms = (g["O"] // g["groups"]) * g["K"] ** 2
-    top = 1 << max(4, min(15, 30 - 7 - int(np.ceil(np.log2(terms)))))
-    (m,), (sh,) = _scale(rng, 1)
+    top = _top(terms)
+    (m,), (sh,) = _scale(rng, 1, STD8 * top / 1.7 * terms ** 0.5, 16)
     return c, dict(gy_off=c.rand("gy", "i16", g["O"] * g["OH"] * g["OW"], -top, top - 1),
                    w_off=c.rand("w", "i8", g["O"] * Cg * g["K"] ** 2),
                    gx_off=c.rand("gx", "i16", g["C"] * g["H"] * g["W"]), **g, m=m, sh=sh)
 
 
 def _grad_w_common(c, rng, g):
-    Cg = g["C"] // g["groups"]
     n_sel = int(rng.integers(0, g["O"] + 1))
-    idx = rng.permutation(g["O"])[:n_sel]
-    top = 1 << max(4, min(15, 30 - 7 - int(np.ceil(np.log2(g["OH"] * g["OW"] + 1)))))
-    return Cg, n_sel, dict(gy_off=c.rand("gy", "i16", g["O"] * g["OH"] * g["OW"], -top, top - 1),
-                           x_off=c.rand("x", "i8", g["C"] * g["H"] * g["W"]),
-                           idx_off=c.put("idx", "i32", idx), n_sel=n_sel)
+    top = _top(g["OH"] * g["OW"])
+    typical = STD8 * top / 1.7 * (g["OH"] * g["OW"]) ** 0.5
+    return n_sel, typical, dict(gy_off=c.rand("gy", "i16", g["O"] * g["OH"] * g["OW"], -top, top - 1),
+                                x_off=c.rand("x", "i8", g["C"] * g["H"] * g["W"]),
+                                idx_off=c.put("idx", "i32", rng.permutation(g["O"])[:n_sel]), n_sel=n_sel)
 
 
 def gen_conv_grad_w(rng):
     c, g = Call(rng, "conv_grad_w"), _geometry(rng)
-    Cg, n_sel, f = _grad_w_common(c, rng, g)
-    return c, dict(**f, gw_off=c.rand("gw", "i32", n_sel * Cg * g["K"] ** 2), **g)
+    n_sel, _, f = _grad_w_common(c, rng, g)
+    return c, dict(**f, gw_off=c.rand("gw", "i32", n_sel * g["C"] // g["groups"] * g["K"] ** 2), **g)
 
 
 def gen_conv_upd_w(rng):
     c, g = Call(rng, "conv_upd_w"), _geometry(rng)
-    Cg, n_sel, f = _grad_w_common(c, rng, g)
-    um, ush = _scale(rng, n_sel)
-    return c, dict(**f, w_off=c.rand("w", "i8", n_sel * Cg * g["K"] ** 2),
+    n_sel, typical, f = _grad_w_common(c, rng, g)
+    um, ush = _scale(rng, n_sel, typical, 5)          # steps of a few codes, some saturating
+    return c, dict(**f, w_off=c.rand("w", "i8", n_sel * g["C"] // g["groups"] * g["K"] ** 2),
                    um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush), **g)
+
+
+def _grads32(c, rng, name, n):
+    """Stored int32 gradients: realistic (within 2**20) or anywhere in int32."""
+    return c.rand(name, "i32", n, *((-2**20, 2**20) if rng.random() < 0.6 else (None, None)))
 
 
 def gen_apply_w(rng):
     c, n_sel, row = Call(rng, "apply_w"), int(rng.integers(0, 8)), int(rng.integers(1, 600))
-    um, ush = _scale(rng, n_sel)
-    return c, dict(gw_off=c.rand("gw", "i32", n_sel * row), w_off=c.rand("w", "i8", n_sel * row),
+    um, ush = _scale(rng, n_sel, 2**20 / 1.7, 5)
+    return c, dict(gw_off=_grads32(c, rng, "gw", n_sel * row), w_off=c.rand("w", "i8", n_sel * row),
                    n_sel=n_sel, row_len=row, um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush))
 
 
@@ -260,17 +271,24 @@ def gen_bias_grad(rng):
     return c, dict(gy_off=c.rand("gy", "i16", O * HW), gb_off=c.rand("gb", "i32", O), O=O, HW=HW)
 
 
+def _biases(c, rng, O):
+    """Biases: realistic (within 2**20) or the int32 edges."""
+    if rng.random() < 0.6:
+        return c.rand("b", "i32", O, -2**20, 2**20)
+    return c.put("b", "i32", rng.choice([-2**31, 2**31 - 1, *rng.integers(-2**31, 2**31, 6)], O))
+
+
 def gen_bias_upd(rng):
     c, O, HW = Call(rng, "bias_upd"), int(rng.integers(1, 40)), int(rng.integers(1, 200))
-    um, ush = _scale(rng, O)
-    return c, dict(gy_off=c.rand("gy", "i16", O * HW), b_off=c.rand("b", "i32", O), O=O, HW=HW,
+    um, ush = _scale(rng, O, 2**14 / 1.7 * HW ** 0.5, 12)
+    return c, dict(gy_off=c.rand("gy", "i16", O * HW), b_off=_biases(c, rng, O), O=O, HW=HW,
                    um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush))
 
 
 def gen_apply_b(rng):
     c, O = Call(rng, "apply_b"), int(rng.integers(1, 80))
-    um, ush = _scale(rng, O)
-    return c, dict(gb_off=c.rand("gb", "i32", O), b_off=c.rand("b", "i32", O), O=O,
+    um, ush = _scale(rng, O, 2**20 / 1.7, 12)
+    return c, dict(gb_off=_grads32(c, rng, "gb", O), b_off=_biases(c, rng, O), O=O,
                    um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush))
 
 
@@ -336,19 +354,7 @@ def test_kernel_is_bit_exact_with_the_golden_model(op, tmp_path):
 def test_conv_fwd_paths(kind, tmp_path):
     """Every path of conv_fwd (pointwise, 3x3 depthwise, general) on each kind of layer."""
     rng = np.random.default_rng(100 + len(kind))
-    calls = []
-    for _ in range(CASES_PER_OP):
-        c2 = Call(rng, "conv_fwd")
-        g = _geometry(rng, kind)
-        Cg = g["C"] // g["groups"]
-        m, sh = _scale(rng, g["O"])
-        calls.append((c2, dict(x_off=c2.rand("x", "i8", g["C"] * g["H"] * g["W"]),
-                               w_off=c2.rand("w", "i8", g["O"] * Cg * g["K"] ** 2),
-                               b_off=c2.rand("b", "i32", g["O"], -2**20, 2**20),
-                               m_off=c2.put("m", "i32", m), sh_off=c2.put("sh", "i32", sh),
-                               y_off=c2.rand("y", "i8", g["O"] * g["OH"] * g["OW"]), **g,
-                               lo=-128, hi=127)))
-    run_both(calls, tmp_path)
+    run_both([gen_conv_fwd(rng, kind) for _ in range(CASES_PER_OP)], tmp_path)
 
 
 def test_a_program_of_many_calls(tmp_path):

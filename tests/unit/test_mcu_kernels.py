@@ -106,11 +106,13 @@ def random_geometry(rng, kind):
     return C, H, W, O, K, s, pad, groups
 
 
-def random_scale(rng, n):
-    """Realistic multipliers and shifts, or the domain's extremes."""
-    if rng.random() < 0.5:
-        return rng.integers(1 << 14, 1 << 15, n), rng.integers(8, 30, n)
-    return rng.choice([0, 1, (1 << 15) - 1], n), rng.choice([1, 15, 16, 31, 32, 62], n)
+def random_scale(rng, n, typical, out_bits=8):
+    """Usually realistic multipliers with shifts that bring ``typical * m`` to a quarter of an
+    ``out_bits`` range (results spread over it); otherwise the domain's edges."""
+    if rng.random() < 0.6:
+        sh = int(typical * (1 << 15)).bit_length() - (out_bits - 2) + rng.integers(-2, 3, n)
+        return rng.integers(1 << 14, 1 << 15, n), np.clip(sh, 1, 62)
+    return rng.choice([0, 1, 3, 1 << 14, (1 << 15) - 1], n), rng.choice([1, 2, 15, 16, 31, 32, 47, 62], n)
 
 
 KINDS = ["full", "pointwise", "dense", "depthwise", "grouped"]
@@ -123,8 +125,9 @@ def test_conv_fwd_matches_the_formula(kind):
         C, H, W, O, K, s, pad, groups = random_geometry(rng, kind)
         x = rng.integers(-128, 128, (C, H, W))
         w = rng.choice([-128, 127, *rng.integers(-128, 128, 8)], (O, C // groups, K, K))
-        b = rng.integers(-2**30, 2**30, O)
-        m, sh = random_scale(rng, O)
+        typical = 74 * 74 * (C // groups * K * K) ** 0.5
+        b = rng.integers(-int(2 * typical), int(2 * typical) + 1, O)
+        m, sh = random_scale(rng, O, typical)
         lo, hi = sorted(int(v) for v in rng.integers(-128, 128, 2)) if rng.random() < 0.5 else (-128, 127)
         y = kernels.conv_fwd(x, w, b, m, sh, s, pad, groups, lo, hi)
         assert y.dtype == np.int8
@@ -139,7 +142,7 @@ def test_conv_bwd_x_matches_the_formula(kind):
         OH, OW = (H + 2 * pad - K) // s + 1, (W + 2 * pad - K) // s + 1
         gy = rng.integers(-2**15, 2**15, (O, OH, OW))
         w = rng.integers(-128, 128, (O, C // groups, K, K))
-        (m,), (sh,) = random_scale(rng, 1)
+        (m,), (sh,) = random_scale(rng, 1, 74 * 2**14 * (O // groups * K * K) ** 0.5, 16)
         gx = kernels.conv_bwd_x(gy, w, (C, H, W), s, pad, groups, int(m), int(sh))
         assert gx.dtype == np.int16
         np.testing.assert_array_equal(gx, conv_bwd_x_ref(gy, w, (C, H, W), s, pad, groups, m, sh))
@@ -159,7 +162,7 @@ def test_weight_gradient_and_update_match_the_formula(kind):
         ref = conv_grad_w_ref(gy, x, idx, K, s, pad, groups)
         np.testing.assert_array_equal(G, ref)
         w = rng.integers(-128, 128, ref.shape)
-        um, ush = random_scale(rng, len(idx))
+        um, ush = random_scale(rng, len(idx), 74 * 2**14 * (OH * OW) ** 0.5, 5)
         new = kernels.conv_upd_w(w, gy, x, idx, um, ush, s, pad, groups)
         expect = [sat(int(wv) - rq_ref(g, um[j], ush[j]), 8)
                   for j in range(len(idx)) for wv, g in zip(w[j].ravel(), ref[j].ravel())]
@@ -172,12 +175,12 @@ def test_apply_w_and_biases_match_the_formula():
     for _ in range(20):
         n, row = int(rng.integers(1, 6)), int(rng.integers(1, 30))
         w, gw = rng.integers(-128, 128, (n, row)), rng.integers(-2**31, 2**31, (n, row))
-        um, ush = random_scale(rng, n)
+        um, ush = random_scale(rng, n, 2**30, 5)
         expect = [[sat(int(w[j, i]) - rq_ref(gw[j, i], um[j], ush[j]), 8) for i in range(row)] for j in range(n)]
         np.testing.assert_array_equal(kernels.apply_w(w, gw, um, ush), expect)
         O, HW = int(rng.integers(1, 10)), int(rng.integers(1, 50))
         gy, b = rng.integers(-2**15, 2**15, (O, HW)), rng.choice([-2**31, 2**31 - 1, *rng.integers(-2**31, 2**31, 4)], O)
-        um, ush = random_scale(rng, O)
+        um, ush = random_scale(rng, O, 2**14 * HW ** 0.5, 12)
         gb = [sum(int(v) for v in gy[o]) for o in range(O)]
         np.testing.assert_array_equal(kernels.bias_grad(gy), gb)
         expect = [sat(int(b[o]) - rq_ref(gb[o], um[o], ush[o]), 32) for o in range(O)]
@@ -197,7 +200,7 @@ def test_elementwise_and_pooling_match_the_formula():
     rng = np.random.default_rng(4)
     for _ in range(20):
         n = int(rng.integers(1, 100))
-        (ma, mb), (sh, _) = random_scale(rng, 2)
+        (ma, mb), (sh, _) = random_scale(rng, 2, 104)
         lo, hi = sorted(int(v) for v in rng.integers(-128, 128, 2))
         a8, b8 = rng.integers(-128, 128, n), rng.integers(-128, 128, n)
         np.testing.assert_array_equal(kernels.add_fwd(a8, b8, ma, mb, sh, lo, hi),
@@ -206,14 +209,14 @@ def test_elementwise_and_pooling_match_the_formula():
         np.testing.assert_array_equal(kernels.grad_add(a16, b16, ma, mb, sh),
                                       [sat(rq_ref(int(a) * ma + int(b) * mb, 1, sh), 16) for a, b in zip(a16, b16)])
         C, H, W = (int(v) for v in rng.integers(1, 9, 3))
-        (m, m2), (s, s2) = random_scale(rng, 2)
+        (m, _), (s, _) = random_scale(rng, 2, 74 * (H * W) ** 0.5)
         x = rng.integers(-128, 128, (C, H, W))
         np.testing.assert_array_equal(kernels.gap_fwd(x, m, s), [sat(rq_ref(int(x[c].sum()), m, s), 8) for c in range(C)])
         gy = rng.integers(-2**15, 2**15, C)
         np.testing.assert_array_equal(kernels.gap_bwd(gy, H * W, m, s),
                                       [[sat(rq_ref(g, m, s), 16)] * (H * W) for g in gy])
         g = rng.integers(-2**15, 2**15, (C, H * W))
-        ms, ss = random_scale(rng, C)
+        ms, ss = random_scale(rng, C, 2**14, 16)
         np.testing.assert_array_equal(kernels.grad_scale_ch(g, ms, ss),
                                       [[sat(rq_ref(v, ms[c], ss[c]), 16) for v in g[c]] for c in range(C)])
         y, g16 = rng.integers(-128, 128, n), rng.integers(-2**15, 2**15, n)
