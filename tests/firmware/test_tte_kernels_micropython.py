@@ -377,8 +377,8 @@ def test_firmware_cross_compiles_for_the_cortex_m7(tmp_path):
 
 
 def test_conv_fwd_speed_in_the_interpreter(tmp_path, capsys):
-    """MACs/s of conv_fwd on a 32x14x14 map (pointwise 32->32, depthwise 3x3 pad 1), printed for
-    `pytest -s`; the outputs are checked against the golden model too."""
+    """MACs/s of conv_fwd on a 32x14x14 map (pointwise 32->32, depthwise 3x3 pad 1), best of 10
+    runs, printed for `pytest -s`; the outputs are checked against the golden model too."""
     rng = np.random.default_rng(1)
     geoms = {"pointwise 32x14x14": dict(C=32, H=14, W=14, O=32, OH=14, OW=14, K=1, stride=1, pad=0, groups=1),
              "depthwise 3x3 32x14x14": dict(C=32, H=14, W=14, O=32, OH=14, OW=14, K=3, stride=1, pad=1, groups=32)}
@@ -399,10 +399,11 @@ def test_conv_fwd_speed_in_the_interpreter(tmp_path, capsys):
         macs = g["O"] * 196 * Cg * g["K"] ** 2
         script += [f"A = bytearray(bytes.fromhex({arena.hex()!r}))",
                    f"P = array('i', A[:{4 * c.table_words}])",
-                   "t0 = time.ticks_us()",
-                   "for _ in range(5):",
+                   "dt = 10**9",
+                   "for _ in range(10):",
+                   "    t0 = time.ticks_us()",
                    f"    tte_kernels.run(A, P, {c.o})",
-                   "dt = time.ticks_diff(time.ticks_us(), t0) / 5",
+                   "    dt = min(dt, time.ticks_diff(time.ticks_us(), t0))",
                    f"print({name!r}, A.hex(), dt, {macs})"]
     out = micropython("\n".join(script))
     with capsys.disabled():
