@@ -130,6 +130,13 @@ def _out_hw(op: str, C, H, W, O, Cg, K, stride, pad, groups) -> tuple[int, int]:
     return OH, OW
 
 
+def _square_kernel(op: str, w: np.ndarray) -> tuple[int, int, int]:
+    """``(O, Cg, K)`` of a weight ``[O, Cg, K, K]``."""
+    if w.ndim != 4 or w.shape[2] != w.shape[3]:
+        raise ValueError(f"{op}: weights must be [O, C/groups, K, K], got shape {w.shape}")
+    return w.shape[0], w.shape[1], w.shape[2]
+
+
 def _padded(x: np.ndarray, pad: int) -> np.ndarray:
     if not pad:
         return x
@@ -170,7 +177,7 @@ def conv_fwd(x, w, b, m, sh, stride=1, pad=0, groups=1, lo=-128, hi=127) -> np.n
     ``[O, C/groups, K, K]``, b, m, sh ``[O]``; returns int8 ``[O, OH, OW]``."""
     x, w = _i64(x), _i64(w)
     b, m, sh = (_i64(v).reshape(-1) for v in (b, m, sh))
-    (C, H, W), (O, Cg, K, _) = x.shape, w.shape
+    (C, H, W), (O, Cg, K) = x.shape, _square_kernel("conv_fwd", w)
     OH, OW = _out_hw("conv_fwd", C, H, W, O, Cg, K, stride, pad, groups)
     if not b.shape == m.shape == sh.shape == (O,):
         raise ValueError(f"conv_fwd: b, m, sh need {O} entries, got {b.size}, {m.size}, {sh.size}")
@@ -187,7 +194,7 @@ def conv_bwd_x(gy, w, in_shape, stride, pad, groups, m, sh) -> np.ndarray:
     ``in_shape = (C, H, W)``; returns int16 ``[C, H, W]`` requantized by the scalar ``m, sh``."""
     gy, w = _i64(gy), _i64(w)
     C, H, W = (int(v) for v in in_shape)
-    O, Cg, K, _ = w.shape
+    O, Cg, K = _square_kernel("conv_bwd_x", w)
     OH, OW = _out_hw("conv_bwd_x", C, H, W, O, Cg, K, stride, pad, groups)
     if gy.shape != (O, OH, OW):
         raise ValueError(f"conv_bwd_x: gy must be {(O, OH, OW)}, got {gy.shape}")

@@ -269,6 +269,8 @@ def test_results_outside_the_devices_domain_are_refused():
         kernels.loss_grad([1, 2], exp_table(0.1), 2)
     with pytest.raises(ValueError, match="exp table"):
         kernels.loss_grad([1, 2], np.zeros(10), 0)
+    with pytest.raises(ValueError, match="weights must be"):
+        kernels.conv_fwd(np.zeros((1, 4, 4)), np.zeros((1, 1, 3, 2)), [0], [1], [1])
     with pytest.raises(ValueError, match="groups"):
         kernels.conv_fwd(np.zeros((3, 4, 4)), np.zeros((2, 1, 3, 3)), [0, 0], [1, 1], [1, 1], groups=2)
 
