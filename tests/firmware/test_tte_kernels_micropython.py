@@ -411,5 +411,6 @@ def test_conv_fwd_speed_in_the_interpreter(tmp_path, capsys):
             name, rest = line.rsplit(" ", 3)[0], line.rsplit(" ", 3)[1:]
             arena_hex, dt, macs = rest[0], float(rest[1]), int(rest[2])
             assert arena_hex == expected[name], f"{name}: the device's output differs from the golden model's"
-            print(f"\nconv_fwd {name}: {macs} MACs in {dt:.0f} us = {macs / dt:.1f} MMAC/s (MicroPython unix port, x64 viper)")
+            print(f"\nconv_fwd {name}: {macs} MACs in {dt:.0f} us = {macs / dt:.1f} MMAC/s "
+                  "(MicroPython unix port, x64 viper)")
     assert len(out.splitlines()) == len(geoms)

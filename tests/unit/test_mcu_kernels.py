@@ -179,7 +179,8 @@ def test_apply_w_and_biases_match_the_formula():
         expect = [[sat(int(w[j, i]) - rq_ref(gw[j, i], um[j], ush[j]), 8) for i in range(row)] for j in range(n)]
         np.testing.assert_array_equal(kernels.apply_w(w, gw, um, ush), expect)
         O, HW = int(rng.integers(1, 10)), int(rng.integers(1, 50))
-        gy, b = rng.integers(-2**15, 2**15, (O, HW)), rng.choice([-2**31, 2**31 - 1, *rng.integers(-2**31, 2**31, 4)], O)
+        gy = rng.integers(-2**15, 2**15, (O, HW))
+        b = rng.choice([-2**31, 2**31 - 1, *rng.integers(-2**31, 2**31, 4)], O)
         um, ush = random_scale(rng, O, 2**14 * HW ** 0.5, 12)
         gb = [sum(int(v) for v in gy[o]) for o in range(O)]
         np.testing.assert_array_equal(kernels.bias_grad(gy), gb)
@@ -211,7 +212,8 @@ def test_elementwise_and_pooling_match_the_formula():
         C, H, W = (int(v) for v in rng.integers(1, 9, 3))
         (m, _), (s, _) = random_scale(rng, 2, 74 * (H * W) ** 0.5)
         x = rng.integers(-128, 128, (C, H, W))
-        np.testing.assert_array_equal(kernels.gap_fwd(x, m, s), [sat(rq_ref(int(x[c].sum()), m, s), 8) for c in range(C)])
+        np.testing.assert_array_equal(kernels.gap_fwd(x, m, s),
+                                      [sat(rq_ref(int(x[c].sum()), m, s), 8) for c in range(C)])
         gy = rng.integers(-2**15, 2**15, C)
         np.testing.assert_array_equal(kernels.gap_bwd(gy, H * W, m, s),
                                       [[sat(rq_ref(g, m, s), 16)] * (H * W) for g in gy])
