@@ -747,13 +747,16 @@ def evolutionary_search(contrib, memory_fn: Callable[[Scheme], int], budget: int
     n_parents = min(n_parents, population - 1)
 
     def mutate(genome):
-        k, genes = genome
-        genes = list(genes)
-        if rng.random() < mutate_prob:
-            k = int(np.clip(k + int(rng.choice((-3, -2, -1, 1, 2, 3))), 1, L))
-        for i in range(L - 1):
+        k0, genes0 = genome
+        k, genes = k0, list(genes0)
+        while (k, tuple(genes)) == (k0, genes0):             # at least one change
             if rng.random() < mutate_prob:
-                genes[i] = int((genes[i] + rng.integers(1, len(CHOICES))) % len(CHOICES))
+                k = int(np.clip(k + int(rng.choice((-3, -2, -1, 1, 2, 3))), 1, L))
+            for i in range(L - 1):
+                if rng.random() < mutate_prob:
+                    genes[i] = int((genes[i] + rng.integers(1, len(CHOICES))) % len(CHOICES))
+            if L == 1:
+                break
         return k, tuple(genes)
 
     def crossover(a, b):
@@ -765,13 +768,18 @@ def evolutionary_search(contrib, memory_fn: Callable[[Scheme], int], budget: int
         pop.sort(key=lambda vg: (-vg[0], vg[1]))
         parents = pop[:n_parents]
         children: list[tuple[float, tuple]] = []
+        stale = 0                 # draws in a row that were already sampled (a converged population)
         while len(parents) + len(children) < population and not s.done:
-            if len(children) < n_mutants or len(parents) < 2:
+            if stale >= 10 * population:
+                child = s.random_genome(rng)                 # an immigrant, once the neighbourhood is spent
+            elif len(children) < n_mutants or len(parents) < 2:
                 child = mutate(parents[int(rng.integers(len(parents)))][1])
             else:
                 i, j = rng.choice(len(parents), size=2, replace=False)
                 child = crossover(parents[i][1], parents[j][1])
+            before = len(s.curve)
             value = s.offer(*child)
+            stale = stale + 1 if len(s.curve) == before else 0
             if value is not None:
                 children.append((value, table.canonical(*child)))
         pop = parents + children
@@ -780,28 +788,31 @@ def evolutionary_search(contrib, memory_fn: Callable[[Scheme], int], budget: int
 
 def brute_force(contrib, memory_fn: Callable[[Scheme], int], budget: int) -> tuple[float, Scheme]:
     """The exact optimum of eq. 5 by enumeration of every canonical scheme (small tables only:
-    ``sum_k 5**(k-1)`` schemes for L layers)."""
+    ``sum_k 5**(k-1)`` schemes for L layers): per depth k, the schemes in decreasing objective
+    until the first one within the budget."""
     table = _as_table(contrib)
     L = table.L
     if (len(CHOICES) ** L - 1) // (len(CHOICES) - 1) > 2_000_000:
         raise ValueError(f"brute force: {L} layers is too many schemes to enumerate")
-    best = None
-    import itertools
-
+    gain = np.concatenate([np.zeros((L - 1, 1)), table.weight], axis=1)     # gene 0: frozen
+    best: tuple[float, tuple] | None = None
     for k in range(1, L + 1):
-        reach = list(range(L - k, L - 1))
-        for combo in itertools.product(range(len(CHOICES)), repeat=len(reach)):
+        reach = np.arange(L - k, L - 1)
+        combos = np.indices((len(CHOICES),) * len(reach)).reshape(len(reach), -1).T if len(reach) else \
+            np.zeros((1, 0), dtype=int)
+        values = table.bias[k] + gain[reach[None, :], combos].sum(axis=1)
+        for j in np.argsort(-values, kind="stable"):
+            if best is not None and values[j] <= best[0] - 1e-12:
+                break
             genes = [0] * (L - 1)
-            for i, g in zip(reach, combo):
-                genes[i] = g
-            genome = table.canonical(k, tuple(genes))
-            if genome[0] != k:
-                continue
-            value = table.objective(*genome)
-            if best is not None and value <= best[0]:
-                continue
+            for i, g in zip(reach, combos[j]):
+                genes[int(i)] = int(g)
+            genome = (k, tuple(genes))
             if memory_fn(table.scheme(*genome)) <= budget:
-                best = (value, genome)
+                value = table.objective(*genome)
+                if best is None or value > best[0]:
+                    best = (value, genome)
+                break
     if best is None:
         raise InsituError("brute force: no scheme within the budget")
     return best[0], table.scheme(*best[1])
@@ -823,7 +834,7 @@ def plot_curves(results: Iterable[SearchResult], path, title: str = "") -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for r in results:
-        ax.plot(np.arange(1, len(r.curve) + 1), np.asarray(r.curve) * 100, label=f"{r.method} ({r.objective * 100:+.2f})")
+        ax.plot(np.arange(1, len(r.curve) + 1), np.array([np.nan if v is None else v for v in r.curve]) * 100, label=f"{r.method} ({r.objective * 100:+.2f})")
     ax.set_xlabel("# sampled schemes (feasible)")
     ax.set_ylabel("best Σ Δacc (percentage points)")
     if title:
