@@ -91,3 +91,99 @@ def emulate(board, flash_dir, heap, as_json):
                 twin.reset()
     finally:
         twin.stop()
+
+
+# --------------------------------------------------------------------------- insitu mcu search
+
+@command.command("search")
+@click.option("--model", default="mbv2-28", show_default=True, help="The pretrained model (mbv2-28, mbv2-tiny).")
+@click.option("--task", default="digits", show_default=True, help="The adaptation task (digits, fashion-shift).")
+@click.option("--budget", required=True,
+              help="Memory budget of the training arena, in bytes or with K/M (128K = 131072 B).")
+@click.option("--evaluations", type=int, default=5000, show_default=True,
+              help="Schemes each search samples (memory planned); the same for both searches.")
+@click.option("--train-samples", type=int, default=500, show_default=True,
+              help="Contribution analysis: training samples per configuration.")
+@click.option("--eval-samples", type=int, default=None,
+              help="Contribution analysis: test samples scoring each configuration [default: 500 or all].")
+@click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate (as insitu train's).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--workers", type=int, default=None,
+              help="Processes training the analysis's configurations [default: the CPU count].")
+@click.option("--refresh", is_flag=True, help="Redo the contribution analysis even if it is cached.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the searched scheme's JSON here (what `insitu train --scheme` takes).")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write the best-so-far curves of both searches here (PNG).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
+def search(model, task, budget, evaluations, train_samples, eval_samples, lr, seed, workers, refresh, out, plot,
+           as_json):
+    """Search a sparse-update scheme under a memory budget (tiny-training §2.2, eq. 5).
+
+    Runs the contribution analysis on the host simulator (each bias depth and each layer's
+    weights at each ratio trained on the same samples; cached under the insitu cache), then an
+    evolutionary and a random search maximizing the summed contributions with the compiler's
+    planned memory within --budget, with the same number of evaluations.
+
+    \b
+    Example:
+      insitu mcu search --budget 128K --out scheme.json --plot curve.png
+      insitu train --board stm32f746-disco-sim --algo sparse --scheme "$(cat scheme.json)"
+    """
+    from insitu.cli.output import emit_json, progress, report, write_json
+    from insitu.io import check_writable
+    from insitu.mcu.search import SearchResult, format_size, parse_size, plot_curves, run_search
+    from insitu.mcu.scheme import Scheme
+
+    budget_bytes = parse_size(budget)
+    for path, what in ((out, "--out"), (plot, "--plot")):
+        if path:
+            check_writable(path, what)
+    workers = workers if workers is not None else max(1, os.cpu_count() or 1)
+    result = run_search(model, task, budget_bytes, evaluations=evaluations, train_samples=train_samples,
+                        eval_samples=eval_samples, lr=lr, seed=seed, workers=workers, refresh=refresh,
+                        progress_factory=lambda what, total: progress(what, total),
+                        say=lambda msg: console.print(msg))
+    if out:
+        write_json(out, result["scheme"], "--out")
+    if plot:
+        curves = [SearchResult(name, Scheme.from_json(r["scheme"]), r["objective"], r["memory_bytes"], r["curve"],
+                               r["evaluations"], r["feasible"], r["seconds"], r["budget_bytes"])
+                  for name, r in result["searches"].items()]
+        try:
+            plot_curves(curves, plot, f"{model} on {task}, budget {format_size(budget_bytes)}")
+        except OSError as exc:
+            raise InsituError(f"cannot write --plot {plot}: {exc.strerror}") from None
+    if as_json:
+        emit_json(result)
+        return
+    from rich.table import Table
+
+    c = result["contributions"]
+    t = Table(title=f"contributions (accuracy points vs. classifier only {c['reference_accuracy']:.3f}; "
+                    f"{c['train_samples']} training / {c['eval_samples']} test samples)")
+    t.add_column("k", justify="right")
+    t.add_column("layer", no_wrap=True)
+    t.add_column("Δacc_b[:k]", justify="right")
+    for r in ("0.125", "0.25", "0.5", "1"):
+        t.add_column(f"W@{r}", justify="right")
+    layers = list(c["delta_weight"]) + [None]
+    L = len(layers)
+    for i, name in enumerate(layers):
+        k = L - i
+        cells = [f"{100 * v:+.1f}" for v in c["delta_weight"][name].values()] if name else ["", "", "", ""]
+        t.add_row(str(k), name or "classifier", f"{100 * c['delta_bias'][str(k)]:+.1f}", *cells)
+    report.print(t)
+    s = Table(title=f"search under {format_size(budget_bytes)} ({result['budget_bytes']:,} B), "
+                    f"{evaluations} evaluations each")
+    for col in ("search", "Σ Δacc (points)", "planned arena", "feasible", "seconds"):
+        s.add_column(col, justify="left" if col == "search" else "right")
+    for name, r in result["searches"].items():
+        s.add_row(name, f"{100 * r['objective']:+.2f}", f"{r['memory_bytes']:,} B", str(r["feasible"]),
+                  f"{r['seconds']:.1f}")
+    report.print(s)
+    for name, r in result["searches"].items():
+        report.print(f"{name}: {r['scheme_text']}", soft_wrap=True)
+    report.print(f"scheme ({result['scheme_from']}): {json.dumps(result['scheme'])}", soft_wrap=True)
+    if out:
+        report.print(f"written to {out}: insitu train --algo sparse --scheme \"$(cat {out})\"", soft_wrap=True)

@@ -846,3 +846,120 @@ def plot_curves(results: Iterable[SearchResult], path, title: str = "") -> None:
         fig.savefig(path)
     finally:
         plt.close(fig)
+
+
+# --------------------------------------------------------------------------- `insitu mcu search`
+
+#: Bump when the analysis changes what it measures (cached tables of older versions are redone).
+CONTRIBUTIONS_VERSION = 1
+DEFAULT_EVALUATIONS = 5000
+DEFAULT_TRAIN_SAMPLES = 500
+DEFAULT_EVAL_SAMPLES = 500
+
+
+def contributions_path(cache_dir, model: str, task: str, settings: dict):
+    from pathlib import Path
+
+    return Path(cache_dir) / f"{model}-{task}-{contributions_key(**settings)}.json"
+
+
+def load_or_analyze(prep, model: str, task: str, lr: float, train_samples: int, eval_samples: int, seed: int,
+                    workers: int, cache_dir, refresh: bool = False, progress=None) -> tuple[Contributions, str, bool]:
+    """The contribution analysis of a prepared model and task, from the cache when it holds one
+    for the same settings and graph (else run and cached): ``(contributions, path, cached)``."""
+    from insitu.io import atomic_write_json
+
+    settings = {"model": model, "task": task, "lr": float(lr), "train_samples": int(train_samples),
+                "eval_samples": int(eval_samples), "seed": int(seed), "graph": graph_digest(prep.graph),
+                "version": CONTRIBUTIONS_VERSION}
+    path = contributions_path(cache_dir, model, task, settings)
+    if path.is_file() and not refresh:
+        try:
+            c = Contributions.from_json(json.loads(path.read_text()))
+            if all(c.settings.get(k) == v for k, v in settings.items()):
+                return c, str(path), True
+        except (OSError, ValueError, InsituError):
+            pass                                           # unreadable or stale: redo it
+    c = analyze_contributions(Bundle.from_prepared(prep, lr), train_samples=train_samples,
+                              eval_samples=eval_samples, seed=seed, workers=workers, progress=progress,
+                              settings=settings)
+    try:
+        atomic_write_json(path, c.to_json())
+    except OSError as exc:
+        raise InsituError(f"cannot write the contribution cache {path}: {exc.strerror}") from None
+    return c, str(path), False
+
+
+def run_search(model: str, task: str, budget, *, evaluations: int = DEFAULT_EVALUATIONS,
+               train_samples: int = DEFAULT_TRAIN_SAMPLES, eval_samples: int | None = None, lr: float = 0.05,
+               seed: int = 0, workers: int = 1, cache_dir=None, refresh: bool = False,
+               progress_factory=None, say=None) -> dict:
+    """`insitu mcu search`: contribution analysis of ``model`` on ``task`` (cached), then the
+    evolutionary and random searches of eq. 5 under ``budget`` bytes with the same number of
+    evaluations. Returns the report as a dict (``schemes`` holds the searched scheme's JSON)."""
+    from insitu.mcu.models import model_config
+    from insitu.mcu.quantize import cache_root
+    from insitu.mcu.tasks import TASKS
+
+    budget = parse_size(budget)
+    model_config(model)                                # unknown model: UsageError before any work
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+    for name, value in (("evaluations", evaluations), ("train samples", train_samples), ("workers", workers)):
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise UsageError(f"{name} must be a positive integer, got {value!r}")
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise UsageError(f"lr must be a positive number, got {lr!r}")
+    say = say or (lambda msg: None)
+    progress_factory = progress_factory or (lambda what, total: contextlib.nullcontext(lambda n=1: None))
+    from insitu.mcu.train import Prepared
+
+    started = time.perf_counter()
+    prep = Prepared(model, task, "classifier", lr, seed)
+    memory = MemoryModel(prep.graph, prep.grad_scales, lr)
+    floor = min_memory(prep.graph, memory)
+    if budget < floor:
+        raise UsageError(f"budget {budget:,} B is below what any scheme needs: training the classifier of "
+                         f"{model} alone plans {floor:,} B ({format_size(floor)})")
+    n_test = len(prep.y_test)
+    eval_samples = min(DEFAULT_EVAL_SAMPLES, n_test) if eval_samples is None else eval_samples
+    if not isinstance(eval_samples, (int, np.integer)) or not 1 <= eval_samples <= n_test:
+        raise UsageError(f"eval samples must be in [1, {n_test}] ({task}'s test samples), got {eval_samples!r}")
+    folder = cache_dir if cache_dir is not None else cache_root() / "mcu" / "contributions"
+    configs = len({scheme_key(s) for _, s in contribution_configs(prep.graph)})
+    with progress_factory(f"contribution analysis ({configs} trainings)", configs) as advance:
+        contrib, path, cached = load_or_analyze(prep, model, task, lr, train_samples, eval_samples, seed, workers,
+                                                folder, refresh, advance)
+    say(f"contributions {'from the cache' if cached else 'measured'}: {path}")
+    table = contrib.table()
+    results = {}
+    for name, fn in (("evolutionary", evolutionary_search), ("random", random_search)):
+        with progress_factory(f"{name} search", evaluations) as advance:
+            results[name] = fn(table, memory, budget, evaluations, seed, progress=advance)
+    # The winners compiled by the real compiler (the plans the search used are its own passes).
+    checked = {name: memory.compile(r.scheme) for name, r in results.items()}
+    for name, r in results.items():
+        if checked[name] != r.memory:
+            raise InsituError(f"{name} search: the compiler plans {checked[name]:,} B for {r.scheme.describe()}, "
+                              f"the search's plan said {r.memory:,} B; rerun (the fast plan is now off)")
+    best = max(results.values(), key=lambda r: (r.objective, r.method == "evolutionary"))
+    L = len(contrib.layers)
+    return {
+        "model": model, "task": task, "budget_bytes": budget, "lr": float(lr), "seed": int(seed),
+        "min_memory_bytes": floor,
+        "contributions": {"path": path, "cached": cached, "reference_accuracy": contrib.reference_accuracy,
+                          "delta_bias": {str(k): contrib.delta_bias(k) for k in range(1, L + 1)},
+                          "delta_weight": {n: {_ratio_label(r): contrib.delta_weight(n, r) for r in RATIOS}
+                                           for n in contrib.layers[:-1]},
+                          "memory": contrib.memory, "seconds": contrib.seconds,
+                          "train_samples": int(train_samples), "eval_samples": int(eval_samples)},
+        "searches": {name: r.to_json() for name, r in results.items()},
+        "scheme": best.scheme.to_json(),
+        "scheme_text": best.scheme.describe(),
+        "scheme_from": best.method,
+        "objective": best.objective,
+        "memory_bytes": best.memory,
+        "memory": {"plans": memory.compiles, "queries": memory.queries, "plan_seconds": memory.compile_seconds,
+                   "fast_plan": memory.fallback is None, "fallback": memory.fallback},
+        "seconds": time.perf_counter() - started,
+    }
