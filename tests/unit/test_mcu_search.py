@@ -268,3 +268,22 @@ def test_plot_of_the_two_curves(tmp_path):
     out = tmp_path / "curve.png"
     plot_curves(results, out, "synthetic")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- the command's bad input
+
+@pytest.mark.parametrize("args,message", [
+    (["--budget", "lots"], "not a memory size"),
+    (["--budget", "0"], "must be positive"),
+    (["--budget", "128K", "--model", "resnet"], "unknown model 'resnet'"),
+    (["--budget", "128K", "--task", "cifar"], "unknown task 'cifar'"),
+    (["--budget", "128K", "--evaluations", "0"], "evaluations must be a positive integer"),
+])
+def test_search_command_refuses_bad_input_before_any_work(args, message):
+    from click.testing import CliRunner
+
+    from insitu.cli import main
+
+    result = CliRunner().invoke(main, ["mcu", "search", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
