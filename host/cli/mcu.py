@@ -111,13 +111,16 @@ def emulate(board, flash_dir, heap, as_json):
 @click.option("--workers", type=int, default=None,
               help="Processes training the analysis's configurations [default: the CPU count].")
 @click.option("--refresh", is_flag=True, help="Redo the contribution analysis even if it is cached.")
+@click.option("--validate/--no-validate", default=True, show_default=True,
+              help="Train both searches' schemes as the analysis trains a configuration and report the "
+                   "accuracy they reach (eq. 5 only predicts it as a sum of contributions).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the searched scheme's JSON here (what `insitu train --scheme` takes).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write the best-so-far curves of both searches here (PNG).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
-def search(model, task, budget, evaluations, train_samples, eval_samples, lr, seed, workers, refresh, out, plot,
-           as_json):
+def search(model, task, budget, evaluations, train_samples, eval_samples, lr, seed, workers, refresh, validate, out,
+           plot, as_json):
     """Search a sparse-update scheme under a memory budget (tiny-training §2.2, eq. 5).
 
     Runs the contribution analysis on the host simulator (each bias depth and each layer's
@@ -142,7 +145,7 @@ def search(model, task, budget, evaluations, train_samples, eval_samples, lr, se
     workers = workers if workers is not None else max(1, os.cpu_count() or 1)
     result = run_search(model, task, budget_bytes, evaluations=evaluations, train_samples=train_samples,
                         eval_samples=eval_samples, lr=lr, seed=seed, workers=workers, refresh=refresh,
-                        progress_factory=lambda what, total: progress(what, total),
+                        validate=validate, progress_factory=lambda what, total: progress(what, total),
                         say=lambda msg: console.print(msg))
     if out:
         write_json(out, result["scheme"], "--out")
@@ -174,14 +177,21 @@ def search(model, task, budget, evaluations, train_samples, eval_samples, lr, se
         cells = [f"{100 * v:+.1f}" for v in c["delta_weight"][name].values()] if name else ["", "", "", ""]
         t.add_row(str(k), name or "classifier", f"{100 * c['delta_bias'][str(k)]:+.1f}", *cells)
     report.print(t)
-    s = Table(title=f"search under {format_size(budget_bytes)} ({result['budget_bytes']:,} B), "
-                    f"{evaluations} evaluations each")
-    for col in ("search", "Σ Δacc (points)", "planned arena", "feasible", "seconds"):
+    s = Table(title=f"search under {format_size(budget_bytes)} ({result['budget_bytes']:,} B; Σ Δacc in points, "
+                    f"{evaluations} evaluations each, accuracy: the scheme trained)")
+    checked = result["validation"] or {}
+    for col in ("search", "Σ Δacc", "arena", "feasible", "seconds", "accuracy"):
         s.add_column(col, justify="left" if col == "search" else "right")
     for name, r in result["searches"].items():
+        v = checked.get(name)
         s.add_row(name, f"{100 * r['objective']:+.2f}", f"{r['memory_bytes']:,} B", str(r["feasible"]),
-                  f"{r['seconds']:.1f}")
+                  f"{r['seconds']:.1f}", f"{v['accuracy']:.3f}" if v else "-")
     report.print(s)
+    for name, v in checked.items():
+        if v["accuracy"] < v["reference_accuracy"]:
+            console.print(f"[yellow]warning[/]: the {name} scheme reaches {v['accuracy']:.3f}, below the classifier "
+                          f"alone ({v['reference_accuracy']:.3f}): its contributions do not add up (training "
+                          "several layers' weights at this --lr can diverge); try a lower --lr")
     for name, r in result["searches"].items():
         report.print(f"{name}: {r['scheme_text']}", soft_wrap=True)
     report.print(f"scheme ({result['scheme_from']}): {json.dumps(result['scheme'])}", soft_wrap=True)

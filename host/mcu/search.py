@@ -457,6 +457,30 @@ def _run_config(scheme_json: dict) -> tuple[float, int]:
     return float(sim.accuracy(w["x_eval"], w["y_eval"])), int(compiled.arena_bytes)
 
 
+def _payload(bundle, lr: float, train_samples: int, eval_samples: int, seed: int) -> dict:
+    from insitu.training import sample_order
+
+    order = sample_order(len(bundle.y_train), seed, 0, int(train_samples))
+    return {"graph": bundle.graph, "grad_scales": dict(bundle.grad_scales), "lr": float(lr),
+            "x_train": np.ascontiguousarray(bundle.x_train[order]),
+            "y_train": np.ascontiguousarray(bundle.y_train[order]),
+            "x_eval": np.ascontiguousarray(bundle.x_test[:eval_samples]),
+            "y_eval": np.ascontiguousarray(bundle.y_test[:eval_samples])}
+
+
+def score_schemes(bundle, schemes: list[Scheme], *, train_samples: int, eval_samples: int, seed: int = 0,
+                  lr: float | None = None) -> list[tuple[float, int]]:
+    """``(accuracy, planned arena)`` of each scheme trained exactly as the contribution analysis
+    trains its configurations (same samples, same order, same test samples): what a searched
+    scheme really reaches, to set against the sum of contributions that chose it."""
+    lr = float(lr if lr is not None else getattr(bundle, "lr"))
+    _init_worker(_payload(bundle, lr, train_samples, eval_samples, seed))
+    try:
+        return [_run_config(s.to_json()) for s in schemes]
+    finally:
+        _WORK.clear()
+
+
 def analyze_contributions(bundle, *, train_samples: int = 300, eval_samples: int = 300, seed: int = 0,
                           lr: float | None = None, workers: int = 1, progress=None,
                           settings: dict | None = None) -> Contributions:
@@ -477,23 +501,16 @@ def analyze_contributions(bundle, *, train_samples: int = 300, eval_samples: int
     scheme reaching layer i, it is the weight's own contribution, so the sum of eq. 5 does not
     count the biases twice.
     """
-    from insitu.training import sample_order
-
     lr = float(lr if lr is not None else getattr(bundle, "lr"))
     graph = bundle.graph
-    n_train, n_test = len(bundle.y_train), len(bundle.y_test)
+    n_test = len(bundle.y_test)
     if not isinstance(train_samples, (int, np.integer)) or train_samples < 1:
         raise UsageError(f"train_samples must be a positive integer, got {train_samples!r}")
     if not isinstance(eval_samples, (int, np.integer)) or not 1 <= eval_samples <= n_test:
         raise UsageError(f"eval_samples must be in [1, {n_test}] (the task's test samples), got {eval_samples!r}")
     if not isinstance(workers, (int, np.integer)) or workers < 1:
         raise UsageError(f"workers must be a positive integer, got {workers!r}")
-    order = sample_order(n_train, seed, 0, int(train_samples))
-    payload = {"graph": graph, "grad_scales": dict(bundle.grad_scales), "lr": lr,
-               "x_train": np.ascontiguousarray(bundle.x_train[order]),
-               "y_train": np.ascontiguousarray(bundle.y_train[order]),
-               "x_eval": np.ascontiguousarray(bundle.x_test[:eval_samples]),
-               "y_eval": np.ascontiguousarray(bundle.y_test[:eval_samples])}
+    payload = _payload(bundle, lr, train_samples, eval_samples, seed)
     configs = contribution_configs(graph)
     unique: dict[tuple, dict] = {}
     for _, scheme in configs:
@@ -835,7 +852,7 @@ def plot_curves(results: Iterable[SearchResult], path, title: str = "") -> None:
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for r in results:
         ax.plot(np.arange(1, len(r.curve) + 1), np.array([np.nan if v is None else v for v in r.curve]) * 100, label=f"{r.method} ({r.objective * 100:+.2f})")
-    ax.set_xlabel("# sampled schemes (feasible)")
+    ax.set_xlabel("# sampled schemes (memory planned)")
     ax.set_ylabel("best Σ Δacc (percentage points)")
     if title:
         ax.set_title(title)
@@ -892,11 +909,13 @@ def load_or_analyze(prep, model: str, task: str, lr: float, train_samples: int, 
 
 def run_search(model: str, task: str, budget, *, evaluations: int = DEFAULT_EVALUATIONS,
                train_samples: int = DEFAULT_TRAIN_SAMPLES, eval_samples: int | None = None, lr: float = 0.05,
-               seed: int = 0, workers: int = 1, cache_dir=None, refresh: bool = False,
+               seed: int = 0, workers: int = 1, cache_dir=None, refresh: bool = False, validate: bool = True,
                progress_factory=None, say=None) -> dict:
     """`insitu mcu search`: contribution analysis of ``model`` on ``task`` (cached), then the
     evolutionary and random searches of eq. 5 under ``budget`` bytes with the same number of
-    evaluations. Returns the report as a dict (``schemes`` holds the searched scheme's JSON)."""
+    evaluations. Returns the report as a dict (``scheme`` holds the searched scheme's JSON); with
+    ``validate``, ``validation`` holds the accuracy each search's scheme really reaches when
+    trained as the analysis's configurations were (the sum of contributions only predicts it)."""
     from insitu.mcu.models import model_config
     from insitu.mcu.quantize import cache_root
     from insitu.mcu.tasks import TASKS
@@ -943,6 +962,16 @@ def run_search(model: str, task: str, budget, *, evaluations: int = DEFAULT_EVAL
             raise InsituError(f"{name} search: the compiler plans {checked[name]:,} B for {r.scheme.describe()}, "
                               f"the search's plan said {r.memory:,} B; rerun (the fast plan is now off)")
     best = max(results.values(), key=lambda r: (r.objective, r.method == "evolutionary"))
+    validation = None
+    if validate:
+        # Eq. 5 assumes contributions add up; train the winners as the analysis trained each
+        # configuration and report what they really reach.
+        say("training the searched schemes to check the sum of contributions")
+        scored = score_schemes(Bundle.from_prepared(prep, lr), [r.scheme for r in results.values()],
+                               train_samples=train_samples, eval_samples=eval_samples, seed=seed)
+        validation = {name: {"accuracy": acc, "predicted": contrib.reference_accuracy + r.objective,
+                             "reference_accuracy": contrib.reference_accuracy}
+                      for (name, r), (acc, _) in zip(results.items(), scored)}
     L = len(contrib.layers)
     return {
         "model": model, "task": task, "budget_bytes": budget, "lr": float(lr), "seed": int(seed),
@@ -954,6 +983,7 @@ def run_search(model: str, task: str, budget, *, evaluations: int = DEFAULT_EVAL
                           "memory": contrib.memory, "seconds": contrib.seconds,
                           "train_samples": int(train_samples), "eval_samples": int(eval_samples)},
         "searches": {name: r.to_json() for name, r in results.items()},
+        "validation": validation,
         "scheme": best.scheme.to_json(),
         "scheme_text": best.scheme.describe(),
         "scheme_from": best.method,

@@ -14,7 +14,8 @@ from insitu.mcu.graph import random_graph
 from insitu.mcu.scheme import RATIOS, Scheme
 from insitu.mcu.search import (CHOICES, Bundle, ContributionTable, Contributions, MemoryModel,
                                analyze_contributions, brute_force, canonical, contribution_configs,
-                               evolutionary_search, memory_of, parse_size, plot_curves, random_search)
+                               evolutionary_search, memory_of, parse_size, plot_curves, random_search,
+                               score_schemes)
 
 pytestmark = pytest.mark.unit
 
@@ -249,6 +250,9 @@ def test_contribution_analysis_on_a_random_graph():
     assert (par.bias_accuracy, par.weight_accuracy, par.memory) == (c.bias_accuracy, c.weight_accuracy, c.memory)
     r = evolutionary_search(c, model, model(S.bias_only(g, 3)), evaluations=30, seed=0)
     assert r.memory <= model(S.bias_only(g, 3))
+    # a scheme scored on its own is trained exactly as the analysis trained it
+    (acc, arena), = score_schemes(bundle, [S.bias_only(g, 3)], train_samples=8, eval_samples=10, seed=1)
+    assert (acc, arena) == (c.bias_accuracy[2], c.memory["bias-3"])
 
 
 def test_contribution_analysis_refuses_bad_sample_counts():
