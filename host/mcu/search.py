@@ -4,7 +4,10 @@ Three parts:
 
 1. **Memory** (:func:`memory_of`, :class:`MemoryModel`): the planned peak of a scheme is the
    training compiler's arena (``compile_training(...).arena_bytes``), memoized by the scheme's
-   canonical key (the same scheme written two ways compiles once).
+   canonical key (the same scheme written two ways is planned once). A search plans thousands of
+   schemes: they are planned by the compiler's own passes without code generation and with the
+   scheme-independent numerics computed once per graph (~5 ms instead of ~80 ms on mbv2-28),
+   cross-checked against ``compile_training`` (tests, the first plans of a model, the winners).
 2. **Contribution analysis** (:func:`analyze_contributions`): the host simulator trains the new
    head with one scheme per configuration on the same samples, and measures
    ``Δacc_b[k]`` (biases of the last k layers, vs. the classifier only) and ``Δacc_W[i, r]``
@@ -23,6 +26,7 @@ train (and whose memory the compiler plans).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import hashlib
@@ -30,7 +34,6 @@ import json
 import math
 import re
 import time
-import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
@@ -43,10 +46,10 @@ from insitu.mcu.compiler import Options, compile_training
 from insitu.mcu.graph import Graph, act_bounds
 from insitu.mcu.scheme import RATIOS, Scheme, bias_only, classifier_only
 
-__all__ = ["CHOICES", "parse_size", "scheme_key", "canonical", "MemoryModel", "memory_of",
-           "Bundle", "Contributions", "contribution_configs", "analyze_contributions",
-           "ContributionTable", "SearchResult", "evolutionary_search", "random_search",
-           "brute_force", "min_memory"]
+__all__ = ["CHOICES", "parse_size", "format_size", "scheme_key", "canonical", "MemoryModel", "memory_of",
+           "min_memory", "Bundle", "Contributions", "contribution_configs", "analyze_contributions",
+           "score_schemes", "ContributionTable", "SearchResult", "evolutionary_search", "random_search",
+           "brute_force", "compare", "plot_curves", "run_search"]
 
 #: A layer's weight ratio in the search: 0 (frozen) or one of the scheme ratios.
 CHOICES = (0.0, *RATIOS)
@@ -323,7 +326,9 @@ class MemoryModel:
         return int(arena)
 
 
-_MODELS: dict[tuple, MemoryModel] = {}
+#: memory_of's models of the last few (graph, scales, lr) (held: a search's graph stays alive).
+_MODELS: "collections.OrderedDict[tuple, MemoryModel]" = collections.OrderedDict()
+_MAX_MODELS = 4
 
 
 def _scales_digest(grad_scales: dict[str, float]) -> str:
@@ -333,12 +338,15 @@ def _scales_digest(grad_scales: dict[str, float]) -> str:
 def memory_of(graph: Graph, scheme: Scheme, grad_scales: dict[str, float], lr: float,
               reorder: bool = True) -> int:
     """The planned peak (``compile_training(...).arena_bytes``) of ``scheme``, memoized per graph
-    object (held weakly), gradient scales, lr and canonical scheme."""
+    object, gradient scales, lr and canonical scheme (the models of the last four graphs are
+    kept; a search holds its own :class:`MemoryModel`)."""
     key = (id(graph), _scales_digest(grad_scales), float(lr), bool(reorder))
     model = _MODELS.get(key)
     if model is None or model.graph is not graph:
         model = _MODELS[key] = MemoryModel(graph, grad_scales, lr, reorder)
-        weakref.finalize(graph, _MODELS.pop, key, None)
+        while len(_MODELS) > _MAX_MODELS:
+            _MODELS.popitem(last=False)
+    _MODELS.move_to_end(key)
     return model(scheme)
 
 
@@ -532,7 +540,8 @@ def analyze_contributions(bundle, *, train_samples: int = 300, eval_samples: int
 
         with ProcessPoolExecutor(max_workers=min(int(workers), len(keys)), initializer=_init_worker,
                                  initargs=(payload,)) as pool:
-            futures = {pool.submit(_run_config, unique[key]): key for key in keys}
+            # deepest backpropagation (the longest trainings) first: the pool ends together
+            futures = {pool.submit(_run_config, unique[key]): key for key in sorted(keys, key=lambda k: -k[0])}
             for fut in as_completed(futures):
                 results[futures[fut]] = fut.result()
                 if progress:
