@@ -7,6 +7,7 @@
 # plus the link's fixed buffers; nothing is allocated per sample.
 import gc
 import os
+import sys
 
 import micropython
 
@@ -112,6 +113,19 @@ def _stats_text(done, arena):
         done, arena, peak, gc.mem_alloc(), gc.mem_free())
 
 
+def _refuse(link, text):
+    # The firmware cannot train (no heap, bad blob): answer every request with the reason, so the
+    # host reports it, until the host says goodbye.
+    try:
+        while True:
+            typ, seq, pl = link.recv()
+            link.send(MSG_ERROR, seq, text)
+            if typ == MSG_BYE:
+                return
+    finally:
+        link.close()
+
+
 def serve(checkpoint_every=1):
     link = Link()
     reply = bytearray(16)
@@ -120,14 +134,14 @@ def serve(checkpoint_every=1):
     try:
         A = bytearray(M.ARENA_BYTES)
     except MemoryError:
-        link.send(MSG_ERROR, 0, "the compiled plan needs an arena of %d bytes; the heap has %d bytes free: "
-                  "compile a sparser scheme or run with a larger heap" % (M.ARENA_BYTES, free))
+        _refuse(link, "the compiled plan needs an arena of %d bytes; the heap has %d bytes free: "
+                "compile a sparser scheme or run with a larger heap" % (M.ARENA_BYTES, free))
         return
     f = open(BLOB, "rb")
     err = _check_blob(f, memoryview(A)[:min(len(A), 512)])
     if err:
-        link.send(MSG_ERROR, 0, err)
         f.close()
+        _refuse(link, err)
         return
     # The program table first (the init kernels are in it), then the initial tensors.
     f.seek(0)
@@ -140,7 +154,6 @@ def serve(checkpoint_every=1):
     io = M.IO_OFF
     x0, nx = M.INPUT_OFF, M.INPUT_BYTES
     mv = memoryview(A)
-    link.kbd_intr(False)
     try:
         while True:
             typ, seq, pl = link.recv()
@@ -176,8 +189,9 @@ def serve(checkpoint_every=1):
                 _put32(reply, 4, _i32(A, io + 4))
                 link.send(MSG_PRED, seq, memoryview(reply)[:8])
             elif typ == MSG_HELLO:
-                link.send(MSG_INFO, seq, "model=%s arena=%d done=%d every=%d classes=%d input=%d" % (
-                    M.MODEL_ID, M.ARENA_BYTES, done, checkpoint_every, M.CLASSES, nx))
+                link.send(MSG_INFO, seq, "model=%s arena=%d done=%d every=%d classes=%d input=%d impl=%s platform=%s" % (
+                    M.MODEL_ID, M.ARENA_BYTES, done, checkpoint_every, M.CLASSES, nx,
+                    sys.implementation.name, sys.platform))
             elif typ == MSG_STATS:
                 link.send(MSG_STATS, seq, _stats_text(done, M.ARENA_BYTES))
             elif typ == MSG_SET:
@@ -195,5 +209,5 @@ def serve(checkpoint_every=1):
             else:
                 link.send(MSG_ERROR, seq, "unknown message type %d" % typ)
     finally:
-        link.kbd_intr(True)
+        link.close()                # Ctrl-C interrupts again
         f.close()

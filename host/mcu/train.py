@@ -65,12 +65,10 @@ def check_fits(compiled: Compiled, heap_bytes: int) -> None:
 
 
 def firmware_files(compiled: Compiled) -> dict[str, bytes | Path]:
-    from insitu.mcu.abi import firmware_constants
-    from insitu.resources import package_dir
+    """The firmware runtime, the generated training module and the weight blob."""
+    from insitu.mcu.flash import firmware_files as runtime
 
-    fw = package_dir("firmware")
-    files: dict[str, bytes | Path] = {p.name: p for p in sorted(fw.glob("*.py"))}
-    files["tte_abi.py"] = firmware_constants().encode()
+    files: dict[str, bytes | Path] = dict(runtime())
     files["tte_model.py"] = compiled.module.encode()
     files["tte_model.bin"] = compiled.blob
     return files
