@@ -9,7 +9,6 @@ import gc
 import os
 import sys
 
-import micropython
 
 import tte_model as M
 from link import Link
@@ -106,9 +105,11 @@ def _restore(A, header):
         return _u32(head, 20)
 
 
-def _stats_text(done, arena):
+def _stats_text(done, arena, peak):
+    # mem_peak: the most heap in use seen right after a training step or an evaluation, each
+    # started from a collected heap (live data + what one step allocates); mem_alloc: what is
+    # live after a collection.
     gc.collect()
-    peak = micropython.mem_peak() if hasattr(micropython, "mem_peak") else -1
     return "samples=%d arena=%d mem_peak=%d mem_alloc=%d mem_free=%d" % (
         done, arena, peak, gc.mem_alloc(), gc.mem_free())
 
@@ -154,6 +155,7 @@ def serve(checkpoint_every=1):
     io = M.IO_OFF
     x0, nx = M.INPUT_OFF, M.INPUT_BYTES
     mv = memoryview(A)
+    peak = gc.mem_alloc()
     try:
         while True:
             typ, seq, pl = link.recv()
@@ -162,7 +164,9 @@ def serve(checkpoint_every=1):
                 if n == done and len(pl) == 5 + nx:
                     mv[x0:x0 + nx] = pl[5:5 + nx]
                     _put32(A, io, pl[4])
+                    gc.collect()
                     M.train(A, f)
+                    peak = max(peak, gc.mem_alloc())
                     done += 1
                     if done % checkpoint_every == 0:
                         _save(A, done, header)
@@ -184,7 +188,9 @@ def serve(checkpoint_every=1):
                         len(pl) - 4, nx))
                     continue
                 mv[x0:x0 + nx] = pl[4:4 + nx]
+                gc.collect()
                 M.infer(A, f)
+                peak = max(peak, gc.mem_alloc())
                 reply[0:4] = pl[0:4]
                 _put32(reply, 4, _i32(A, io + 4))
                 link.send(MSG_PRED, seq, memoryview(reply)[:8])
@@ -193,7 +199,7 @@ def serve(checkpoint_every=1):
                     M.MODEL_ID, M.ARENA_BYTES, done, checkpoint_every, M.CLASSES, nx,
                     sys.implementation.name, sys.platform))
             elif typ == MSG_STATS:
-                link.send(MSG_STATS, seq, _stats_text(done, M.ARENA_BYTES))
+                link.send(MSG_STATS, seq, _stats_text(done, M.ARENA_BYTES, peak))
             elif typ == MSG_SET:
                 checkpoint_every = max(1, _u32(pl, 0))
                 _put32(reply, 0, 0)

@@ -122,7 +122,10 @@ class Link:
             return ftype, seq, payload
 
     def send(self, ftype, seq, payload=b""):
-        """Send one frame; a reply carries the seq of the request it answers."""
+        """Send one frame (payload: bytes-like, or text); a reply carries the seq of the request
+        it answers."""
+        if isinstance(payload, str):
+            payload = payload.encode()
         n = len(payload)
         if n > self.max_payload:
             raise ValueError("payload too long for the link")

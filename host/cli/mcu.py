@@ -28,6 +28,8 @@ def command():
 
     \b
       insitu mcu emulate            a simulated STM32F746 board on a serial port
+      insitu mcu search             a sparse-update scheme under a memory budget
+      insitu mcu minheap            the smallest heap a compiled scheme trains in
     """
 
 
@@ -197,3 +199,64 @@ def search(model, task, budget, evaluations, train_samples, eval_samples, lr, se
     report.print(f"scheme ({result['scheme_from']}): {json.dumps(result['scheme'])}", soft_wrap=True)
     if out:
         report.print(f"written to {out}: insitu train --algo sparse --scheme \"$(cat {out})\"", soft_wrap=True)
+
+
+@command.command("minheap")
+@click.option("--board", default="stm32f746-disco-sim", show_default=True,
+              help="The twin to probe (a simulated microcontroller board).")
+@click.option("--model", default="mbv2-28", show_default=True, help="The pretrained model (mbv2-28, mbv2-tiny).")
+@click.option("--dataset", "task", default="digits", show_default=True,
+              help="The adaptation task (digits, fashion-shift, fashion-mnist).")
+@click.option("--scheme", default="bias-6", show_default=True,
+              help="Sparse-update scheme, as `insitu train --scheme` takes it.")
+@click.option("--lr", type=float, default=0.05, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--samples", type=int, default=2, show_default=True,
+              help="Training samples each probe runs (then one evaluation).")
+@click.option("--high", default=None,
+              help="Largest heap tried, bytes or with K/M [default: the board's training budget].")
+@click.option("--json", "as_json", is_flag=True, help="Print the result (and every probe) as JSON.")
+def minheap(board, model, task, scheme, lr, seed, samples, high, as_json):
+    """Find the smallest MicroPython heap the compiled training program runs in.
+
+    Compiles the scheme, flashes it to a twin once, then bisects over `-X heapsize`: each probe
+    starts the firmware, trains --samples samples and evaluates one. Prints the measured minimum
+    beside the planner's prediction (arena + runtime).
+
+    \b
+    Example:
+      insitu mcu minheap --model mbv2-tiny --scheme bias-4
+    """
+    from insitu.boards import get_board
+    from insitu.cli.output import emit_json, report
+    from insitu.mcu.minheap import find_min_heap
+    from insitu.mcu.train import Prepared, firmware_files, predicted_heap_bytes
+    from insitu.mcu.twin import parse_size
+
+    spec = get_board(board)
+    if not spec.is_twin or spec.mcu is None:
+        raise UsageError(f"{board!r} is not a simulated microcontroller: minheap bisects a twin's heap "
+                         "(e.g. --board stm32f746-disco-sim)")
+    if samples < 1:
+        raise UsageError(f"--samples must be at least 1, got {samples}")
+    high_bytes = parse_size(high) if high else spec.mcu["training_budget_bytes"]
+    prep = Prepared(model, task, scheme, lr, seed)
+    compiled = prep.compiled
+    low = compiled.arena_bytes
+    if high_bytes <= low:
+        raise UsageError(f"--high {high_bytes:,} B is not above the planned arena of {low:,} B")
+    say = (lambda p: None) if as_json else (
+        lambda p: console.print(f"heap {p.heap_bytes:>9,} B: {'trains' if p.ok else 'fails (' + p.why + ')'}"))
+    found, probes = find_min_heap(firmware_files(compiled), prep.x_train[:samples], prep.y_train[:samples],
+                                  low, high_bytes, board=board, log=say)
+    predicted = predicted_heap_bytes(compiled)
+    result = {"board": board, "model": model, "dataset": task, "scheme": compiled.scheme.to_json(),
+              "scheme_text": compiled.scheme.describe(), "planned_peak_bytes": compiled.arena_bytes,
+              "predicted_heap_bytes": predicted, "min_heap_bytes": found,
+              "error": (found - predicted) / predicted,
+              "probes": [{"heap_bytes": p.heap_bytes, "ok": p.ok, "peak": p.peak, "why": p.why} for p in probes]}
+    if as_json:
+        emit_json(result)
+        return
+    report.print(f"{compiled.scheme.describe()}: smallest heap that trains {found:,} B; predicted {predicted:,} B "
+                 f"(arena {compiled.arena_bytes:,} B + runtime), {100 * result['error']:+.1f} %", soft_wrap=True)

@@ -65,6 +65,21 @@ class LinkDropped(LinkError):
     """The port went away under an open link (cable pulled); :meth:`DeviceLink.reopen` it."""
 
 
+class FirmwareStopped(LinkError):
+    """The board is at its REPL prompt, not running the firmware (it was reset, or exited)."""
+
+
+class FirmwareCrashed(InsituError):
+    """The firmware stopped with a Python traceback; the message holds it. Restarting would only
+    crash again, so this is not a :class:`LinkError` that recovery retries."""
+
+
+# What MicroPython prints when a program ends: its prompt, after a traceback if it raised.
+_PROMPT = b"\r\n>>> "
+_TRACEBACK = b"Traceback (most recent call last):"
+_GARBAGE_TAIL = 4096
+
+
 class Frame(NamedTuple):
     type: int
     seq: int
@@ -96,6 +111,7 @@ class FrameDecoder:
     def __init__(self, max_payload: int = MAX_PAYLOAD):
         self.max_payload = max_payload
         self.skipped = 0
+        self.garbage = bytearray()       # the last bytes skipped: REPL output among them
         self._buf = bytearray()
 
     @property
@@ -121,8 +137,11 @@ class FrameDecoder:
     def reset(self) -> None:
         """Forget the bytes held (counted as skipped): what came before a reconnection."""
         self._skip(len(self._buf))
+        self.garbage.clear()
 
     def _skip(self, n: int) -> None:
+        self.garbage += self._buf[:n]
+        del self.garbage[:-_GARBAGE_TAIL]
         del self._buf[:n]
         self.skipped += n
 
@@ -265,9 +284,26 @@ class DeviceLink:
             if data:
                 self._frames.extend(self._decoder.feed(data))
                 last_byte = now
+                if not self._frames:
+                    self._check_repl()
             elif self._decoder.pending and now - last_byte >= self.stall_s:
                 self._frames.extend(self._decoder.stall())
         return self._frames.popleft()
+
+    def _check_repl(self) -> None:
+        # Bytes that are no frame and end in the REPL prompt: the firmware is not running. With a
+        # traceback before the prompt it crashed, and the traceback says why.
+        garbage = self._decoder.garbage
+        if not garbage.endswith(_PROMPT):
+            return
+        text = bytes(garbage)
+        garbage.clear()
+        at = text.rfind(_TRACEBACK)
+        if at >= 0:
+            trace = text[at:-len(_PROMPT)].decode(errors="replace").replace("\r\n", "\n").strip()
+            raise FirmwareCrashed(f"the firmware on {self.port} stopped with an error:\n{trace}")
+        raise FirmwareStopped(f"{self.port} is at the MicroPython prompt: the firmware is not running "
+                              "(was the board reset?)")
 
     def request(self, ftype: int, payload: bytes = b"", reply_types=None,
                 timeout_s: float | None = None, retries: int = 3) -> Frame:

@@ -120,9 +120,10 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
         done = resumed_from
         while done < samples:
             i = order[done]
-            done, predicted[done], _ = dev.with_recovery(
+            now_done, predicted[done], _ = dev.with_recovery(
                 lambda n=done, i=i: dev.train(n, int(prep.y_train[i]), prep.x_train[i]))
-            advance(1)
+            advance(now_done - done)
+            done = now_done
         train_s = time.perf_counter() - started
         after = float(np.mean(dev.predict_all(x_test) == y_test))
         stats = dev.stats()
@@ -132,6 +133,7 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
         dev.close()
     return {"runtime": runtime, "platform": info.get("platform"), "accuracy_before": before,
             "accuracy_after": after, "peak_heap_bytes": stats.get("mem_peak"),
+            "heap_live_bytes": stats.get("mem_alloc"),
             "heap_free_bytes": stats.get("mem_free"), "resumed_from": resumed_from,
             "reconnects": dev.reconnects, "restarts": dev.restarts, "train_seconds": train_s,
             "predicted_during_training": predicted}
