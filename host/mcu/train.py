@@ -29,8 +29,12 @@ DEFAULT_TASK = "digits"
 DEFAULT_SCHEME = "bias-6"
 CALIBRATION_SAMPLES = 64
 #: Heap the firmware needs besides the arena: the interpreter's state, the imported firmware
-#: modules and the link's buffers; measured with `insitu mcu minheap` (docs/mcu.md).
-RUNTIME_HEAP_BYTES = 24 * 1024
+#: modules, the link's buffers and what fragmentation leaves unusable for one arena-sized block,
+#: plus the generated module's bytecode, which grows with its kernel calls. A least-squares fit
+#: of `insitu mcu minheap` on the twin (MicroPython unix port, 64-bit) over seven programs of 65
+#: to 416 calls (docs/mcu.md); a 32-bit board's objects are smaller, so there it is an upper bound.
+RUNTIME_HEAP_BYTES = 29_700
+HEAP_BYTES_PER_CALL = 34
 
 
 class Prepared:
@@ -51,15 +55,22 @@ class Prepared:
         self.compiled = compile_training(self.graph, self.scheme, self.grad_scales, Options(lr=lr, reorder=reorder))
 
 
+def runtime_heap_bytes(compiled: Compiled) -> int:
+    """Heap the firmware needs besides the arena for this program."""
+    calls = sum(len(c) for c in compiled.calls.values())
+    return RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL * calls
+
+
 def predicted_heap_bytes(compiled: Compiled) -> int:
-    return compiled.arena_bytes + RUNTIME_HEAP_BYTES
+    return compiled.arena_bytes + runtime_heap_bytes(compiled)
 
 
 def check_fits(compiled: Compiled, heap_bytes: int) -> None:
-    need = predicted_heap_bytes(compiled)
+    runtime = runtime_heap_bytes(compiled)
+    need = compiled.arena_bytes + runtime
     if need > heap_bytes:
         raise UsageError(f"the scheme ({compiled.scheme.describe()}) does not fit: planned peak "
-                         f"{compiled.arena_bytes:,} B of arena + {RUNTIME_HEAP_BYTES:,} B of runtime = "
+                         f"{compiled.arena_bytes:,} B of arena + {runtime:,} B of runtime = "
                          f"{need:,} B > the heap of {heap_bytes:,} B; choose a sparser --scheme "
                          "(fewer layers, lower ratios) or a larger --heap (twins only)")
 
