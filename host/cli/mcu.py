@@ -260,3 +260,80 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, as_json):
         return
     report.print(f"{compiled.scheme.describe()}: smallest heap that trains {found:,} B; predicted {predicted:,} B "
                  f"(arena {compiled.arena_bytes:,} B + runtime), {100 * result['error']:+.1f} %", soft_wrap=True)
+
+
+@command.command("compare")
+@click.option("--model", default="mbv2-28", show_default=True, help="The pretrained model (mbv2-28, mbv2-tiny).")
+@click.option("--task", default="digits", show_default=True, help="The adaptation task (digits, fashion-shift).")
+@click.option("--budgets", required=True,
+              help="Comma-separated memory budgets of the training arena, bytes or with K/M (48K,64K,96K).")
+@click.option("--train-samples", type=int, default=500, show_default=True,
+              help="Training samples of every scheme (and of the search's contribution analysis).")
+@click.option("--eval-samples", type=int, default=None,
+              help="Test samples scoring every scheme [default: 500 or all].")
+@click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate (as insitu train's).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--evaluations", type=int, default=2000, show_default=True,
+              help="Schemes each search samples per budget (memory planned).")
+@click.option("--workers", type=int, default=None,
+              help="Processes training schemes (and the analysis's configurations) [default: the CPU count].")
+@click.option("--measure-heap", is_flag=True,
+              help="Also measure the smallest heap of the full update and of each searched scheme on a twin "
+                   "(tens of seconds per program).")
+@click.option("--board", default="stm32f746-disco-sim", show_default=True,
+              help="The twin --measure-heap runs on (a simulated microcontroller board).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the whole result here (JSON).")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write grouped bars of accuracy per method and budget, and the memory, here (PNG).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
+def compare(model, task, budgets, train_samples, eval_samples, lr, seed, evaluations, workers, measure_heap, board,
+            out, plot, as_json):
+    """Sparse update vs. the paper's baselines at equal memory (tiny-training Fig. 9).
+
+    For each budget: the classifier alone ("last layer"), the biases of the last K layers with the
+    largest K that fits ("bias + last layer"), the last K layers' weights and biases with the largest
+    K that fits ("last k layers") and the scheme `insitu mcu search` finds ("sparse (searched)"),
+    all trained on the host simulator on the same samples. Then the peak memory of the full update
+    (without and with reordering) against each searched scheme: planned, and with --measure-heap
+    the smallest heap each trains in on a twin.
+
+    \b
+    Example:
+      insitu mcu compare --budgets 48K,64K,96K --measure-heap --plot fig9.png --out fig9.json
+    """
+    from insitu.cli.output import emit_json, progress, report, write_json
+    from insitu.io import check_writable
+    from insitu.mcu.compare import parse_budgets, plot_compare, run_compare, scheme_lines, tables
+
+    budget_list = parse_budgets(budgets)
+    for name, value in (("--train-samples", train_samples), ("--evaluations", evaluations), ("--workers", workers)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be at least 1, got {value}")
+    if eval_samples is not None and eval_samples < 1:
+        raise UsageError(f"--eval-samples must be at least 1, got {eval_samples}")
+    for path, what in ((out, "--out"), (plot, "--plot")):
+        if path:
+            check_writable(path, what)
+    workers = workers if workers is not None else max(1, os.cpu_count() or 1)
+    result = run_compare(model, task, budget_list, train_samples=train_samples, eval_samples=eval_samples, lr=lr,
+                         seed=seed, evaluations=evaluations, workers=workers, measure_heap=measure_heap, board=board,
+                         progress_factory=lambda what, total: progress(what, total),
+                         say=(lambda msg: None) if as_json else (lambda msg: console.print(msg)))
+    if out:
+        write_json(out, result, "--out")
+    if plot:
+        try:
+            plot_compare(result, plot)
+        except OSError as exc:
+            raise InsituError(f"cannot write --plot {plot}: {exc.strerror}") from None
+    if as_json:
+        emit_json(result)
+        return
+    for table in tables(result):
+        report.print(table)
+    for line in scheme_lines(result):
+        report.print(line, soft_wrap=True)
+    for r in result["memory"]["rows"]:
+        if r.get("target_met") is False:
+            console.print(f"[yellow]warning[/]: {r['name']} is only {r['ratio_measured_vs_full_no_reorder']:.1f}x "
+                          f"below the full update (measured), not {result['memory']['target_ratio']:g}x")

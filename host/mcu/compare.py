@@ -1,0 +1,485 @@
+"""`insitu mcu compare`: sparse update vs. the paper's baselines at equal memory (tiny-training
+Figure 9 and §4, "Sparse update obtains better accuracy at lower memory").
+
+For each memory budget (bytes of the compiler's planned arena) four kinds of scheme are trained
+on the host simulator (bit-exact with the firmware), each on the same samples in the same order
+and scored on the same test samples (:func:`insitu.mcu.search.score_schemes`):
+
+* **last layer**: the classifier alone (``classifier``);
+* **bias + last layer**: ``bias-K``, the biases of the last K layers and the classifier, with the
+  largest K whose plan fits the budget;
+* **last k layers**: ``last-K``, weights and biases of the last K layers, the largest K that fits;
+* **sparse (searched)**: the scheme the search of eq. 5 finds under the budget
+  (:func:`insitu.mcu.search.run_search`; its contribution analysis is cached).
+
+A kind that has no scheme within the budget is reported as such (``fits: false`` and why), never
+dropped. Beside them, the memory table of the paper's Figure 10(a): the planned arena of the full
+update without reordering (the paper's baseline: every gradient kept until the update), of the
+full update with reordering, and of each budget's searched scheme, with the ratios. With
+``measure_heap`` each of those programs is also run on a twin to find the smallest MicroPython
+heap it trains in (:func:`insitu.mcu.minheap.find_min_heap`), and the ratios are taken of the
+measured heaps too: the check of the target "the searched scheme's peak memory is at least
+:data:`TARGET_RATIO` times below a full update of the same model, each measured".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import numpy as np
+
+from insitu.errors import InsituError, UsageError
+
+__all__ = ["METHODS", "TARGET_RATIO", "HEAP_SAMPLES", "parse_budgets", "budget_label", "measure_heap_of", "largest_fitting", "run_compare",
+           "tables", "scheme_lines", "format_text", "plot_compare"]
+
+#: The methods of Figure 9, in the order they are reported: (key, label).
+METHODS = (("classifier", "last layer"), ("bias", "bias + last layer"), ("last", "last k layers"),
+           ("sparse", "sparse (searched)"))
+#: The issue's target: full update (no reordering) / searched sparse scheme, measured heaps.
+TARGET_RATIO = 7.0
+#: Training samples each heap probe runs (as `insitu mcu minheap`'s default).
+HEAP_SAMPLES = 2
+#: The bisection's bounds: these times the predicted heap (the low one at least the arena).
+HEAP_HIGH_FACTOR = 1.5
+LOW_FACTOR = 0.9
+DEFAULT_BOARD = "stm32f746-disco-sim"
+
+
+def parse_budgets(text) -> list[int]:
+    """``"48K,64K,96K"`` (or a list of sizes) -> sorted distinct byte counts; empty is an error."""
+    from insitu.mcu.search import parse_size
+
+    items = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
+    if not items or all(p == "" for p in items):
+        raise UsageError("budgets: give at least one memory budget (e.g. 48K,64K,96K)")
+    if any(p == "" for p in items):
+        raise UsageError(f"budgets: an empty item in {text!r} (use comma-separated sizes: 48K,64K,96K)")
+    return sorted({parse_size(p) for p in items})
+
+
+def budget_label(budget: int) -> str:
+    """``48.0 KiB`` for whole KiB, else the bytes (two budgets never print alike)."""
+    from insitu.mcu.search import format_size
+
+    return format_size(budget) if budget % 1024 == 0 else f"{budget:,} B"
+
+
+def largest_fitting(memory_fn, graph, make, budget: int) -> tuple[int, int] | None:
+    """``(K, arena)`` of the largest K in 1..L whose scheme ``make(graph, K)`` plans within
+    ``budget`` (every K is planned: the arena need not grow with K), or None."""
+    best = None
+    for k in range(1, len(graph.convs) + 1):
+        arena = memory_fn(make(graph, k))
+        if arena <= budget:
+            best = (k, int(arena))
+    return best
+
+
+# --------------------------------------------------------------------------- scoring in parallel
+
+_BUNDLE: dict = {}
+
+
+def _init_scorer(bundle) -> None:
+    _BUNDLE["bundle"] = bundle
+
+
+def _score_one(scheme_json: dict, train_samples: int, eval_samples: int, seed: int) -> tuple[float, int]:
+    from insitu.mcu.scheme import Scheme
+    from insitu.mcu.search import score_schemes
+
+    return score_schemes(_BUNDLE["bundle"], [Scheme.from_json(scheme_json)], train_samples=train_samples,
+                         eval_samples=eval_samples, seed=seed)[0]
+
+
+def _score_all(bundle, schemes: dict, train_samples: int, eval_samples: int, seed: int, workers: int,
+               advance) -> dict:
+    """``{key: (accuracy, arena)}`` of ``schemes`` (``{key: Scheme}``), each trained by
+    :func:`score_schemes` on the same samples; ``workers`` processes (the deepest first)."""
+    from insitu.mcu.search import score_schemes
+
+    keys = sorted(schemes, key=lambda k: -k[0])
+    out: dict = {}
+    if workers <= 1 or len(keys) <= 1:
+        for key in keys:
+            out[key] = score_schemes(bundle, [schemes[key]], train_samples=train_samples,
+                                     eval_samples=eval_samples, seed=seed)[0]
+            advance(1)
+        return out
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=min(int(workers), len(keys)), initializer=_init_scorer,
+                             initargs=(bundle,)) as pool:
+        futures = {pool.submit(_score_one, schemes[k].to_json(), train_samples, eval_samples, seed): k
+                   for k in keys}
+        for fut in as_completed(futures):
+            out[futures[fut]] = fut.result()
+            advance(1)
+    return out
+
+
+# --------------------------------------------------------------------------- the comparison
+
+def _check_int(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _ratio(a, b):
+    return float(a) / float(b) if a and b else None
+
+
+def run_compare(model: str, task: str, budgets, *, train_samples: int = 500, eval_samples: int | None = None,
+                lr: float = 0.05, seed: int = 0, evaluations: int = 2000, workers: int = 1,
+                measure_heap: bool = False, board: str = DEFAULT_BOARD, progress_factory=None, say=None) -> dict:
+    """The comparison of Figure 9 at each of ``budgets`` (bytes, or sizes as ``parse_budgets``
+    takes them) and the memory table; returns a JSON-serializable dict (see the module doc)."""
+    from insitu.mcu.compiler import Options, compile_training
+    from insitu.mcu.models import model_config
+    from insitu.mcu.scheme import bias_only, classifier_only, full_update, last_k_layers
+    from insitu.mcu.search import (DEFAULT_EVAL_SAMPLES, Bundle, MemoryModel, canonical, format_size,
+                                   run_search, scheme_key)
+    from insitu.mcu.tasks import TASKS
+    from insitu.mcu.train import Prepared, predicted_heap_bytes
+
+    started = time.perf_counter()
+    budgets = parse_budgets(budgets)
+    model_config(model)                                   # unknown model: UsageError before any work
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+    train_samples = _check_int("train samples", train_samples)
+    evaluations = _check_int("evaluations", evaluations)
+    workers = _check_int("workers", workers)
+    if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise UsageError(f"lr must be a positive number, got {lr!r}")
+    if measure_heap:
+        from insitu.boards import get_board
+
+        spec = get_board(board)
+        if not spec.is_twin or spec.mcu is None:
+            raise UsageError(f"{board!r} is not a simulated microcontroller: the heap is measured on a twin "
+                             "(e.g. stm32f746-disco-sim)")
+    say = say or (lambda msg: None)
+    progress_factory = progress_factory or (lambda what, total: contextlib.nullcontext(lambda n=1: None))
+
+    prep = Prepared(model, task, "classifier", lr, seed)
+    graph = prep.graph
+    n_test = len(prep.y_test)
+    eval_samples = min(DEFAULT_EVAL_SAMPLES, n_test) if eval_samples is None else eval_samples
+    if isinstance(eval_samples, bool) or not isinstance(eval_samples, (int, np.integer)) \
+            or not 1 <= eval_samples <= n_test:
+        raise UsageError(f"eval samples must be in [1, {n_test}] ({task}'s test samples), got {eval_samples!r}")
+    eval_samples = int(eval_samples)
+    memory = MemoryModel(graph, prep.grad_scales, lr)
+    floor = memory(classifier_only(graph))
+    if budgets[0] < floor:
+        raise UsageError(f"budget {budgets[0]:,} B ({format_size(budgets[0])}) is below what any scheme needs: "
+                         f"training the classifier of {model} alone plans {floor:,} B ({format_size(floor)})")
+
+    # Every scheme to train, by its canonical key (a scheme chosen twice is trained once).
+    schemes: dict = {}
+
+    def add(scheme) -> tuple:
+        key = scheme_key(canonical(graph, scheme))
+        schemes.setdefault(key, scheme)
+        return key
+
+    full = full_update(graph)
+    full_key = add(full)
+    per_budget = []
+    for budget in budgets:
+        entries: dict = {}
+        entries["classifier"] = {"preset": "classifier", "key": add(classifier_only(graph))}
+        for kind, make in (("bias", bias_only), ("last", last_k_layers)):
+            fit = largest_fitting(memory, graph, make, budget)
+            if fit is None:
+                entries[kind] = {"why": f"no {kind}-K fits {budget:,} B"}
+            else:
+                entries[kind] = {"preset": f"{kind}-{fit[0]}", "k": fit[0], "key": add(make(graph, fit[0]))}
+        say(f"search under {format_size(budget)} ({budget:,} B)")
+        search = None
+        try:
+            search = run_search(model, task, budget, evaluations=evaluations, train_samples=train_samples,
+                                eval_samples=eval_samples, lr=lr, seed=seed, workers=workers, validate=False,
+                                progress_factory=progress_factory, say=say)
+        except UsageError:
+            raise
+        except InsituError as exc:                       # e.g. no sampled scheme fits a tight budget
+            entries["sparse"] = {"why": f"the search found no scheme within the budget: {exc}"}
+        if search is not None:
+            from insitu.mcu.scheme import Scheme
+
+            entries["sparse"] = {"preset": None, "key": add(Scheme.from_json(search["scheme"])),
+                                 "search": {"scheme_from": search["scheme_from"],
+                                            "objective": float(search["objective"]),
+                                            "predicted_accuracy": float(
+                                                search["contributions"]["reference_accuracy"] + search["objective"]),
+                                            "contributions": search["contributions"]["path"],
+                                            "contributions_cached": bool(search["contributions"]["cached"]),
+                                            "seconds": float(search["seconds"])}}
+        per_budget.append((budget, entries))
+
+    # Compile each scheme for real: its arena (the plan) and the heap predicted for it.
+    compiled = {key: compile_training(graph, s, prep.grad_scales, Options(lr=lr)) for key, s in schemes.items()}
+    full_plain = compile_training(graph, full, prep.grad_scales, Options(lr=lr, reorder=False))
+    say(f"training {len(schemes)} schemes on {train_samples} samples (test: {eval_samples})")
+    with progress_factory(f"training {len(schemes)} schemes", len(schemes)) as advance:
+        scored = _score_all(Bundle.from_prepared(prep, lr), schemes, train_samples, eval_samples, seed, workers,
+                            advance)
+    for key, (_, arena) in scored.items():
+        if arena != compiled[key].arena_bytes:
+            raise InsituError(f"{compiled[key].scheme.describe()}: trained with an arena of {arena:,} B, "
+                              f"compiled with {compiled[key].arena_bytes:,} B")
+
+    def program(key) -> dict:
+        c = compiled[key]
+        return {"scheme": c.scheme.to_json(), "scheme_text": c.scheme.describe(),
+                "accuracy": float(scored[key][0]), "arena_bytes": int(c.arena_bytes),
+                "predicted_heap_bytes": int(predicted_heap_bytes(c))}
+
+    rows = []
+    for budget, entries in per_budget:
+        methods = {}
+        for kind, label in METHODS:
+            e = entries[kind]
+            if "key" not in e:
+                methods[kind] = {"method": label, "fits": False, "why": e["why"], "preset": None,
+                                 "scheme": None, "scheme_text": None, "accuracy": None, "arena_bytes": None,
+                                 "predicted_heap_bytes": None}
+                continue
+            m = {"method": label, "fits": True, "why": None, "preset": e["preset"], **program(e["key"])}
+            if "search" in e:
+                m["search"] = e["search"]
+            if m["arena_bytes"] > budget:                # the searches check this; a plan must not drift
+                raise InsituError(f"{label} under {budget:,} B: {m['scheme_text']} plans {m['arena_bytes']:,} B")
+            methods[kind] = m
+        rows.append({"budget_bytes": int(budget), "budget": budget_label(budget), "methods": methods})
+
+    # The memory table (Figure 10(a)): full update without / with reordering, each searched scheme.
+    # Reordering moves each update next to its gradient (a different memory plan); the arithmetic
+    # is the same, so both full rows carry the accuracy of the one full-update training.
+    mem_rows = [{"name": "full update, no reordering", "kind": "full-no-reorder", "budget_bytes": None,
+                 **program(full_key), "arena_bytes": int(full_plain.arena_bytes),
+                 "predicted_heap_bytes": int(predicted_heap_bytes(full_plain))},
+                {"name": "full update", "kind": "full", "budget_bytes": None, **program(full_key)}]
+    programs = [full_plain, compiled[full_key]]          # the program of each memory row
+    for row, (_, entries) in zip(rows, per_budget):
+        sparse = row["methods"]["sparse"]
+        if not sparse["fits"]:
+            continue
+        mem_rows.append({"name": f"sparse under {row['budget']}", "kind": "sparse",
+                         "budget_bytes": row["budget_bytes"],
+                         **{k: sparse[k] for k in ("scheme", "scheme_text", "accuracy", "arena_bytes",
+                                                    "predicted_heap_bytes")}})
+        programs.append(compiled[entries["sparse"]["key"]])
+
+    if measure_heap:
+        x, y = prep.x_train[:HEAP_SAMPLES], prep.y_train[:HEAP_SAMPLES]
+        measured: dict = {}
+        for r, c in zip(mem_rows, programs):
+            key = (scheme_key(canonical(graph, c.scheme)), c.arena_bytes, c.model_id)
+            if key not in measured:
+                say(f"measuring the smallest heap of {r['name']} (arena {c.arena_bytes:,} B) on {board}")
+                measured[key] = measure_heap_of(c, x, y, board, say)
+            r.update(measured[key])
+            r["heap_error"] = (r["min_heap_bytes"] - r["predicted_heap_bytes"]) / r["predicted_heap_bytes"]
+
+    base, full_row = mem_rows[0], mem_rows[1]
+    for r in mem_rows:
+        r["ratio_planned_vs_full_no_reorder"] = _ratio(base["arena_bytes"], r["arena_bytes"])
+        r["ratio_planned_vs_full"] = _ratio(full_row["arena_bytes"], r["arena_bytes"])
+        if measure_heap:
+            r["ratio_measured_vs_full_no_reorder"] = _ratio(base["min_heap_bytes"], r["min_heap_bytes"])
+            r["ratio_measured_vs_full"] = _ratio(full_row["min_heap_bytes"], r["min_heap_bytes"])
+            r["target_met"] = (r["ratio_measured_vs_full_no_reorder"] >= TARGET_RATIO) if r["kind"] == "sparse" \
+                else None
+    return {
+        "model": model, "task": task, "lr": float(lr), "seed": int(seed), "train_samples": train_samples,
+        "eval_samples": eval_samples, "evaluations": evaluations, "budgets": [int(b) for b in budgets],
+        "classifier_arena_bytes": int(floor), "methods": [{"key": k, "label": label} for k, label in METHODS],
+        "rows": rows,
+        "memory": {"rows": mem_rows, "measured": bool(measure_heap), "board": board if measure_heap else None,
+                   "heap_samples": HEAP_SAMPLES if measure_heap else None, "target_ratio": TARGET_RATIO},
+        "schemes_trained": len(schemes),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def measure_heap_of(compiled, x_codes, labels, board: str = DEFAULT_BOARD, say=None) -> dict:
+    """The smallest heap ``compiled`` trains in on the twin (:func:`find_min_heap`), bracketed by
+    ``[max(arena, LOW_FACTOR * predicted), HEAP_HIGH_FACTOR * predicted]``: a probe far below the
+    prediction is a heap the firmware cannot even start in, which costs a link timeout, not a quick
+    refusal. When no probe of that bracket fails, its low end was not below the minimum, and the
+    bisection is redone from the arena."""
+    from insitu.mcu.minheap import find_min_heap
+    from insitu.mcu.train import firmware_files, predicted_heap_bytes
+
+    say = say or (lambda msg: None)
+    arena, predicted = int(compiled.arena_bytes), int(predicted_heap_bytes(compiled))
+    high = max(int(math.ceil(HEAP_HIGH_FACTOR * predicted / 16)) * 16, arena + 4096)
+    files = firmware_files(compiled)
+    started = time.perf_counter()
+    low = max(arena, int(LOW_FACTOR * predicted) // 16 * 16)
+    found, probes = find_min_heap(files, x_codes, labels, low, high, board=board)
+    bracketed = low == arena or any(not p.ok for p in probes)
+    if not bracketed:
+        say(f"  every probe down to {low:,} B trained: bisecting again from the arena ({arena:,} B)")
+        found, more = find_min_heap(files, x_codes, labels, arena, found, board=board)
+        probes += more
+    say(f"  smallest heap {found:,} B (predicted {predicted:,} B; {len(probes)} probes)")
+    return {"min_heap_bytes": int(found), "probes": len(probes), "heap_bracket": [low if bracketed else arena, high],
+            "heap_seconds": time.perf_counter() - started}
+
+
+# --------------------------------------------------------------------------- reports
+
+def _kb(n) -> str:
+    return "-" if n is None else f"{n:,} B"
+
+
+def _x(r) -> str:
+    return "-" if r is None else f"{r:.1f}x"
+
+
+def _short(name: str) -> str:
+    return name.replace("full update, no reordering", "full, no reorder").replace("sparse under ", "sparse @ ")
+
+
+def tables(result: dict) -> list:
+    """The report as rich tables: accuracy at equal memory (Fig. 9), planned memory (Fig. 10(a))
+    and, when measured, the smallest heaps."""
+    from rich.table import Table
+
+    t = Table(title=f"{result['model']} on {result['task']}: accuracy at equal memory (planned arena <= budget; "
+                    f"{result['train_samples']} training / {result['eval_samples']} test samples, "
+                    f"lr {result['lr']:g})")
+    for col in ("budget", "method", "scheme", "arena", "heap (pred.)", "accuracy"):
+        t.add_column(col, justify="left" if col in ("budget", "method", "scheme") else "right", no_wrap=True)
+    for row in result["rows"]:
+        for i, (kind, _) in enumerate(METHODS):
+            m = row["methods"][kind]
+            budget = row["budget"] if i == 0 else ""
+            if not m["fits"]:
+                t.add_row(budget, m["method"], "none found" if kind == "sparse" else "does not fit", "-", "-", "-")
+                continue
+            t.add_row(budget, m["method"], m["preset"] or "searched", _kb(m["arena_bytes"]),
+                      _kb(m["predicted_heap_bytes"]), f"{m['accuracy']:.3f}")
+        t.add_section()
+    mem = result["memory"]
+    p = Table(title="planned peak (arena): full update vs. searched sparse schemes "
+                    "(full/x: the full update's over the row's)")
+    for col in ("scheme", "accuracy", "arena", "full (no reorder)/x", "full/x", "heap (pred.)"):
+        p.add_column(col, justify="left" if col == "scheme" else "right", no_wrap=col == "scheme")
+    for r in mem["rows"]:
+        p.add_row(_short(r["name"]), f"{r['accuracy']:.3f}", _kb(r["arena_bytes"]),
+                  _x(r["ratio_planned_vs_full_no_reorder"]), _x(r["ratio_planned_vs_full"]),
+                  _kb(r["predicted_heap_bytes"]))
+    out = [t, p]
+    if mem["measured"]:
+        m = Table(title=f"measured: smallest heap that trains on {mem['board']} "
+                        f"({mem['heap_samples']} samples, then one prediction)")
+        for col in ("scheme", "heap (pred.)", "min heap", "error", "full (no reorder)/x", "full/x",
+                    f">= {mem['target_ratio']:g}x"):
+            m.add_column(col, justify="left" if col == "scheme" else "right", no_wrap=col == "scheme")
+        for r in mem["rows"]:
+            met = r.get("target_met")
+            m.add_row(_short(r["name"]), _kb(r["predicted_heap_bytes"]), _kb(r["min_heap_bytes"]),
+                      f"{100 * r['heap_error']:+.1f} %", _x(r["ratio_measured_vs_full_no_reorder"]),
+                      _x(r["ratio_measured_vs_full"]), "" if met is None else ("yes" if met else "NO"))
+        out.append(m)
+    return out
+
+
+def scheme_lines(result: dict) -> list[str]:
+    """What each searched scheme (and the full update) trains, one line each."""
+    lines = [f"{r['name']}: {r['scheme_text']}" for r in result["memory"]["rows"][1:2]]
+    for row in result["rows"]:
+        for kind, _ in METHODS:
+            m = row["methods"][kind]
+            what = m["scheme_text"] if m["fits"] else m["why"]
+            if kind != "classifier" and (kind == "sparse" or not m["fits"]):
+                lines.append(f"{m['method']} under {row['budget']}: {what}")
+    return lines
+
+
+def format_text(result: dict, width: int = 200) -> str:
+    """The tables as plain text (for a results file)."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    for table in tables(result):
+        console.print(table)
+    for line in scheme_lines(result):
+        console.print(line, soft_wrap=True)
+    return buf.getvalue()
+
+
+def plot_compare(result: dict, path) -> None:
+    """Grouped bars as Figure 9 (accuracy of each method at each budget) beside the memory of the
+    full update and of the searched schemes (Figure 10(a)), as a PNG (matplotlib, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    mem = result["memory"]["rows"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=120, gridspec_kw={"width_ratios": [3, 2]})
+    n = len(METHODS)
+    width = 0.8 / n
+    xs = np.arange(len(rows))
+    for j, (kind, label) in enumerate(METHODS):
+        pos = xs - 0.4 + width * (j + 0.5)
+        ms = [r["methods"][kind] for r in rows]
+        ax.bar(pos, [100 * m["accuracy"] if m["fits"] else 0 for m in ms], width, label=label, color=f"C{j}")
+        for p, m in zip(pos, ms):
+            text = (f"{m['preset'] or 'searched'}  {m['arena_bytes'] / 1024:.1f}K  {100 * m['accuracy']:.1f}%"
+                    if m["fits"] else ("none found" if kind == "sparse" else "does not fit"))
+            ax.text(p, (100 * m["accuracy"] if m["fits"] else 0) + 1, text, ha="center", va="bottom", fontsize=6,
+                    rotation=90)
+    full = mem[1]
+    ax.axhline(100 * full["accuracy"], color="0.4", ls="--", lw=1,
+               label=f"full update ({full['arena_bytes'] / 1024:.1f}K)")
+    ax.set_xticks(xs, [r["budget"] for r in rows])
+    ax.set_xlabel("memory budget (planned arena)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 130)
+    ax.set_title(f"{result['model']} on {result['task']}: accuracy at equal memory "
+                 f"({result['train_samples']} samples)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", ncol=3)
+    ax.grid(axis="y", alpha=0.3)
+
+    labels = [_short(r["name"]).replace(", ", "\n").replace(" @ ", "\n") for r in mem]
+    xm = np.arange(len(mem))
+    measured = result["memory"]["measured"]
+    w = 0.4 if measured else 0.6
+    bx.bar(xm - (w / 2 if measured else 0), [r["arena_bytes"] / 1024 for r in mem], w, label="planned arena")
+    if measured:
+        bx.bar(xm + w / 2, [r["min_heap_bytes"] / 1024 for r in mem], w, label="measured smallest heap")
+    for x, r in zip(xm, mem):
+        if r["kind"] != "sparse":
+            continue
+        text = f"{r['ratio_planned_vs_full_no_reorder']:.1f}x"
+        if measured:
+            text += f"\n{r['ratio_measured_vs_full_no_reorder']:.1f}x"
+        top = max(r["arena_bytes"], r.get("min_heap_bytes") or 0) / 1024
+        bx.text(x, top, text, ha="center", va="bottom", fontsize=7)
+    bx.set_xticks(xm, labels, fontsize=7)
+    bx.set_ylabel("KiB")
+    bx.set_ylim(0, 1.15 * max(max(r["arena_bytes"], r.get("min_heap_bytes") or 0) for r in mem) / 1024)
+    bx.set_title("peak memory; full (no reorder) / sparse: planned" + (", measured" if measured else ""),
+                 fontsize=9)
+    bx.legend(fontsize=7)
+    bx.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)

@@ -1,0 +1,70 @@
+"""Benchmark (prints figures, asserts nothing about accuracy): tiny-training Figure 9 and 10(a) on
+the MCU path, mbv2-28 on digits. At three memory budgets the classifier alone, bias-only, the last
+k layers and the searched sparse scheme are trained on the same samples; the full update's peak
+memory (without and with reordering) is set against each searched scheme's, planned and measured
+on the twin (the smallest heap each program trains in). The target: the searched scheme's peak
+at least 7x below the full update's (no reordering), each measured.
+
+Run: .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_bench_mcu.py
+
+Writes docs/results/mcu/fig9-mbv2-28-digits.{json,png,txt}. The contribution analysis of the
+search is cached (minutes the first time, under ~/.cache/insitu/mcu/contributions). Settings by
+environment variable (a quick check: INSITU_MCU_BENCH_SAMPLES=20 INSITU_MCU_BENCH_OUT=/tmp/mcu):
+
+  INSITU_MCU_BENCH_SAMPLES       training samples of every scheme and of the analysis (500)
+  INSITU_MCU_BENCH_EVAL_SAMPLES  test samples (default: the task's, at most 500)
+  INSITU_MCU_BENCH_BUDGETS       budgets of the planned arena (48K,64K,96K)
+  INSITU_MCU_BENCH_EVALUATIONS   schemes each search samples per budget (2000)
+  INSITU_MCU_BENCH_MODEL, INSITU_MCU_BENCH_TASK   (mbv2-28, digits)
+  INSITU_MCU_BENCH_OUT           the folder of the results (docs/results/mcu)
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from insitu.io import atomic_write, atomic_write_json
+from insitu.mcu.compare import METHODS, format_text, plot_compare, run_compare
+
+pytestmark = pytest.mark.benchmark
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env_int(name: str, default):
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def test_fig9_sparse_update_vs_baselines_at_equal_memory():
+    model = os.environ.get("INSITU_MCU_BENCH_MODEL", "mbv2-28")
+    task = os.environ.get("INSITU_MCU_BENCH_TASK", "digits")
+    budgets = os.environ.get("INSITU_MCU_BENCH_BUDGETS", "48K,64K,96K")
+    out = Path(os.environ.get("INSITU_MCU_BENCH_OUT") or ROOT / "docs" / "results" / "mcu")
+    started = time.perf_counter()
+    print()
+    result = run_compare(model, task, budgets, train_samples=_env_int("INSITU_MCU_BENCH_SAMPLES", 500),
+                         eval_samples=_env_int("INSITU_MCU_BENCH_EVAL_SAMPLES", None), lr=0.05, seed=0,
+                         evaluations=_env_int("INSITU_MCU_BENCH_EVALUATIONS", 2000),
+                         workers=max(1, os.cpu_count() or 1), measure_heap=True,
+                         say=lambda msg: print(f"[{time.perf_counter() - started:7.1f} s] {msg}", flush=True))
+    text = format_text(result)
+    print(text)
+    stem = out / f"fig9-{model}-{task}"
+    atomic_write_json(stem.with_suffix(".json"), result)
+    atomic_write(stem.with_suffix(".txt"), text)
+    plot_compare(result, stem.with_suffix(".png"))
+    summary = [{"budget_bytes": r["budget_bytes"],
+                **{kind: (r["methods"][kind]["accuracy"], r["methods"][kind]["arena_bytes"]) for kind, _ in METHODS}}
+               for r in result["rows"]]
+    print(json.dumps(summary))
+    for r in result["memory"]["rows"]:
+        if r["kind"] == "sparse":
+            print(f"{r['name']}: full (no reorder) / sparse = {r['ratio_planned_vs_full_no_reorder']:.1f}x planned, "
+                  f"{r['ratio_measured_vs_full_no_reorder']:.1f}x measured "
+                  f"(target {result['memory']['target_ratio']:g}x: {'met' if r['target_met'] else 'NOT met'})")
+    print(f"written: {stem}.{{json,txt,png}}; {time.perf_counter() - started:.0f} s")
+    assert len(result["rows"]) == len(result["budgets"])
