@@ -30,6 +30,7 @@ def command():
       insitu mcu emulate            a simulated STM32F746 board on a serial port
       insitu mcu search             a sparse-update scheme under a memory budget
       insitu mcu minheap            the smallest heap a compiled scheme trains in
+      insitu mcu compare            bias / last layers / searched schemes at equal memory (Fig. 9)
     """
 
 
