@@ -24,6 +24,7 @@ import queue
 import re
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,16 @@ _PENDING_MAX = 1 << 16
 # A process that dies before its banner this many times in a row is broken, not resetting.
 _MAX_FAILED_STARTS = 3
 _START_TIMEOUT_S = 10.0
+
+
+def _die_with_parent() -> None:
+    # In the child before exec: the kernel kills the port when the thread that started it dies.
+    # Without it a twin whose owner was killed (SIGKILL, a CI timeout) leaves the port behind on a
+    # pty with no master, where its REPL spins on EIO at 100 % CPU.
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)      # PR_SET_PDEATHSIG
 
 
 def find_tool(name: str) -> str:
@@ -184,7 +195,8 @@ class McuTwin:
         # A session of its own: a Ctrl-C typed at `insitu mcu emulate` must not reach the board.
         self._proc = subprocess.Popen([self.micropython, "-X", f"heapsize={self.heap_bytes}"],
                                       stdin=self._sa, stdout=self._sa, stderr=self._sa,
-                                      cwd=self.flash_dir, env=env, start_new_session=True)
+                                      cwd=self.flash_dir, env=env, start_new_session=True,
+                                      preexec_fn=_die_with_parent)
         self._raw = False
         self._booted = False
         if not wait_banner:
