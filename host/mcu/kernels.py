@@ -4,16 +4,20 @@ The comments of :data:`insitu.mcu.abi.OPS` are the spec; this module is its exec
 the firmware (``firmware/tte_kernels.py``) is tested against it bit for bit. Two layers:
 
 - one array function per opcode (:func:`conv_fwd`, :func:`conv_bwd_x`, ...) on NumPy arrays of
-  any integer dtype. They compute in int64 (exact: no float anywhere) and return the
-  destination's dtype. The host simulator and the calibration pass call them directly;
+  any integer dtype. They compute exactly in int64 (the sums of conv_fwd's int8 products in
+  floats where those are exact integers, to use BLAS) and return the destination's dtype. The
+  forward ones (:func:`conv_fwd`, :func:`add_fwd`, :func:`gap_fwd`) also take a batch of maps
+  (a leading axis): :func:`insitu.mcu.quantize.int8_forward` runs a whole test set through
+  them, so the accuracy of a quantized model is measured with this very code;
 - :func:`run` executes one call of a compiled program on an arena (a uint8 array, modified in
   place): it decodes ``P[o]``, takes typed views of the arena (:func:`view`) and calls the array
-  function.
+  function (a batch of one map for the forward ops).
 
 Domain. The device computes in 32-bit machine words, so every sum the firmware holds in one
 (conv_fwd's ``b + sum``, the sums of conv_bwd_x, gap_fwd and the weight and bias gradients) must
-fit int32, multipliers must be in ``[0, 2**15)`` and shifts in ``[1, 62]``. The functions raise
-ValueError outside that domain rather than return a result the MCU would not compute.
+fit int32, multipliers must be in ``[0, 2**15)`` and shifts in ``[1, 62]``; conv_fwd's x and w
+are int8 codes (their arena type). The functions raise ValueError outside that domain rather
+than return a result the MCU would not compute.
 """
 
 from __future__ import annotations
@@ -151,42 +155,91 @@ def _tap(xp: np.ndarray, ky: int, kx: int, stride: int, OH: int, OW: int) -> np.
     return xp[:, ky:ky + stride * (OH - 1) + 1:stride, kx:kx + stride * (OW - 1) + 1:stride]
 
 
+def _codes8(op: str, what: str, a) -> np.ndarray:
+    """``a`` as int8 codes: the arena type of conv_fwd's x and w (whose sums :func:`_conv_sum`
+    makes exact in floats); ValueError for a value outside int8."""
+    a = np.asarray(a)
+    if a.dtype == np.int8:
+        return a
+    a = _i64(a)
+    if a.size and (a.min() < -128 or a.max() > 127):
+        raise ValueError(f"{op}: {what} must be int8 codes, got values {a.min()}..{a.max()}")
+    return a.astype(np.int8)
+
+
+#: Float sums of int8 x int8 products (each of magnitude <= 2**14) are exact integers while every
+#: partial sum stays below 2**24 in float32 (at most 1023 products), and below 2**53 in float64
+#: (2**39 products); that lets the conv sums use BLAS, in any order of summation.
+_F32_TERMS = 1 << 10
+
+
+def _window(xl: np.ndarray, ky: int, kx: int, stride: int, OH: int, OW: int) -> np.ndarray:
+    """``t[n, oy, ox, c] = xl[n, oy*stride + ky, ox*stride + kx, c]`` of a channels-last map."""
+    return xl[:, ky:ky + stride * (OH - 1) + 1:stride, kx:kx + stride * (OW - 1) + 1:stride]
+
+
 def _conv_sum(x, w, stride, pad, groups, OH, OW) -> np.ndarray:
-    """``sum w[o,c',ky,kx] * x[g*Cg+c', oy*s+ky-pad, ox*s+kx-pad]`` as int64 ``[O, OH*OW]``: one
-    (batched) matrix product per kernel tap, or a broadcast multiply where Cg == 1 (depthwise)."""
+    """``sum w[o,c',ky,kx] * x[n, g*Cg+c', oy*s+ky-pad, ox*s+kx-pad]`` for a batch of int8 maps
+    ``x [N, C, H, W]`` and int8 weights ``[O, C/groups, K, K]``, as exact integers in a float
+    array ``[N, OH, OW, O]`` (channels last, where the taps of a map stay contiguous along C).
+
+    The products are summed in floats (exact, see :data:`_F32_TERMS`): one matrix product (BLAS)
+    of the K*K taps (im2col) per group, or, for a depthwise conv, a broadcast multiply per tap."""
+    N, C, H, W = x.shape
     O, Cg, K, _ = w.shape
     Og = O // groups
-    xp = _padded(x, pad)
-    acc = np.zeros((O, OH * OW), np.int64)
-    if Cg == 1:
-        src = xp if Og == 1 else xp[np.arange(O) // Og]       # the input channel of each output
-        for ky in range(K):
-            for kx in range(K):
-                acc += w[:, 0, ky, kx, None] * _tap(src, ky, kx, stride, OH, OW).reshape(O, -1)
+    ft = np.float32 if Cg * K * K < _F32_TERMS else np.float64
+    xl = np.zeros((N, H + 2 * pad, W + 2 * pad, C), ft)
+    xl[:, pad:pad + H, pad:pad + W] = x.transpose(0, 2, 3, 1)
+    if Cg == 1 and Og == 1:                                         # depthwise: channel o reads channel o
+        wl = w[:, 0].transpose(1, 2, 0).astype(ft)                  # [K, K, O]
+        acc = _window(xl, 0, 0, stride, OH, OW) * wl[0, 0]
+        for t in range(1, K * K):
+            acc += _window(xl, t // K, t % K, stride, OH, OW) * wl[t // K, t % K]
         return acc
-    wg = w.reshape(groups, Og, Cg, K, K)
-    for ky in range(K):
-        for kx in range(K):
-            t = _tap(xp, ky, kx, stride, OH, OW).reshape(groups, Cg, -1)
-            acc += np.matmul(wg[:, :, :, ky, kx], t).reshape(O, -1)
-    return acc
+    if K == 1:
+        cols = _window(xl, 0, 0, stride, OH, OW)
+    else:
+        cols = np.stack([_window(xl, ky, kx, stride, OH, OW) for ky in range(K) for kx in range(K)], axis=3)
+    # cols [N*OH*OW, K*K, groups, Cg] @ weights [groups, K*K*Cg, Og], both ordered (tap, channel)
+    cols = cols.reshape(N * OH * OW, K * K, groups, Cg).transpose(2, 0, 1, 3).reshape(groups, N * OH * OW, K * K * Cg)
+    wk = w.reshape(groups, Og, Cg, K * K).transpose(0, 3, 2, 1).reshape(groups, K * K * Cg, Og).astype(ft)
+    acc = np.matmul(cols, wk)                                       # [groups, N*OH*OW, Og]
+    if groups == 1:
+        return acc.reshape(N, OH, OW, O)
+    return acc.transpose(1, 0, 2).reshape(N, OH, OW, O)
+
+
+#: conv_fwd requantizes a batch's sums this many at a time (at least one map): its int64
+#: temporaries stay in the CPU caches instead of being fresh arrays of many MB.
+_BLOCK = 1 << 16
 
 
 def conv_fwd(x, w, b, m, sh, stride=1, pad=0, groups=1, lo=-128, hi=127) -> np.ndarray:
-    """``y[o] = clamp(rq(b[o] + conv(x, w)[o], m[o], sh[o]), lo, hi)``: x ``[C, H, W]``, w
-    ``[O, C/groups, K, K]``, b, m, sh ``[O]``; returns int8 ``[O, OH, OW]``."""
-    x, w = _i64(x), _i64(w)
+    """``y[o] = clamp(rq(b[o] + conv(x, w)[o], m[o], sh[o]), lo, hi)``: x int8 codes ``[C, H, W]``
+    or a batch of them ``[N, C, H, W]``, w int8 codes ``[O, C/groups, K, K]``, b, m, sh ``[O]``;
+    returns int8 ``[O, OH, OW]`` (``[N, O, OH, OW]`` for a batch)."""
+    x, w = np.asarray(x), np.asarray(w)
     b, m, sh = (_i64(v).reshape(-1) for v in (b, m, sh))
-    (C, H, W), (O, Cg, K) = x.shape, _square_kernel("conv_fwd", w)
+    if x.ndim not in (3, 4):
+        raise ValueError(f"conv_fwd: x must be [C, H, W] or [N, C, H, W], got shape {x.shape}")
+    (C, H, W), (O, Cg, K) = x.shape[-3:], _square_kernel("conv_fwd", w)
     OH, OW = _out_hw("conv_fwd", C, H, W, O, Cg, K, stride, pad, groups)
     if not b.shape == m.shape == sh.shape == (O,):
         raise ValueError(f"conv_fwd: b, m, sh need {O} entries, got {b.size}, {m.size}, {sh.size}")
     _check_rq("conv_fwd", m, sh)
     _check_clamp("conv_fwd", lo, hi)
-    acc = b[:, None] + _conv_sum(x, w, stride, pad, groups, OH, OW)
-    _check_i32("conv_fwd", "b + sum", acc)
-    # [lo, hi] lies inside int8, so the clamp is also the saturation to the destination.
-    return np.clip(_rq(acc, m[:, None], sh[:, None]), lo, hi).astype(np.int8).reshape(O, OH, OW)
+    x8 = _codes8("conv_fwd", "x", x).reshape(-1, C, H, W)
+    sums = _conv_sum(x8, _codes8("conv_fwd", "w", w), stride, pad, groups, OH, OW)
+    y = np.empty((len(x8), O, OH, OW), np.int8)
+    step = max(1, _BLOCK // (OH * OW * O))
+    for i in range(0, len(x8), step):
+        acc = sums[i:i + step].astype(np.int64)
+        acc += b
+        _check_i32("conv_fwd", "b + sum", acc)
+        # [lo, hi] lies inside int8, so the clamp is also the saturation to the destination.
+        y[i:i + step] = np.clip(_rq(acc, m, sh), lo, hi).transpose(0, 3, 1, 2)
+    return y.reshape(x.shape[:-3] + (O, OH, OW))
 
 
 def conv_bwd_x(gy, w, in_shape, stride, pad, groups, m, sh) -> np.ndarray:
@@ -287,7 +340,7 @@ def bias_upd(b, gy, um, ush) -> np.ndarray:
 # --------------------------------------------------------------------------- elementwise and pooling
 
 def add_fwd(a, b, ma, mb, sh, lo=-128, hi=127) -> np.ndarray:
-    """``clamp(rq(a*ma + b*mb, sh), lo, hi)`` elementwise; int8."""
+    """``clamp(rq(a*ma + b*mb, sh), lo, hi)`` elementwise (any shape, a batch too); int8."""
     _check_rq("add_fwd", [ma, mb], sh)
     _check_clamp("add_fwd", lo, hi)
     return np.clip(nx.shift_round(_i64(a) * ma + _i64(b) * mb, sh), lo, hi).astype(np.int8)
@@ -300,10 +353,13 @@ def grad_add(a, b, ma, mb, sh) -> np.ndarray:
 
 
 def gap_fwd(x, m, sh) -> np.ndarray:
-    """``sat8(rq(sum over pixels of x[c], m, sh))``: x ``[C, ...]`` -> int8 ``[C]``."""
-    x = _i64(x)
+    """``sat8(rq(sum over pixels of x[c], m, sh))``, the pixels being the last two axes:
+    x ``[C, H, W]`` -> int8 ``[C]``, or a batch ``[N, C, H, W]`` -> ``[N, C]``."""
+    x = np.asarray(x)
+    if x.ndim < 3:
+        raise ValueError(f"gap_fwd: x must be [C, H, W] or [N, C, H, W], got shape {x.shape}")
     _check_rq("gap_fwd", m, sh)
-    acc = _rows(x).sum(axis=1)
+    acc = x.sum(axis=(-2, -1), dtype=np.int64)
     _check_i32("gap_fwd", "a channel sum", acc)
     return nx.saturate(_rq(acc, m, sh), 8).astype(np.int8)
 
@@ -401,12 +457,12 @@ def _geometry(c: _Call) -> tuple[int, ...]:
 
 def _run_conv_fwd(c: _Call) -> None:
     C, H, W, O, OH, OW, K, s, pad, groups = _geometry(c)
-    x = c.t("x_off", "i8", C * H * W).reshape(C, H, W)
+    x = c.t("x_off", "i8", C * H * W).reshape(1, C, H, W)
     w = c.t("w_off", "i8", O * (C // groups) * K * K).reshape(O, -1, K, K)
     b, m, sh = (c.t(k, "i32", O) for k in ("b_off", "m_off", "sh_off"))
-    y = c.t("y_off", "i8", O * OH * OW, "w")
+    y = c.t("y_off", "i8", O * OH * OW, "w").reshape(1, O, OH, OW)
     c.check()
-    y[:] = conv_fwd(x, w, b, m, sh, s, pad, groups, c.f["lo"], c.f["hi"]).reshape(-1)
+    y[...] = conv_fwd(x, w, b, m, sh, s, pad, groups, c.f["lo"], c.f["hi"])
 
 
 def _run_add_fwd(c: _Call) -> None:
@@ -418,9 +474,9 @@ def _run_add_fwd(c: _Call) -> None:
 
 def _run_gap_fwd(c: _Call) -> None:
     C, HW = c.f["C"], c.f["HW"]
-    x, y = c.t("x_off", "i8", C * HW).reshape(C, HW), c.t("y_off", "i8", C, "w")
+    x, y = c.t("x_off", "i8", C * HW).reshape(1, C, 1, HW), c.t("y_off", "i8", C, "w").reshape(1, C)
     c.check()
-    y[:] = gap_fwd(x, c.f["m"], c.f["sh"])
+    y[...] = gap_fwd(x, c.f["m"], c.f["sh"])
 
 
 def _run_loss_grad(c: _Call) -> None:

@@ -135,6 +135,52 @@ def test_conv_fwd_matches_the_formula(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_batch_of_maps_is_its_samples_one_by_one(kind):
+    """conv_fwd, add_fwd and gap_fwd take a leading batch axis (int8_forward's), with the
+    per-sample results of the formula, as int8 of the batch's shape."""
+    rng = np.random.default_rng(10 + KINDS.index(kind))
+    for _ in range(6):
+        C, H, W, O, K, s, pad, groups = random_geometry(rng, kind)
+        N = int(rng.integers(0, 4))
+        x = rng.integers(-128, 128, (N, C, H, W)).astype(np.int8)
+        w = rng.integers(-128, 128, (O, C // groups, K, K)).astype(np.int8)
+        typical = 74 * 74 * (C // groups * K * K) ** 0.5
+        b = rng.integers(-int(2 * typical), int(2 * typical) + 1, O)
+        m, sh = random_scale(rng, O, typical)
+        y = kernels.conv_fwd(x, w, b, m, sh, s, pad, groups, -100, 90)
+        OH, OW = (H + 2 * pad - K) // s + 1, (W + 2 * pad - K) // s + 1
+        assert y.dtype == np.int8 and y.shape == (N, O, OH, OW) and y.flags.c_contiguous
+        for n in range(N):
+            np.testing.assert_array_equal(y[n], conv_fwd_ref(x[n], w, b, m, sh, s, pad, groups, -100, 90))
+        (ma, mb), (sh2, _) = random_scale(rng, 2, 104)
+        a = rng.integers(-128, 128, x.shape).astype(np.int8)
+        np.testing.assert_array_equal(kernels.add_fwd(x, a, ma, mb, sh2),
+                                      [kernels.add_fwd(x[n], a[n], ma, mb, sh2) for n in range(N)] or np.zeros(x.shape))
+        (mg, _), (sg, _) = random_scale(rng, 2, 74 * (H * W) ** 0.5)
+        pooled = kernels.gap_fwd(x, mg, sg)
+        assert pooled.dtype == np.int8 and pooled.shape == (N, C)
+        for n in range(N):
+            np.testing.assert_array_equal(pooled[n], [sat(rq_ref(int(x[n, c].sum()), mg, sg), 8) for c in range(C)])
+
+
+def test_conv_sums_are_exact_beyond_float32():
+    """conv_fwd sums its products with BLAS in floats; past 1023 products per output (sums
+    beyond 2**24, where float32 loses the last bits) it must still give the exact integer."""
+    C, K = 128, 3                                        # 1152 products per output
+    x = np.full((C, K, K), -128, np.int8)
+    w = np.full((1, C, K, K), -128, np.int8)
+    x[5, 1, 1] = w[0, 5, 1, 1] = 127                     # sum = 1151 * 2**14 + 127**2, odd, > 2**24
+    total = 1151 * 2**14 + 127**2
+    for v in (5, -7, 100):
+        y = kernels.conv_fwd(x, w, [v - total], [1 << 14], [14])          # rq(acc) = acc
+        assert y.tolist() == [[[v]]]
+    # grouped (neither full nor depthwise) on the same path: two groups of 1152 products
+    x2, w2 = np.concatenate([x, x]), np.concatenate([w, w])
+    y = kernels.conv_fwd(x2, w2, [3 - total, -2 - total], [1 << 14] * 2, [14] * 2, groups=2)
+    assert y.reshape(-1).tolist() == [3, -2]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_conv_bwd_x_matches_the_formula(kind):
     rng = np.random.default_rng(10 + KINDS.index(kind))
     for _ in range(12):
@@ -265,6 +311,10 @@ def test_results_outside_the_devices_domain_are_refused():
         kernels.add_fwd([1], [1], 1, 1, 63)
     with pytest.raises(ValueError, match="clamp"):
         kernels.conv_fwd(x, w, [0], [1 << 14], [20], lo=5, hi=4)
+    with pytest.raises(ValueError, match="x must be int8 codes"):
+        kernels.conv_fwd(x + 1, w, [0], [1 << 14], [20])
+    with pytest.raises(ValueError, match="w must be int8 codes"):
+        kernels.conv_fwd(x, -w - 2, [0], [1 << 14], [20])
     with pytest.raises(ValueError, match="weight gradient .* outside int32"):
         kernels.conv_grad_w(np.full((1, 23, 23), -2**15), np.full((1, 23, 23), -128), [0], 1)   # 529 * 2**22
     with pytest.raises(ValueError, match="label"):

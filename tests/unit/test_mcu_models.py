@@ -6,12 +6,16 @@ import numpy as np
 import pytest
 
 import insitu.nn as nn
-from insitu import numerics as nx
 from insitu.errors import UsageError
 from insitu.mcu import graph as g
+from insitu.mcu import kernels
 from insitu.mcu import models as M
 from insitu.mcu import quantize as Q
 from insitu.mcu import tasks as T
+from insitu.mcu.calibrate import calibrate_gradients
+from insitu.mcu.compiler import compile_training
+from insitu.mcu.scheme import bias_only
+from insitu.mcu.simulate import Simulator
 from insitu.nn.gradcheck import layer_gradient_errors
 
 pytestmark = pytest.mark.unit
@@ -107,40 +111,6 @@ def test_bn_folding_preserves_the_function():
 # --------------------------------------------------------------------------- int8 graph
 
 
-def _spec_conv(x, w, b, m, sh, stride, pad, groups, lo, hi):
-    """abi.py's conv_fwd formula, literally (slow loops)."""
-    c, h, wd = x.shape
-    o, cg, k, _ = w.shape
-    ho, wo = g.conv_out(h, k, stride, pad), g.conv_out(wd, k, stride, pad)
-    xp = np.pad(x.astype(np.int64), ((0, 0), (pad, pad), (pad, pad)))
-    y = np.zeros((o, ho, wo), np.int64)
-    for oc in range(o):
-        grp = oc // (o // groups)
-        for oy in range(ho):
-            for ox in range(wo):
-                patch = xp[grp * cg:(grp + 1) * cg, oy * stride:oy * stride + k, ox * stride:ox * stride + k]
-                acc = int(b[oc]) + int((patch * w[oc].astype(np.int64)).sum())
-                y[oc, oy, ox] = min(max(int(nx.shift_round(acc * int(m[oc]), int(sh[oc]))), lo), hi)
-    return y.astype(np.int8)
-
-
-@pytest.mark.parametrize("groups,stride,pad,k", [(1, 1, 1, 3), (1, 2, 1, 3), ("dw", 2, 1, 3), ("dw", 1, 1, 3), (1, 1, 0, 1)])
-def test_reference_conv_follows_the_spec(groups, stride, pad, k):
-    rng = np.random.default_rng(7)
-    c, o = 4, (4 if groups == "dw" else 3)
-    groups = c if groups == "dw" else 1
-    x = rng.integers(-128, 128, (2, c, 5, 6)).astype(np.int8)
-    w = rng.integers(-128, 128, (o, c // groups, k, k)).astype(np.int8)
-    b = rng.integers(-5000, 5000, o).astype(np.int32)
-    scales = [nx.RequantScale.from_float(s) for s in rng.uniform(1e-4, 1e-2, o)]
-    m = np.array([s.multiplier for s in scales])
-    sh = np.array([s.shift for s in scales])
-    got = Q.conv_fwd(x, w, b, m, sh, stride, pad, groups, -100, 90)
-    for i in range(2):
-        np.testing.assert_array_equal(got[i], _spec_conv(x[i], w, b, m, sh, stride, pad, groups, -100, 90))
-    np.testing.assert_array_equal(Q.conv_fwd(x[0], w, b, m, sh, stride, pad, groups, -100, 90), got[0])
-
-
 def test_quantized_graph_structure_and_accuracy(tiny):
     graph, _, _ = tiny
     graph.validate()
@@ -162,7 +132,7 @@ def test_quantized_graph_structure_and_accuracy(tiny):
         Q.int8_accuracy(graph, x[:1000], y[:1000]) / 2 + Q.int8_accuracy(graph, x[1000:2000], y[1000:2000]) / 2)
 
 
-def test_int8_forward_one_sample_equals_batch(tiny):
+def test_int8_forward_one_sample_equals_batch(tiny, monkeypatch):
     graph, _, _ = tiny
     codes = g.input_codes(T.pretrain_task(12)[2][:5])
     batch = Q.int8_forward(graph, codes)
@@ -171,20 +141,33 @@ def test_int8_forward_one_sample_equals_batch(tiny):
     one = Q.int8_forward(graph, codes[3], record=rec)
     np.testing.assert_array_equal(one, batch[3])
     assert rec["pool"].shape == (graph.tensors["head.conv"].shape[0], 1, 1)
-    # per-sample ops (no `batched` flag) give the same codes
-    unbatched = type("Ops", (), {k: staticmethod(getattr(Q, k)) for k in ("conv_fwd", "add_fwd", "gap_fwd")})
-    np.testing.assert_array_equal(Q.int8_forward(graph, codes, ops=unbatched), batch)
+    # the batch goes through in chunks: the chunks' codes (every tensor's) are the samples'
+    monkeypatch.setattr(Q, "FORWARD_CHUNK", 2)
+    recs = {}
+    np.testing.assert_array_equal(Q.int8_forward(graph, codes, record=recs), batch)
+    assert set(recs) == set(rec) and all(recs[k].shape == (5, *rec[k].shape) for k in rec)
+    for k in rec:
+        np.testing.assert_array_equal(recs[k][3], rec[k])
+    # ops without the `batched` flag (the kernels module itself) get one sample at a time
+    np.testing.assert_array_equal(Q.int8_forward(graph, codes, ops=kernels), batch)
+    assert Q.REFERENCE_OPS.conv_fwd is kernels.conv_fwd           # one implementation of eq. 1
     with pytest.raises(ValueError, match="int8"):
         Q.int8_forward(graph, codes.astype(np.int16))
 
 
-def test_golden_kernels_agree_with_the_reference(tiny):
-    kernels = pytest.importorskip("insitu.mcu.kernels")
-    if not all(hasattr(kernels, op) for op in ("conv_fwd", "add_fwd", "gap_fwd")):
-        pytest.skip("insitu.mcu.kernels has no functional conv_fwd/add_fwd/gap_fwd yet")
+def test_int8_forward_equals_the_compiled_program_on_the_arena(tiny):
+    """The graph walk on a batch (int8_forward) and the compiled inference program run by the
+    arena interpreter, one sample at a time (the host simulator), give the same logit codes."""
     graph, _, _ = tiny
-    codes = g.input_codes(T.pretrain_task(12)[2][:8])
-    np.testing.assert_array_equal(Q.int8_forward(graph, codes, ops=kernels), Q.int8_forward(graph, codes))
+    x, y = T.pretrain_task(12)[2:4]
+    codes = g.input_codes(x[:6])
+    compiled = compile_training(graph, bias_only(graph, 2), calibrate_gradients(graph, codes, y[:6]))
+    logits = next(b for b in compiled.buffers if b.name == f"act:{graph.output}")
+    sim = Simulator(compiled)
+    expect = Q.int8_forward(graph, codes)
+    for i, c in enumerate(codes):
+        assert sim.predict(c) == int(np.argmax(expect[i]))
+        np.testing.assert_array_equal(sim.A[logits.offset:logits.offset + expect.shape[1]].view(np.int8), expect[i])
 
 
 def test_new_head(tiny):
