@@ -1,0 +1,439 @@
+"""`insitu train --algo sparse` on the simulated STM32F746 end to end, and what can go wrong on the
+way: a pulled cable, a reset board, a bad weight blob, a crashing firmware, a scheme that does not
+fit, a port that does not exist; `insitu mcu minheap`.
+
+Every device run is checked against the host simulator, which runs the same compiled program and
+is bit-exact with the firmware: the trained tensors the device checkpoints (tte_ckpt.bin: magic,
+model id, samples done, then the trained arena ranges) must equal the simulator's after the same
+samples, so a sample lost or trained twice shows.
+
+mbv2-tiny only (its pretrained cache builds in seconds).
+"""
+
+import json
+import shutil
+import struct
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import insitu.mcu.flash as mcu_flash
+from insitu.mcu.device import DeviceError, TrainingDevice
+from insitu.mcu.link import DeviceLink, FirmwareCrashed, LinkError
+from insitu.mcu.simulate import Simulator
+from insitu.mcu.train import Prepared, firmware_files, run_on_device
+from insitu.mcu.twin import McuTwin
+from insitu.training import sample_order
+
+pytestmark = pytest.mark.system
+
+MODEL, TASK, SCHEME, LR, SEED = "mbv2-tiny", "digits", "bias-4", 0.05, 0
+SIM_BOARD, REAL_BOARD = "stm32f746-disco-sim", "stm32f746-disco"
+BUDGET = 262144                    # the stm32f746-disco's training budget (its twin's heap)
+SPARSE = ("train", "--algo", "sparse", "--model", MODEL, "--scheme", SCHEME)
+BLOB = "tte_model.bin"
+
+
+# --------------------------------------------------------------------------- helpers
+
+@pytest.fixture(scope="module")
+def prep():
+    """The compiled program `insitu train` builds for these options (deterministic)."""
+    return Prepared(MODEL, TASK, SCHEME, LR, SEED)
+
+
+@pytest.fixture(scope="module")
+def flashed(prep, tmp_path_factory):
+    """A flash folder with the firmware and this program deployed by mpremote (the twin stopped)."""
+    folder = tmp_path_factory.mktemp("flashed") / "flash"
+    with McuTwin(folder) as twin:
+        mcu_flash.flash(twin.port, firmware_files(prep.compiled))
+    assert (folder / BLOB).read_bytes() == prep.compiled.blob
+    return folder
+
+
+def copy_of(flashed, tmp_path) -> Path:
+    """A board of its own with what `flashed` deployed (a test may break its files)."""
+    folder = tmp_path / "flash"
+    shutil.copytree(flashed, folder)
+    return folder
+
+
+def simulate(prep, samples: int):
+    """The host simulator after `samples` training samples of the run's stream, and its
+    predictions (made before each update)."""
+    sim = Simulator(prep.compiled)
+    order = sample_order(len(prep.y_train), SEED, 0, samples)
+    predicted = [sim.train_step(prep.x_train[i], int(prep.y_train[i])) for i in order]
+    return sim, np.array(predicted)
+
+
+def checkpoint(folder: Path) -> tuple[bytes, str, int, bytes]:
+    """(magic, model id, samples done, trained tensors) of the device's checkpoint."""
+    data = (folder / "tte_ckpt.bin").read_bytes()
+    return data[:4], data[4:20].decode(), struct.unpack_from("<I", data, 20)[0], data[24:]
+
+
+def assert_matches_simulation(prep, folder: Path, result: dict, samples: int, test_samples: int):
+    sim, sim_predicted = simulate(prep, samples)
+    magic, model_id, done, trained = checkpoint(folder)
+    assert (magic, model_id) == (b"TTE1", prep.compiled.model_id)
+    assert done == samples                                   # no sample lost or counted twice
+    assert trained == sim.trained_bytes()                    # ... or trained twice
+    seen = result["predicted_during_training"] >= 0
+    assert seen.any()
+    np.testing.assert_array_equal(result["predicted_during_training"][seen], sim_predicted[seen])
+    accuracy = sim.accuracy(prep.x_test[:test_samples], prep.y_test[:test_samples])
+    assert result["accuracy_after"] == accuracy
+
+
+def finish_in_time(action, twin, too_late):
+    """``action()``'s result (or its exception), run in a thread; once ``too_late()`` says so the twin
+    is stopped, which ends the action, and the test fails: a host that recovers only through
+    timeouts fails in seconds, not minutes."""
+    outcome = {}
+
+    def work():
+        try:
+            outcome["value"] = action()
+        except BaseException as exc:          # handed to the test's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=work, name="device run", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.05)
+        if worker.is_alive() and too_late():
+            twin.stop()
+            worker.join(30)
+            pytest.fail("the host was still waiting (on timeouts) when its time was up")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def after(seconds: float):
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() > deadline
+
+
+class Counter:
+    """The `advance` callback of run_on_device: the samples done as the host saw them (each
+    change of the count; run_on_device starts with an advance(0))."""
+
+    def __init__(self, hook=None):
+        self.done, self.history, self.hook = 0, [], hook
+
+    def __call__(self, n):
+        if n == 0:
+            return
+        self.done += n
+        self.history.append(self.done)
+        if self.hook:
+            self.hook(self.done)
+
+
+# --------------------------------------------------------------------------- end to end
+
+def test_sparse_training_on_the_twin_end_to_end(run_cli, prep, tmp_path):
+    flash_dir = tmp_path / "flash"
+    run = run_cli(*SPARSE, "--board", SIM_BOARD, "--samples", 20, "--test-samples", 20,
+                  "--flash-dir", flash_dir, "--json", timeout=120)
+    assert run.returncode == 0, run.stderr
+    r = json.loads(run.stdout)
+    assert (r["board"], r["algo"], r["model"], r["samples"], r["test_samples"]) == \
+        (SIM_BOARD, "sparse", MODEL, 20, 20)
+    assert r["scheme"] == prep.compiled.scheme.to_json() and r["model_id"] == prep.compiled.model_id
+    assert (r["runtime"], r["platform"]) == ("micropython", "linux")
+    assert r["heap_bytes"] == BUDGET
+    assert r["planned_peak_bytes"] == prep.compiled.arena_bytes > 0
+    # The firmware's measured peak holds the arena plus the interpreter and the firmware itself.
+    assert BUDGET > r["peak_heap_bytes"] > r["planned_peak_bytes"]
+    assert r["predicted_heap_bytes"] > r["planned_peak_bytes"]
+    for key in ("accuracy_before", "accuracy_after", "accuracy"):
+        assert 0.0 <= r[key] <= 1.0, key
+    assert r["accuracy"] == r["accuracy_after"]
+    # Device and host simulator are bit-exact: same predictions while training, same accuracy.
+    assert r["host_sim_agreement"] == 1.0
+    assert r["accuracy_before"] == r["host_sim_accuracy_before"]
+    assert r["accuracy_after"] == r["host_sim_accuracy_after"]
+    assert (r["resumed_from"], r["reconnects"], r["restarts"]) == (0, 0, 0)
+    # The twin's flash keeps the device's checkpoint: 20 samples, the simulator's tensors.
+    magic, model_id, done, trained = checkpoint(flash_dir)
+    assert (magic, model_id, done) == (b"TTE1", prep.compiled.model_id, 20)
+    assert trained == simulate(prep, 20)[0].trained_bytes()
+
+
+# --------------------------------------------------------------------------- link trouble
+
+def test_training_survives_pulled_cables_without_losing_or_repeating_a_sample(prep, tmp_path, monkeypatch):
+    samples = 20
+    folder = tmp_path / "flash"
+    links, lose_reply = set(), {"armed": False, "fired": 0}
+    real_recv = DeviceLink.recv
+
+    with McuTwin(folder) as twin:
+        def recv(self, timeout_s=None):
+            links.add(self)
+            if lose_reply["armed"]:
+                # The request is out: the device trains the sample and answers into a pulled
+                # cable. The host's resend (same seq) must be answered, not trained again.
+                lose_reply["armed"] = False
+                time.sleep(0.1)
+                twin.drop_link(0.3)
+                lose_reply["fired"] += 1
+            return real_recv(self, timeout_s)
+
+        def hook(done):
+            if done == 5:
+                twin.drop_link(0.3)                   # between two requests
+            if done == 12 and not lose_reply["fired"]:
+                lose_reply["armed"] = True            # during the next request
+
+        monkeypatch.setattr(DeviceLink, "recv", recv)
+        advance = Counter(hook)
+        result = finish_in_time(
+            lambda: run_on_device(prep, twin.port, samples, 10, SEED, advance, checkpoint_every=4),
+            twin, after(60.0))
+
+    assert lose_reply["fired"] == 1
+    assert sum(link.resends for link in links) >= 1          # the lost reply was asked for again
+    assert advance.history == list(range(1, samples + 1))    # one sample at a time, none twice
+    assert result["restarts"] == 0                          # the firmware kept running
+    assert_matches_simulation(prep, folder, result, samples, 10)
+
+
+class _QuickDevice(TrainingDevice):
+    """TrainingDevice with short timeouts: a restart needs none (the board is at its REPL prompt),
+    and a host that waits for them anyway ends its run soon after the test stopped the twin."""
+
+    def __init__(self, port, timeout_s=2.0, reconnect_s=3.0):
+        super().__init__(port, timeout_s, reconnect_s)
+
+
+# Not strict: what the board's REPL makes of the frames typed into it depends on their random seq.
+@pytest.mark.xfail(strict=False, reason="bug: after a hard reset the host types its frames into the "
+                   "board's REPL; the twin's prompt after output is '\\n>>> ', not the '\\r\\n>>> ' "
+                   "link.py looks for, so it is only noticed after timeouts (or the REPL runs the "
+                   "frame's bytes and the host reports a FirmwareCrashed); see the report")
+def test_a_reset_board_resumes_from_its_checkpoint(prep, tmp_path, monkeypatch):
+    samples, every, reset_at = 20, 4, 10
+    folder = tmp_path / "flash"
+    monkeypatch.setattr("insitu.mcu.device.TrainingDevice", _QuickDevice)
+    reset = {"restarts_flashed": None, "at": None}      # the twin's restarts once flashed
+    real_flash = mcu_flash.flash
+
+    with McuTwin(folder) as twin:
+        def flash(*args, **kwargs):                     # mpremote soft-resets the board too
+            out = real_flash(*args, **kwargs)
+            reset["restarts_flashed"] = twin.restarts
+            return out
+
+        def hook(done):
+            if done == reset_at and reset["at"] is None:
+                twin.reset()                            # power cycle: RAM lost, flash kept
+                reset["at"] = time.monotonic()
+
+        monkeypatch.setattr(mcu_flash, "flash", flash)
+        advance = Counter(hook)
+        result = finish_in_time(
+            lambda: run_on_device(prep, twin.port, samples, 10, SEED, advance, checkpoint_every=every),
+            twin, lambda: reset["at"] is not None and time.monotonic() - reset["at"] > 3.0)
+
+    assert reset["at"] is not None and twin.restarts > reset["restarts_flashed"]
+    assert result["restarts"] >= 1                      # the host restarted the firmware
+    # Reset after sample 10: the checkpoint has 8 (every 4); the host goes on from there.
+    after_reset = advance.history[advance.history.index(reset_at) + 1:]
+    assert min(after_reset) == reset_at // every * every
+    assert advance.done == samples and max(advance.history) == samples
+    assert_matches_simulation(prep, folder, result, samples, 10)
+
+
+# --------------------------------------------------------------------------- a bad weight blob
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+@pytest.mark.parametrize("damage, says", [
+    (_flip_a_byte, "is corrupt"),
+    (_truncate, "bytes, the model expects"),
+    pytest.param(lambda p: p.unlink(), "", marks=pytest.mark.xfail(
+        strict=True, reason="bug: fw_train.serve() opens tte_model.bin unguarded (and outside the "
+                            "try that closes the link): a missing blob is an OSError traceback, not a "
+                            "refusal naming the blob, and the host does not see the traceback")),
+], ids=["corrupt", "truncated", "missing"])
+def test_a_damaged_weight_blob_is_refused_with_the_reason(flashed, tmp_path, damage, says):
+    folder = copy_of(flashed, tmp_path)
+    damage(folder / BLOB)
+    with McuTwin(folder) as twin:
+        dev = TrainingDevice(twin.port, timeout_s=2.0, reconnect_s=2.0)
+        try:
+            with pytest.raises(DeviceError) as err:
+                finish_in_time(lambda: dev.with_recovery(dev.start), twin, after(2.0))
+            # It keeps answering every request with the reason, and trains nothing.
+            with pytest.raises(DeviceError, match=BLOB):
+                dev.stats()
+        finally:
+            dev.close()
+    text = str(err.value)
+    assert BLOB in text and "reflash" in text and says in text, text
+    assert not (folder / "tte_ckpt.bin").exists()
+
+
+def test_the_host_run_stops_on_a_corrupt_blob(prep, tmp_path, monkeypatch):
+    folder = tmp_path / "flash"
+    real_flash = mcu_flash.flash
+
+    def flash_then_corrupt(*args, **kwargs):
+        out = real_flash(*args, **kwargs)
+        _flip_a_byte(folder / BLOB)
+        return out
+
+    monkeypatch.setattr(mcu_flash, "flash", flash_then_corrupt)
+    advance = Counter()
+    with McuTwin(folder) as twin:
+        started = time.perf_counter()
+        with pytest.raises(DeviceError, match=r"tte_model\.bin is corrupt.*reflash"):
+            run_on_device(prep, twin.port, 4, 4, SEED, advance)
+        assert time.perf_counter() - started < 20.0          # flash + an immediate refusal
+    assert advance.history == []
+
+
+# --------------------------------------------------------------------------- a crashing firmware
+
+def _crash_at_import(prep) -> bytes:
+    return b"raise RuntimeError('boom at import')\n"
+
+
+def _crash_in_train(prep) -> bytes:
+    return prep.compiled.module.encode() + b"\n\ndef train(A, f):\n    raise ValueError('boom in train')\n"
+
+
+_PROMPT_BUG = ("bug: the twin's REPL prints '\\n>>> ' after a traceback, link.py waits for "
+               "'\\r\\n>>> ': FirmwareCrashed only after timeouts and resends typed into the REPL")
+
+
+@pytest.mark.parametrize("module, says", [
+    pytest.param(_crash_at_import, "RuntimeError: boom at import", marks=pytest.mark.xfail(
+        strict=False, reason=_PROMPT_BUG + "; and the traceback of a crash before the link opens is "
+        "lost (start_program closes the port, DeviceLink reopens it and resets its input)")),
+    pytest.param(_crash_in_train, "ValueError: boom in train",
+                 marks=pytest.mark.xfail(strict=True, reason=_PROMPT_BUG)),
+], ids=["at-import", "in-train"])
+def test_a_crashing_firmware_is_reported_with_its_traceback_promptly(prep, flashed, tmp_path, module, says):
+    folder = copy_of(flashed, tmp_path)
+    (folder / "tte_model.mpy").unlink()
+    (folder / "tte_model.py").write_bytes(module(prep))
+    timeout_s = 2.0
+
+    def start_and_train():
+        dev.with_recovery(dev.start)
+        dev.with_recovery(lambda: dev.train(0, int(prep.y_train[0]), prep.x_train[0]))
+
+    with McuTwin(folder) as twin:
+        dev = TrainingDevice(twin.port, timeout_s=timeout_s, reconnect_s=2.0)
+        try:
+            with pytest.raises(FirmwareCrashed) as err:
+                # Sooner than a request's timeout: the traceback and the prompt say it all.
+                finish_in_time(start_and_train, twin, after(timeout_s))
+        finally:
+            dev.close()
+    assert not isinstance(err.value, LinkError)            # not retried as a link failure
+    text = str(err.value)
+    assert "Traceback" in text and says in text and "tte_model" in text, text
+
+
+# --------------------------------------------------------------------------- refused before flashing
+
+def test_a_scheme_that_does_not_fit_is_refused_before_flashing(run_cli, prep, tmp_path):
+    flash_dir = tmp_path / "flash"
+    run = run_cli(*SPARSE, "--board", SIM_BOARD, "--samples", 5, "--heap", 16384,
+                  "--flash-dir", flash_dir, "--json", timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "does not fit" in run.stderr
+    assert f"planned peak {prep.compiled.arena_bytes:,} B" in run.stderr, run.stderr
+    assert "16,384 B" in run.stderr and "Traceback" not in run.stderr
+    assert run.stdout == "" and not flash_dir.exists()        # no twin started, nothing flashed
+
+
+@pytest.mark.parametrize("args, code, says", [
+    (("--port", "/dev/does-not-exist"), 1, ["/dev/does-not-exist", "cannot open the serial port"]),
+    ((), 2, ["--port"]),
+    (("--port", "/dev/does-not-exist", "--heap", 65536), 2, ["--heap"]),
+], ids=["missing-port", "no-port", "heap-on-a-real-board"])
+def test_a_real_board_needs_a_port_that_exists(run_cli, args, code, says):
+    run = run_cli(*SPARSE, "--board", REAL_BOARD, "--samples", 2, "--test-samples", 2, *args, timeout=120)
+    assert run.returncode == code, run.stderr
+    assert run.stderr.startswith("error:") and "Traceback" not in run.stderr, run.stderr
+    for text in says:
+        assert text in run.stderr, run.stderr
+
+
+# --------------------------------------------------------------------------- insitu mcu minheap
+
+@pytest.fixture(scope="module")
+def minheap():
+    from conftest import insitu_cli
+
+    run = insitu_cli("mcu", "minheap", "--model", MODEL, "--scheme", SCHEME, "--json", timeout=180)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_minheap_bisects_the_twins_heap(minheap, prep):
+    r = minheap
+    assert r["board"] == SIM_BOARD and r["planned_peak_bytes"] == prep.compiled.arena_bytes
+    found, probes = r["min_heap_bytes"], r["probes"]
+    assert r["planned_peak_bytes"] < found < BUDGET
+    assert probes[0]["heap_bytes"] == BUDGET and probes[0]["ok"]      # the bracket's top trains
+    ok = [p["heap_bytes"] for p in probes if p["ok"]]
+    failed = [p["heap_bytes"] for p in probes if not p["ok"]]
+    assert found in ok and min(ok) == found and failed and max(failed) < found
+    assert found - max(failed) <= 512                                  # bisected to its granule
+    for p in probes:
+        if p["ok"]:
+            assert r["planned_peak_bytes"] < p["peak"] <= p["heap_bytes"], p
+        else:
+            assert p["peak"] is None and p["why"], p
+    assert r["error"] == pytest.approx((found - r["predicted_heap_bytes"]) / r["predicted_heap_bytes"])
+
+
+@pytest.mark.xfail(strict=False, reason="bug: minheap probes a fresh interpreter, but run_on_device "
+                   "starts the firmware in the REPL that just ran flash's snippet (its globals and "
+                   "imports still live): at the minimum heap Link() raises MemoryError, and the host "
+                   "does not see the traceback; see the report")
+def test_the_heap_minheap_finds_is_enough_to_train(minheap, prep, tmp_path, monkeypatch):
+    heap = minheap["min_heap_bytes"]
+    monkeypatch.setattr("insitu.mcu.device.TrainingDevice", _QuickDevice)
+    flashed_at = []
+    real_flash = mcu_flash.flash
+
+    def flash(*args, **kwargs):
+        out = real_flash(*args, **kwargs)
+        flashed_at.append(time.monotonic())
+        return out
+
+    monkeypatch.setattr(mcu_flash, "flash", flash)
+    with McuTwin(tmp_path / "flash", heap_bytes=heap) as twin:       # `insitu train --heap HEAP`
+        result = finish_in_time(lambda: run_on_device(prep, twin.port, 4, 4, SEED, Counter()), twin,
+                                lambda: flashed_at and time.monotonic() - flashed_at[0] > 3.0)
+    assert result["accuracy_after"] is not None
+    assert minheap["planned_peak_bytes"] < result["peak_heap_bytes"] <= heap
+
+
+@pytest.mark.parametrize("args, says", [(("--samples", 0), "--samples"),
+                                        (("--board", REAL_BOARD), "not a simulated")],
+                         ids=["no-samples", "real-board"])
+def test_minheap_refuses_bad_input(run_cli, args, says):
+    run = run_cli("mcu", "minheap", "--model", MODEL, "--scheme", SCHEME, *args, timeout=60)
+    assert run.returncode == 2 and says in run.stderr, run.stderr
