@@ -16,19 +16,22 @@
 import micropython
 from micropython import const
 
-from tte_abi import (IO_LABEL, IO_P_LABEL, IO_PREDICTED, LOSS_GRAD_FRAC, OP_ACT_BWD, OP_ADD_FWD,
+from tte_abi import (IO_LABEL, IO_P_LABEL, IO_PREDICTED, IO_STEP, LOSS_GRAD_FRAC, OP_ACT_BWD, OP_ADD_FWD,
                      OP_APPLY_B, OP_APPLY_W, OP_ARGMAX, OP_BIAS_GRAD, OP_BIAS_UPD, OP_CONV_BWD_X,
                      OP_CONV_FWD, OP_CONV_GRAD_W, OP_CONV_UPD_W, OP_GAP_BWD, OP_GAP_FWD, OP_GRAD_ADD,
-                     OP_GRAD_SCALE_CH, OP_LOAD, OP_LOSS_GRAD, OP_PATCH)
+                     OP_GRAD_SCALE_CH, OP_LOAD, OP_LOSS_GRAD, OP_PATCH, SR_BITS, SR_K_SALT, SR_K_STEP, SR_M1,
+                     SR_M2)
 
 _CHUNK = const(256)          # sums per _requant call; also the widest conv row (OW, and W backward)
 _S = bytearray(4 * (8 + _CHUNK))
-# _S header: [0] n, [1] mode, [2] dst (arena byte offset), [3] m, [4] sh, [5] lo, [6] hi; sums at [8:].
+# _S header: [0] n, [1] mode, [2] dst (arena byte offset), [3] m, [4] sh, [5] lo, [6] hi,
+# [7] rounding key of the first sum (_SUB_I8_SR); sums at [8:].
 _TO_S = const(0)             # r clamped to [lo, hi], back into _S
 _TO_I8 = const(1)            # y[i] = clamp(r, lo, hi), i8 at dst
 _TO_I16 = const(2)           # the same, i16
 _SUB_I8 = const(3)           # w[i] = clamp(w[i] - r, lo, hi), i8 at dst
 _SUB_I32 = const(4)          # b[i] = sat32(b[i] - r), i32 at dst
+_SUB_I8_SR = const(5)        # _SUB_I8 after r = (r + rnd) >> SR_BITS, rnd keyed by S[7] + i (abi.SR_BITS)
 _BIG = const(0x3FFFFFFF)     # stands for an r beyond +-2**16 (see _requant)
 _B_GRAD = const(0)           # _bias kinds: bias_grad, bias_upd, apply_b
 _B_UPD = const(1)
@@ -94,7 +97,22 @@ def _requant(A: ptr8, S: ptr32):
             wide = 1
         else:
             r = (t << (15 - sh)) + (((vl & 0x7FFF) + half) >> sh)
-        if mode == _SUB_I32:
+        if mode == _SUB_I8_SR:
+            # rnd = the top SR_BITS bits of mix(key), mix as abi.SR_BITS says, in int32 words
+            # (h: sign-extend the low 32 bits, the same on 32- and 64-bit words).
+            x = S[7] + i
+            h = (x >> 16) & 0xFFFF
+            x = (((h ^ 0x8000) - 0x8000) << 16) | (x & 0xFFFF)
+            x = (x ^ ((x >> 16) & 0xFFFF)) * int(SR_M1)
+            h = (x >> 16) & 0xFFFF
+            x = (((h ^ 0x8000) - 0x8000) << 16) | (x & 0xFFFF)
+            x = (x ^ ((x >> 15) & 0x1FFFF)) * int(SR_M2)
+            h = (x >> 16) & 0xFFFF
+            x = (((h ^ 0x8000) - 0x8000) << 16) | (x & 0xFFFF)
+            x = x ^ ((x >> 16) & 0xFFFF)
+            r = (r + ((x >> (32 - int(SR_BITS))) & ((1 << int(SR_BITS)) - 1))) >> int(SR_BITS)
+            r = ((A[dst + i] ^ 0x80) - 0x80) - r
+        elif mode == _SUB_I32:
             b = y32[i]
             h = (b >> 16) & 0xFFFF
             b = (((h ^ 0x8000) - 0x8000) << 16) | (b & 0xFFFF)
@@ -125,6 +143,15 @@ def _requant(A: ptr8, S: ptr32):
 @micropython.viper
 def _word(P: ptr32, i: int) -> int:
     return P[i]
+
+
+@micropython.viper
+def _sr_key(A: ptr8, io_off: int, salt: int) -> int:
+    # step * SR_K_STEP + salt * SR_K_SALT, the rounding key of an update's element 0 (abi.SR_BITS)
+    io = ptr32(uint(A) + io_off)
+    x = io[int(IO_STEP)] * int(SR_K_STEP) + salt * int(SR_K_SALT)
+    h = (x >> 16) & 0xFFFF
+    return (((h ^ 0x8000) - 0x8000) << 16) | (x & 0xFFFF)
 
 
 # --------------------------------------------------------------------------- forward
@@ -484,6 +511,7 @@ def loss_grad(A: ptr8, P: ptr32, o: int):
             q -= one
         g16[k] = q
     io[int(IO_PREDICTED)] = best
+    io[int(IO_STEP)] = io[int(IO_STEP)] + 1
 
 
 # --------------------------------------------------------------------------- backward
@@ -627,9 +655,12 @@ def _grad_w(A: ptr8, P: ptr32, o: int, upd: int):
     row = Cg * K * K
     gw = ptr32(uint(A) + dst)
     S = ptr32(_S)
-    S[1] = _SUB_I8
+    S[1] = _SUB_I8_SR
     S[5] = -128
     S[6] = 127
+    key = 0
+    if upd:
+        key = int(_sr_key(A, P[f + 11], P[f + 12]))
     for j in range(n_sel):
         oc = idx[j]
         xg = x + (oc // Og) * Cg * HW
@@ -668,6 +699,7 @@ def _grad_w(A: ptr8, P: ptr32, o: int, upd: int):
                         if fill == _CHUNK:
                             S[0] = fill
                             S[2] = dst + start
+                            S[7] = key + start
                             _requant(A, S)
                             start += fill
                             fill = 0
@@ -677,6 +709,7 @@ def _grad_w(A: ptr8, P: ptr32, o: int, upd: int):
         if fill:
             S[0] = fill
             S[2] = dst + start
+            S[7] = key + start
             _requant(A, S)
 
 
@@ -685,12 +718,12 @@ def conv_grad_w(A, P, o):
     _grad_w(A, P, o, 0)
 
 
-# fields(conv_upd_w): gy_off, x_off, w_off, idx_off, n_sel, um_off, ush_off, C, H, W, O, OH, OW, K, stride, pad, groups
+# fields(conv_upd_w): gy_off, x_off, w_off, idx_off, n_sel, um_off, ush_off, C, H, W, O, OH, OW, K, stride, pad, groups, io_off, salt
 def conv_upd_w(A, P, o):
     _grad_w(A, P, o, 1)
 
 
-# fields(apply_w): gw_off, w_off, n_sel, row_len, um_off, ush_off
+# fields(apply_w): gw_off, w_off, n_sel, row_len, um_off, ush_off, io_off, salt
 @micropython.viper
 def apply_w(A: ptr8, P: ptr32, o: int):
     gw = ptr32(uint(A) + P[o + 1])
@@ -699,8 +732,9 @@ def apply_w(A: ptr8, P: ptr32, o: int):
     row = P[o + 4]
     ums = ptr32(uint(A) + P[o + 5])
     ushs = ptr32(uint(A) + P[o + 6])
+    key = int(_sr_key(A, P[o + 7], P[o + 8]))
     S = ptr32(_S)
-    S[1] = _SUB_I8
+    S[1] = _SUB_I8_SR
     S[5] = -128
     S[6] = 127
     for j in range(n_sel):
@@ -716,6 +750,7 @@ def apply_w(A: ptr8, P: ptr32, o: int):
                 S[8 + i] = gw[e0 + i]
             S[0] = n
             S[2] = w + e0
+            S[7] = key + e0
             _requant(A, S)
             e0 += n
 

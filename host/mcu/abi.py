@@ -23,9 +23,28 @@ LOSS_GRAD_FRAC = 14
 #: exp table of the integer softmax: EXP[d] = round(2**EXP_FRAC * exp(-d * s_logits)), d = 0..255.
 EXP_FRAC = 16
 EXP_ENTRIES = 256
-#: The io block (4 x i32 in the arena): label in, predicted class out, p(label) code out, spare.
-IO_LABEL, IO_PREDICTED, IO_P_LABEL = 0, 1, 2
+#: The io block (4 x i32 in the arena): label in, predicted class out, p(label) code out, and the
+#: count of training steps (loss_grad adds 1; the weight updates' rounding is keyed by it).
+IO_LABEL, IO_PREDICTED, IO_P_LABEL, IO_STEP = 0, 1, 2, 3
 IO_WORDS = 4
+
+#: Weight updates are rounded stochastically at 2**-SR_BITS of a code. Round-to-nearest loses
+#: every step smaller than half a code, and which steps those are is not random: the softmax
+#: spreads the wrong classes' small negative steps over many rows while the label's row gets one
+#: large positive step, so the rows drift up together until the logits saturate (measured: a
+#: classifier-only scheme collapsed to one class after ~450 samples at lr 0.05, docs/mcu.md).
+#: The update's multiplier carries the 2**SR_BITS (the compiler's), so u = rq(G, um, ush) is the
+#: step in 2**-SR_BITS codes and the weight moves by floor((u + rnd) / 2**SR_BITS), rnd uniform
+#: in [0, 2**SR_BITS): unbiased, and the same on the device and the host.
+SR_BITS = 8
+#: rnd of weight element e (its index in the op's trained rows, j * row_len + i) of the op with
+#: salt `salt` in step `step` = the top SR_BITS bits of mix(step*SR_K_STEP + salt*SR_K_SALT + e),
+#: mix(x) = x ^= x >> 16; x *= SR_M1; x ^= x >> 15; x *= SR_M2; x ^= x >> 16, all mod 2**32 with
+#: logical shifts (constants below 2**30: small ints on a 32-bit MicroPython).
+SR_K_STEP = 0x2545F491
+SR_K_SALT = 0x1B873593
+SR_M1 = 0x2C1B3C6D
+SR_M2 = 0x297A2D39
 
 #: opcode -> field names (after the opcode). Geometry fields of a conv, in this order:
 #: C, H, W (input), O, OH, OW (output), K (kernel), stride, pad, groups.
@@ -43,7 +62,8 @@ OPS: dict[str, tuple[str, ...]] = {
     #   zmax = max z; e[k] = EXP[zmax - z[k]] (EXP: i32 table, EXP_ENTRIES entries);
     #   S = sum e; q[k] = (e[k] * 2**LOSS_GRAD_FRAC + S // 2) // S;
     #   g[k] = q[k] - (k == label) * 2**LOSS_GRAD_FRAC  (i16 [n]);
-    #   io[IO_PREDICTED] = first k with z[k] == zmax; io[IO_P_LABEL] = q[label].
+    #   io[IO_PREDICTED] = first k with z[k] == zmax; io[IO_P_LABEL] = q[label];
+    #   io[IO_STEP] += 1 (mod 2**32).
     "loss_grad": ("z_off", "g_off", "n", "exp_off", "io_off"),
     # io[IO_PREDICTED] = first k with z[k] == max z (inference only).
     "argmax": ("z_off", "n", "io_off"),
@@ -60,11 +80,14 @@ OPS: dict[str, tuple[str, ...]] = {
     # Weight gradient of the selected output channels idx[j], j < n_sel (i32 list):
     #   G[j,c',ky,kx] = sum_{oy,ox} gy[idx[j],oy,ox] * x[g*Cg+c', oy*s+ky-pad, ox*s+kx-pad]
     # "conv_grad_w" stores G (i32 [n_sel, Cg, K, K]) at gw_off; "conv_upd_w" applies it at once:
-    #   w[j,...] = sat8(w[j,...] - rq(G[j,...], um[j], ush[j]))  (w: the trained rows, i8 [n_sel, Cg, K, K])
+    #   w[j,...] = sat8(w[j,...] - sr(G[j,...], um[j], ush[j]))  (w: the trained rows, i8 [n_sel, Cg, K, K])
+    # with sr(v, m, sh) = floor((rq(v, m, sh) + rnd) / 2**SR_BITS), rnd keyed by io[IO_STEP], salt
+    # and the element's index (see SR_BITS).
     "conv_grad_w": ("gy_off", "x_off", "gw_off", "idx_off", "n_sel", *CONV_GEOMETRY),
-    "conv_upd_w": ("gy_off", "x_off", "w_off", "idx_off", "n_sel", "um_off", "ush_off", *CONV_GEOMETRY),
-    # w[j] = sat8(w[j] - rq(gw[j], um[row j], ush[row j])) for the n_sel rows of row_len elements.
-    "apply_w": ("gw_off", "w_off", "n_sel", "row_len", "um_off", "ush_off"),
+    "conv_upd_w": ("gy_off", "x_off", "w_off", "idx_off", "n_sel", "um_off", "ush_off", *CONV_GEOMETRY,
+                   "io_off", "salt"),
+    # w[j] = sat8(w[j] - sr(gw[j], um[row j], ush[row j])) for the n_sel rows of row_len elements.
+    "apply_w": ("gw_off", "w_off", "n_sel", "row_len", "um_off", "ush_off", "io_off", "salt"),
     # Bias gradient Gb[o] = sum_p gy[o, p] (gy: i16 [O, HW]); "bias_grad" stores it (i32 [O]),
     # "bias_upd" applies it at once: b[o] = sat32(b[o] - rq(Gb[o], um[o], ush[o])).
     "bias_grad": ("gy_off", "gb_off", "O", "HW"),
@@ -111,6 +134,7 @@ def firmware_constants() -> str:
              "from micropython import const"]
     for name, code in OPCODES.items():
         lines.append(f"OP_{name.upper()} = const({code})")
-    for k in ("LOSS_GRAD_FRAC", "EXP_FRAC", "EXP_ENTRIES", "IO_LABEL", "IO_PREDICTED", "IO_P_LABEL", "IO_WORDS"):
+    for k in ("LOSS_GRAD_FRAC", "EXP_FRAC", "EXP_ENTRIES", "IO_LABEL", "IO_PREDICTED", "IO_P_LABEL", "IO_STEP",
+              "IO_WORDS", "SR_BITS", "SR_K_STEP", "SR_K_SALT", "SR_M1", "SR_M2"):
         lines.append(f"{k} = const({globals()[k]})")
     return "\n".join(lines) + "\n"

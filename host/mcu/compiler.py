@@ -37,7 +37,7 @@ import numpy as np
 from insitu import numerics as nx
 from insitu.errors import InsituError
 from insitu.mcu import abi
-from insitu.mcu.graph import (Add, Conv, GlobalAvgPool, Graph, act_bounds, add_requant, conv_requant,
+from insitu.mcu.graph import (Add, Conv, GlobalAvgPool, Graph, act_bounds, add_requant, conv_requant, grad_bounds,
                               gap_requant)
 from insitu.mcu.scheme import Scheme
 
@@ -202,6 +202,10 @@ class _Builder:
         self.buffers.append(b)
         return b
 
+    def salt(self, n: Conv) -> int:
+        """The layer's key in the rounding of its weight updates: its place in the graph."""
+        return self.g.nodes.index(n)
+
     def const(self, name: str, data: bytes) -> Buf:
         """A read-only table in RAM (shared when two are byte-identical)."""
         if data not in self.consts:
@@ -346,10 +350,11 @@ class _Builder:
         T = self.g.tensors
         L = self.layers[n.name]
         (c, h, w), (o, oh, ow) = T[n.x].shape, T[n.y].shape
-        lo, hi = act_bounds(n.act, T[n.y].scale)
         geom = _geometry(n, T)
-        ops.append(Op("act_bwd", {"y_off": Ref(self.acts[n.y]), "g_off": Ref(gy), "n": o * oh * ow,
-                                  "lo": lo, "hi": hi}, n.name, "bwd"))
+        passes = grad_bounds(n.act, T[n.y].scale)
+        if passes is not None:
+            ops.append(Op("act_bwd", {"y_off": Ref(self.acts[n.y]), "g_off": Ref(gy), "n": o * oh * ow,
+                                  "lo": passes[0], "hi": passes[1]}, n.name, "bwd"))
         # One scale for the gradient across output channels: g~[o] = g[o] * s_w[o] / max s_w.
         live = [s for s, row in zip(n.w_scale, n.weight.reshape(o, -1)) if row.any()] or list(n.w_scale)
         s_max = float(max(live))
@@ -361,11 +366,10 @@ class _Builder:
         s_g = s_gy * s_max            # real g[o] = code * s_g / s_w[o]
         s_x = T[n.x].scale
         lr = self.opts.lr
-        # Weight gradient of every channel (pruned later to the scheme's channels), QAS (eq. 4):
-        # W_code -= lr * G_real / s_w = rq(sum gy * x, lr * s_g * s_x / s_w^2).
+        # Weight gradient of every channel (pruned later to the scheme's channels), QAS (eq. 4).
         idx = L.idx if L.idx is not None else np.arange(o)
-        um, ush = _rq_arrays([_rq(lr * s_g * s_x / float(n.w_scale[i]) ** 2, f"the weight update of {n.name}")
-                              for i in idx])
+        um, ush = _rq_arrays([_rq(weight_update_scale(lr, s_g, s_x, float(n.w_scale[i])),
+                                  f"the weight update of {n.name}") for i in idx])
         gw = self.buf(f"gw:{n.name}", 4 * len(idx) * L.row_bytes, "gradbuf")
         wr = Ref(L.w_ram) if L.w_ram else None
         sel = Ref(L.idx_buf) if L.idx_buf else None
@@ -373,7 +377,8 @@ class _Builder:
                                       "idx_off": sel, "n_sel": len(idx), **geom}, n.name, "bwd", (n.name, "w")))
         applies.append(Op("apply_w", {"gw_off": Ref(gw), "w_off": wr, "n_sel": len(idx), "row_len": L.row_bytes,
                                       "um_off": Ref(self.const(f"um:{n.name}", um)),
-                                      "ush_off": Ref(self.const(f"ush:{n.name}", ush))},
+                                      "ush_off": Ref(self.const(f"ush:{n.name}", ush)),
+                                      "io_off": Ref(self.io), "salt": self.salt(n)},
                           n.name, "update", (n.name, "w"), sink=True))
         # Bias gradient: b_code -= lr * G_b_real / (s_w s_x) = rq(sum gy, lr * s_g / (s_w^2 s_x)).
         bm, bsh = _rq_arrays([_rq(lr * s_g / (float(s) ** 2 * s_x), f"the bias update of {n.name}")
@@ -393,6 +398,12 @@ class _Builder:
         ops.append(Op("conv_bwd_x", {"gy_off": Ref(gy), "w_off": ("weights", L), "gx_off": Ref(gx), **geom,
                                      "m": s.multiplier, "sh": s.shift}, n.name, "bwd"))
         contribute(n.x, gx, self.grad_scales[n.x], n.name)
+
+
+def weight_update_scale(lr: float, s_g: float, s_x: float, s_w: float) -> float:
+    """The multiplier of a weight update (QAS, eq. 4): W_code -= lr * G_real / s_w, with
+    G_real = s_g * s_x / s_w * sum(g~ * x), in 2**-SR_BITS codes (the update rounds stochastically)."""
+    return lr * s_g * s_x / s_w ** 2 * 2 ** abi.SR_BITS
 
 
 def _geometry(n: Conv, T) -> dict:
@@ -433,7 +444,8 @@ def reorder_in_place(ops: list[Op], applies: list[Op], builder: _Builder) -> lis
             a, f = apply_of[op.param], dict(op.fields)
             del f["gw_off"]
             fused = Op("conv_upd_w", {**f, "w_off": a.fields["w_off"], "um_off": a.fields["um_off"],
-                                      "ush_off": a.fields["ush_off"]}, op.node, "update", op.param, True)
+                                      "ush_off": a.fields["ush_off"], "io_off": a.fields["io_off"],
+                                      "salt": a.fields["salt"]}, op.node, "update", op.param, True)
             pending.setdefault(op.node, []).append(fused)
         elif op.kind == "bias_grad":
             a = apply_of[op.param]
@@ -581,7 +593,8 @@ def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax) -> Compi
         pos += len(rec)
     table = np.array(program, dtype=np.int32)
     blob[:len(table) * 4] = _codes(table, np.int32)
-    trained = [(x.offset, x.nbytes) for x in b.buffers if x.kind == "param"]
+    # The checkpoint: the trained tensors and the io block (its step count keys the rounding).
+    trained = [(x.offset, x.nbytes) for x in b.buffers if x.kind in ("param", "io")]
     model_id = hashlib.sha256(bytes(blob)).hexdigest()[:16]
     compiled = Compiled(graph, scheme, options, arena, b.buffers, train_ops, table, calls, bytes(blob), "",
                         b.acts[graph.input].offset, graph.tensors[graph.input].size, b.io.offset, trained,

@@ -239,6 +239,25 @@ def act_bounds(act: str, y_scale: float) -> tuple[int, int]:
     raise ValueError(f"unknown activation {act!r}; known: {ACTIVATIONS}")
 
 
+def grad_bounds(act: str, y_scale: float) -> tuple[int, int] | None:
+    """The open interval of output codes through which a fused activation passes its gradient
+    (act_bwd's ``lo < y < hi``), or None when it passes everywhere.
+
+    Only the activation's own flat parts stop the gradient (ReLU below 0, ReLU6 above 6); where
+    the int8 range alone clips an output, the gradient passes straight through, as it does in the
+    float network the update follows. Masking there would be a trap: a logit pushed into the
+    clip gets no gradient to pull it back, and training collapses once the logits saturate.
+    """
+    if act == "none":
+        return None
+    if act == "relu":
+        return 0, 128
+    if act == "relu6":
+        six = nx.round_half_up(6.0 / y_scale)
+        return 0, int(six) if six <= 127 else 128
+    raise ValueError(f"unknown activation {act!r}; known: {ACTIVATIONS}")
+
+
 def conv_requant(n: Conv, x_scale: float, y_scale: float) -> list[nx.RequantScale]:
     """Per-output-channel scales ``s_w[o] * s_x / s_y`` of eq. 1."""
     return [nx.RequantScale.from_float(float(s) * x_scale / y_scale) for s in n.w_scale]

@@ -296,24 +296,47 @@ def conv_grad_w(gy, x, idx, K, stride=1, pad=0, groups=1) -> np.ndarray:
     return G.astype(np.int32)
 
 
-def conv_upd_w(w, gy, x, idx, um, ush, stride=1, pad=0, groups=1) -> np.ndarray:
+def sr_noise(step: int, salt: int, n: int) -> np.ndarray:
+    """``rnd`` of elements 0..n-1 of a weight update in training step ``step`` of the op with
+    ``salt``: uniform in [0, 2**SR_BITS), the hash of :data:`abi.SR_BITS` (uint32 arithmetic)."""
+    mask = np.uint64(0xFFFFFFFF)
+    key = (int(step) * abi.SR_K_STEP + int(salt) * abi.SR_K_SALT) & 0xFFFFFFFF
+    x = (np.uint64(key) + np.arange(n, dtype=np.uint64)) & mask
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(abi.SR_M1)) & mask
+    x ^= x >> np.uint64(15)
+    x = (x * np.uint64(abi.SR_M2)) & mask
+    x ^= x >> np.uint64(16)
+    return (x >> np.uint64(32 - abi.SR_BITS)).astype(np.int64)
+
+
+def _sub_sr(w, G, um, ush, step: int, salt: int) -> np.ndarray:
+    """The weight step ``sat8(w - floor((rq(G, um[row], ush[row]) + rnd) / 2**SR_BITS))``."""
+    G = _i64(G)
+    u = _rq(G, _per_row(um, G.ndim), _per_row(ush, G.ndim))
+    rnd = sr_noise(step, salt, G.size).reshape(G.shape)
+    return nx.saturate(_i64(w) - ((u + rnd) >> abi.SR_BITS), 8).astype(np.int8)
+
+
+def conv_upd_w(w, gy, x, idx, um, ush, stride=1, pad=0, groups=1, *, step: int, salt: int) -> np.ndarray:
     """The fused update of the trained rows ``w`` (int8 ``[len(idx), C/groups, K, K]``, row j is
-    channel ``idx[j]``): ``sat8(w - rq(conv_grad_w(...), um[j], ush[j]))``, int8."""
+    channel ``idx[j]``): ``sat8(w - sr(conv_grad_w(...), um[j], ush[j]))``, int8 (see
+    :data:`abi.SR_BITS` for the stochastic rounding keyed by ``step`` and ``salt``)."""
     w = _i64(w)
     G = conv_grad_w(gy, x, idx, w.shape[-1], stride, pad, groups)
     if w.shape != G.shape:
         raise ValueError(f"conv_upd_w: the trained rows must be {G.shape}, got {w.shape}")
     _check_rq("conv_upd_w", um, ush)
-    return _sub_rq(w, G, um, ush, 8).astype(np.int8)
+    return _sub_sr(w, G, um, ush, step, salt)
 
 
-def apply_w(w, gw, um, ush) -> np.ndarray:
-    """``sat8(w[j] - rq(gw[j], um[j], ush[j]))`` row by row: w int8, gw int32 ``[n_sel, row_len]``."""
+def apply_w(w, gw, um, ush, *, step: int, salt: int) -> np.ndarray:
+    """``sat8(w[j] - sr(gw[j], um[j], ush[j]))`` row by row: w int8, gw int32 ``[n_sel, row_len]``."""
     w, gw = _i64(w), _i64(gw)
     if w.shape != gw.shape:
         raise ValueError(f"apply_w: w {w.shape} and gw {gw.shape} differ")
     _check_rq("apply_w", um, ush)
-    return _sub_rq(w, gw, um, ush, 8).astype(np.int8)
+    return _sub_sr(w, gw, um, ush, step, salt)
 
 
 # --------------------------------------------------------------------------- biases
@@ -485,6 +508,7 @@ def _run_loss_grad(c: _Call) -> None:
     table, io = c.t("exp_off", "i32", abi.EXP_ENTRIES), c.t("io_off", "i32", abi.IO_WORDS, "rw")
     c.check()
     g[:], io[abi.IO_PREDICTED], io[abi.IO_P_LABEL] = loss_grad(z, table, int(io[abi.IO_LABEL]))
+    io[abi.IO_STEP] = (int(io[abi.IO_STEP]) + 1 + 2**31) % 2**32 - 2**31      # +1 mod 2**32
 
 
 def _run_argmax(c: _Call) -> None:
@@ -537,8 +561,15 @@ def _run_conv_upd_w(c: _Call) -> None:
     gy, x, idx, shape, (s, pad, groups) = _grad_w_inputs(c)
     um, ush = c.t("um_off", "i32", idx.size), c.t("ush_off", "i32", idx.size)
     w = c.t("w_off", "i8", int(np.prod(shape)), "rw")
+    step = _step(c)
     c.check()
-    w[:] = conv_upd_w(w.reshape(shape), gy, x, idx, um, ush, s, pad, groups).reshape(-1)
+    w[:] = conv_upd_w(w.reshape(shape), gy, x, idx, um, ush, s, pad, groups,
+                      step=step, salt=c.f["salt"]).reshape(-1)
+
+
+def _step(c: _Call) -> int:
+    """The training step count in the io block (keys the weight updates' rounding)."""
+    return int(c.t("io_off", "i32", abi.IO_WORDS)[abi.IO_STEP]) & 0xFFFFFFFF
 
 
 def _run_apply_w(c: _Call) -> None:
@@ -546,8 +577,9 @@ def _run_apply_w(c: _Call) -> None:
     gw = c.t("gw_off", "i32", n_sel * row_len).reshape(n_sel, row_len)
     w = c.t("w_off", "i8", n_sel * row_len, "rw")
     um, ush = c.t("um_off", "i32", n_sel), c.t("ush_off", "i32", n_sel)
+    step = _step(c)
     c.check()
-    w[:] = apply_w(w.reshape(n_sel, row_len), gw, um, ush).reshape(-1)
+    w[:] = apply_w(w.reshape(n_sel, row_len), gw, um, ush, step=step, salt=c.f["salt"]).reshape(-1)
 
 
 def _run_bias_grad(c: _Call) -> None:

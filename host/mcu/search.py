@@ -43,7 +43,7 @@ from insitu.errors import InsituError, UsageError
 from insitu.mcu import abi
 from insitu.mcu import compiler as C
 from insitu.mcu.compiler import Options, compile_training
-from insitu.mcu.graph import Graph, act_bounds
+from insitu.mcu.graph import Graph, grad_bounds
 from insitu.mcu.scheme import RATIOS, Scheme, bias_only, classifier_only
 
 __all__ = ["CHOICES", "parse_size", "format_size", "scheme_key", "canonical", "MemoryModel", "memory_of",
@@ -127,7 +127,7 @@ class _PlanTables:
             t["g"] = _try(lambda: C._rq_arrays([C._rq(min(1.0, s / s_max), f"the channel scales of {n.name}")
                                                  for s in n.w_scale]))
             s_g, s_x = s_gy * s_max, T[n.x].scale
-            u = [_try(lambda i=i: C._rq(self.lr * s_g * s_x / float(n.w_scale[i]) ** 2,
+            u = [_try(lambda i=i: C._rq(C.weight_update_scale(self.lr, s_g, s_x, float(n.w_scale[i])),
                                         f"the weight update of {n.name}")) for i in range(o)]
             failed = [v for v in u if isinstance(v, _Failed)]
             t["u"] = (failed[0] if failed else
@@ -183,10 +183,11 @@ class _PlanBuilder(C._Builder):
         L = self.layers[n.name]
         t = self.tables.backward[n.name]
         (c, h, w), (o, oh, ow) = T[n.x].shape, T[n.y].shape
-        lo, hi = act_bounds(n.act, T[n.y].scale)
         geom = C._geometry(n, T)
-        ops.append(C.Op("act_bwd", {"y_off": C.Ref(self.acts[n.y]), "g_off": C.Ref(gy), "n": o * oh * ow,
-                                    "lo": lo, "hi": hi}, n.name, "bwd"))
+        passes = grad_bounds(n.act, T[n.y].scale)
+        if passes is not None:
+            ops.append(C.Op("act_bwd", {"y_off": C.Ref(self.acts[n.y]), "g_off": C.Ref(gy), "n": o * oh * ow,
+                                  "lo": passes[0], "hi": passes[1]}, n.name, "bwd"))
         m, sh = _ok(t["g"])
         ops.append(C.Op("grad_scale_ch", {"g_off": C.Ref(gy), "C": o, "HW": oh * ow,
                                           "m_off": C.Ref(self.const(f"gm:{n.name}", m)),
@@ -200,7 +201,8 @@ class _PlanBuilder(C._Builder):
                                         "idx_off": sel, "n_sel": len(idx), **geom}, n.name, "bwd", (n.name, "w")))
         applies.append(C.Op("apply_w", {"gw_off": C.Ref(gw), "w_off": wr, "n_sel": len(idx), "row_len": L.row_bytes,
                                         "um_off": C.Ref(self.const(f"um:{n.name}", um)),
-                                        "ush_off": C.Ref(self.const(f"ush:{n.name}", ush))},
+                                        "ush_off": C.Ref(self.const(f"ush:{n.name}", ush)),
+                                        "io_off": C.Ref(self.io), "salt": self.salt(n)},
                             n.name, "update", (n.name, "w"), sink=True))
         bm, bsh = _ok(t["b"])
         gb = self.buf(f"gb:{n.name}", 4 * o, "gradbuf")
@@ -877,7 +879,7 @@ def plot_curves(results: Iterable[SearchResult], path, title: str = "") -> None:
 # --------------------------------------------------------------------------- `insitu mcu search`
 
 #: Bump when the analysis changes what it measures (cached tables of older versions are redone).
-CONTRIBUTIONS_VERSION = 1
+CONTRIBUTIONS_VERSION = 2
 DEFAULT_EVALUATIONS = 5000
 DEFAULT_TRAIN_SAMPLES = 500
 DEFAULT_EVAL_SAMPLES = 500

@@ -246,12 +246,24 @@ def gen_conv_grad_w(rng):
     return c, dict(**f, gw_off=c.rand("gw", "i32", n_sel * g["C"] // g["groups"] * g["K"] ** 2), **g)
 
 
+def _rounding_key(c, rng):
+    """The io block (its step count keys the stochastic rounding: any value, the wrap too) and a salt."""
+    io = rng.integers(-2**31, 2**31, abi.IO_WORDS)
+    io[abi.IO_STEP] = rng.choice([0, 1, 2**31 - 1, -1, int(io[abi.IO_STEP])])
+    return dict(io_off=c.put("io", "i32", io), salt=int(rng.integers(0, 300)))
+
+
+# Weight steps are in 2**-SR_BITS codes (stochastic rounding): a few codes, some saturating.
+_STEP_BITS = 5 + abi.SR_BITS
+
+
 def gen_conv_upd_w(rng):
     c, g = Call(rng, "conv_upd_w"), _geometry(rng)
     n_sel, typical, f = _grad_w_common(c, rng, g)
-    um, ush = _scale(rng, n_sel, typical, 5)          # steps of a few codes, some saturating
+    um, ush = _scale(rng, n_sel, typical, _STEP_BITS)
     return c, dict(**f, w_off=c.rand("w", "i8", n_sel * g["C"] // g["groups"] * g["K"] ** 2),
-                   um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush), **g)
+                   um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush), **g,
+                   **_rounding_key(c, rng))
 
 
 def _grads32(c, rng, name, n):
@@ -261,9 +273,10 @@ def _grads32(c, rng, name, n):
 
 def gen_apply_w(rng):
     c, n_sel, row = Call(rng, "apply_w"), int(rng.integers(0, 8)), int(rng.integers(1, 600))
-    um, ush = _scale(rng, n_sel, 2**20 / 1.7, 5)
+    um, ush = _scale(rng, n_sel, 2**20 / 1.7, _STEP_BITS)
     return c, dict(gw_off=_grads32(c, rng, "gw", n_sel * row), w_off=c.rand("w", "i8", n_sel * row),
-                   n_sel=n_sel, row_len=row, um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush))
+                   n_sel=n_sel, row_len=row, um_off=c.put("um", "i32", um), ush_off=c.put("ush", "i32", ush),
+                   **_rounding_key(c, rng))
 
 
 def gen_bias_grad(rng):

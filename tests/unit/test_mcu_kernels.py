@@ -208,10 +208,12 @@ def test_weight_gradient_and_update_match_the_formula(kind):
         ref = conv_grad_w_ref(gy, x, idx, K, s, pad, groups)
         np.testing.assert_array_equal(G, ref)
         w = rng.integers(-128, 128, ref.shape)
-        um, ush = random_scale(rng, len(idx), 74 * 2**14 * (OH * OW) ** 0.5, 5)
-        new = kernels.conv_upd_w(w, gy, x, idx, um, ush, s, pad, groups)
-        expect = [sat(int(wv) - rq_ref(g, um[j], ush[j]), 8)
-                  for j in range(len(idx)) for wv, g in zip(w[j].ravel(), ref[j].ravel())]
+        um, ush = random_scale(rng, len(idx), 74 * 2**14 * (OH * OW) ** 0.5, 5 + abi.SR_BITS)
+        step, salt = int(rng.integers(0, 2**32)), int(rng.integers(0, 100))
+        new = kernels.conv_upd_w(w, gy, x, idx, um, ush, s, pad, groups, step=step, salt=salt)
+        row = ref[0].size if len(idx) else 0
+        expect = [sat(int(wv) - sr_ref(g, um[j], ush[j], step, salt, j * row + i), 8)
+                  for j in range(len(idx)) for i, (wv, g) in enumerate(zip(w[j].ravel(), ref[j].ravel()))]
         assert new.dtype == np.int8 and new.shape == ref.shape
         assert new.ravel().tolist() == expect
 
@@ -221,9 +223,11 @@ def test_apply_w_and_biases_match_the_formula():
     for _ in range(20):
         n, row = int(rng.integers(1, 6)), int(rng.integers(1, 30))
         w, gw = rng.integers(-128, 128, (n, row)), rng.integers(-2**31, 2**31, (n, row))
-        um, ush = random_scale(rng, n, 2**30, 5)
-        expect = [[sat(int(w[j, i]) - rq_ref(gw[j, i], um[j], ush[j]), 8) for i in range(row)] for j in range(n)]
-        np.testing.assert_array_equal(kernels.apply_w(w, gw, um, ush), expect)
+        um, ush = random_scale(rng, n, 2**30, 5 + abi.SR_BITS)
+        step, salt = int(rng.choice([0, 2**32 - 1, int(rng.integers(0, 2**32))])), int(rng.integers(0, 100))
+        expect = [[sat(int(w[j, i]) - sr_ref(gw[j, i], um[j], ush[j], step, salt, j * row + i), 8)
+                   for i in range(row)] for j in range(n)]
+        np.testing.assert_array_equal(kernels.apply_w(w, gw, um, ush, step=step, salt=salt), expect)
         O, HW = int(rng.integers(1, 10)), int(rng.integers(1, 50))
         gy = rng.integers(-2**15, 2**15, (O, HW))
         b = rng.choice([-2**31, 2**31 - 1, *rng.integers(-2**31, 2**31, 4)], O)
@@ -240,7 +244,38 @@ def test_the_update_step_is_not_saturated_before_the_subtraction():
     # rq(2**30, 4, 1) = 2**31: b = 0 goes to -2**31 (a step clipped to int32 first would give -2**31 + 1).
     assert kernels.apply_b([0], [2**30], [4], [1]).tolist() == [-2**31]
     assert kernels.apply_b([2**31 - 1], [2**30], [4], [1]).tolist() == [-1]
-    assert kernels.apply_w([[127]], [[2**31 - 1]], [2**15 - 1], [1]).tolist() == [[-128]]
+    assert kernels.apply_w([[127]], [[2**31 - 1]], [2**15 - 1], [1], step=0, salt=0).tolist() == [[-128]]
+
+
+def sr_ref(g, m, sh, step, salt, e) -> int:
+    """The stochastically rounded weight step of abi.SR_BITS, in Python ints."""
+    M = 0xFFFFFFFF
+    x = (step * abi.SR_K_STEP + salt * abi.SR_K_SALT + e) & M
+    x ^= x >> 16
+    x = (x * abi.SR_M1) & M
+    x ^= x >> 15
+    x = (x * abi.SR_M2) & M
+    x ^= x >> 16
+    return (rq_ref(g, m, sh) + (x >> (32 - abi.SR_BITS))) >> abi.SR_BITS
+
+
+def test_stochastic_rounding_keeps_steps_smaller_than_half_a_code():
+    # 0.3 codes per element: round-to-nearest would move no weight at all; the stochastic rounding
+    # moves 30 % of them by one code, so the mean step is the exact one.
+    n = 200_000
+    w = np.zeros((1, n), np.int64)
+    gw = np.full((1, n), 77)                          # rq(77, 1, 0) = 77 = 0.30 * 2**SR_BITS
+    new = kernels.apply_w(w, gw, [1 << 14], [14], step=5, salt=3)
+    assert set(np.unique(new).tolist()) == {-1, 0}
+    assert abs(-new.mean() - 77 / 2**abi.SR_BITS) < 0.005
+    # negative steps too (floor of a negative sum), and the noise is uniform over its range
+    new = kernels.apply_w(w, -gw, [1 << 14], [14], step=6, salt=3)
+    assert abs(new.mean() - 77 / 2**abi.SR_BITS) < 0.005
+    counts = np.bincount(kernels.sr_noise(7, 1, n), minlength=2**abi.SR_BITS)
+    assert counts.size == 2**abi.SR_BITS and counts.min() > 0.8 * n / 2**abi.SR_BITS
+    # a different step or layer (salt) draws different noise
+    assert (kernels.sr_noise(7, 1, 1000) != kernels.sr_noise(8, 1, 1000)).mean() > 0.9
+    assert (kernels.sr_noise(7, 1, 1000) != kernels.sr_noise(7, 2, 1000)).mean() > 0.9
 
 
 def test_elementwise_and_pooling_match_the_formula():
@@ -399,7 +434,10 @@ def test_run_loss_grad_reads_the_label_and_writes_the_io_block():
              exp_off=ar.put("i32", exp_table(0.05)), io_off=ar.put("i32", [1, -1, -1, 77]))
     kernels.run(ar.A, np.array(abi.record("loss_grad", **f), np.int32), 0)
     g, predicted, p_label = kernels.loss_grad(z, exp_table(0.05), 1)
-    assert ar.get(f["io_off"], "i32", 4).tolist() == [1, predicted, p_label, 77]
+    assert ar.get(f["io_off"], "i32", 4).tolist() == [1, predicted, p_label, 78]     # one more step
+    ar.A[f["io_off"] + 12:f["io_off"] + 16] = np.frombuffer(np.int32(-1).tobytes(), np.uint8)
+    kernels.run(ar.A, np.array(abi.record("loss_grad", **f), np.int32), 0)
+    assert ar.get(f["io_off"], "i32", 4).tolist()[abi.IO_STEP] == 0                      # mod 2**32
     assert predicted == 2
     np.testing.assert_array_equal(ar.get(f["g_off"], "i16", 5), g)
 
