@@ -138,7 +138,11 @@ def serve(checkpoint_every=1):
         _refuse(link, "the compiled plan needs an arena of %d bytes; the heap has %d bytes free: "
                 "compile a sparser scheme or run with a larger heap" % (M.ARENA_BYTES, free))
         return
-    f = open(BLOB, "rb")
+    try:
+        f = open(BLOB, "rb")
+    except OSError:
+        _refuse(link, "weight blob %s is missing: reflash with `insitu flash`" % BLOB)
+        return
     err = _check_blob(f, memoryview(A)[:min(len(A), 512)])
     if err:
         f.close()

@@ -54,8 +54,8 @@ def _algo_help() -> str:
 @click.option("--flash-dir", type=click.Path(file_okay=False), default=None,
               help="sparse on a twin: the twin's flash folder (kept: a rerun resumes from the device's "
                    "checkpoint; default: a temporary folder).")
-@click.option("--heap", type=int, default=None,
-              help="sparse on a twin: its heap in bytes (default: the board's training budget, 256 KB).")
+@click.option("--heap", default=None,
+              help="sparse on a twin: its heap, bytes or with K/M (default: the board's training budget, 256K).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed, checkpoint,
@@ -75,6 +75,10 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
       insitu train --board stm32f746-disco-sim --algo sparse --samples 500 --json   # MCU twin
       insitu train --board stm32f746-disco --port /dev/ttyACM0 --algo sparse --scheme bias-6
     """
+    if heap is not None:
+        from insitu.mcu.twin import parse_size
+
+        heap = parse_size(heap)
     config = TrainConfig(board=board, algo=algo, dataset=dataset, data_dir=data_dir, model=model,
                          samples=samples, batch_size=batch_size, lr=lr, seed=seed,
                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, mode=mode,

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from insitu.errors import InsituError
-from insitu.mcu.link import DeviceLink, LinkError, start_program
+from insitu.mcu.link import DeviceLink, FirmwareStopped, LinkError, start_program
 from insitu.resources import package_dir
 
 START = "import fw_train; fw_train.serve()"
@@ -54,8 +54,11 @@ class TrainingDevice:
 
     def start(self) -> dict:
         """Start the firmware (from the REPL) and return its HELLO info."""
-        start_program(self.port, START)
-        self.link = DeviceLink(self.port, timeout_s=self.timeout_s)
+        printed = start_program(self.port, START)
+        # Keep what the board printed since the statement's echo: a traceback of the firmware
+        # failing at import comes out as FirmwareCrashed instead of a silent timeout.
+        self.link = DeviceLink(self.port, timeout_s=self.timeout_s, discard_input=False)
+        self.link.absorb(printed)
         return self.hello()
 
     def close(self) -> None:
@@ -64,8 +67,7 @@ class TrainingDevice:
             self.link = None
 
     def _request(self, typ: str, payload: bytes, reply: tuple[str, ...]):
-        frame = self.link.request(MSG[typ], payload, tuple(MSG[r] for r in reply) + (MSG["MSG_ERROR"],),
-                                  timeout_s=self.timeout_s)
+        frame = self.link.request(MSG[typ], payload, tuple(MSG[r] for r in reply) + (MSG["MSG_ERROR"],))
         if frame.type == MSG["MSG_ERROR"]:
             raise DeviceError(f"the device says: {bytes(frame.payload).decode(errors='replace')}")
         return frame
@@ -123,12 +125,14 @@ class TrainingDevice:
                 if time.monotonic() > deadline:
                     raise LinkError(f"{self.port}: the device did not come back within {self.reconnect_s:.0f} s "
                                     f"({exc})") from None
-                self._recover()
+                self._recover(at_prompt=isinstance(exc, FirmwareStopped))
 
-    def _recover(self) -> None:
+    def _recover(self, at_prompt: bool = False) -> None:
         time.sleep(0.2)
         try:
             self.close()
+            if at_prompt:                       # seen at its REPL: restart without asking
+                raise FirmwareStopped(self.port)
             self.link = DeviceLink(self.port, timeout_s=min(self.timeout_s, 3.0))
             self.hello()                        # the firmware is still serving: a dropped link
             self.link.timeout_s = self.timeout_s

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import binascii
 import os
+import re
 import struct
 import time
 from collections import deque
@@ -74,9 +75,11 @@ class FirmwareCrashed(InsituError):
     crash again, so this is not a :class:`LinkError` that recovery retries."""
 
 
-# What MicroPython prints when a program ends: its prompt, after a traceback if it raised.
-_PROMPT = b"\r\n>>> "
+# What MicroPython prints when a program ends: its prompt, after a traceback if it raised (a
+# board ends lines with CRLF, the twin's raw pty with LF).
+_PROMPT = b"\n>>> "
 _TRACEBACK = b"Traceback (most recent call last):"
+_FILE_FRAME = re.compile(r'File "([^"]+)"')
 _GARBAGE_TAIL = 4096
 
 
@@ -197,7 +200,7 @@ class DeviceLink:
     stall_s = 0.2
 
     def __init__(self, port: str, baudrate: int = 115200, timeout_s: float = 2.0,
-                 max_payload: int = MAX_PAYLOAD):
+                 max_payload: int = MAX_PAYLOAD, discard_input: bool = True):
         self.port = port
         self.baudrate = baudrate
         self.timeout_s = timeout_s
@@ -211,7 +214,7 @@ class DeviceLink:
         self._decoder = FrameDecoder(max_payload)
         self._frames: deque[Frame] = deque()
         self._serial = None
-        self._open()
+        self._open(discard_input)
 
     def __enter__(self) -> DeviceLink:
         return self
@@ -224,9 +227,10 @@ class DeviceLink:
         """Bytes that were not part of a valid frame (noise, REPL output, truncated frames)."""
         return self._decoder.skipped
 
-    def _open(self) -> None:
+    def _open(self, discard_input: bool = True) -> None:
         self._serial = open_serial(self.port, self.baudrate)
-        self._serial.reset_input_buffer()      # what the board printed before we listened
+        if discard_input:                      # what the board printed before we listened
+            self._serial.reset_input_buffer()
 
     def close(self) -> None:
         if self._serial is not None:
@@ -290,17 +294,28 @@ class DeviceLink:
                 self._frames.extend(self._decoder.stall())
         return self._frames.popleft()
 
+    def absorb(self, data: bytes) -> None:
+        """Take bytes received before this link opened (what :func:`start_program` read past the
+        statement's echo) as if they had just arrived."""
+        self._frames.extend(self._decoder.feed(data))
+        if not self._frames:
+            self._check_repl()
+
     def _check_repl(self) -> None:
-        # Bytes that are no frame and end in the REPL prompt: the firmware is not running. With a
+        # Bytes that are no frame and hold the REPL prompt: the firmware is not running. With a
         # traceback before the prompt it crashed, and the traceback says why.
         garbage = self._decoder.garbage
-        if not garbage.endswith(_PROMPT):
+        end = garbage.find(_PROMPT)
+        if end < 0:
             return
-        text = bytes(garbage)
+        # Whatever follows the prompt (the REPL echoing a frame sent into it) does not matter.
+        text = bytes(garbage[:end + len(_PROMPT)])
         garbage.clear()
         at = text.rfind(_TRACEBACK)
-        if at >= 0:
-            trace = text[at:-len(_PROMPT)].decode(errors="replace").replace("\r\n", "\n").strip()
+        trace = text[at:-len(_PROMPT)].decode(errors="replace").replace("\r\n", "\n").strip() if at >= 0 else ""
+        # A traceback through a file is the firmware's; one in <stdin> alone is the REPL running
+        # the bytes of a frame sent after the firmware had gone (a reset): it is not running.
+        if any(name != "<stdin>" for name in _FILE_FRAME.findall(trace)):
             raise FirmwareCrashed(f"the firmware on {self.port} stopped with an error:\n{trace}")
         raise FirmwareStopped(f"{self.port} is at the MicroPython prompt: the firmware is not running "
                               "(was the board reset?)")
@@ -340,9 +355,13 @@ class DeviceLink:
                           "board?")
 
 
-def start_program(port: str, statement: str, baudrate: int = 115200, timeout_s: float = 5.0) -> None:
+def start_program(port: str, statement: str, baudrate: int = 115200, timeout_s: float = 5.0,
+                  soft_reset: bool = True) -> bytes:
     """Type ``statement`` at the board's friendly REPL (e.g. ``import fw_train; fw_train.serve()``)
-    and return once it has started, without waiting for it to end.
+    and return once it has started, without waiting for it to end. With ``soft_reset`` the board
+    is soft-reset first (Ctrl-D), so the program starts in a fresh heap, not in one holding what
+    mpremote or an earlier session left behind. Returns what the board printed after the echo of
+    the statement (the start of the program's output: hand it to :meth:`DeviceLink.absorb`).
 
     Until the program has opened its ``link.Link``, Ctrl-C still interrupts it on a board: wait
     for its first frame (or a reply) before sending payloads that may hold 0x03.
@@ -350,7 +369,7 @@ def start_program(port: str, statement: str, baudrate: int = 115200, timeout_s: 
     if "\r" in statement or "\n" in statement:
         raise ValueError("start_program types one line: join statements with ';'")
     with open_serial(port, baudrate) as ser:
-        def expect(ending: bytes, what: str) -> None:
+        def expect(ending: bytes, what: str) -> bytes:
             seen = bytearray()
             deadline = time.monotonic() + timeout_s
             while ending not in seen:
@@ -360,15 +379,20 @@ def start_program(port: str, statement: str, baudrate: int = 115200, timeout_s: 
                                     f"(got {tail!r}); is the board running MicroPython, and no "
                                     "program that ignores Ctrl-C? Reset it and try again")
                 seen += ser.read(max(1, ser.in_waiting))
+            return bytes(seen[seen.find(ending) + len(ending):])
 
         try:
             ser.reset_input_buffer()      # a prompt left from before must not count
             ser.write(b"\r\x03\x03")      # interrupt what runs
             ser.write(b"\r\x02")          # leave the raw REPL if mpremote left the board there
-            expect(b"\r\n>>> ", "prompt")
+            expect(b"\n>>> ", "prompt")
+            if soft_reset:
+                ser.reset_input_buffer()
+                ser.write(b"\x04")
+                expect(b"\n>>> ", "prompt after a soft reset")
             ser.reset_input_buffer()
             line = statement.encode()
             ser.write(line + b"\r")
-            expect(line + b"\r\n", "echo of the statement")   # the REPL echoes the line typed
+            return expect(line + b"\r\n", "echo of the statement")   # the REPL echoes the line typed
         except _serial_module().SerialException as exc:
             raise LinkError(f"lost the link to {port} ({exc}); {_MCU_HINT}") from None

@@ -214,11 +214,6 @@ class _QuickDevice(TrainingDevice):
         super().__init__(port, timeout_s, reconnect_s)
 
 
-# Not strict: what the board's REPL makes of the frames typed into it depends on their random seq.
-@pytest.mark.xfail(strict=False, reason="bug: after a hard reset the host types its frames into the "
-                   "board's REPL; the twin's prompt after output is '\\n>>> ', not the '\\r\\n>>> ' "
-                   "link.py looks for, so it is only noticed after timeouts (or the REPL runs the "
-                   "frame's bytes and the host reports a FirmwareCrashed); see the report")
 def test_a_reset_board_resumes_from_its_checkpoint(prep, tmp_path, monkeypatch):
     samples, every, reset_at = 20, 4, 10
     folder = tmp_path / "flash"
@@ -267,10 +262,7 @@ def _truncate(path: Path) -> None:
 @pytest.mark.parametrize("damage, says", [
     (_flip_a_byte, "is corrupt"),
     (_truncate, "bytes, the model expects"),
-    pytest.param(lambda p: p.unlink(), "", marks=pytest.mark.xfail(
-        strict=True, reason="bug: fw_train.serve() opens tte_model.bin unguarded (and outside the "
-                            "try that closes the link): a missing blob is an OSError traceback, not a "
-                            "refusal naming the blob, and the host does not see the traceback")),
+    (lambda p: p.unlink(), "is missing"),
 ], ids=["corrupt", "truncated", "missing"])
 def test_a_damaged_weight_blob_is_refused_with_the_reason(flashed, tmp_path, damage, says):
     folder = copy_of(flashed, tmp_path)
@@ -319,16 +311,9 @@ def _crash_in_train(prep) -> bytes:
     return prep.compiled.module.encode() + b"\n\ndef train(A, f):\n    raise ValueError('boom in train')\n"
 
 
-_PROMPT_BUG = ("bug: the twin's REPL prints '\\n>>> ' after a traceback, link.py waits for "
-               "'\\r\\n>>> ': FirmwareCrashed only after timeouts and resends typed into the REPL")
-
-
 @pytest.mark.parametrize("module, says", [
-    pytest.param(_crash_at_import, "RuntimeError: boom at import", marks=pytest.mark.xfail(
-        strict=False, reason=_PROMPT_BUG + "; and the traceback of a crash before the link opens is "
-        "lost (start_program closes the port, DeviceLink reopens it and resets its input)")),
-    pytest.param(_crash_in_train, "ValueError: boom in train",
-                 marks=pytest.mark.xfail(strict=True, reason=_PROMPT_BUG)),
+    (_crash_at_import, "RuntimeError: boom at import"),
+    (_crash_in_train, "ValueError: boom in train"),
 ], ids=["at-import", "in-train"])
 def test_a_crashing_firmware_is_reported_with_its_traceback_promptly(prep, flashed, tmp_path, module, says):
     folder = copy_of(flashed, tmp_path)
@@ -408,10 +393,6 @@ def test_minheap_bisects_the_twins_heap(minheap, prep):
     assert r["error"] == pytest.approx((found - r["predicted_heap_bytes"]) / r["predicted_heap_bytes"])
 
 
-@pytest.mark.xfail(strict=False, reason="bug: minheap probes a fresh interpreter, but run_on_device "
-                   "starts the firmware in the REPL that just ran flash's snippet (its globals and "
-                   "imports still live): at the minimum heap Link() raises MemoryError, and the host "
-                   "does not see the traceback; see the report")
 def test_the_heap_minheap_finds_is_enough_to_train(minheap, prep, tmp_path, monkeypatch):
     heap = minheap["min_heap_bytes"]
     monkeypatch.setattr("insitu.mcu.device.TrainingDevice", _QuickDevice)

@@ -204,3 +204,43 @@ def test_an_unknown_port_is_a_link_error_naming_it(tmp_path):
     port = str(tmp_path / "ttyACM9")
     with pytest.raises(LinkError, match=f"{re.escape(port)}.*plugged in.*insitu mcu emulate"):
         DeviceLink(port)
+
+
+# What a REPL prints when the firmware is not serving: a prompt, after a traceback if it raised.
+_CRASH = (b'Traceback (most recent call last):\n  File "<stdin>", line 1, in <module>\n'
+          b'  File "fw_train.py", line 9, in serve\nMemoryError: memory allocation failed\n>>> ')
+_TYPED = (b'\x1b[KTraceback (most recent call last):\r\n  File "<stdin>", line 1\r\n'
+          b'SyntaxError: invalid syntax\r\n>>> junk echoed after the prompt')
+
+
+@pytest.mark.parametrize("printed, error, says", [
+    (_CRASH, link.FirmwareCrashed, "(?s)fw_train.py.*MemoryError: memory allocation failed"),
+    (b"soft reboot\r\nMicroPython v1.24 on linux\r\nType \"help()\" for more information.\r\n>>> ",
+     link.FirmwareStopped, "at the MicroPython prompt"),
+    # the REPL running a frame's bytes typed into it after a reset: not the firmware's traceback
+    (_TYPED, link.FirmwareStopped, "at the MicroPython prompt"),
+], ids=["crashed", "reset", "frame-typed-into-the-repl"])
+def test_a_board_at_its_prompt_is_reported_at_once(printed, error, says):
+    master, slave = os.openpty()
+    try:
+        with DeviceLink(os.ttyname(slave), timeout_s=5.0) as dl:
+            os.write(master, b"noise" + printed)
+            with pytest.raises(error, match=says) as info:
+                dl.recv(timeout_s=5.0)
+            assert (error is link.FirmwareStopped) == isinstance(info.value, LinkError)   # retried or not
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_output_read_before_the_link_opened_is_not_lost():
+    master, slave = os.openpty()
+    try:
+        with DeviceLink(os.ttyname(slave), timeout_s=1.0) as dl:
+            with pytest.raises(link.FirmwareCrashed, match="MemoryError"):
+                dl.absorb(_CRASH)
+            dl.absorb(encode_frame(4, 9, b"ok"))
+            assert dl.recv().payload == b"ok"
+    finally:
+        os.close(master)
+        os.close(slave)
