@@ -13,7 +13,7 @@ environment variable (a quick check: INSITU_MCU_BENCH_SAMPLES=20 INSITU_MCU_BENC
 
   INSITU_MCU_BENCH_SAMPLES       training samples of every scheme and of the analysis (500)
   INSITU_MCU_BENCH_EVAL_SAMPLES  test samples (default: the task's, at most 500)
-  INSITU_MCU_BENCH_BUDGETS       budgets of the planned arena (48K,64K,96K)
+  INSITU_MCU_BENCH_BUDGETS       budgets of the planned arena (32K,48K,64K)
   INSITU_MCU_BENCH_EVALUATIONS   schemes each search samples per budget (2000)
   INSITU_MCU_BENCH_MODEL, INSITU_MCU_BENCH_TASK   (mbv2-28, digits)
   INSITU_MCU_BENCH_OUT           the folder of the results (docs/results/mcu)
@@ -42,7 +42,7 @@ def _env_int(name: str, default):
 def test_fig9_sparse_update_vs_baselines_at_equal_memory():
     model = os.environ.get("INSITU_MCU_BENCH_MODEL", "mbv2-28")
     task = os.environ.get("INSITU_MCU_BENCH_TASK", "digits")
-    budgets = os.environ.get("INSITU_MCU_BENCH_BUDGETS", "48K,64K,96K")
+    budgets = os.environ.get("INSITU_MCU_BENCH_BUDGETS", "32K,48K,64K")
     out = Path(os.environ.get("INSITU_MCU_BENCH_OUT") or ROOT / "docs" / "results" / "mcu")
     started = time.perf_counter()
     print()
