@@ -22,7 +22,7 @@ from tte_abi import (IO_LABEL, IO_P_LABEL, IO_PREDICTED, IO_STEP, LOSS_GRAD_FRAC
                      OP_GRAD_SCALE_CH, OP_LOAD, OP_LOSS_GRAD, OP_PATCH, SR_BITS, SR_K_SALT, SR_K_STEP, SR_M1,
                      SR_M2)
 
-_CHUNK = const(256)          # sums per _requant call; also the widest conv row (OW, and W backward)
+_CHUNK = const(256)          # sums per _requant call; also the widest conv row: abi.MAX_ROW (tested)
 _S = bytearray(4 * (8 + _CHUNK))
 # _S header: [0] n, [1] mode, [2] dst (arena byte offset), [3] m, [4] sh, [5] lo, [6] hi,
 # [7] rounding key of the first sum (_SUB_I8_SR); sums at [8:].

@@ -46,6 +46,9 @@ SR_K_SALT = 0x1B873593
 SR_M1 = 0x2C1B3C6D
 SR_M2 = 0x297A2D39
 
+#: The widest row of pixels a conv may have (OW forward, W backward): the firmware's row buffer.
+MAX_ROW = 256
+
 #: opcode -> field names (after the opcode). Geometry fields of a conv, in this order:
 #: C, H, W (input), O, OH, OW (output), K (kernel), stride, pad, groups.
 CONV_GEOMETRY = ("C", "H", "W", "O", "OH", "OW", "K", "stride", "pad", "groups")
@@ -135,6 +138,6 @@ def firmware_constants() -> str:
     for name, code in OPCODES.items():
         lines.append(f"OP_{name.upper()} = const({code})")
     for k in ("LOSS_GRAD_FRAC", "EXP_FRAC", "EXP_ENTRIES", "IO_LABEL", "IO_PREDICTED", "IO_P_LABEL", "IO_STEP",
-              "IO_WORDS", "SR_BITS", "SR_K_STEP", "SR_K_SALT", "SR_M1", "SR_M2"):
+              "IO_WORDS", "MAX_ROW", "SR_BITS", "SR_K_STEP", "SR_K_SALT", "SR_M1", "SR_M2"):
         lines.append(f"{k} = const({globals()[k]})")
     return "\n".join(lines) + "\n"

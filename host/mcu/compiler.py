@@ -536,6 +536,12 @@ def compile_training(graph: Graph, scheme: Scheme, grad_scales: dict[str, float]
     missing = [t for t in graph.tensors if t not in grad_scales and t not in (graph.input, graph.output)]
     if missing:
         raise InsituError(f"compile: no gradient scale for {missing[:3]}...; calibrate first")
+    for n in graph.convs:
+        # The firmware sums a row of outputs (and, backward, of inputs) in one fixed buffer.
+        widest = max(graph.tensors[n.x].shape[2], graph.tensors[n.y].shape[2])
+        if widest > abi.MAX_ROW:
+            raise InsituError(f"compile: conv {n.name} has rows of {widest} pixels; the firmware's kernels "
+                              f"take at most {abi.MAX_ROW} (firmware/tte_kernels.py _CHUNK)")
     b = _Builder(graph, scheme, grad_scales, options)
     b.place_trained()
     fwd = b.forward()

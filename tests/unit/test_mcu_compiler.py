@@ -1,5 +1,7 @@
 """The MCU training compiler: autodiff, pruning, DCE, reordering, memory plan, generated module."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ from insitu.mcu import scheme as S
 from insitu.mcu.calibrate import calibrate_gradients
 from insitu.mcu.compiler import Options, compile_training, reads, writes
 from insitu.mcu.graph import random_graph
+from insitu.resources import package_dir
 
 pytestmark = pytest.mark.unit
 
@@ -128,3 +131,16 @@ def test_channel_selection_takes_the_largest_weights():
         norms = np.abs(conv.weight.astype(int)).reshape(conv.out_channels, -1).sum(1)
         assert len(idx) == max(1, int(np.ceil(ratio * conv.out_channels)))
         assert norms[idx].min() >= np.delete(norms, idx).max(initial=-1)
+
+
+
+def test_a_conv_wider_than_the_firmware_row_buffer_is_refused(monkeypatch):
+    text = (package_dir("firmware") / "tte_kernels.py").read_text()
+    chunk = re.search(r"^_CHUNK = const\((\d+)\)", text, re.M)
+    assert chunk and int(chunk[1]) == abi.MAX_ROW          # the firmware's buffer is the limit
+    g = random_graph(0)
+    scales = calibrate_gradients(g, np.random.default_rng(0).integers(-128, 128, (4, *g.tensors[g.input].shape)),
+                                 np.zeros(4, int))
+    monkeypatch.setattr(abi, "MAX_ROW", 4)                  # narrower than any random graph's rows
+    with pytest.raises(InsituError, match="rows of .* pixels.*at most 4"):
+        compile_training(g, S.preset(g, "classifier"), scales)
