@@ -12,6 +12,7 @@ import sys
 
 import tte_model as M
 from link import Link
+from tte_abi import IO_STEP
 
 # Message types (host <-> device), in the link's frame type byte; host/mcu/device.py reads them
 # from this file.
@@ -170,6 +171,8 @@ def serve(checkpoint_every=1):
                     _put32(A, io, pl[4])
                     gc.collect()
                     M.train(A, f)
+                    if M.ACCUMULATE > 1 and _u32(A, io + 4 * IO_STEP) % M.ACCUMULATE == 0:
+                        M.apply(A, f)       # the update from the accumulated gradients
                     peak = max(peak, gc.mem_alloc())
                     done += 1
                     if done % checkpoint_every == 0:

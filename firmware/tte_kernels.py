@@ -20,7 +20,7 @@ from tte_abi import (IO_LABEL, IO_P_LABEL, IO_PREDICTED, IO_STEP, LOSS_GRAD_FRAC
                      OP_APPLY_B, OP_APPLY_W, OP_ARGMAX, OP_BIAS_GRAD, OP_BIAS_UPD, OP_CONV_BWD_X,
                      OP_CONV_FWD, OP_CONV_GRAD_W, OP_CONV_UPD_W, OP_GAP_BWD, OP_GAP_FWD, OP_GRAD_ADD,
                      OP_GRAD_SCALE_CH, OP_LOAD, OP_LOSS_GRAD, OP_PATCH, SR_BITS, SR_K_SALT, SR_K_STEP, SR_M1,
-                     SR_M2)
+                     SR_M2, OP_ACC_I32, OP_ZERO)
 
 _CHUNK = const(256)          # sums per _requant call; also the widest conv row: abi.MAX_ROW (tested)
 _S = bytearray(4 * (8 + _CHUNK))
@@ -869,11 +869,44 @@ def patch(A: ptr8, P: ptr32, o: int):
             A[d + i] = A[s + i]
 
 
+# fields(acc_i32): src_off, dst_off, n
+@micropython.viper
+def acc_i32(A: ptr8, P: ptr32, o: int):
+    src = ptr32(uint(A) + P[o + 1])
+    dst = ptr32(uint(A) + P[o + 2])
+    n = P[o + 3]
+    imin = -0x40000000
+    imin += imin
+    imax = -1 - imin
+    for i in range(n):
+        a = dst[i]
+        h = (a >> 16) & 0xFFFF
+        a = (((h ^ 0x8000) - 0x8000) << 16) | (a & 0xFFFF)
+        b = src[i]
+        h = (b >> 16) & 0xFFFF
+        b = (((h ^ 0x8000) - 0x8000) << 16) | (b & 0xFFFF)
+        if b > 0 and a > imax - b:
+            a = imax
+        elif b < 0 and a < imin - b:
+            a = imin
+        else:
+            a += b
+        dst[i] = a
+
+
+# fields(zero): dst_off, n
+@micropython.viper
+def zero(A: ptr8, P: ptr32, o: int):
+    dst = P[o + 1]
+    for i in range(P[o + 2]):
+        A[dst + i] = 0
+
+
 _BY_OP = {OP_CONV_FWD: conv_fwd, OP_ADD_FWD: add_fwd, OP_GAP_FWD: gap_fwd, OP_LOSS_GRAD: loss_grad,
           OP_ARGMAX: argmax, OP_ACT_BWD: act_bwd, OP_GRAD_SCALE_CH: grad_scale_ch,
           OP_CONV_BWD_X: conv_bwd_x, OP_CONV_GRAD_W: conv_grad_w, OP_CONV_UPD_W: conv_upd_w,
           OP_APPLY_W: apply_w, OP_BIAS_GRAD: bias_grad, OP_BIAS_UPD: bias_upd, OP_APPLY_B: apply_b,
-          OP_GAP_BWD: gap_bwd, OP_GRAD_ADD: grad_add, OP_PATCH: patch}
+          OP_GAP_BWD: gap_bwd, OP_GRAD_ADD: grad_add, OP_PATCH: patch, OP_ACC_I32: acc_i32, OP_ZERO: zero}
 _KERNELS = tuple(_BY_OP.get(op) for op in range(max(_BY_OP) + 1))
 
 

@@ -286,7 +286,7 @@ register(Algorithm(
     twins_only=False,
     run=_run_sparse,
     models=("mbv2-28", "mbv2-tiny"),
-    batch_size=1,               # batch size 1, as on the device
+    batch_size=1,               # 1, as in the paper; N > 1 accumulates N samples' gradients per update
     lr=0.05,
     dataset="digits",
 ))

@@ -100,6 +100,10 @@ OPS: dict[str, tuple[str, ...]] = {
     "gap_bwd": ("gy_off", "gx_off", "C", "HW", "m", "sh"),
     # y = sat16(rq(a*ma + b*mb, sh)) on i16 gradients (sums of gradients; mb = 0 rescales a).
     "grad_add": ("a_off", "b_off", "y_off", "n", "ma", "mb", "sh"),
+    # Gradient accumulation: dst[i] = sat32(dst[i] + src[i]) on n i32 elements; "zero": n bytes at
+    # dst_off set to 0 (an accumulator after its update).
+    "acc_i32": ("src_off", "dst_off", "n"),
+    "zero": ("dst_off", "n"),
     # Runtime (not arithmetic): copy n bytes of the weight blob at blob_off into the arena.
     "load": ("blob_off", "dst_off", "n"),
     # Runtime: arena copy, dst[idx[j] * row_bytes ...] = src[j * row_bytes ...] for j < n_sel

@@ -28,7 +28,7 @@ def generate_module(compiled, all_ops) -> str:
         positions.append(pos)
         pos += 1 + len(abi.OPS[op.kind])
     where = {id(op): p for op, p in zip(all_ops, positions)}
-    segments = {"init": [], "train": [], "infer": []}
+    segments = {"init": [], "train": [], "infer": [], "apply": []}
     for op in all_ops:
         for seg, calls in compiled.calls.items():
             if where[id(op)] in calls:
@@ -53,12 +53,14 @@ def generate_module(compiled, all_ops) -> str:
         f"IO_OFF = {compiled.io_off}",
         f"CLASSES = {compiled.graph.num_classes}",
         f"TRAINED = {tuple(compiled.trained)!r}",
+        f"ACCUMULATE = {compiled.options.accumulate}",
         "",
     ]
     docs = {"init": "Copy the trained tensors' initial values and the tables from the blob (f) into A.",
             "train": "One training step on the sample in A[INPUT_OFF:] with its label in the io block.",
-            "infer": "Inference on the sample in A[INPUT_OFF:]; the predicted class goes to the io block."}
-    for seg in ("init", "train", "infer"):
+            "infer": "Inference on the sample in A[INPUT_OFF:]; the predicted class goes to the io block.",
+            "apply": "The update from the accumulated gradients (after every ACCUMULATE training steps)."}
+    for seg in ("init", "train", "infer", "apply"):
         lines += ["", f"def {seg}(A, f):", f'    """{docs[seg]}"""']
         lines += [_call(op, where[id(op)]) for op in segments[seg]] or ["    pass"]
     return "\n".join(lines) + "\n"

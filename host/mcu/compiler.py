@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from insitu import numerics as nx
-from insitu.errors import InsituError
+from insitu.errors import InsituError, UsageError
 from insitu.mcu import abi
 from insitu.mcu.graph import (Add, Conv, GlobalAvgPool, Graph, act_bounds, add_requant, conv_requant, grad_bounds,
                               gap_requant)
@@ -57,7 +57,8 @@ class Buf:
 
     name: str
     nbytes: int
-    kind: str            # program, io, const, param (trained: checkpointed), input, act, grad, gradbuf, scratch
+    kind: str            # program, io, const, param (trained: checkpointed), input, act, grad, gradbuf, scratch,
+                         # accum (gradient accumulators: checkpointed)
     persistent: bool = False
     init: bytes | None = None          # initial content (from the blob) of const/param buffers
     offset: int = -1
@@ -91,10 +92,11 @@ _WRITES = {"conv_fwd": ("y_off",), "add_fwd": ("y_off",), "gap_fwd": ("y_off",),
            "grad_scale_ch": ("g_off",), "conv_bwd_x": ("gx_off",), "conv_grad_w": ("gw_off",),
            "conv_upd_w": ("w_off",), "apply_w": ("w_off",), "bias_grad": ("gb_off",),
            "bias_upd": ("b_off",), "apply_b": ("b_off",), "gap_bwd": ("gx_off",),
-           "grad_add": ("y_off",), "load": ("dst_off",), "patch": ("dst_off",)}
+           "grad_add": ("y_off",), "load": ("dst_off",), "patch": ("dst_off",), "acc_i32": ("dst_off",),
+           "zero": ("dst_off",)}
 _READS_TOO = {"act_bwd": ("g_off",), "grad_scale_ch": ("g_off",), "conv_upd_w": ("w_off",),
               "apply_w": ("w_off",), "bias_upd": ("b_off",), "apply_b": ("b_off",),
-              "loss_grad": ("io_off",), "patch": ("dst_off",)}
+              "loss_grad": ("io_off",), "patch": ("dst_off",), "acc_i32": ("dst_off",)}
 
 
 def writes(op: Op) -> set[Buf]:
@@ -112,6 +114,14 @@ class Options:
     lr: float = 0.05
     reorder: bool = True       # in-place update (fused kernels); False: gradients applied at the end
     prune: bool = True         # False keeps the backward graph of the full network (the baseline)
+    # Gradient accumulation: the gradients of `accumulate` samples are summed in persistent int32
+    # buffers and applied once (the `apply` segment), with lr / accumulate: SGD on their mean, as
+    # a batch of that size. The gradients then exist, so nothing is fused (reorder is moot).
+    accumulate: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.accumulate, int) or self.accumulate < 1:
+            raise UsageError(f"gradient accumulation must be a positive number of samples, got {self.accumulate!r}")
 
 
 @dataclass
@@ -365,7 +375,7 @@ class _Builder:
                                         "sh_off": Ref(self.const(f"gsh:{n.name}", sh))}, n.name, "bwd"))
         s_g = s_gy * s_max            # real g[o] = code * s_g / s_w[o]
         s_x = T[n.x].scale
-        lr = self.opts.lr
+        lr = self.opts.lr / self.opts.accumulate
         # Weight gradient of every channel (pruned later to the scheme's channels), QAS (eq. 4).
         idx = L.idx if L.idx is not None else np.arange(o)
         um, ush = _rq_arrays([_rq(weight_update_scale(lr, s_g, s_x, float(n.w_scale[i])),
@@ -464,6 +474,22 @@ def reorder_in_place(ops: list[Op], applies: list[Op], builder: _Builder) -> lis
     return out
 
 
+def accumulate_gradients(ops: list[Op], applies: list[Op], builder: _Builder) -> tuple[list[Op], list[Op]]:
+    """Gradient accumulation: each sample adds its weight and bias gradients into a persistent
+    int32 accumulator (checkpointed with the trained tensors); the updates read the accumulators
+    and zero them, in a separate segment the firmware runs every ``accumulate`` samples."""
+    out, apply_ops, zeros = list(ops), [], []
+    for a in applies:
+        field = "gw_off" if a.kind == "apply_w" else "gb_off"
+        grad = a.fields[field].buf
+        acc = builder.buf(f"acc:{grad.name}", grad.nbytes, "accum", persistent=True)
+        out.append(Op("acc_i32", {"src_off": Ref(grad), "dst_off": Ref(acc), "n": grad.nbytes // 4},
+                      a.node, "update", a.param, sink=True))
+        apply_ops.append(Op(a.kind, {**a.fields, field: Ref(acc)}, a.node, "apply", a.param, sink=True))
+        zeros.append(Op("zero", {"dst_off": Ref(acc), "n": acc.nbytes}, a.node, "apply", a.param, sink=True))
+    return out, apply_ops + zeros
+
+
 def materialize_weights(ops: list[Op], builder: _Builder) -> list[Op]:
     """Resolve the ``("weights", layer)`` placeholders of input-gradient ops: RAM copies where the
     layer is wholly trained, else a load (and patch) into a scratch buffer just before the op."""
@@ -555,22 +581,29 @@ def compile_training(graph: Graph, scheme: Scheme, grad_scales: dict[str, float]
     body = eliminate_dead_code(bwd + applies)
     bwd = [op for op in body if op.phase != "update"]
     applies = [op for op in body if op.phase == "update"]
-    body = reorder_in_place(bwd, applies, b) if options.reorder else bwd + applies
+    apply_ops: list[Op] = []
+    if options.accumulate > 1:
+        bwd, apply_ops = accumulate_gradients(bwd, applies, b)
+        body = bwd
+    else:
+        body = reorder_in_place(bwd, applies, b) if options.reorder else bwd + applies
     body = materialize_weights(body, b)
     train_ops = fwd + [loss] + body
-    return _lower(b, graph, scheme, options, fwd, train_ops, argmax)
+    return _lower(b, graph, scheme, options, fwd, train_ops, argmax, apply_ops)
 
 
-def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax) -> Compiled:
-    # The memory-plan timeline: argmax (inference) right after the forward pass.
-    timeline = fwd + [argmax] + train_ops[len(fwd):]
+def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax, apply_ops=()) -> Compiled:
+    # The memory-plan timeline: argmax (inference) right after the forward pass; the updates of
+    # accumulated gradients (a segment of their own) after the training step.
+    apply_ops = list(apply_ops)
+    timeline = fwd + [argmax] + train_ops[len(fwd):] + apply_ops
     used = set().union(*(reads(op) | writes(op) for op in timeline))
     init_bufs = [x for x in b.buffers if x.persistent and x.init is not None and (x in used or x.kind == "param")]
     # Records: init loads, then the train program (whose forward part is also the inference
     # program), then argmax. The program table sits at arena offset 0.
     init_ops = [Op("load", {"blob_off": ("init", x), "dst_off": Ref(x), "n": x.nbytes}, x.name, "init")
                 for x in init_bufs]
-    all_ops = init_ops + train_ops + [argmax]
+    all_ops = init_ops + train_ops + [argmax] + apply_ops
     words = sum(1 + len(abi.OPS[op.kind]) for op in all_ops)
     program_buf = Buf("program", 4 * words, "program", persistent=True, offset=0)
     arena = plan_memory(b.buffers, timeline, first_offset=program_buf.nbytes)
@@ -584,23 +617,28 @@ def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax) -> Compi
     for L in b.layers.values():
         L.blob_off = len(blob)
         blob += L.pack + bytes(_aligned(len(L.pack)) - len(L.pack))
-    program, calls, pos = [], {"init": [], "train": [], "infer": []}, 0
+    program, calls, pos = [], {"init": [], "train": [], "infer": [], "apply": []}, 0
     fwd_ids = {id(op) for op in fwd}
     init_ids = {id(op) for op in init_ops}
+    apply_ids = {id(op) for op in apply_ops}
     for op in all_ops:
         rec = abi.record(op.kind, **{k: _resolve(v, init_at) for k, v in op.fields.items()})
-        if id(op) in init_ids:
+        if id(op) in apply_ids:
+            calls["apply"].append(pos)
+        elif id(op) in init_ids:
             calls["init"].append(pos)
         elif op is argmax or id(op) in fwd_ids:
             calls["infer"].append(pos)
-        if id(op) not in init_ids and op is not argmax:
+        if id(op) not in init_ids and id(op) not in apply_ids and op is not argmax:
             calls["train"].append(pos)
         program += rec
         pos += len(rec)
     table = np.array(program, dtype=np.int32)
     blob[:len(table) * 4] = _codes(table, np.int32)
-    # The checkpoint: the trained tensors and the io block (its step count keys the rounding).
-    trained = [(x.offset, x.nbytes) for x in b.buffers if x.kind in ("param", "io")]
+    # The checkpoint: the trained tensors, the step count (it keys the rounding and the
+    # accumulation) and the gradient accumulators.
+    trained = [(x.offset, x.nbytes) if x.kind != "io" else (x.offset + 4 * abi.IO_STEP, 4)
+               for x in b.buffers if x.kind in ("param", "io", "accum") and x.offset >= 0]
     model_id = hashlib.sha256(bytes(blob)).hexdigest()[:16]
     compiled = Compiled(graph, scheme, options, arena, b.buffers, train_ops, table, calls, bytes(blob), "",
                         b.acts[graph.input].offset, graph.tensors[graph.input].size, b.io.offset, trained,

@@ -640,6 +640,24 @@ def _run_patch(c: _Call) -> None:
         dst[row] = src[j]
 
 
+def acc_i32(dst, src) -> np.ndarray:
+    """``sat32(dst + src)`` elementwise (gradient accumulation), int32."""
+    return nx.saturate(_i64(dst) + _i64(src), 32).astype(np.int32)
+
+
+def _run_acc_i32(c: _Call) -> None:
+    n = c.f["n"]
+    src, dst = c.t("src_off", "i32", n), c.t("dst_off", "i32", n, "rw")
+    c.check()
+    dst[:] = acc_i32(dst, src)
+
+
+def _run_zero(c: _Call) -> None:
+    dst = c.t("dst_off", "u8", c.f["n"], "w")
+    c.check()
+    dst[:] = 0
+
+
 _RUNNERS = {name[5:]: fn for name, fn in globals().items() if name.startswith("_run_")}
 
 

@@ -44,6 +44,8 @@ class Simulator:
             np.frombuffer(np.int32(label).astype("<i4").tobytes(), dtype=np.uint8)
         self._run("train")
         self.samples_done += 1
+        if self.c.options.accumulate > 1 and (self._io(abi.IO_STEP) & 0xFFFFFFFF) % self.c.options.accumulate == 0:
+            self._run("apply")
         return self._io(abi.IO_PREDICTED)
 
     def predict(self, codes: np.ndarray) -> int:

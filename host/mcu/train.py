@@ -44,7 +44,8 @@ HEAP_MARGIN = 0.05
 class Prepared:
     """Everything the host knows before touching a board: model, data, compiled program."""
 
-    def __init__(self, model: str, task: str, scheme: str, lr: float, seed: int, reorder: bool = True):
+    def __init__(self, model: str, task: str, scheme: str, lr: float, seed: int, reorder: bool = True,
+                 accumulate: int = 1):
         from insitu.mcu.models import model_config
         from insitu.mcu.quantize import new_head, pretrained
         from insitu.mcu.tasks import load_task
@@ -56,7 +57,8 @@ class Prepared:
         self.scheme = preset(self.graph, scheme)
         calib = np.random.default_rng(seed).permutation(len(self.y_train))[:CALIBRATION_SAMPLES]
         self.grad_scales = calibrate_gradients(self.graph, self.x_train[calib], self.y_train[calib], seed)
-        self.compiled = compile_training(self.graph, self.scheme, self.grad_scales, Options(lr=lr, reorder=reorder))
+        options = Options(lr=lr, reorder=reorder and accumulate == 1, accumulate=accumulate)
+        self.compiled = compile_training(self.graph, self.scheme, self.grad_scales, options)
 
 
 def runtime_heap_bytes(compiled: Compiled) -> int:
@@ -159,7 +161,8 @@ def run_sparse(config, board: Board, advance) -> dict:
     heap = config.heap or board.mcu["training_budget_bytes"]
     if config.heap and not board.is_twin:
         raise UsageError("--heap sets a twin's heap; a real board's heap is what its firmware has")
-    prep = Prepared(config.model, config.dataset, config.scheme or DEFAULT_SCHEME, config.lr, config.seed)
+    prep = Prepared(config.model, config.dataset, config.scheme or DEFAULT_SCHEME, config.lr, config.seed,
+                    accumulate=config.batch_size)
     compiled = prep.compiled
     check_fits(compiled, heap)
     test_samples = min(config.test_samples or 200, len(prep.y_test))
@@ -180,6 +183,7 @@ def run_sparse(config, board: Board, advance) -> dict:
         "board": board.name, "algo": "sparse", "model": config.model, "dataset": config.dataset,
         "scheme": compiled.scheme.to_json(), "scheme_text": compiled.scheme.describe(),
         "samples": config.samples, "test_samples": test_samples, "lr": config.lr,
+        "batch_size": config.batch_size,          # > 1: gradients accumulated over that many samples
         **device,
         "accuracy": device["accuracy_after"],
         "planned_peak_bytes": compiled.arena_bytes,

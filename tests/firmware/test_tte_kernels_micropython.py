@@ -279,6 +279,19 @@ def gen_apply_w(rng):
                    **_rounding_key(c, rng))
 
 
+def gen_acc_i32(rng):
+    c, n = Call(rng, "acc_i32"), int(rng.integers(0, 600))
+    edges = [-2**31, 2**31 - 1, -1, 0, 1]
+    dst = rng.choice(edges + list(rng.integers(-2**31, 2**31, 20)), n)
+    return c, dict(src_off=c.put("src", "i32", rng.choice(edges + list(rng.integers(-2**31, 2**31, 20)), n)),
+                   dst_off=c.put("dst", "i32", dst), n=n)
+
+
+def gen_zero(rng):
+    c, n = Call(rng, "zero"), int(rng.integers(0, 600))
+    return c, dict(dst_off=c.rand("dst", "u8", n), n=n)
+
+
 def gen_bias_grad(rng):
     c, O, HW = Call(rng, "bias_grad"), int(rng.integers(1, 40)), int(rng.integers(1, 200))
     return c, dict(gy_off=c.rand("gy", "i16", O * HW), gb_off=c.rand("gb", "i32", O), O=O, HW=HW)

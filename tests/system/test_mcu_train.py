@@ -167,6 +167,22 @@ def test_sparse_training_on_the_twin_end_to_end(run_cli, prep, tmp_path):
     assert trained == simulate(prep, 20)[0].trained_bytes()
 
 
+def test_accumulated_gradients_train_the_same_on_the_twin_and_the_host(run_cli, tmp_path):
+    # --batch-size 3: the gradients of 3 samples are summed on the device, then applied at once.
+    flash_dir = tmp_path / "flash"
+    run = run_cli("train", "--algo", "sparse", "--model", MODEL, "--scheme", "last-2", "--board", SIM_BOARD,
+                  "--samples", 12, "--test-samples", 20, "--batch-size", 3, "--flash-dir", flash_dir, "--json",
+                  timeout=120)
+    assert run.returncode == 0, run.stderr
+    r = json.loads(run.stdout)
+    assert r["batch_size"] == 3 and r["host_sim_agreement"] == 1.0
+    assert r["accuracy_after"] == r["host_sim_accuracy_after"]
+    accumulating = Prepared(MODEL, TASK, "last-2", LR, SEED, accumulate=3)
+    assert r["model_id"] == accumulating.compiled.model_id
+    _, _, done, trained = checkpoint(flash_dir)
+    assert done == 12 and trained == simulate(accumulating, 12)[0].trained_bytes()
+
+
 # --------------------------------------------------------------------------- link trouble
 
 def test_training_survives_pulled_cables_without_losing_or_repeating_a_sample(prep, tmp_path, monkeypatch):

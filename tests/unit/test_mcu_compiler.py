@@ -144,3 +144,33 @@ def test_a_conv_wider_than_the_firmware_row_buffer_is_refused(monkeypatch):
     monkeypatch.setattr(abi, "MAX_ROW", 4)                  # narrower than any random graph's rows
     with pytest.raises(InsituError, match="rows of .* pixels.*at most 4"):
         compile_training(g, S.preset(g, "classifier"), scales)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_accumulated_gradients_update_once_every_n_samples(seed):
+    from insitu.mcu.simulate import Simulator
+
+    g, gs = _setup(seed)
+    n = 3
+    c = compile_training(g, S.last_k_layers(g, 2), gs, Options(lr=0.5, accumulate=n))
+    accums = [b for b in c.buffers if b.kind == "accum"]
+    assert accums and c.calls["apply"]
+    assert all((b.offset, b.nbytes) in c.trained for b in accums)        # checkpointed
+    assert "ACCUMULATE = 3" in c.module and "def apply(A, f):" in c.module
+    sim = Simulator(c)
+    params = [b for b in c.buffers if b.kind == "param"]
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, size=(2 * n,) + g.tensors[g.input].shape).astype(np.int8)
+    changed = []
+    for i in range(2 * n):
+        before = [sim.A[b.offset:b.offset + b.nbytes].copy() for b in params]
+        sim.train_step(x[i], int(rng.integers(0, g.num_classes)))
+        changed.append(any((sim.A[b.offset:b.offset + b.nbytes] != v).any() for b, v in zip(params, before)))
+        summed = any(sim.A[b.offset:b.offset + b.nbytes].any() for b in accums)
+        assert summed == ((i + 1) % n != 0)             # zeroed by each update, summing between
+    assert changed == [False, False, True, False, False, True]
+
+
+def test_a_bad_accumulation_is_refused():
+    with pytest.raises(UsageError, match="gradient accumulation"):
+        Options(accumulate=0)
