@@ -129,13 +129,22 @@ def _refuse(link, text):
 
 
 def serve(checkpoint_every=1):
-    link = Link()
-    reply = bytearray(16)
+    # The arena first, from a collected heap: the largest block is asked for while the heap is
+    # least fragmented (the link's buffers come after it).
     gc.collect()
     free = gc.mem_free()
     try:
         A = bytearray(M.ARENA_BYTES)
     except MemoryError:
+        A = None
+    try:
+        link = Link()
+    except MemoryError:         # the arena fits, the link's buffers do not: give them its place
+        A = None
+        gc.collect()
+        link = Link()
+    reply = bytearray(16)
+    if A is None:
         _refuse(link, "the compiled plan needs an arena of %d bytes; the heap has %d bytes free: "
                 "compile a sparser scheme or run with a larger heap" % (M.ARENA_BYTES, free))
         return

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from insitu.errors import InsituError
-from insitu.mcu.link import DeviceLink, FirmwareStopped, LinkError, start_program
+from insitu.mcu.link import DeviceLink, FirmwareStopped, LinkError
 from insitu.resources import package_dir
 
 START = "import fw_train; fw_train.serve()"
@@ -54,11 +54,11 @@ class TrainingDevice:
 
     def start(self) -> dict:
         """Start the firmware (from the REPL) and return its HELLO info."""
-        printed = start_program(self.port, START)
-        # Keep what the board printed since the statement's echo: a traceback of the firmware
-        # failing at import comes out as FirmwareCrashed instead of a silent timeout.
-        self.link = DeviceLink(self.port, timeout_s=self.timeout_s, discard_input=False)
-        self.link.absorb(printed)
+        # On the link's own port, kept open: a traceback of the firmware failing at import comes
+        # out as FirmwareCrashed instead of a silent timeout.
+        self.close()
+        self.link = DeviceLink(self.port, timeout_s=self.timeout_s)
+        self.link.start_program(START)
         return self.hello()
 
     def close(self) -> None:
@@ -129,18 +129,18 @@ class TrainingDevice:
 
     def _recover(self, at_prompt: bool = False) -> None:
         time.sleep(0.2)
-        try:
-            self.close()
-            if at_prompt:                       # seen at its REPL: restart without asking
-                raise FirmwareStopped(self.port)
-            self.link = DeviceLink(self.port, timeout_s=min(self.timeout_s, 3.0))
-            self.hello()                        # the firmware is still serving: a dropped link
-            self.link.timeout_s = self.timeout_s
-            self.reconnects += 1
-        except (LinkError, OSError):
-            self.close()
-            try:                                # no answer: the device was reset, restart the firmware
-                self.start()
-                self.restarts += 1
+        self.close()
+        if not at_prompt:                       # not seen at its REPL: maybe only the link dropped
+            try:
+                self.link = DeviceLink(self.port, timeout_s=min(self.timeout_s, 3.0))
+                self.hello()                    # the firmware is still serving
+                self.link.timeout_s = self.timeout_s
+                self.reconnects += 1
+                return
             except (LinkError, OSError):
-                pass
+                self.close()
+        try:                                    # the device was reset: restart the firmware
+            self.start()
+            self.restarts += 1
+        except (LinkError, OSError):
+            pass                                # with_recovery tries again until its deadline

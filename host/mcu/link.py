@@ -12,6 +12,7 @@ and on its twin (``insitu mcu emulate``).
 from __future__ import annotations
 
 import ast
+import contextlib
 import binascii
 import os
 import re
@@ -200,7 +201,7 @@ class DeviceLink:
     stall_s = 0.2
 
     def __init__(self, port: str, baudrate: int = 115200, timeout_s: float = 2.0,
-                 max_payload: int = MAX_PAYLOAD, discard_input: bool = True):
+                 max_payload: int = MAX_PAYLOAD):
         self.port = port
         self.baudrate = baudrate
         self.timeout_s = timeout_s
@@ -214,7 +215,7 @@ class DeviceLink:
         self._decoder = FrameDecoder(max_payload)
         self._frames: deque[Frame] = deque()
         self._serial = None
-        self._open(discard_input)
+        self._open()
 
     def __enter__(self) -> DeviceLink:
         return self
@@ -227,10 +228,9 @@ class DeviceLink:
         """Bytes that were not part of a valid frame (noise, REPL output, truncated frames)."""
         return self._decoder.skipped
 
-    def _open(self, discard_input: bool = True) -> None:
+    def _open(self) -> None:
         self._serial = open_serial(self.port, self.baudrate)
-        if discard_input:                      # what the board printed before we listened
-            self._serial.reset_input_buffer()
+        self._serial.reset_input_buffer()      # what the board printed before we listened
 
     def close(self) -> None:
         if self._serial is not None:
@@ -294,9 +294,17 @@ class DeviceLink:
                 self._frames.extend(self._decoder.stall())
         return self._frames.popleft()
 
+    def start_program(self, statement: str, **kwargs) -> None:
+        """:func:`start_program` on this link's open port; what the program printed right away (a
+        traceback, if it failed at import) is taken as received on the link."""
+        self._frames.clear()
+        self._decoder.reset()
+        if self._serial is None:
+            raise LinkError(f"the link to {self.port} is closed")
+        self.absorb(start_program(self.port, statement, self.baudrate, serial=self._serial, **kwargs))
+
     def absorb(self, data: bytes) -> None:
-        """Take bytes received before this link opened (what :func:`start_program` read past the
-        statement's echo) as if they had just arrived."""
+        """Take bytes read from the port outside :meth:`recv` as if they had just arrived."""
         self._frames.extend(self._decoder.feed(data))
         if not self._frames:
             self._check_repl()
@@ -356,19 +364,21 @@ class DeviceLink:
 
 
 def start_program(port: str, statement: str, baudrate: int = 115200, timeout_s: float = 5.0,
-                  soft_reset: bool = True) -> bytes:
+                  soft_reset: bool = True, serial=None) -> bytes:
     """Type ``statement`` at the board's friendly REPL (e.g. ``import fw_train; fw_train.serve()``)
     and return once it has started, without waiting for it to end. With ``soft_reset`` the board
     is soft-reset first (Ctrl-D), so the program starts in a fresh heap, not in one holding what
     mpremote or an earlier session left behind. Returns what the board printed after the echo of
-    the statement (the start of the program's output: hand it to :meth:`DeviceLink.absorb`).
+    the statement (the start of the program's output).
 
+    ``serial``: a port already open (a :class:`DeviceLink`'s, see :meth:`DeviceLink.start_program`)
+    that stays open, so the program's first output cannot fall between two opens of the port.
     Until the program has opened its ``link.Link``, Ctrl-C still interrupts it on a board: wait
     for its first frame (or a reply) before sending payloads that may hold 0x03.
     """
     if "\r" in statement or "\n" in statement:
         raise ValueError("start_program types one line: join statements with ';'")
-    with open_serial(port, baudrate) as ser:
+    with contextlib.nullcontext(serial) if serial is not None else open_serial(port, baudrate) as ser:
         def expect(ending: bytes, what: str) -> bytes:
             seen = bytearray()
             deadline = time.monotonic() + timeout_s

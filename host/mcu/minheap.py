@@ -15,7 +15,7 @@ import numpy as np
 
 from insitu.errors import InsituError
 from insitu.mcu.device import DeviceError, TrainingDevice
-from insitu.mcu.link import LinkError
+from insitu.mcu.link import FirmwareCrashed, LinkError
 
 GRANULE = 512          # bisection stops when the bracket is this narrow (bytes)
 
@@ -47,6 +47,10 @@ def probe(flash_dir: str, heap_bytes: int, x_codes: np.ndarray, labels: np.ndarr
             return Probe(heap_bytes, False, None, str(exc))
         except LinkError as exc:
             return Probe(heap_bytes, False, None, f"no answer ({exc.__class__.__name__})")
+        except FirmwareCrashed as exc:
+            if "MemoryError" not in str(exc):
+                raise
+            return Probe(heap_bytes, False, None, "MemoryError")
         finally:
             dev.close()
 

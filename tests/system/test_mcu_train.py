@@ -24,7 +24,7 @@ import insitu.mcu.flash as mcu_flash
 from insitu.mcu.device import DeviceError, TrainingDevice
 from insitu.mcu.link import DeviceLink, FirmwareCrashed, LinkError
 from insitu.mcu.simulate import Simulator
-from insitu.mcu.train import Prepared, firmware_files, run_on_device
+from insitu.mcu.train import HEAP_MARGIN, Prepared, firmware_files, run_on_device
 from insitu.mcu.twin import McuTwin
 from insitu.training import sample_order
 
@@ -410,7 +410,9 @@ def test_minheap_bisects_the_twins_heap(minheap, prep):
 
 
 def test_the_heap_minheap_finds_is_enough_to_train(minheap, prep, tmp_path, monkeypatch):
-    heap = minheap["min_heap_bytes"]
+    # With the margin insitu train asks for: at the exact minimum, a heap fragmented a little
+    # differently (other imports, another start) may refuse the arena, which the firmware reports.
+    heap = int(minheap["min_heap_bytes"] * (1 + HEAP_MARGIN))
     monkeypatch.setattr("insitu.mcu.device.TrainingDevice", _QuickDevice)
     flashed_at = []
     real_flash = mcu_flash.flash
