@@ -1,0 +1,193 @@
+"""`insitu power`: power traces and energy of a run, from a meter (`--meter SPEC`).
+
+Also the two pieces `insitu train --meter` is built from: :func:`meter_options` (its options) and
+:func:`measured` (training under a recorder).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from insitu.cli.output import console, emit_json, report
+from insitu.errors import InsituError, UsageError
+
+METER_HELP = ("Power meter spec: synthetic:WATTS[@HZ] or synthetic:sine (generated, no instrument), "
+              "visa:RESOURCE (a SCPI instrument), powershield:PORT (STM32 LPM01A), "
+              "pynq-rails[:RAIL,...][@HZ] (on a PYNQ board).")
+
+
+class _Group(click.Group):
+    """Turns insitu's errors into a message and their exit code also when this group runs on its
+    own (under `insitu`, the main group does the same)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except InsituError as exc:
+            click.secho(f"error: {exc}", fg="red", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group("power", cls=_Group)
+def command():
+    """Power and energy of a run, measured with a power meter.
+
+    \b
+      insitu power record --meter SPEC --out run.csv -- COMMAND...
+    """
+
+
+def _check_out(out: str, what: str) -> Path:
+    from insitu.measure.record import sidecar_paths
+
+    path = Path(out)
+    if path.suffix.lower() in (".json", ".jsonl"):
+        raise UsageError(f"{what} {out} is the trace (CSV); the record goes beside it "
+                         f"({sidecar_paths(path.with_suffix('.csv'))[0].name}): give e.g. "
+                         f"{path.with_suffix('.csv')}")
+    _check_path(path, what)
+    return path
+
+
+def _check_path(path: Path, what: str) -> None:
+    from insitu.io import check_writable
+
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"cannot write {what} {path}: {parent} is a file, not a folder")
+            break
+    try:
+        check_writable(path, what)
+    except InsituError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _check_plot(plot: str | None) -> None:
+    if plot:
+        _check_path(Path(plot), "--plot")
+
+
+def _warn(message: str) -> None:
+    console.print(f"[yellow]warning:[/] {message}")
+
+
+def _plot(record: dict, plot: str) -> None:
+    from insitu.measure.record import load_csv, plot_record
+
+    if not record["samples"]:
+        _warn(f"no samples were recorded: no figure written to {plot}")
+        return
+    trace = load_csv(record["csv"])
+    plot_record(record, trace["t"], trace["watts"], plot)
+
+
+def _report(record: dict) -> None:
+    from rich.table import Table
+
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    rate = record.get("sample_rate_hz")
+    colour = "green" if record["complete"] else "yellow"
+    report.print(f"[bold]{record['meter'].get('meter', 'meter')}[/]: [green]{record['energy_j']:.6g} J[/] "
+                 f"in {record['duration_s']:.4g} s, mean {num(record['mean_w'], '.4g')} W "
+                 f"({record['samples']} samples{f' at {rate:.4g} Hz' if rate else ''}); "
+                 f"[{colour}]{record['message']}[/] -> {record['csv']}")
+    if record["phases"]:
+        table = Table("phase", "start s", "stop s", "energy J", "mean W", "samples", "J/sample")
+        for p in record["phases"]:
+            table.add_row(p["name"] + ("" if p["complete"] else " (cut)"), num(p["start"], ".3f"),
+                          num(p["stop"], ".3f"), num(p["energy_j"], ".5g"), num(p["mean_w"], ".4g"),
+                          num(p["samples"], "d"), num(p["energy_per_sample_j"], ".4g"))
+        report.print(table)
+
+
+@command.command("record", context_settings={"ignore_unknown_options": True,
+                                             "allow_interspersed_args": False})
+@click.option("--meter", "meter_spec", required=True, metavar="SPEC", help=METER_HELP)
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="The power trace, CSV (host_time,t,watts,volts,amps), written as samples arrive; "
+                   "the record (OUT with .json) and the phase markers (.phases.jsonl) go beside it.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of the trace with the phases shaded.")
+@click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
+@click.argument("cmd", metavar="-- COMMAND...", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def record(ctx, meter_spec, out, plot, as_json, cmd):
+    """Record power while COMMAND runs; energy in total and per phase.
+
+    COMMAND runs as a subprocess with INSITU_PHASE_FILE set: phases it marks
+    (insitu.measure.phases.phase, as `insitu train` does) are aligned to the trace and get their
+    own energy and energy per training sample. Ctrl-C, a crash of COMMAND or a meter that
+    disconnects keep the trace recorded so far (the record says `complete: false` and why it
+    ended). The exit status is COMMAND's (130 when interrupted; 1 when only the meter failed).
+
+    \b
+    Examples:
+      insitu power record --meter synthetic:sine --out run.csv -- sleep 3
+      insitu power record --meter powershield:/dev/ttyACM0 --out run.csv --plot run.png --json \\
+          -- insitu train --board stm32f746-disco --port /dev/ttyACM1 --algo sparse
+    """
+    from insitu.measure.meters import open_meter
+    from insitu.measure.record import exit_code_of, run_command
+
+    if not cmd:
+        raise UsageError("give the command to measure after --, e.g. "
+                         "insitu power record --meter synthetic:2 --out run.csv -- sleep 1")
+    path = _check_out(out, "--out")
+    _check_plot(plot)
+    if shutil.which(cmd[0]) is None:
+        raise UsageError(f"command not found: {cmd[0]!r} (give a program on PATH or a path to one)")
+    meter = open_meter(meter_spec)
+    console.print(f"recording {meter.name} into {path} while running: {' '.join(cmd)}")
+    result = run_command(meter, list(cmd), path, notify=_warn)
+    if plot:
+        _plot(result, plot)
+        result["plot"] = plot
+    if as_json:
+        emit_json(result)
+    else:
+        _report(result)
+    ctx.exit(exit_code_of(result))
+
+
+# ------------------------------------------------------------------------- insitu train --meter
+
+def meter_options(fn):
+    """The options of a command that can run under a power meter: ``--meter`` and ``--power-out``
+    (the command's function gets ``meter`` and ``power_out``; pass them to :func:`measured`)."""
+    fn = click.option("--power-out", type=click.Path(dir_okay=False), default=None,
+                      help="With --meter: the power trace CSV [default: power.csv]; the record "
+                           "(.json) and phase markers (.phases.jsonl) go beside it.")(fn)
+    return click.option("--meter", default=None, metavar="SPEC",
+                        help="Record power while the command runs: " + METER_HELP)(fn)
+
+
+def measured(meter_spec: str | None, power_out: str | None, fn):
+    """``fn()``, under the meter ``meter_spec`` when one is given: the trace goes to ``power_out``
+    (default power.csv) and a dict value gets the record as ``power``; without a meter, ``fn()``.
+    The meter and the output are checked before ``fn`` starts."""
+    if not meter_spec:
+        if power_out:
+            raise UsageError("--power-out needs --meter SPEC (the meter to record)")
+        return fn()
+    from insitu.measure.meters import open_meter
+    from insitu.measure.record import measure_call
+
+    path = _check_out(power_out or "power.csv", "--power-out")
+    meter = open_meter(meter_spec)
+    console.print(f"recording {meter.name} into {path}")
+    value, rec = measure_call(meter, path, fn, notify=_warn)
+    if isinstance(value, dict):
+        value["power"] = rec
+    phases = ", ".join(f"{name} {p['energy_j']:.4g} J"
+                       + (f" ({p['energy_per_sample_j']:.3g} J/sample)" if p["energy_per_sample_j"] else "")
+                       for name, p in rec["by_phase"].items())
+    console.print(f"power: {rec['energy_j']:.4g} J in {rec['duration_s']:.3g} s "
+                  f"(mean {rec['mean_w'] or 0:.4g} W){'; ' + phases if phases else ''} -> {path}")
+    return value

@@ -1,0 +1,186 @@
+"""`insitu power record`: a command measured end to end, its phases, partial traces, bad input."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from insitu.measure.record import load_csv
+
+pytestmark = pytest.mark.system
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+
+def _registered() -> bool:
+    from insitu.cli import main
+
+    return "power" in main.commands
+
+
+def power_argv(*args) -> list[str]:
+    """`insitu power ARGS` (the command object itself until it is registered on `insitu`)."""
+    if _registered() and (VENV_BIN / "insitu").exists():
+        return [str(VENV_BIN / "insitu"), "power", *map(str, args)]
+    return [sys.executable, "-c", "from insitu.cli.power import command; command()", *map(str, args)]
+
+
+def power(*args, timeout=60, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(power_argv(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          **kwargs)
+
+
+def sine_integral(a, b):
+    return (b - a) + 0.5 / (2 * math.pi) * (math.cos(2 * math.pi * a) - math.cos(2 * math.pi * b))
+
+
+_CHILD = """
+import sys, time
+from insitu.measure.phases import phase
+with phase("load"):
+    time.sleep(0.2)
+for epoch in range(2):
+    with phase("train") as p:
+        time.sleep(0.4)
+        p.samples = 100
+print("trained", flush=True)
+sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
+
+def _assert_valid_csv(path, samples):
+    lines = path.read_text().splitlines()
+    assert lines[0] == "host_time,t,watts,volts,amps" and len(lines) == samples + 1
+    trace = load_csv(path)
+    assert trace["t"].size == samples
+    if samples > 1:
+        assert (trace["t"][1:] > trace["t"][:-1]).all()
+    return trace
+
+
+def test_record_measures_a_command_with_its_phases_and_draws_them(tmp_path):
+    out, plot, child = tmp_path / "run.csv", tmp_path / "run.png", tmp_path / "child.py"
+    child.write_text(_CHILD)
+    run = power("record", "--meter", "synthetic:sine", "--out", out, "--plot", plot, "--json",
+                "--", sys.executable, child)
+    assert run.returncode == 0, run.stderr
+    rec = json.loads(run.stdout[run.stdout.index("{"):])
+    assert run.stdout.startswith("trained")                # the command's output passes through
+    for key in ("energy_j", "mean_w", "duration_s", "samples", "phases", "meter", "command",
+                "exit_code", "csv", "complete"):
+        assert key in rec, key
+    assert rec["complete"] and rec["exit_code"] == 0 and rec["meter"]["meter"] == "synthetic:sine"
+    assert rec["command"] == [sys.executable, str(child)] and rec["csv"] == str(out)
+    trace = _assert_valid_csv(out, rec["samples"])
+    assert abs(rec["energy_j"] - sine_integral(trace["t"][0], trace["t"][-1])) / rec["energy_j"] < 0.01
+    assert [p["name"] for p in rec["phases"]] == ["load", "train", "train"]
+    for p in rec["phases"]:
+        exact = sine_integral(p["start"], p["stop"])
+        assert abs(p["energy_j"] - exact) / exact < 0.01
+        assert p["mean_w"] == pytest.approx(p["energy_j"] / (p["stop"] - p["start"]))
+    train = rec["by_phase"]["train"]
+    assert train["count"] == 2 and train["samples"] == 200
+    assert train["energy_per_sample_j"] == pytest.approx(train["energy_j"] / 200)
+    assert json.loads((tmp_path / "run.json").read_text()) == {k: v for k, v in rec.items() if k != "plot"}
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_record_reports_in_words_without_json(tmp_path):
+    child = tmp_path / "child.py"
+    child.write_text(_CHILD)
+    run = power("record", "--meter", "synthetic:2", "--out", tmp_path / "run.csv", "--", sys.executable, child)
+    assert run.returncode == 0, run.stderr
+    assert "synthetic:2" in run.stdout and " J " in run.stdout and "train" in run.stdout
+    assert "J/sample" in run.stdout
+
+
+def test_a_crashing_command_leaves_a_valid_partial_csv_and_its_exit_code(tmp_path):
+    out, child = tmp_path / "run.csv", tmp_path / "child.py"
+    child.write_text(_CHILD.replace('print("trained", flush=True)', 'raise SystemExit(7)'))
+    run = power("record", "--meter", "synthetic:1.5@500", "--out", out, "--json", "--", sys.executable, child)
+    assert run.returncode == 7, run.stderr
+    rec = json.loads(run.stdout)
+    assert rec["exit_code"] == 7 and not rec["complete"] and rec["ended"] == "exit" and "exit 7" in rec["message"]
+    _assert_valid_csv(out, rec["samples"])
+    assert rec["mean_w"] == pytest.approx(1.5)
+
+
+def test_sigint_to_the_recorder_stops_the_command_and_keeps_a_valid_partial_csv(tmp_path):
+    out = tmp_path / "run.csv"
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    proc = subprocess.Popen(power_argv("record", "--meter", "synthetic:4@500", "--out", out, "--json",
+                                       "--", sys.executable, "-c", child),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:           # samples on disk while the command runs
+            if pid_file.exists() and out.exists() and len(out.read_text().splitlines()) > 50:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the recorder wrote no samples")
+        rows_before = len(out.read_text().splitlines())
+        proc.send_signal(signal.SIGINT)                # to the recorder only, not its command
+        stdout, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    rec = json.loads(stdout)
+    assert rec["ended"] == "interrupted" and not rec["complete"] and "SIGINT" in rec["message"]
+    trace = _assert_valid_csv(out, rec["samples"])
+    assert trace["t"].size >= rows_before - 1 and rec["mean_w"] == pytest.approx(4.0)
+    child_pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):        # the command was stopped, not orphaned
+        os.kill(child_pid, 0)
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--meter", "bogus:1", "--out", "{tmp}/run.csv", "--", "true"), "unknown meter 'bogus:1'"),
+    (("--meter", "synthetic:x", "--out", "{tmp}/run.csv", "--", "true"), "--meter synthetic:x"),
+    (("--meter", "synthetic:1", "--out", "{tmp}/run.csv"), "give the command to measure after --"),
+    (("--meter", "synthetic:1", "--out", "{tmp}/run.csv", "--"), "give the command to measure after --"),
+    (("--meter", "synthetic:1", "--out", "{tmp}/afile/run.csv", "--", "true"), "afile is a file, not a folder"),
+    (("--meter", "synthetic:1", "--out", "{tmp}", "--", "true"), "is a directory"),
+    (("--meter", "synthetic:1", "--out", "{tmp}/run.json", "--", "true"), "is the trace (CSV)"),
+    (("--meter", "synthetic:1", "--out", "{tmp}/run.csv", "--plot", "{tmp}/afile/p.png", "--", "true"),
+     "cannot write --plot"),
+    (("--meter", "synthetic:1", "--out", "{tmp}/run.csv", "--", "no-such-program-xyz"), "command not found"),
+    (("--out", "{tmp}/run.csv", "--", "true"), "Missing option '--meter'"),
+])
+def test_bad_input_is_a_clear_error_with_exit_2(tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from insitu.cli.power import command
+
+    (tmp_path / "afile").write_text("")
+    result = CliRunner().invoke(command, ["record", *[a.replace("{tmp}", str(tmp_path)) for a in args]])
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert isinstance(result.exception, SystemExit)           # a message, not a traceback
+    assert message in result.stderr
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_bad_input_through_the_real_entry_point(tmp_path):
+    run = power("record", "--meter", "nope", "--out", tmp_path / "run.csv", "--", "true")
+    assert run.returncode == 2 and "unknown meter 'nope'" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.skipif(not _registered(), reason="`insitu power` is not registered on `insitu` yet")
+def test_measure_power_script_is_the_record_command(tmp_path):
+    out = tmp_path / "run.csv"
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    run = subprocess.run([str(ROOT / "scripts" / "measure_power"), "--meter", "synthetic:2@200",
+                          "--out", out, "--json", "--", "sleep", "0.2"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stderr
+    rec = json.loads(run.stdout)
+    assert rec["complete"] and rec["mean_w"] == pytest.approx(2.0) and rec["samples"] >= 40
