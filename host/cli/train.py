@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from insitu.cli.output import emit_json, progress, report
+from insitu.cli.power import measured, meter_options
 from insitu.errors import InsituError
 from insitu.io import atomic_write_json, check_writable
 from insitu.training import ALGORITHMS, TrainConfig, train
@@ -58,9 +59,10 @@ def _algo_help() -> str:
               help="sparse on a twin: its heap, bytes or with K/M (default: the board's training budget, 256K).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@meter_options
 def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed, checkpoint,
             checkpoint_every, mode, bitstream, rank, env, test_samples, scheme, port, flash_dir, heap, out,
-            as_json):
+            as_json, meter, power_out):
     """Train a network on a board, or on its simulated twin (the default, ultra96v2-sim).
 
     \b
@@ -87,7 +89,7 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
     if out:
         check_writable(out, "--out")
     with progress(f"training on {board}", total=samples) as advance:
-        result = train(config, advance)
+        result = measured(meter, power_out, lambda: train(config, advance))
     if as_json:
         emit_json(result)
     if out:

@@ -114,6 +114,7 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
     """Flash, start, measure, train and measure again; returns the device's figures."""
     from insitu.mcu.device import TrainingDevice
     from insitu.mcu.flash import flash
+    from insitu.measure.phases import phase
     from insitu.training import sample_order
 
     compiled = prep.compiled
@@ -129,20 +130,24 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
         x_test, y_test = prep.x_test[:test_samples], prep.y_test[:test_samples]
         before = None
         if resumed_from == 0:
-            before = float(np.mean(dev.predict_all(x_test) == y_test))
+            with phase("evaluate-before"):      # markers for `--meter` (insitu.measure.phases)
+                before = float(np.mean(dev.predict_all(x_test) == y_test))
         advance(min(resumed_from, samples))
         order = sample_order(len(prep.y_train), seed, 0, samples)
         predicted = np.full(samples, -1)
         started = time.perf_counter()
         done = resumed_from
-        while done < samples:
-            i = order[done]
-            now_done, predicted[done], _ = dev.with_recovery(
-                lambda n=done, i=i: dev.train(n, int(prep.y_train[i]), prep.x_train[i]))
-            advance(now_done - done)
-            done = now_done
+        with phase("train") as trained:
+            while done < samples:
+                i = order[done]
+                now_done, predicted[done], _ = dev.with_recovery(
+                    lambda n=done, i=i: dev.train(n, int(prep.y_train[i]), prep.x_train[i]))
+                advance(now_done - done)
+                done = now_done
+            trained.samples = done - resumed_from
         train_s = time.perf_counter() - started
-        after = float(np.mean(dev.predict_all(x_test) == y_test))
+        with phase("evaluate-after"):
+            after = float(np.mean(dev.predict_all(x_test) == y_test))
         stats = dev.stats()
         runtime = info.get("impl", "micropython")
         dev.bye()

@@ -164,12 +164,18 @@ class Recorder:
             return None
         self._meter_live = False
         problem = None
-        for step in (self.meter.stop, self.meter.close):
+        for step in (self.meter.stop, self._last_read, self.meter.close):
             try:
                 step()
             except MeterError as exc:     # a meter already gone: the samples read stay valid
                 problem = problem or str(exc)
         return problem
+
+    def _last_read(self) -> None:
+        # What the meter flushed while stopping (a PowerShield sends its buffer's tail).
+        samples = self.meter.read(0)
+        if samples:
+            self._append(samples)
 
     def _close_file(self) -> None:
         if self._fd is not None:
