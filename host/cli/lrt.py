@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from insitu.cli.output import (emit_json, per_run_path, progress, report, usage_errors,
@@ -92,6 +94,8 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
                                   counts_out=per_scheme(counts, name),
                                   checkpoint=per_scheme(checkpoint, name),
                                   checkpoint_every=checkpoint_every, advance=advance))
+            if counts:                  # where `insitu writes report` finds the per-cell counts
+                results[-1]["counts_file"] = str(Path(per_scheme(counts, name)).resolve())
     if len(results) == 1:
         payload = results[0]
     else:
