@@ -6,6 +6,7 @@ Also the two pieces `insitu train --meter` is built from: :func:`meter_options` 
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -38,6 +39,7 @@ def command():
 
     \b
       insitu power record --meter SPEC --out run.csv -- COMMAND...
+      insitu power emulate          a simulated PowerShield (LPM01A) on a serial port
     """
 
 
@@ -191,3 +193,35 @@ def measured(meter_spec: str | None, power_out: str | None, fn):
     console.print(f"power: {rec['energy_j']:.4g} J in {rec['duration_s']:.3g} s "
                   f"(mean {rec['mean_w'] or 0:.4g} W){'; ' + phases if phases else ''} -> {path}")
     return value
+
+
+@command.command("emulate")
+@click.option("--current", "current_ma", type=float, default=10.0, show_default=True,
+              help="The load current the simulated PowerShield measures, in mA.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON line (port, current_ma) when ready.")
+def emulate(current_ma, as_json):
+    """Run a simulated X-NUCLEO-LPM01A PowerShield on a serial port (a pseudo-terminal) until
+    Ctrl-C: the same ASCII protocol as the board, measuring a constant load current.
+
+    \b
+    Example:
+      insitu power emulate &            # prints its port
+      insitu power record --meter powershield:PORT --out run.csv -- insitu train --samples 500
+    """
+    import signal
+    import threading
+
+    from insitu.measure.powershield_twin import PowerShieldTwin
+
+    if not current_ma > 0:
+        raise UsageError(f"--current must be positive (mA), got {current_ma}")
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    with PowerShieldTwin(lambda t: current_ma * 1e-3) as twin:
+        if as_json:
+            print(json.dumps({"port": twin.port, "current_ma": current_ma}), flush=True)
+        else:
+            console.print(f"simulated PowerShield on {twin.port} ({current_ma:g} mA); Ctrl-C stops it")
+        while not done.wait(0.2):
+            pass

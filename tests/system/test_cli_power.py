@@ -184,3 +184,22 @@ def test_measure_power_script_is_the_record_command(tmp_path):
     assert run.returncode == 0, run.stderr
     rec = json.loads(run.stdout)
     assert rec["complete"] and rec["mean_w"] == pytest.approx(2.0) and rec["samples"] >= 40
+
+
+def test_a_simulated_powershield_is_measured_through_its_serial_port(tmp_path):
+    # `insitu power emulate` serves the LPM01A protocol on a pty; `record` reads it as a board.
+    twin = subprocess.Popen(power_argv("emulate", "--current", 20, "--json"), stdout=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+    try:
+        port = json.loads(twin.stdout.readline())["port"]
+        run = power("record", "--meter", f"powershield:{port}", "--out", tmp_path / "ps.csv", "--json", "--",
+                    sys.executable, "-c", "import time; time.sleep(1.5)")
+        assert run.returncode == 0, run.stderr
+        r = json.loads(run.stdout)
+        assert r["complete"] and r["samples"] > 1000
+        assert r["mean_w"] == pytest.approx(0.020 * 3.3, rel=0.01)          # 20 mA at 3.3 V
+        assert r["energy_j"] == pytest.approx(r["mean_w"] * r["duration_s"], rel=0.02)
+        assert len(load_csv(tmp_path / "ps.csv")["watts"]) == r["samples"]
+    finally:
+        twin.send_signal(signal.SIGINT)
+        assert twin.wait(timeout=10) == 0
