@@ -45,9 +45,9 @@ def main():
 
 
 def _register():
-    from insitu.cli import boards, data, deploy, doctor, flash, lrt, mcu, power, rtl, train, tt, writes
+    from insitu.cli import boards, data, deploy, doctor, flash, lrt, mcu, power, rtl, sweep, train, tt, writes
 
-    for module in (boards, data, doctor, train, lrt, tt, rtl, deploy, mcu, flash, power, writes):
+    for module in (boards, data, doctor, train, lrt, tt, rtl, deploy, mcu, flash, power, writes, sweep):
         main.add_command(module.command)
 
 
