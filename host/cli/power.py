@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import click
 
+from insitu.cli import _Group       # the main group's error messages, also when run on its own
 from insitu.cli.output import console, emit_json, report
 from insitu.errors import InsituError, UsageError
 
@@ -21,16 +21,6 @@ METER_HELP = ("Power meter spec: synthetic:WATTS[@HZ] or synthetic:sine (generat
               "pynq-rails[:RAIL,...][@HZ] (on a PYNQ board).")
 
 
-class _Group(click.Group):
-    """Turns insitu's errors into a message and their exit code also when this group runs on its
-    own (under `insitu`, the main group does the same)."""
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except InsituError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
 
 
 @click.group("power", cls=_Group)

@@ -181,6 +181,20 @@ def integrate_phases(times, watts, marks=()) -> dict:
 INPUT_RAIL_NAMES = ("12v", "vin")
 
 
+def board_rails() -> dict | None:
+    """``pynq.get_rails()``: the board's rails (empty off-board), or None without pynq."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            # "Could not initialise libsensors library": the expected answer off-board.
+            warnings.simplefilter("ignore")
+            from pynq import get_rails
+            return get_rails()
+    except ImportError:
+        return None
+
+
 def select_power_sensors(rails: dict) -> list:
     """The sensors whose sum is the board's power: the input rail's power sensor when PYNQ
     exposes one (:data:`INPUT_RAIL_NAMES`), else every rail's power. A rail with voltage and
@@ -231,16 +245,9 @@ class RailRecorder:
     @classmethod
     def open(cls, interval: float = 0.05, rails: dict | None = None) -> RailRecorder | None:
         """A recorder over the board's rails, not yet started; ``None`` where PYNQ finds none."""
-        import warnings
-
         if rails is None:
-            try:
-                with warnings.catch_warnings():
-                    # "Could not initialise libsensors library": the expected answer off-board.
-                    warnings.simplefilter("ignore")
-                    from pynq import get_rails
-                    rails = get_rails()
-            except ImportError:
+            rails = board_rails()
+            if rails is None:
                 return None               # without pynq there are no rails to read either
         sensors = select_power_sensors(rails)
         if not sensors:

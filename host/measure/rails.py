@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from collections import deque
 
 from insitu.errors import UsageError
@@ -58,20 +57,16 @@ class RailsMeter(Meter):
         self._error: BaseException | None = None
 
     def open(self) -> None:
+        from insitu.fpga.power import board_rails, select_power_sensors
+
         rails = self._rails
         if rails is None:
-            try:
-                with warnings.catch_warnings():
-                    # "Could not initialise libsensors library": the expected answer off-board.
-                    warnings.simplefilter("ignore")
-                    from pynq import get_rails
-                    rails = get_rails()
-            except ImportError:
+            rails = board_rails()
+            if rails is None:
                 raise MeterError(f"{self.name}: {NO_RAILS}; pynq is not installed here either "
-                                 "(pip install 'insitu[pynq]' on the board)") from None
+                                 "(pip install 'insitu[pynq]' on the board)")
         if not rails:
             raise MeterError(f"{self.name}: {NO_RAILS}")
-        from insitu.fpga.power import select_power_sensors
 
         if self.names:
             by_name = {k.lower(): k for k in rails}
