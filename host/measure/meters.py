@@ -18,7 +18,9 @@ Specs (``KIND`` or ``KIND:ARGUMENT``; each kind registers itself in :data:`KINDS
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections import deque
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable
@@ -77,6 +79,47 @@ class Meter(ABC):
             self.stop()
         finally:
             self.close()
+
+
+class SampleQueue:
+    """Samples handed from a meter's reader thread to its ``read()``: the thread calls
+    :meth:`put` (or :meth:`fail` when it stops on an error), ``read()`` calls :meth:`take`."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._items: deque[Sample] = deque()
+        self._error: BaseException | None = None
+
+    def put(self, samples) -> None:
+        with self._cond:
+            self._items.extend(samples)
+            self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()
+
+    def clear(self) -> None:
+        with self._cond:
+            self._items.clear()
+            self._error = None
+
+    def take(self, timeout_s: float, running: Callable[[], bool]) -> tuple[list[Sample], BaseException | None]:
+        """What arrived, waiting up to ``timeout_s`` for the first sample while ``running()``;
+        with nothing to give, the thread's error (once) as the second item."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not self._items and self._error is None and running():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            out, err = list(self._items), None
+            self._items.clear()
+            if not out and self._error is not None:
+                err, self._error = self._error, None
+        return out, err
 
 
 class SyntheticMeter(Meter):

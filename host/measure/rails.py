@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
 from insitu.errors import UsageError
 from insitu.measure import meters
-from insitu.measure.meters import Meter, MeterError, Sample
+from insitu.measure.meters import Meter, MeterError, Sample, SampleQueue
 
 NO_RAILS = "no PYNQ power rails on this machine (a board's PYNQ image has them)"
 
@@ -52,9 +51,7 @@ class RailsMeter(Meter):
         self.sensors: list = []
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._cond = threading.Condition()
-        self._queue: deque[Sample] = deque()
-        self._error: BaseException | None = None
+        self._samples = SampleQueue()
 
     def open(self) -> None:
         from insitu.fpga.power import board_rails, select_power_sensors
@@ -95,8 +92,7 @@ class RailsMeter(Meter):
         if self._thread is not None:
             raise MeterError(f"{self.name}: already started; stop() it first")
         self._stop.clear()
-        self._queue.clear()
-        self._error = None
+        self._samples.clear()
         self.started_at, self._t0 = time.time(), time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"meter {self.name}", daemon=True)
         self._thread.start()
@@ -107,31 +103,18 @@ class RailsMeter(Meter):
             while not self._stop.is_set():
                 t = time.monotonic() - self._t0
                 watts = sum(_read_sensors(self.sensors))
-                with self._cond:
-                    self._queue.append(Sample(t, watts))
-                    self._cond.notify_all()
+                self._samples.put([Sample(t, watts)])
                 i += 1
                 self._stop.wait(max(0.0, self._t0 + i * period - time.monotonic()))
         except BaseException as exc:
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
+            self._samples.fail(exc)
 
     def read(self, timeout_s: float = 1.0) -> list[Sample]:
         if self.started_at is None:
             raise MeterError(f"{self.name}: read before start()")
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not self._queue and self._error is None and self._thread is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            out = list(self._queue)
-            self._queue.clear()
-            if not out and self._error is not None:
-                err, self._error = self._error, None
-                raise MeterError(f"{self.name}: reading the sensors failed: {err}") from err
+        out, err = self._samples.take(timeout_s, lambda: self._thread is not None)
+        if err is not None:
+            raise MeterError(f"{self.name}: reading the sensors failed: {err}") from err
         return out
 
     def stop(self) -> None:

@@ -39,11 +39,10 @@ import math
 import threading
 import time
 import warnings
-from collections import deque
 
 from insitu.errors import UsageError
 from insitu.measure import meters
-from insitu.measure.meters import Meter, MeterError, Sample
+from insitu.measure.meters import Meter, MeterError, Sample, SampleQueue
 
 #: SCPI's value for an overload / invalid reading (SCPI-99 vol. 1, 7.2.1.5 "9.91E37 NaN").
 _OVERLOAD = 9.9e37
@@ -85,9 +84,7 @@ class VisaMeter(Meter):
         self._rm = self._inst = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._cond = threading.Condition()
-        self._queue: deque[Sample] = deque()
-        self._error: BaseException | None = None
+        self._samples = SampleQueue()
 
     # -- connection ------------------------------------------------------------------------
 
@@ -204,8 +201,7 @@ class VisaMeter(Meter):
         if self._thread is not None:
             raise self._fail("already started; stop() it first")
         self._stop.clear()
-        self._queue.clear()
-        self._error = None
+        self._samples.clear()
         self._last_t = None
         self.started_at, self._t0 = time.time(), time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"meter {self.name}", daemon=True)
@@ -225,14 +221,10 @@ class VisaMeter(Meter):
                 ahead = self._t0 + times[-1] - time.monotonic()
                 if ahead > 0:
                     self._stop.wait(ahead)
-                with self._cond:
-                    self._queue.extend(block)
-                    self._cond.notify_all()
+                self._samples.put(block)
                 self._last_t = times[-1]
         except BaseException as exc:            # reported by read()
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
+            self._samples.fail(exc)
 
     def _times(self, t_init: float, t_done: float, n: int) -> list[float]:
         if self.interval is not None:
@@ -279,20 +271,11 @@ class VisaMeter(Meter):
     def read(self, timeout_s: float = 1.0) -> list[Sample]:
         if self.started_at is None:
             raise self._fail("read before start()")
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not self._queue and self._error is None:
-                left = deadline - time.monotonic()
-                if left <= 0 or (self._thread is None):
-                    break
-                self._cond.wait(left)
-            out = list(self._queue)
-            self._queue.clear()
-            if not out and self._error is not None:
-                err, self._error = self._error, None
-                if isinstance(err, MeterError):
-                    raise err
-                raise self._fail(f"acquisition failed: {err}") from err
+        out, err = self._samples.take(timeout_s, lambda: self._thread is not None)
+        if isinstance(err, MeterError):
+            raise err
+        if err is not None:
+            raise self._fail(f"acquisition failed: {err}") from err
         return out
 
     def stop(self) -> None:
