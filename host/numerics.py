@@ -28,7 +28,8 @@ Formats by paper:
   |x| of each tensor stays in [0.1, 0.3] (:class:`AutoScale`).
 * Tiny training (eq. 1): int8 x int8 products plus an int32 bias, requantized per output channel
   by a float or a fixed-point (multiplier, shift) scale (:class:`RequantScale`).
-* E2-Train PSG: the most significant bits of a code (:func:`msb_code`) feed the sign predictor.
+* E2-Train PSG: 8-bit activations and weights, 16-bit gradients; the most significant bits of the
+  codes (:func:`msb_code`) feed the sign predictor (:func:`psg_weight_gradient`, :func:`psg_sign`).
 """
 
 from __future__ import annotations
@@ -76,8 +77,14 @@ __all__ = [
     "INT8",
     "INT32",
     "REQUANT_MULTIPLIER_BITS",
+    "PSG_ACTIVATION_BITS",
+    "PSG_WEIGHT_BITS",
+    "PSG_GRADIENT_BITS",
     "PSG_ACTIVATION_MSB_BITS",
     "PSG_GRADIENT_MSB_BITS",
+    "psg_weight_gradient",
+    "psg_threshold",
+    "psg_sign",
     "FORMATS",
 ]
 
@@ -583,9 +590,74 @@ def tt_pe_format(frac: int) -> FixedPoint:
     return FixedPoint(TT_PE_DATA_BITS, frac, name="tt.pe-data")
 
 
-# E2-Train predictive sign gradient: MSB widths of the predictor.
+# E2-Train predictive sign gradient (PSG, section 3.3 and 4.4): 8-bit activations and weights,
+# 16-bit gradients, and a predictor on their most significant bits (4 of x, 10 of g_y).
+PSG_ACTIVATION_BITS = 8
+PSG_WEIGHT_BITS = 8
+PSG_GRADIENT_BITS = 16
 PSG_ACTIVATION_MSB_BITS = 4
 PSG_GRADIENT_MSB_BITS = 10
+
+
+def psg_weight_gradient(dy_codes, x_codes):
+    """The weight gradient of one layer in integers, full and predicted (eq. 4 of the appendix).
+
+    ``dy_codes`` ``(K, n_out)``: 16-bit output-gradient codes; ``x_codes`` ``(K, n_in)``: 8-bit
+    input codes, with K running over the batch (and output pixels). Returns ``(g_full, g_msb)``,
+    both int64 ``(n_out, n_in)``: ``g_full = dy^T x`` and ``g_msb = msb10(dy)^T msb4(x)``, the
+    predictor (its LSB is ``2**(6 + 4)`` times g_full's). Computed in float64, exact while every
+    sum stays below 2**53 (checked).
+    """
+    dy = np.asarray(dy_codes, dtype=CODE_DTYPE)
+    x = np.asarray(x_codes, dtype=CODE_DTYPE)
+    if dy.ndim != 2 or x.ndim != 2 or dy.shape[0] != x.shape[0]:
+        raise ValueError(f"psg_weight_gradient: need dy (K, n_out) and x (K, n_in), got "
+                         f"{dy.shape} and {x.shape}")
+    _check_codes(dy, PSG_GRADIENT_BITS, "dy")
+    _check_codes(x, PSG_ACTIVATION_BITS, "x")
+    # |product| <= 2**15 * 2**7 = 2**22, so K < 2**30 keeps float64 sums exact.
+    if dy.shape[0] >= 1 << 30:
+        raise ValueError("psg_weight_gradient: K >= 2**30 terms could leave float64's exact range")
+    dy_msb = msb_code(dy, PSG_GRADIENT_BITS, PSG_GRADIENT_MSB_BITS)
+    x_msb = msb_code(x, PSG_ACTIVATION_BITS, PSG_ACTIVATION_MSB_BITS)
+    g_full = (dy.T.astype(np.float64) @ x.astype(np.float64)).astype(CODE_DTYPE)
+    g_msb = (dy_msb.T.astype(np.float64) @ x_msb.astype(np.float64)).astype(CODE_DTYPE)
+    return g_full, g_msb
+
+
+def psg_threshold(g_msb, beta: float) -> int:
+    """The adaptive threshold of one layer as a predictor code: ``max(1, ceil(beta * max|g_msb|))``.
+
+    At least 1, so a zero predictor never decides a sign (an all-zero layer falls back to the full
+    gradient everywhere). ``beta`` must lie in (0, 1).
+    """
+    if not 0.0 < beta < 1.0:
+        raise ValueError(f"PSG beta must be in (0, 1), got {beta!r}")
+    g = np.asarray(g_msb, dtype=CODE_DTYPE)
+    peak = int(np.max(np.abs(g))) if g.size else 0
+    return max(1, math.ceil(beta * peak))
+
+
+def psg_sign(g_full, g_msb, tau: int):
+    """Eq. 2: ``sgn(g_msb)`` where ``|g_msb| >= tau``, else ``sgn(g_full)``.
+
+    Returns ``(sign, predicted)``: int8 signs in {-1, 0, +1} and the boolean mask of entries the
+    predictor decided. This is the rule the PE3 sign path (rtl/pe3.py) computes too.
+    """
+    if int(tau) < 1:
+        raise ValueError(f"psg_sign: tau must be >= 1 (see psg_threshold), got {tau}")
+    g_full = np.asarray(g_full, dtype=CODE_DTYPE)
+    g_msb = np.asarray(g_msb, dtype=CODE_DTYPE)
+    predicted = np.abs(g_msb) >= int(tau)
+    sign = np.where(predicted, np.sign(g_msb), np.sign(g_full)).astype(np.int8)
+    return sign, predicted
+
+
+def _check_codes(codes, bits: int, name: str) -> None:
+    lo, hi = code_range(bits)
+    if codes.size and (codes.min() < lo or codes.max() > hi):
+        raise ValueError(f"{name} codes must be {bits}-bit signed, in [{lo}, {hi}]; got "
+                         f"[{codes.min()}, {codes.max()}]")
 
 #: The fixed formats by name, for reports and `insitu` introspection.
 FORMATS = {f.name: f for f in (LRT_WEIGHT, LRT_BIAS, LRT_ACCUMULATOR, LRT_ACTIVATION, LRT_GRADIENT, LRT_BASIS,

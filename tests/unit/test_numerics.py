@@ -225,3 +225,39 @@ def test_msb_code_takes_the_top_bits():
     assert nx.msb_code([127, -128, 16, -1], bits=8, keep=4).tolist() == [7, -8, 1, -1]
     with pytest.raises(ValueError):
         nx.msb_code([1], bits=8, keep=9)
+
+
+@given(st.integers(1, 40), st.integers(1, 6), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_psg_weight_gradient_is_the_integer_sum_of_products(k, n_out, n_in, seed):
+    rng = np.random.default_rng(seed)
+    dy = rng.integers(-(1 << 15), 1 << 15, size=(k, n_out))
+    x = rng.integers(-128, 128, size=(k, n_in))
+    g_full, g_msb = nx.psg_weight_gradient(dy, x)
+    for o in range(n_out):
+        for i in range(n_in):
+            assert g_full[o, i] == sum(int(dy[s, o]) * int(x[s, i]) for s in range(k))
+            assert g_msb[o, i] == sum((int(dy[s, o]) >> 6) * (int(x[s, i]) >> 4) for s in range(k))
+
+
+def test_psg_weight_gradient_refuses_codes_out_of_range_and_bad_shapes():
+    with pytest.raises(ValueError, match="8-bit"):
+        nx.psg_weight_gradient(np.zeros((2, 1)), np.array([[128], [0]]))
+    with pytest.raises(ValueError, match="16-bit"):
+        nx.psg_weight_gradient(np.array([[1 << 15], [0]]), np.zeros((2, 1)))
+    with pytest.raises(ValueError, match="need dy"):
+        nx.psg_weight_gradient(np.zeros((3, 1)), np.zeros((2, 1)))
+
+
+def test_psg_threshold_and_sign_follow_eq_2():
+    g_msb = np.array([[-100, 40, 4, 0]])
+    g_full = np.array([[-1, 1, -5, 7]])
+    tau = nx.psg_threshold(g_msb, 0.05)
+    assert tau == 5                                  # ceil(0.05 * 100)
+    sign, predicted = nx.psg_sign(g_full, g_msb, tau)
+    assert predicted.tolist() == [[True, True, False, False]]
+    assert sign.tolist() == [[-1, 1, -1, 1]]         # the last two fall back to sgn(g_full)
+    # A zero predictor never decides, even when the whole layer's predictor is zero.
+    assert nx.psg_threshold(np.zeros((2, 2)), 0.5) == 1
+    for beta in (0.0, 1.0, -0.1, 2.0):
+        with pytest.raises(ValueError, match=r"beta must be in \(0, 1\)"):
+            nx.psg_threshold(g_msb, beta)
