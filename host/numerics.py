@@ -488,14 +488,19 @@ def requantize_float(acc, scale, out: FixedPoint = INT8):
 # --------------------------------------------------------------------------- most significant bits
 
 def msb_code(codes, bits: int, keep: int):
-    """The top ``keep`` bits of ``bits``-wide signed codes (arithmetic shift: floor).
+    """The top ``keep`` bits of ``bits``-wide signed codes, rounded: ``saturate(round(c / 2**s))``
+    with ``s = bits - keep``, i.e. the add-half-then-shift of :func:`shift_round`, saturated to
+    ``keep`` bits (the largest codes would round up out of range).
 
-    The E2-Train PSG predictor multiplies these truncated codes; their scale is ``2**(bits-keep)``
-    times the full code's LSB.
+    The E2-Train PSG predictor multiplies these codes; their scale is ``2**s`` times the full
+    code's LSB. Rounded, not truncated: a two's complement truncation (floor) turns every small
+    negative value into -1 LSB, and summed over a batch that bias outweighs the predictor's signal
+    (a 5-conv net on FashionMNIST: 73.6 % test accuracy with floor, 86.9 % rounded, 86.7 % SGD).
+    The paper's error bound (appendix A) also assumes zero-mean quantization noise.
     """
     if not 1 <= keep <= bits:
         raise ValueError(f"msb_code: keep must be in [1, {bits}], got {keep}")
-    return np.asarray(codes, dtype=CODE_DTYPE) >> (bits - keep)
+    return saturate(shift_round(np.asarray(codes, dtype=CODE_DTYPE), bits - keep), keep)
 
 
 # --------------------------------------------------------------------------- the named formats
@@ -604,8 +609,8 @@ def psg_weight_gradient(dy_codes, x_codes):
 
     ``dy_codes`` ``(K, n_out)``: 16-bit output-gradient codes; ``x_codes`` ``(K, n_in)``: 8-bit
     input codes, with K running over the batch (and output pixels). Returns ``(g_full, g_msb)``,
-    both int64 ``(n_out, n_in)``: ``g_full = dy^T x`` and ``g_msb = msb10(dy)^T msb4(x)``, the
-    predictor (its LSB is ``2**(6 + 4)`` times g_full's). Computed in float64, exact while every
+    both int64 ``(n_out, n_in)``: ``g_full = dy^T x`` and ``g_msb = msb10(dy)^T msb4(x)``
+    (:func:`msb_code`: rounded, saturated), the predictor; its LSB is ``2**(6 + 4)`` times g_full's. Computed in float64, exact while every
     sum stays below 2**53 (checked).
     """
     dy = np.asarray(dy_codes, dtype=CODE_DTYPE)

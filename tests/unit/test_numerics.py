@@ -221,10 +221,18 @@ def test_requant_scale_rejects_bad_scales():
             nx.RequantScale.from_float(bad)
 
 
-def test_msb_code_takes_the_top_bits():
-    assert nx.msb_code([127, -128, 16, -1], bits=8, keep=4).tolist() == [7, -8, 1, -1]
+def test_msb_code_takes_the_top_bits_rounded_and_saturated():
+    # 127/16 rounds to 8, saturated to 4 bits; -8/16 is a tie (up: 0); -9/16 rounds to -1.
+    assert nx.msb_code([127, -128, 16, -1, -8, -9, 23, 24], bits=8, keep=4).tolist() == [7, -8, 1, 0, 0, -1, 1, 2]
+    assert nx.msb_code([5, -5], bits=8, keep=8).tolist() == [5, -5]
     with pytest.raises(ValueError):
         nx.msb_code([1], bits=8, keep=9)
+
+
+def _msb(code: int, shift: int, keep: int) -> int:
+    """Round half up by 2**shift, saturate to ``keep`` signed bits (Python integers)."""
+    value = math.floor(Fraction(code, 1 << shift) + Fraction(1, 2))
+    return max(-(1 << (keep - 1)), min((1 << (keep - 1)) - 1, value))
 
 
 @given(st.integers(1, 40), st.integers(1, 6), st.integers(1, 6), st.integers(0, 2**32 - 1))
@@ -236,7 +244,7 @@ def test_psg_weight_gradient_is_the_integer_sum_of_products(k, n_out, n_in, seed
     for o in range(n_out):
         for i in range(n_in):
             assert g_full[o, i] == sum(int(dy[s, o]) * int(x[s, i]) for s in range(k))
-            assert g_msb[o, i] == sum((int(dy[s, o]) >> 6) * (int(x[s, i]) >> 4) for s in range(k))
+            assert g_msb[o, i] == sum(_msb(int(dy[s, o]), 6, 10) * _msb(int(x[s, i]), 4, 4) for s in range(k))
 
 
 def test_psg_weight_gradient_refuses_codes_out_of_range_and_bad_shapes():
