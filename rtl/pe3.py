@@ -3,7 +3,7 @@
 The stream layout is :mod:`insitu.tt.pe_stream`'s: rows come in blocks of ``d`` that share one X
 block of ``b`` entries of 16 words; per block the input stream holds the X block (2 beats an
 entry), then the ``d`` rows of dY, each ``b`` words zero-padded to whole beats. The output is 16
-words (2 beats) per row.
+words (2 beats) per row (PE3_PSG: 4 beats, see below).
 
 Datapath (16 multipliers along the last input mode, the paper's PE3; the X operand is cached):
 
@@ -18,8 +18,32 @@ Datapath (16 multipliers along the last input mode, the paper's PE3; the X opera
   of ``accumulator_bits(16, 16, pe3_b_max)`` bits; the last step of a row copies the sums into a
   holding register.
 * **output**: the 16 sums go through 8 :class:`RoundShiftSaturate` stages in two cycles (lanes
-  0-7, then 8-15) into a small output FIFO. A row may only start when its two beats have room in
+  0-7, then 8-15) into a small output FIFO. A row may only start when its beats have room in
   that FIFO (a credit counter), so the pipeline after the issue stage never stalls.
+
+**PE3_PSG** (``op`` = :attr:`~insitu.rtl.regmap.Op.PE3_PSG`, E2-Train's predictive sign gradient,
+spec :func:`insitu.numerics.psg_weight_gradient` / :func:`~insitu.numerics.psg_sign`, golden
+model :func:`insitu.tt.pe_stream.psg_run`): the same input stream, sizes and checks, plus
+``psg_tau`` >= 1 (else :attr:`~insitu.rtl.regmap.ErrorCode.PSG_TAU`, checked after SHIFT).
+
+* Operands: an X word is an 8-bit activation code, taken as **its low 8 bits sign-extended** (the
+  upper byte is ignored, so any 16-bit word has a defined result); dY words are 16-bit gradient
+  codes. The loader writes the sign-extended X into the X buffer, so the 16 full MACs compute
+  ``g_full = sum dY * x8`` exactly as PE3 would on 8-bit codes.
+* Beside them, 16 narrow MACs compute the predictor ``g_msb = sum msb10(dY) * msb4(x8)``
+  (:func:`insitu.numerics.msb_code`: a code rounded to its top bits, add half then shift,
+  saturated; 10-bit x 4-bit signed products; accumulators of ``accumulator_bits(10, 4,
+  pe3_b_max)`` bits, 22 for b_max = 256). dY's MSB code is formed once per word (stage 1), x8's
+  per lane at the multipliers. They run in PE3 ops too (their results are unused there).
+* Output: 4 beats a row: beats 0-1 are lanes 0-15 of ``g_msb`` through the same rounding shift
+  and 16-bit saturation as PE3 (SHIFT; SHIFT = 0 gives g_msb exactly while |g_msb| < 2**15),
+  beats 2-3 the eq.-2 signs as int16 -1/0/+1: ``sgn(g_msb)`` where ``|g_msb| >= psg_tau``,
+  else ``sgn(g_full)``. Rows start at most every 4 cycles (2 in PE3 ops), so the rescale stage
+  takes 4 cycles a row; an X-block row of b >= 4 batch entries still runs at one MAC step a cycle.
+* Status: ``psg_predicted`` counts the entries the predictor decided and ``psg_max`` is the max
+  of ``|g_msb|`` over the op (both cleared at a PE3_PSG start, kept through other ops, final once
+  ``busy`` falls); the host forms the next threshold ``max(1, ceil(beta * psg_max))``
+  (:func:`insitu.numerics.psg_threshold`), as E2-Train's adaptive threshold one step late.
 
 ``cfg_error`` and ``in_beats`` divide ``a`` by ``d`` combinationally (a 16-bit divider): they are
 only meaningful while the configuration is held stable, and a top level that samples them should
@@ -30,41 +54,55 @@ from __future__ import annotations
 
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
 from amaranth.utils import ceil_log2
 
-from insitu.numerics import TT_PE_DATA_BITS, accumulator_bits
+from insitu.numerics import (PSG_ACTIVATION_BITS, PSG_ACTIVATION_MSB_BITS, PSG_GRADIENT_BITS,
+                              PSG_GRADIENT_MSB_BITS, TT_PE_DATA_BITS, accumulator_bits)
 
 from .params import DEFAULT_PARAMS, STREAM_BITS, STREAM_WORDS, AcceleratorParams
 from .pe_interface import BEATS_BITS, PE
-from .regmap import ErrorCode
+from .regmap import ErrorCode, Op
 from .requantize import RoundShiftSaturate
 
 #: Depth (beats) of the dY FIFO: how far the input may run ahead of the multipliers.
 DY_FIFO_BEATS = 256
-#: Depth (beats) of the output FIFO; rows start only when their 2 beats fit.
+#: Depth (beats) of the output FIFO; rows start only when their beats (2, PE3_PSG: 4) fit.
 OUT_FIFO_BEATS = 16
+#: Output beats of a row: PE3 sends the 16 sums; PE3_PSG the 16 rescaled g_msb, then 16 signs.
+ROW_BEATS = 2
+PSG_ROW_BEATS = 4
+#: Width of the PSG_TAU / PSG_PREDICTED / PSG_MAX ports (the registers).
+PSG_REG_BITS = 32
 #: Rescaling stages: the 16 lanes are requantized 8 at a time (one output beat a cycle).
 RESCALE_LANES = STREAM_WORDS
 
 
 class PE3(PE):
-    """The outer-product PE (``op`` = 3); see the module docstring."""
+    """The outer-product PE (``op`` = 3, and 4 = PE3_PSG); see the module docstring."""
 
     def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS, *,
                  dy_fifo_beats: int = DY_FIFO_BEATS, out_fifo_beats: int = OUT_FIFO_BEATS):
         self.params = params
-        # The output FIFO must take a row (2 beats) beyond one more beat in flight; see elaborate.
-        if dy_fifo_beats < 2 or out_fifo_beats < 3:
-            raise ValueError(f"PE3: need dy_fifo_beats >= 2 and out_fifo_beats >= 3, got "
-                             f"{dy_fifo_beats} and {out_fifo_beats}")
+        # The output FIFO must take a whole PE3_PSG row (4 beats); a SyncFIFOBuffered also
+        # needs depth >= 3 to accept a write whenever its level is below its depth.
+        if dy_fifo_beats < 2 or out_fifo_beats < PSG_ROW_BEATS:
+            raise ValueError(f"PE3: need dy_fifo_beats >= 2 and out_fifo_beats >= {PSG_ROW_BEATS}, "
+                             f"got {dy_fifo_beats} and {out_fifo_beats}")
         self.dy_fifo_beats, self.out_fifo_beats = dy_fifo_beats, out_fifo_beats
         self.lanes = params.c_lanes
         if self.lanes != 2 * STREAM_WORDS:
             raise ValueError(f"PE3: c_lanes must be {2 * STREAM_WORDS} (two beats an X entry), "
                              f"got {self.lanes}")
         self.acc_bits = accumulator_bits(TT_PE_DATA_BITS, TT_PE_DATA_BITS, params.pe3_b_max)
-        super().__init__()
+        self.msb_acc_bits = accumulator_bits(PSG_GRADIENT_MSB_BITS, PSG_ACTIVATION_MSB_BITS,
+                                             params.pe3_b_max)
+        super().__init__({
+            "psg_tau": In(PSG_REG_BITS),
+            "psg_predicted": Out(PSG_REG_BITS),
+            "psg_max": Out(PSG_REG_BITS),
+        })
 
     def elaborate(self, platform):
         m = Module()
@@ -75,11 +113,15 @@ class PE3(PE):
         a, b, c, d = self.a, self.b, self.c, self.d
 
         # ------------------------------------------------------------ configuration checks
+        psg = Signal()
+        out_row_beats = Signal(range(PSG_ROW_BEATS + 1))                   # output beats a row
+        m.d.comb += [psg.eq(self.op == Op.PE3_PSG),
+                     out_row_beats.eq(Mux(psg, PSG_ROW_BEATS, ROW_BEATS))]
         row_beats = (b + STREAM_WORDS - 1) >> ceil_log2(STREAM_WORDS)     # dY beats a row
         in_beats = (a // d) * b * (L // STREAM_WORDS) + a * row_beats
         m.d.comb += [
             self.in_beats.eq(in_beats[:BEATS_BITS]),
-            self.out_beats.eq(a * (L // STREAM_WORDS)),
+            self.out_beats.eq(a * out_row_beats),
         ]
         with m.If((a == 0) | (b == 0) | (c == 0) | (d == 0)):
             m.d.comb += self.cfg_error.eq(ErrorCode.ZERO_SIZE)
@@ -91,6 +133,8 @@ class PE3(PE):
             m.d.comb += self.cfg_error.eq(ErrorCode.TILE)
         with m.Elif((self.shift < p.shift_min) | (self.shift > p.shift_max)):
             m.d.comb += self.cfg_error.eq(ErrorCode.SHIFT)
+        with m.Elif(psg & (self.psg_tau == 0)):
+            m.d.comb += self.cfg_error.eq(ErrorCode.PSG_TAU)
 
         # ------------------------------------------------------------ storage
         entry_bits = ceil_log2(bmax)
@@ -122,11 +166,16 @@ class PE3(PE):
         bank_free = Mux(wr_bank, ~full[1], ~full[0])
 
         s_fire = Signal()
+        # PE3_PSG: X words are 8-bit codes, their low byte sign-extended (the upper byte ignored).
+        x_words = [self.s.payload.word_select(k, W) for k in range(STREAM_WORDS)]
+        x8_beat = Cat(*(Cat(w[:PSG_ACTIVATION_BITS], w[PSG_ACTIVATION_BITS - 1].replicate(
+            W - PSG_ACTIVATION_BITS)) for w in x_words))
+        x_beat = Mux(psg, x8_beat, self.s.payload)
         m.d.comb += [
             self.s.ready.eq(ld_active & Mux(ld_x, bank_free, dyf.w_rdy)),
             s_fire.eq(self.s.valid & self.s.ready),
             x_wr.addr.eq(Cat(ld_idx[1:], wr_bank)),
-            x_wr.data.eq(Cat(self.s.payload, self.s.payload)),
+            x_wr.data.eq(Cat(x_beat, x_beat)),
             x_wr.en.eq(Mux(s_fire & ld_x, Cat(~ld_idx[0], ld_idx[0]), 0)),
             dyf.w_data.eq(self.s.payload),
             dyf.w_en.eq(self.s.valid & ld_active & ~ld_x),
@@ -161,13 +210,15 @@ class PE3(PE):
         cp_rows = Signal(16)
         out_left = Signal(range(2 * (1 << 16) + 1))     # output beats still to send
         credits = Signal(range(self.out_fifo_beats + 1))     # output beats reserved, not yet sent
-        prev_first = Signal()                           # a row started last cycle (b == 1)
+        # Cycles before the next row may start: rows start at most every out_row_beats cycles,
+        # so a row's sums leave the holding register before the next row's land (b small).
+        cooldown = Signal(range(PSG_ROW_BEATS))
         # (Implied by dyf.r_rdy -- a block's dY is queued after its X block -- but kept as a guard.)
         bank_full = Mux(rd_bank, full[1], full[0])
 
         first = s_idx == 0
         last = s_idx == b - 1
-        room = (credits <= self.out_fifo_beats - 2) & ~prev_first
+        room = (credits + out_row_beats <= self.out_fifo_beats) & (cooldown == 0)
         issue = Signal()
         m_fire = Signal()
         m.d.comb += [
@@ -176,11 +227,14 @@ class PE3(PE):
             x_rd.addr.eq(Cat(s_idx[:entry_bits], rd_bank)),
             m_fire.eq(self.m.valid & self.m.ready),
         ]
-        m.d.sync += prev_first.eq(issue & first)
+        with m.If(issue & first):
+            m.d.sync += cooldown.eq(out_row_beats - 1)
+        with m.Elif(cooldown != 0):
+            m.d.sync += cooldown.eq(cooldown - 1)
         with m.If(self.start):
             m.d.sync += credits.eq(0)
         with m.Else():
-            m.d.sync += credits.eq(credits + Mux(issue & first, 2, 0) - m_fire)
+            m.d.sync += credits.eq(credits + Mux(issue & first, out_row_beats, 0) - m_fire)
 
         with m.If(self.start):
             m.d.sync += [cp_active.eq(1), rd_bank.eq(0), s_idx.eq(0), w_idx.eq(0),
@@ -201,45 +255,91 @@ class PE3(PE):
         # ------------------------------------------------------------ MAC pipeline
         v1, first1, last1 = Signal(), Signal(), Signal()
         dy1 = Signal(signed(W))
+        dy1_msb = Signal(signed(PSG_GRADIENT_MSB_BITS))       # the PSG predictor's dY code
+        dy_word = dyf.r_data.word_select(w_idx, W)
         m.d.sync += [
             v1.eq(issue & ~self.start),
             first1.eq(first),
             last1.eq(last),
-            dy1.eq(dyf.r_data.word_select(w_idx, W)),
+            dy1.eq(dy_word),
+            dy1_msb.eq(msb_code(dy_word, PSG_GRADIENT_BITS, PSG_GRADIENT_MSB_BITS)),
         ]
         v2, first2, last2 = Signal(), Signal(), Signal()
         prod = [Signal(signed(2 * W), name=f"prod{k}") for k in range(L)]
         m.d.sync += [v2.eq(v1 & ~self.start), first2.eq(first1), last2.eq(last1)]
+        # The PSG predictor's narrow products: msb10(dY) times msb4(x8).
+        msb_prod = [Signal(signed(PSG_GRADIENT_MSB_BITS + PSG_ACTIVATION_MSB_BITS),
+                           name=f"msb_prod{k}") for k in range(L)]
         for k in range(L):
-            m.d.sync += prod[k].eq(dy1 * x_rd.data.word_select(k, W).as_signed())
+            x_word = x_rd.data.word_select(k, W)
+            x_msb = msb_code(x_word[:PSG_ACTIVATION_BITS], PSG_ACTIVATION_BITS, PSG_ACTIVATION_MSB_BITS)
+            m.d.sync += [
+                prod[k].eq(dy1 * x_word.as_signed()),
+                msb_prod[k].eq(dy1_msb * x_msb),
+            ]
 
         acc = [Signal(signed(self.acc_bits), name=f"acc{k}") for k in range(L)]
         res = [Signal(signed(self.acc_bits), name=f"res{k}") for k in range(L)]
+        msb_acc = [Signal(signed(self.msb_acc_bits), name=f"msb_acc{k}") for k in range(L)]
+        msb_res = [Signal(signed(self.msb_acc_bits), name=f"msb_res{k}") for k in range(L)]
         res_v = Signal()
         m.d.sync += res_v.eq(v2 & last2 & ~self.start)
         for k in range(L):
             total = Mux(first2, 0, acc[k]) + prod[k]
+            msb_total = Mux(first2, 0, msb_acc[k]) + msb_prod[k]
             with m.If(v2):
-                m.d.sync += acc[k].eq(total)
+                m.d.sync += [acc[k].eq(total), msb_acc[k].eq(msb_total)]
                 with m.If(last2):
-                    m.d.sync += res[k].eq(total)
+                    m.d.sync += [res[k].eq(total), msb_res[k].eq(msb_total)]
 
         # ------------------------------------------------------------ rescale and output
-        hi_half = Signal()                               # second beat of the row
-        m.d.sync += hi_half.eq(res_v & ~self.start)
-        words = []
+        # One beat a cycle from the holding registers: phase 0 is the cycle res_v is high, then
+        # 1 .. out_row_beats - 1. Bit 0 of the phase picks lanes 0-7 or 8-15; bit 1 (PE3_PSG)
+        # the sign beats instead of the rescaled ones.
+        phase = Signal(range(PSG_ROW_BEATS))
+        phase_on = Signal()
+        with m.If(self.start):
+            m.d.sync += phase_on.eq(0)
+        with m.Elif(res_v):
+            m.d.sync += [phase.eq(1), phase_on.eq(1)]
+        with m.Elif(phase_on):
+            with m.If(phase == out_row_beats - 1):
+                m.d.sync += phase_on.eq(0)
+            with m.Else():
+                m.d.sync += phase.eq(phase + 1)
+        cur = Signal(range(PSG_ROW_BEATS))
+        cur_v = Signal()
+        m.d.comb += [cur.eq(Mux(res_v, 0, phase)), cur_v.eq(res_v | phase_on)]
+        upper, sign_beat = cur[0], cur[1]
+
+        full = [Mux(upper, res[k + RESCALE_LANES], res[k]) for k in range(RESCALE_LANES)]
+        pred_g = [Mux(upper, msb_res[k + RESCALE_LANES], msb_res[k]) for k in range(RESCALE_LANES)]
+        words, signs, predicted, mags = [], [], [], []
         for k in range(RESCALE_LANES):
             rss = RoundShiftSaturate(self.acc_bits, W, p.shift_max, p.shift_min)
             m.submodules[f"rescale{k}"] = rss
             m.d.comb += [
-                rss.data_in.eq(Mux(hi_half, res[k + RESCALE_LANES], res[k])),
+                rss.data_in.eq(Mux(psg, pred_g[k], full[k])),
                 rss.shift.eq(self.shift),
             ]
             words.append(rss.data_out)
-        # The rescaled beat is registered before the FIFO (timing: the rescale is a wide add,
-        # a barrel shift and a compare).
+            # Eq. 2: the predictor's sign where |g_msb| >= tau, else the full gradient's.
+            mag = Signal(self.msb_acc_bits, name=f"psg_mag{k}")
+            hit = Signal(name=f"psg_hit{k}")
+            sign = Signal(signed(W), name=f"psg_sign{k}")
+            m.d.comb += [
+                mag.eq(abs(pred_g[k])),
+                hit.eq(mag >= self.psg_tau),
+                sign.eq(Mux(hit, _sgn(pred_g[k]), _sgn(full[k]))),
+            ]
+            signs.append(sign)
+            predicted.append(hit)
+            mags.append(mag)
+        # The beat is registered before the FIFO (timing: the rescale is a wide add, a barrel
+        # shift and a compare).
         beat, beat_v = Signal(STREAM_BITS), Signal()
-        m.d.sync += [beat.eq(Cat(*words)), beat_v.eq((res_v | hi_half) & ~self.start)]
+        m.d.sync += [beat.eq(Mux(sign_beat, Cat(*signs), Cat(*words))),
+                     beat_v.eq(cur_v & ~self.start)]
         m.d.comb += [
             outf.w_data.eq(beat),
             outf.w_en.eq(beat_v),
@@ -247,6 +347,28 @@ class PE3(PE):
             self.m.valid.eq(outf.r_rdy),
             outf.r_en.eq(self.m.ready),
         ]
+
+        # ------------------------------------------------------------ PSG status
+        # Registered in stages off the beat path: the 8 |g_msb| of a g_msb beat, their max, then
+        # the running max; the 8 decisions of a sign beat, then the count.
+        mag_r = [Signal(self.msb_acc_bits, name=f"psg_mag_r{k}") for k in range(RESCALE_LANES)]
+        mag_v, peak8, peak8_v = Signal(), Signal(self.msb_acc_bits), Signal()
+        hits_r, hits_v = Signal(RESCALE_LANES), Signal()
+        m.d.sync += [
+            mag_v.eq(cur_v & ~sign_beat & psg & ~self.start),
+            hits_v.eq(cur_v & sign_beat & psg & ~self.start),
+            hits_r.eq(Cat(*predicted)),
+            peak8.eq(_max_tree(mag_r)),
+            peak8_v.eq(mag_v & ~self.start),
+        ]
+        m.d.sync += [mag_r[k].eq(mags[k]) for k in range(RESCALE_LANES)]
+        with m.If(self.start & psg):
+            m.d.sync += [self.psg_predicted.eq(0), self.psg_max.eq(0)]
+        with m.Else():
+            with m.If(hits_v):
+                m.d.sync += self.psg_predicted.eq(self.psg_predicted + sum(hits_r))
+            with m.If(peak8_v & (peak8 > self.psg_max)):
+                m.d.sync += self.psg_max.eq(peak8)
 
         # ------------------------------------------------------------ busy
         with m.If(self.start):
@@ -256,3 +378,25 @@ class PE3(PE):
             with m.If(out_left == 1):
                 m.d.sync += self.busy.eq(0)
         return m
+
+
+def msb_code(code, bits: int, keep: int):
+    """:func:`insitu.numerics.msb_code` of a ``bits``-wide signed code: its top ``keep`` bits
+    plus the rounding bit below them (add half, then shift), except at the largest top value,
+    which would round out of range (saturation)."""
+    top = code[bits - keep:bits]
+    round_up = code[bits - keep - 1] & (top != (1 << (keep - 1)) - 1)
+    return (top.as_signed() + round_up)[:keep].as_signed()
+
+
+def _sgn(value):
+    """-1, 0 or +1 of a signed value, as a 16-bit word."""
+    return Mux(value < 0, -1, Mux(value != 0, 1, 0))
+
+
+def _max_tree(values):
+    """The largest of ``values`` (unsigned), as a balanced tree of compares."""
+    while len(values) > 1:
+        values = [Mux(values[i] >= values[i + 1], values[i], values[i + 1]) if i + 1 < len(values)
+                  else values[i] for i in range(0, len(values), 2)]
+    return values[0]

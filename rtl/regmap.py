@@ -34,6 +34,7 @@ class Op(enum.IntEnum):
     PE1 = 1                  # Z'(a,d) = sum_{b,c} Z(a,b,c) G(b,d,c)
     PE2 = 2                  # Z'(a,d,c) = sum_b Z(a,b,c) G(b,d)
     PE3 = 3                  # outer products summed over a batch (full-weight gradient)
+    PE3_PSG = 4              # PE3 with E2-Train's MSB sign predictor: g_msb and eq.-2 signs
     LRT_LOAD_BASIS = 16      # stream in Q (rows x cols) of LRT_SIDE
     LRT_READ_BASIS = 17      # stream out Q of LRT_SIDE
     LRT_PROJECT = 18         # MGS projections c = Q^T x and residual of a streamed x
@@ -61,6 +62,7 @@ class ErrorCode(enum.IntEnum):
     LRT_SIZE = 9             # LRT rows, columns or cells beyond the generated memories
     ABORTED = 10             # CTRL.ABORT stopped the op
     STREAM_LONG = 11         # the op's last input beat came without TLAST (a longer stream)
+    PSG_TAU = 12             # PE3_PSG: PSG_TAU is 0 (the threshold must be >= 1)
 
 
 #: The ops of the LRT PE.
@@ -136,6 +138,14 @@ REGISTERS: tuple[Register, ...] = (
     _reg("CAP_LRT_ROWS_MAX", 0x50, "ro", 32, "LRT: largest basis rows (m or n).", param="lrt_rows_max"),
     _reg("CAP_LRT_COLS_MAX", 0x54, "ro", 32, "LRT: basis columns q.", param="lrt_cols_max"),
     _reg("CAP_LRT_CELLS_MAX", 0x58, "ro", 32, "LRT: weight cells m*n.", param="lrt_cells_max"),
+    # ---- E2-Train PSG on PE3 (op PE3_PSG; the others leave these registers alone)
+    _reg("PSG_TAU", 0x60, "rw", 32, "PE3_PSG: threshold of the sign predictor, in g_msb codes "
+         "(unsigned, >= 1): an entry with |g_msb| >= PSG_TAU takes sgn(g_msb), the others "
+         "sgn(g_full) (E2-Train eq. 2)."),
+    _reg("PSG_PREDICTED", 0x64, "ro", 32, "PE3_PSG: entries the predictor decided in the last "
+         "PE3_PSG op (valid once it is done; 0 after a PE3 or PE3_PSG op ended in ERROR)."),
+    _reg("PSG_MAX", 0x68, "ro", 32, "PE3_PSG: max |g_msb| over the last PE3_PSG op, for the next "
+         "threshold max(1, ceil(beta * PSG_MAX)) (same validity as PSG_PREDICTED)."),
     # ---- LRT PE (begin): registers of the low-rank-training PE
     _reg("LRT_SIDE", 0x80, "rw", 1, "Basis the LRT op works on: 0 = Q_L (rows LRT_ROWS_L), 1 = Q_R."),
     _reg("LRT_ROWS_L", 0x84, "rw", 16, "m: rows of Q_L (weight rows)."),

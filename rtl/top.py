@@ -72,7 +72,7 @@ class Accelerator(wiring.Component):
 
         pes = {"pe1": PE1(p), "pe2": PE2(p), "pe3": PE3(p), "pe_lrt": PELRT(p)}
         pe_reset = Signal()
-        ops_of = {"pe1": (Op.PE1,), "pe2": (Op.PE2,), "pe3": (Op.PE3,), "pe_lrt": sorted(LRT_OPS)}
+        ops_of = {"pe1": (Op.PE1,), "pe2": (Op.PE2,), "pe3": (Op.PE3, Op.PE3_PSG), "pe_lrt": sorted(LRT_OPS)}
         selected = {name: Signal(name=f"sel_{name}") for name in pes}
         for name, pe in pes.items():
             # ABORT resets the running PE only: the others keep their state (the LRT results).
@@ -87,12 +87,13 @@ class Accelerator(wiring.Component):
             "op": Signal(8), "a": Signal(16), "b": Signal(16), "c": Signal(16), "d": Signal(16),
             "shift": Signal.like(regs.shift),
             "side": Signal(), "rows_l": Signal(16), "rows_r": Signal(16), "cols": Signal(8),
-            "recip": Signal(16),
+            "recip": Signal(16), "psg_tau": Signal.like(regs.psg_tau),
         }
         live = {
             "op": regs.op, "a": regs.size_a, "b": regs.size_b, "c": regs.size_c, "d": regs.size_d,
             "shift": regs.shift, "side": regs.lrt_side, "rows_l": regs.lrt_rows_l,
             "rows_r": regs.lrt_rows_r, "cols": regs.lrt_cols, "recip": regs.lrt_recip,
+            "psg_tau": regs.psg_tau,
         }
         with m.If(~frozen):
             m.d.sync += [cfg[k].eq(live[k]) for k in cfg]
@@ -107,6 +108,12 @@ class Accelerator(wiring.Component):
             regs.lrt_norm2_hi.eq(lrt.norm2[32:]),
             regs.lrt_writes_max.eq(lrt.writes_max),
             regs.lrt_writes_total.eq(lrt.writes_total),
+        ]
+        pe3 = pes["pe3"]
+        m.d.comb += [
+            pe3.psg_tau.eq(cfg["psg_tau"]),
+            regs.psg_predicted.eq(pe3.psg_predicted),
+            regs.psg_max.eq(pe3.psg_max),
         ]
 
         # The selected PE's view (zeros when OP names no PE).

@@ -18,6 +18,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from pynq import DefaultIP, Overlay
@@ -27,6 +28,7 @@ from insitu.errors import InsituError, UsageError
 from insitu.rtl import vivado
 from insitu.rtl.params import CLOCK_HZ, IP_VLNV, STREAM_WORDS
 from insitu.rtl.regmap import ID_VALUE, VERSION, ErrorCode, Op
+from insitu.tt import pe_stream
 
 from .regs import DONE, ERROR, Registers, format_dump
 from .twin import BEAT_BYTES, MODES, BitstreamError, TwinDevice, write_twin_overlay
@@ -87,6 +89,16 @@ class InsituOverlay(Overlay):
         if not isinstance(self.accel, InsituAcceleratorIP):
             raise BitstreamError(f"{bitfile}: {vivado.ACCEL_CELL} is not {IP_VLNV}")
         self.accel.check_design(str(bitfile))
+
+
+class PSGOutput(NamedTuple):
+    """What :meth:`Accelerator.run_psg` returns: ``g_msb`` (``(a, 16)``, rescaled by SHIFT),
+    ``sign`` (``(a, 16)``, eq. 2), and the PSG_PREDICTED and PSG_MAX registers after the op."""
+
+    g_msb: np.ndarray
+    sign: np.ndarray
+    predicted: int
+    peak: int
 
 
 class Accelerator:
@@ -190,6 +202,15 @@ class Accelerator:
         self.cycles_by_op[op.name] += cycles
         self.dma_bytes += (in_beats + out_beats) * BEAT_BYTES
         return result
+
+    def run_psg(self, cfg: pe_stream.PSGConfig, dy_rows, x_blocks) -> PSGOutput:
+        """One PE3_PSG op (:func:`insitu.tt.pe_stream.psg_config`): ``dy_rows`` ``(a, b)`` 16-bit
+        gradient codes, ``x_blocks`` ``(a/d, b, 16)`` 8-bit activation codes (PE3's operands).
+        The next threshold: ``numerics.psg_threshold``'s rule on ``peak``."""
+        words = self.run(Op.PE3_PSG, pe_stream.stream_in(cfg, dy_rows, x_blocks), SIZE_A=cfg.a,
+                         SIZE_B=cfg.b, SIZE_C=cfg.c, SIZE_D=cfg.d, SHIFT=cfg.shift, PSG_TAU=cfg.tau)
+        out = pe_stream.unpack_out(cfg, words)
+        return PSGOutput(out[:, 0], out[:, 1], self.read("PSG_PREDICTED"), self.read("PSG_MAX"))
 
     def _check_dma(self, op: Op) -> None:
         """A DMA error (a bad address, a transfer the DMA cannot make) ends the op at once."""

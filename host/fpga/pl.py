@@ -35,7 +35,9 @@ from insitu.tt import pe_stream
 from .regs import ABORT, BUSY, DONE, ERROR, START, decode
 
 _BY_OFFSET = {r.offset: r for r in REGISTERS}
-_TT_KINDS = {Op.PE1: "PE1", Op.PE2: "PE2", Op.PE3: "PE3"}
+_TT_KINDS = {Op.PE1: "PE1", Op.PE2: "PE2", Op.PE3: "PE3", Op.PE3_PSG: "PE3_PSG"}
+#: The ops of PE3: an op of these that ends in ERROR resets PE3, and with it the PSG registers.
+_PE3_OPS = (Op.PE3, Op.PE3_PSG)
 _U32 = (1 << 32) - 1
 
 
@@ -86,8 +88,10 @@ class FunctionalModel:
         return {r.name: decode(r, self.regs[r.name]) for r in REGISTERS if r.access == "rw"}
 
     def _tt_config(self, cfg: dict) -> pe_stream.PEConfig:
-        return pe_stream.PEConfig(_TT_KINDS[Op(cfg["OP"])], cfg["SIZE_A"], cfg["SIZE_B"],
-                                  cfg["SIZE_C"], cfg["SIZE_D"], cfg["SHIFT"])
+        sizes = (cfg["SIZE_A"], cfg["SIZE_B"], cfg["SIZE_C"], cfg["SIZE_D"], cfg["SHIFT"])
+        if cfg["OP"] == Op.PE3_PSG:
+            return pe_stream.PSGConfig("PE3_PSG", *sizes, cfg["PSG_TAU"])
+        return pe_stream.PEConfig(_TT_KINDS[Op(cfg["OP"])], *sizes)
 
     def _configure_lrt(self, cfg: dict) -> None:
         for attr, name in LRT_ATTRS.items():
@@ -121,10 +125,15 @@ class FunctionalModel:
         self.busy, self.op, self.inputs = True, self._config(), []
         self.outputs = np.zeros(0, np.int64)
         self.regs["STATUS"] = BUSY
+        if self.op["OP"] == Op.PE3_PSG:
+            self.regs.update(PSG_PREDICTED=0, PSG_MAX=0)
         if in_beats == 0:
             self._compute()
 
     def _fail(self, code: ErrorCode) -> None:
+        if self.busy and self.op["OP"] in _PE3_OPS:
+            # the RTL holds the running PE in reset: PE3's PSG registers clear
+            self.regs.update(PSG_PREDICTED=0, PSG_MAX=0)
         self.busy = False
         self.regs.update(STATUS=ERROR, ERROR_CODE=int(code))
 
@@ -134,7 +143,12 @@ class FunctionalModel:
         if cfg["OP"] in _TT_KINDS:
             tt = self._tt_config(cfg)
             lhs, rhs = pe_stream.operands_from_stream(tt, words)
-            self.outputs = pe_stream.reference_stream_out(tt, lhs, rhs)
+            if tt.kind == "PE3_PSG":
+                run = pe_stream.psg_run(tt, lhs, rhs)
+                self.outputs = pe_stream.pack_out(tt, run.out)
+                self.regs.update(PSG_PREDICTED=run.predicted_count, PSG_MAX=run.peak)
+            else:
+                self.outputs = pe_stream.reference_stream_out(tt, lhs, rhs)
             cycles = pe_stream.estimated_cycles(tt)
         else:
             self._configure_lrt(cfg)

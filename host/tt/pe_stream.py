@@ -14,8 +14,12 @@ Layouts (``C = c / 16`` lane chunks; ``a8 = ceil(a/8)*8``; ``d8 = ceil(d/8)*8``)
 * **PE3** ``W'(row, l) = sum_s dY_row(s) X_block(s, l)``: rows come in blocks of ``d`` that share
   an X block of ``(b, 16)``. In: for each block, the X block ``(b, 16)``, then for each of its
   ``d`` rows the ``b`` values of dY padded with zeros to a multiple of 8. Out: ``(a, 16)``.
+* **PE3_PSG** (E2-Train's predictive sign gradient on PE3, :class:`PSGConfig` adds PSG_TAU): PE3's
+  input layout, each X word taken as its low 8 bits sign-extended (:func:`psg_activations`).
+  Out: ``(a, 2, 16)``: per row the 16 predictor sums ``g_msb`` rescaled by SHIFT, then the 16
+  eq.-2 signs (-1/0/+1). :func:`psg_run` also gives the PSG_PREDICTED and PSG_MAX registers.
 
-Every output word is an exact sum of products rescaled by ``SHIFT`` with the spec's rounding and
+Every output word (PE3_PSG's signs aside) is an exact sum of products rescaled by ``SHIFT`` with the spec's rounding and
 16-bit saturation (:meth:`insitu.numerics.FixedPoint.requantize`).
 """
 
@@ -26,14 +30,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS, code_range, tt_pe_format
+from insitu.numerics import (PSG_ACTIVATION_BITS, TT_FACTOR_BITS, TT_PE_DATA_BITS, code_range,
+                              psg_sign, psg_weight_gradient, tt_pe_format)
 from insitu.rtl.params import DEFAULT_PARAMS, STREAM_WORDS
 
 from .schedule import C_LANES, Op
 
 #: Rows (PE1) and d outputs (PE2) computed at once (the generated design's).
 PE_ROWS = DEFAULT_PARAMS.pe_rows
-PE_OPS = {"PE1": 1, "PE2": 2, "PE3": 3}
+PE_OPS = {"PE1": 1, "PE2": 2, "PE3": 3, "PE3_PSG": 4}
+#: The kinds PE3 serves (one input layout).
+PE3_KINDS = ("PE3", "PE3_PSG")
 
 
 def _ceil_to(n: int, k: int) -> int:
@@ -73,6 +80,8 @@ class PEConfig:
             return _ceil_to(a, PE_ROWS) * d
         if self.kind == "PE2":
             return a * c * _ceil_to(d, PE_ROWS)
+        if self.kind == "PE3_PSG":
+            return a * 2 * C_LANES
         return a * C_LANES
 
     def in_beats(self) -> int:
@@ -89,6 +98,23 @@ class PEConfig:
         if self.kind == "PE2":
             return a * b * c * _ceil_to(d, PE_ROWS)
         return a * b * C_LANES
+
+
+@dataclass(frozen=True)
+class PSGConfig(PEConfig):
+    """A PE3_PSG op: PE3's sizes and SHIFT, and ``tau`` (PSG_TAU, the predictor's threshold in
+    g_msb codes; 0 is refused). Build it with :func:`psg_config`."""
+
+    tau: int = 1
+
+    def __post_init__(self):
+        if self.kind != "PE3_PSG":
+            raise ValueError(f"PSGConfig is for PE3_PSG ops, got kind {self.kind!r}")
+
+
+def psg_config(a: int, b: int, d: int, shift: int = 0, tau: int = 1, c: int = C_LANES) -> PSGConfig:
+    """The configuration of a PE3_PSG op (``a`` rows in blocks of ``d``, batch ``b``)."""
+    return PSGConfig("PE3_PSG", a, b, c, d, shift, tau)
 
 
 def config_for(op: Op, shift: int = 0, out_modes=None) -> PEConfig:
@@ -130,7 +156,7 @@ def check_operands(cfg: PEConfig, lhs, rhs) -> tuple[np.ndarray, np.ndarray]:
     schedule op's unpadded c) is zero-padded.
     """
     a, b, c, d = cfg.a, cfg.b, cfg.c, cfg.d
-    if cfg.kind == "PE3":
+    if cfg.kind in PE3_KINDS:
         dy, x = _codes(lhs, TT_PE_DATA_BITS, "dY"), _codes(rhs, TT_PE_DATA_BITS, "X")
         _check_shape("dY rows", dy, (a, b))
         _check_shape("X blocks", x, (a // d, b, C_LANES))
@@ -147,8 +173,10 @@ def check_operands(cfg: PEConfig, lhs, rhs) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sums(cfg: PEConfig, lhs, rhs) -> np.ndarray:
-    """Exact integer sums of the op, in the natural layout (PE1 ``(a,d)``, PE2 ``(a,d,c)``,
-    PE3 ``(a, 16)``)."""
+    """Exact integer sums of the op that SHIFT rescales, in the natural layout (PE1 ``(a,d)``,
+    PE2 ``(a,d,c)``, PE3 ``(a, 16)``; PE3_PSG: the predictor ``g_msb``, ``(a, 16)``)."""
+    if cfg.kind == "PE3_PSG":
+        return psg_sums(cfg, lhs, rhs)[1]
     lhs, rhs = check_operands(cfg, lhs, rhs)
     if cfg.kind == "PE1":
         return np.einsum("abc,bdc->ad", lhs, rhs)
@@ -160,7 +188,63 @@ def sums(cfg: PEConfig, lhs, rhs) -> np.ndarray:
 
 def result(cfg: PEConfig, lhs, rhs) -> np.ndarray:
     """The op's output codes in the natural layout."""
+    if cfg.kind == "PE3_PSG":
+        return psg_run(cfg, lhs, rhs).out
     return rescale(sums(cfg, lhs, rhs), cfg.shift)
+
+
+# ----------------------------------------------------------------------------------- PE3_PSG
+
+def psg_activations(x_words) -> np.ndarray:
+    """What PE3_PSG makes of X words: the low 8 bits, sign-extended (the upper byte ignored)."""
+    low = np.asarray(x_words, dtype=np.int64) & ((1 << PSG_ACTIVATION_BITS) - 1)
+    return np.where(low >= 1 << (PSG_ACTIVATION_BITS - 1), low - (1 << PSG_ACTIVATION_BITS), low)
+
+
+def psg_sums(cfg: PEConfig, dy_rows, x_blocks) -> tuple[np.ndarray, np.ndarray]:
+    """``(g_full, g_msb)`` of a PE3_PSG op, each ``(a, 16)``: per X block, the spec's
+    :func:`insitu.numerics.psg_weight_gradient` of its ``d`` rows of dY (16-bit codes) against
+    the block's 8-bit activations (:func:`psg_activations`), the batch ``b`` being the sum's K."""
+    dy, x = check_operands(cfg, dy_rows, x_blocks)
+    x8 = psg_activations(x)
+    g_full = np.zeros((cfg.a, C_LANES), np.int64)
+    g_msb = np.zeros((cfg.a, C_LANES), np.int64)
+    for t in range(cfg.a // cfg.d):
+        rows = slice(t * cfg.d, (t + 1) * cfg.d)
+        g_full[rows], g_msb[rows] = psg_weight_gradient(dy[rows].T, x8[t])
+    return g_full, g_msb
+
+
+@dataclass(frozen=True)
+class PSGRun:
+    """What a PE3_PSG op produces: ``out`` (natural layout ``(a, 2, 16)``: rescaled g_msb, then
+    the signs), the exact ``g_full``, ``g_msb``, ``sign`` and ``predicted`` mask (``(a, 16)``),
+    and the PSG_PREDICTED and PSG_MAX registers after it."""
+
+    out: np.ndarray
+    g_full: np.ndarray
+    g_msb: np.ndarray
+    sign: np.ndarray
+    predicted: np.ndarray
+
+    @property
+    def predicted_count(self) -> int:
+        return int(self.predicted.sum())
+
+    @property
+    def peak(self) -> int:
+        return int(np.abs(self.g_msb).max()) if self.g_msb.size else 0
+
+
+def psg_run(cfg: PSGConfig, dy_rows, x_blocks) -> PSGRun:
+    """The golden model of a PE3_PSG op: eq. 2 by :func:`insitu.numerics.psg_sign` with
+    ``cfg.tau`` on the sums of :func:`psg_sums`; g_msb rescaled as PE3 rescales its sums."""
+    if not isinstance(cfg, PSGConfig):
+        raise ValueError(f"psg_run: a PSGConfig (psg_config) is needed, got {cfg!r}")
+    g_full, g_msb = psg_sums(cfg, dy_rows, x_blocks)
+    sign, predicted = psg_sign(g_full, g_msb, cfg.tau)
+    out = np.stack([rescale(g_msb, cfg.shift), sign.astype(np.int64)], axis=1)
+    return PSGRun(out, g_full, g_msb, sign.astype(np.int64), predicted)
 
 
 # ----------------------------------------------------------------------------------- streams
@@ -196,6 +280,8 @@ def pack_out(cfg: PEConfig, out: np.ndarray) -> np.ndarray:
         full = np.zeros((_ceil_to(a, PE_ROWS), d), np.int64)
         full[:a] = out
         return full.reshape(-1, PE_ROWS, d).transpose(0, 2, 1).ravel()
+    if cfg.kind == "PE3_PSG":
+        return np.asarray(out, np.int64).reshape(a, 2, C_LANES).ravel()
     if cfg.kind == "PE2":
         full = np.zeros((a, _ceil_to(d, PE_ROWS), c), np.int64)
         full[:, :d] = out
@@ -215,6 +301,8 @@ def unpack_out(cfg: PEConfig, words) -> np.ndarray:
     if cfg.kind == "PE2":
         d8 = _ceil_to(d, PE_ROWS)
         return words.reshape(a, cfg.chunks, d8, C_LANES).transpose(0, 2, 1, 3).reshape(a, d8, c)[:, :d]
+    if cfg.kind == "PE3_PSG":
+        return words.reshape(a, 2, C_LANES)
     return words.reshape(a, C_LANES)
 
 
@@ -278,7 +366,7 @@ def cfg_error(cfg: PEConfig, params=DEFAULT_PARAMS):
     bad_shift = not params.shift_min <= cfg.shift <= params.shift_max
     if min(a, b, c, d) == 0:
         return ErrorCode.ZERO_SIZE
-    if cfg.kind == "PE3":
+    if cfg.kind in PE3_KINDS:
         checks = [(c != C_LANES, ErrorCode.C_LANES), (a % d != 0, ErrorCode.BLOCK),
                   (b > params.pe3_b_max, ErrorCode.TILE)]
     elif cfg.kind == "PE1":
@@ -291,7 +379,10 @@ def cfg_error(cfg: PEConfig, params=DEFAULT_PARAMS):
         checks = [(c % C_LANES != 0, ErrorCode.C_LANES), (b > params.pe2_b_max, ErrorCode.TILE),
                   (a * c >= (1 << 32) // factor_entries, ErrorCode.TILE),
                   (b * -(-d // PE_ROWS) > factor_entries, ErrorCode.FACTOR_WORDS)]
-    for failed, code in checks + [(bad_shift, ErrorCode.SHIFT)]:
+    checks.append((bad_shift, ErrorCode.SHIFT))
+    if cfg.kind == "PE3_PSG":
+        checks.append((getattr(cfg, "tau", 1) == 0, ErrorCode.PSG_TAU))
+    for failed, code in checks:
         if failed:
             return code
     return ErrorCode.NONE
@@ -320,8 +411,9 @@ def operands_from_stream(cfg: PEConfig, words) -> tuple[np.ndarray, np.ndarray]:
     return dy, x
 
 
-#: MAC units of each PE (PE1/PE2: 8 rows x 16 lanes; PE3: 16 lanes).
-MAC_UNITS = {"PE1": PE_ROWS * C_LANES, "PE2": PE_ROWS * C_LANES, "PE3": C_LANES}
+#: MAC units of each PE (PE1/PE2: 8 rows x 16 lanes; PE3: 16 lanes, PE3_PSG: the same 16 beside
+#: 16 narrow predictor MACs).
+MAC_UNITS = {"PE1": PE_ROWS * C_LANES, "PE2": PE_ROWS * C_LANES, "PE3": C_LANES, "PE3_PSG": C_LANES}
 
 
 def estimated_cycles(cfg: PEConfig) -> int:

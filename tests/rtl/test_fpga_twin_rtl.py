@@ -194,7 +194,8 @@ def test_refused_configurations_agree(twins):
         dict(OP=3, SIZE_A=5, SIZE_B=300, SIZE_C=16, SIZE_D=2, SHIFT=99),
         dict(OP=3, SIZE_A=4, SIZE_B=257, SIZE_C=16, SIZE_D=2, SHIFT=0),
         dict(OP=3, SIZE_A=4, SIZE_B=1, SIZE_C=32, SIZE_D=2, SHIFT=0),
-        dict(OP=0), dict(OP=4), dict(OP=26),
+        dict(OP=int(Op.PE3_PSG), SIZE_A=4, SIZE_B=1, SIZE_C=16, SIZE_D=2, SHIFT=0, PSG_TAU=0),
+        dict(OP=0), dict(OP=5), dict(OP=26),
         dict(OP=int(Op.LRT_LOAD_BASIS), LRT_SIDE=1, LRT_ROWS_L=3, LRT_ROWS_R=0),
         dict(OP=int(Op.LRT_PROJECT), LRT_SIDE=0, LRT_ROWS_L=P.lrt_rows_max + 1, LRT_COLS=0),
         dict(OP=int(Op.LRT_ROTATE), LRT_SIDE=0, LRT_ROWS_L=3, LRT_COLS=P.lrt_cols_max),
@@ -216,6 +217,23 @@ def test_refused_configurations_agree(twins):
     assert seen == config_codes
     for acc in twins:
         acc._reset_dma()                                          # the driver's state as after an error
+
+
+def test_psg_ops_agree(twins):
+    """PE3_PSG ops (g_msb, signs, PSG_PREDICTED, PSG_MAX) on both twins and the golden model."""
+    fast, rtl = twins
+    rng = np.random.default_rng(77)
+    for a, b, d, shift in ((4, 3, 2, 0), (3, 9, 3, 4), (2, 1, 1, 1)):
+        dy, x = codes(rng, (a, b)), codes(rng, (a // d, b, 16))
+        peak = pe_stream.psg_run(pe_stream.psg_config(a, b, d), dy, x).peak
+        cfg = pe_stream.psg_config(a, b, d, shift, tau=max(1, peak // 4))
+        want = pe_stream.psg_run(cfg, dy, x)
+        for acc in (fast, rtl):
+            got = acc.run_psg(cfg, dy, x)
+            np.testing.assert_array_equal(got.g_msb, want.out[:, 0], err_msg=str(cfg))
+            np.testing.assert_array_equal(got.sign, want.sign, err_msg=str(cfg))
+            assert (got.predicted, got.peak) == (want.predicted_count, want.peak), cfg
+            assert acc.read("STATUS") == 0b010
 
 
 def test_beats_of_the_network_ops_agree(twins):

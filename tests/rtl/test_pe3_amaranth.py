@@ -27,11 +27,13 @@ def _operands(rng, cfg):
     return _codes(rng, (cfg.a, cfg.b)), _codes(rng, (cfg.a // cfg.d, cfg.b, 16))
 
 
-def simulate(dut, jobs, rng=None, gap=0.0, stall=0.0, max_cycles=200_000):
+def simulate(dut, jobs, rng=None, gap=0.0, stall=0.0, max_cycles=200_000, status=None):
     """Run ``jobs`` [(cfg, dy, x)] one after another on ``dut``; returns [(out_words, cycles)].
 
     ``gap``: probability of an idle cycle before each input beat; ``stall``: probability that
-    ``m.ready`` is low in a cycle. ``cycles``: cycles ``busy`` is high after ``start``.
+    ``m.ready`` is low in a cycle. ``cycles``: cycles ``busy`` is high after ``start``. A cfg
+    with ``tau`` (PE3_PSG) sets ``psg_tau``; ``status`` (a list) receives ``(psg_predicted,
+    psg_max)`` after each job.
     """
     rng = rng or np.random.default_rng(0)
     results = []
@@ -45,6 +47,8 @@ def simulate(dut, jobs, rng=None, gap=0.0, stall=0.0, max_cycles=200_000):
             ctx.set(dut.d, cfg.d)
             ctx.set(dut.shift, cfg.shift)
             ctx.set(dut.op, cfg.op)
+            if hasattr(cfg, "tau"):
+                ctx.set(dut.psg_tau, cfg.tau)
             assert ctx.get(dut.cfg_error) == 0
             assert ctx.get(dut.in_beats) == cfg.in_beats()
             assert ctx.get(dut.out_beats) == cfg.out_beats()
@@ -68,6 +72,8 @@ def simulate(dut, jobs, rng=None, gap=0.0, stall=0.0, max_cycles=200_000):
             assert not ctx.get(dut.s.ready)
             job["done"] = True
             results.append((words_of(job["out"]), cycles))
+            if status is not None:
+                status.append((ctx.get(dut.psg_predicted), ctx.get(dut.psg_max)))
             state["job"] = None
             await ctx.tick()
 
@@ -134,7 +140,7 @@ def test_tiny_fifos_under_heavy_stalls():
     """FIFOs at their minimum depths: the loader waits on the dY FIFO within a block (d rows of
     dY do not fit) and rows wait for output room; nothing is lost or duplicated."""
     rng = np.random.default_rng(99)
-    dut = PE3(AcceleratorParams(pe3_b_max=16), dy_fifo_beats=2, out_fifo_beats=3)
+    dut = PE3(AcceleratorParams(pe3_b_max=16), dy_fifo_beats=2, out_fifo_beats=4)
     _check(dut, [(12, 3, 6), (8, 16, 4), (5, 1, 5), (6, 9, 1)], rng, gap=0.5, stall=0.6)
 
 
@@ -180,13 +186,15 @@ def test_throughput_on_the_network_shape():
     assert util >= 0.9, util
 
 
-def _error(dut, a, b, c, d, shift=0):
+def _error(dut, a, b, c, d, shift=0, op=3, tau=1):
     out = {}
 
     async def tb(ctx):
         for name, v in zip("abcd", (a, b, c, d)):
             ctx.set(getattr(dut, name), v)
         ctx.set(dut.shift, shift)
+        ctx.set(dut.op, op)
+        ctx.set(dut.psg_tau, tau)
         out["error"] = ctx.get(dut.cfg_error)
         out["in"] = ctx.get(dut.in_beats)
         out["out"] = ctx.get(dut.out_beats)

@@ -116,7 +116,10 @@ def independent_result(cfg, lhs, rhs):
 
 
 def tt_registers(cfg):
-    return dict(SIZE_A=cfg.a, SIZE_B=cfg.b, SIZE_C=cfg.c, SIZE_D=cfg.d, SHIFT=cfg.shift)
+    regs = dict(SIZE_A=cfg.a, SIZE_B=cfg.b, SIZE_C=cfg.c, SIZE_D=cfg.d, SHIFT=cfg.shift)
+    if cfg.kind == "PE3_PSG":
+        regs["PSG_TAU"] = cfg.tau
+    return regs
 
 
 # ------------------------------------------------------------------------------------ streams
@@ -211,6 +214,10 @@ REFUSED = [
     (PEConfig("PE3", 2, 1, 16, 2, -128), ErrorCode.SHIFT),
     (PEConfig("PE3", 5, 1, 16, 2), ErrorCode.BLOCK),
     (PEConfig("PE3", 5, 300, 16, 2, 99), ErrorCode.BLOCK),            # before TILE and SHIFT
+    (pe_stream.psg_config(4, 3, 2, 0, tau=0), ErrorCode.PSG_TAU),
+    (pe_stream.psg_config(4, 3, 2, 99, tau=0), ErrorCode.SHIFT),      # PSG_TAU is checked last
+    (pe_stream.psg_config(5, 3, 2, 0, tau=0), ErrorCode.BLOCK),
+    (pe_stream.psg_config(4, 257, 2, 0, tau=5), ErrorCode.TILE),
 ]
 
 #: The limits themselves are accepted.
@@ -219,6 +226,7 @@ ACCEPTED = [
     PEConfig("PE2", 1, 512, 16, 8), PEConfig("PE2", 4096, 1, 2032, 1), PEConfig("PE2", 1, 64, 16, 64),
     PEConfig("PE3", 6, 256, 16, 3), PEConfig("PE1", 1, 1, 16, 1, P.shift_min),
     PEConfig("PE2", 1, 1, 16, 1, P.shift_max), PEConfig("PE3", 1, 1, 16, 1, 0),
+    pe_stream.psg_config(6, 256, 3, P.shift_max, tau=1), pe_stream.psg_config(1, 1, 1, tau=(1 << 32) - 1),
 ]
 
 #: LRT configurations (registers, op) the LRT PE refuses.
@@ -294,7 +302,7 @@ def test_twin_refuses_crafted_configs_with_the_same_code(acc):
         regs.command("START")
         assert regs.read("STATUS") == 0b100, cfg
         assert ErrorCode(regs.read("ERROR_CODE")) == code, cfg
-    for op in (0, 4, 15, 26, 255):
+    for op in (0, 5, 15, 26, 255):
         regs.write("OP", op)
         regs.command("START")
         assert regs.read("STATUS") == 0b100
@@ -403,6 +411,38 @@ def test_fast_twin_large_op_grows_the_dma_buffers(acc):
         out = acc.run(Op(cfg.op), pe_stream.stream_in(cfg, lhs, rhs), **tt_registers(cfg))
         np.testing.assert_array_equal(out, pe_stream.reference_stream_out(cfg, lhs, rhs))
     assert acc.buffers["in"].size >= 8 * 16 * 64
+
+
+def test_fast_twin_psg_ops_match_the_golden_model(acc):
+    """PE3_PSG through the driver's run_psg: the rescaled g_msb, the signs and the PSG registers
+    equal the golden model (built on numerics.psg_*); a PE3 op leaves the registers, an aborted
+    one clears them (PE3 is reset), as in the RTL."""
+    rng = np.random.default_rng(31)
+    last = None
+    for k in range(8):
+        d = int(rng.integers(1, 4))
+        a, b = d * int(rng.integers(1, 4)), int(rng.integers(1, 30))
+        dy, x = codes(rng, (a, b)), codes(rng, (a // d, b, 16), bits=8 if k % 2 else 16)
+        probe = pe_stream.psg_run(pe_stream.psg_config(a, b, d), dy, x)
+        tau = [1, probe.peak, probe.peak + 1, max(1, probe.peak // 10)][k % 4]
+        cfg = pe_stream.psg_config(a, b, d, int(rng.integers(0, 8)), tau)
+        got = acc.run_psg(cfg, dy, x)
+        want = pe_stream.psg_run(cfg, dy, x)
+        np.testing.assert_array_equal(got.g_msb, want.out[:, 0], err_msg=str(cfg))
+        np.testing.assert_array_equal(got.sign, want.sign, err_msg=str(cfg))
+        assert (got.predicted, got.peak) == (want.predicted_count, want.peak), cfg
+        assert acc.read("CYCLES") == pe_stream.estimated_cycles(cfg)
+        last = (got.predicted, got.peak)
+    assert acc.figures()["ops"] == {"PE3_PSG": 8}
+    cfg = random_config(rng, "PE3")
+    lhs, rhs = random_operands(rng, cfg)
+    acc.run(Op.PE3, pe_stream.stream_in(cfg, lhs, rhs), **tt_registers(cfg))
+    assert (acc.read("PSG_PREDICTED"), acc.read("PSG_MAX")) == last
+    acc.regs.configure(OP=int(Op.PE3), **tt_registers(cfg))
+    acc.regs.command("START")
+    acc.regs.command("ABORT")
+    assert ErrorCode(acc.read("ERROR_CODE")) == ErrorCode.ABORTED
+    assert (acc.read("PSG_PREDICTED"), acc.read("PSG_MAX")) == (0, 0)
 
 
 # ------------------------------------------------------------------------------------ fast twin: LRT ops
