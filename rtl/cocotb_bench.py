@@ -122,9 +122,12 @@ class AccelBench:
 
     async def run_op(self, cfg, in_words, *, expect_out_words: int | None = None,
                      timeout_cycles: int = 200_000) -> tuple[np.ndarray, int]:
-        """Configure ``cfg`` (a PEConfig-like object with op/a/b/c/d/shift), stream ``in_words``
+        """Configure ``cfg`` (a PEConfig-like object with op/a/b/c/d/shift, and tau for
+        PE3_PSG's PSG_TAU), stream ``in_words``
         in, collect the output; returns (output words, CYCLES). Asserts DONE without ERROR."""
         await self.configure(cfg.op, cfg.a, cfg.b, cfg.c, cfg.d, cfg.shift)
+        if getattr(cfg, "tau", None) is not None:          # PE3_PSG's threshold
+            await self.write("PSG_TAU", cfg.tau)
         in_beats = await self.read("IN_BEATS")
         out_beats = await self.read("OUT_BEATS")
         assert in_beats * STREAM_WORDS == len(in_words), (in_beats, len(in_words))

@@ -1,8 +1,8 @@
 """cocotb tests of the accelerator top level (Verilog in Icarus), run by test_accel_cocotb.py.
 
 Every PE op goes through the AXI-Lite registers and the AXI streams as the board driver drives
-them, against the golden models of :mod:`insitu.tt.pe_stream` (PE1-PE3) and
-:mod:`insitu.lrt.pe_ops` (the LRT PE).
+them, against the golden models of :mod:`insitu.tt.pe_stream` (PE1-PE3, PE3_PSG with its
+PSG_PREDICTED / PSG_MAX registers) and :mod:`insitu.lrt.pe_ops` (the LRT PE).
 """
 
 from __future__ import annotations
@@ -47,7 +47,15 @@ def random_op(rng: np.random.Generator, kind: str):
     else:
         d = int(rng.integers(1, 4))
         a, b, c = d * int(rng.integers(1, 4)), int(rng.integers(1, 20)), 16
-        lhs, rhs = random_codes(rng, (a, b), 16), random_codes(rng, (a // d, b, 16), 16)
+        # PE3_PSG takes the low byte of an X word: 8-bit codes, and now and then any 16 bits.
+        x_bits = 8 if kind == "PE3_PSG" and rng.random() < 0.7 else 16
+        lhs, rhs = random_codes(rng, (a, b), 16), random_codes(rng, (a // d, b, 16), x_bits)
+    if kind == "PE3_PSG":
+        peak = ps.psg_run(ps.psg_config(a, b, d), lhs, rhs).peak
+        # tau: 1, the peak itself, above it, or a fraction of it (E2-Train's beta * max)
+        tau = int(rng.choice([1, peak, peak + 1, max(1, int(peak * rng.uniform(0.02, 0.5)))]))
+        shift = int(np.clip(peak.bit_length() - 15 + rng.integers(-3, 4), P.shift_min, P.shift_max))
+        return ps.psg_config(a, b, d, shift, tau), lhs, rhs
     probe = ps.PEConfig(kind, a, b, c, d)
     peak = int(np.abs(ps.sums(probe, lhs, rhs)).max())
     shift = int(np.clip(peak.bit_length() - 15 + rng.integers(-3, 4), P.shift_min, P.shift_max))
@@ -65,6 +73,10 @@ async def check_random_ops(dut, kind: str, count: int):
         expected = ps.reference_stream_out(cfg, lhs, rhs)
         out, cycles = await tb.run_op(cfg, words_in, expect_out_words=len(expected))
         assert np.array_equal(out, expected), f"{cfg}: {np.flatnonzero(out != expected)[:8]} differ"
+        if kind == "PE3_PSG":
+            run = ps.psg_run(cfg, lhs, rhs)
+            got = (await tb.read("PSG_PREDICTED"), await tb.read("PSG_MAX"))
+            assert got == (run.predicted_count, run.peak), f"{cfg}: PSG registers {got}"
         # No op can beat its streams (one beat per cycle each way).
         assert cycles >= max(cfg.in_beats(), cfg.out_beats())
         dut._log.info("%s ok in %d cycles", cfg, cycles)
@@ -83,6 +95,11 @@ async def pe2_random(dut):
 @cocotb.test()
 async def pe3_random(dut):
     await check_random_ops(dut, "PE3", 6)
+
+
+@cocotb.test()
+async def pe3_psg_random(dut):
+    await check_random_ops(dut, "PE3_PSG", 6)
 
 
 @cocotb.test()
@@ -132,7 +149,13 @@ async def bad_configurations(dut):
         (dict(op=Op.PE3, a=2, b=P.pe3_b_max + 1, c=16, d=1), ErrorCode.TILE),
         (dict(op=Op.PE1, a=8, b=1, c=16, d=1, shift=P.shift_max + 1), ErrorCode.SHIFT),
         (dict(op=Op.PE2, a=1, b=1, c=16, d=1, shift=P.shift_min - 1), ErrorCode.SHIFT),
+        (dict(op=Op.PE3_PSG, a=4, b=2, c=16, d=2), ErrorCode.PSG_TAU),        # PSG_TAU = 0
+        (dict(op=Op.PE3_PSG, a=4, b=2, c=32, d=1), ErrorCode.C_LANES),
+        (dict(op=Op.PE3_PSG, a=5, b=2, c=16, d=2), ErrorCode.BLOCK),
+        (dict(op=Op.PE3_PSG, a=2, b=P.pe3_b_max + 1, c=16, d=1), ErrorCode.TILE),
+        (dict(op=Op.PE3_PSG, a=2, b=2, c=16, d=1, shift=P.shift_max + 1), ErrorCode.SHIFT),
     ]
+    assert await tb.read("PSG_TAU") == 0                 # its reset value: refused by PE3_PSG
     for config, code in cases:
         await tb.configure(**config)
         await tb.start_op()
@@ -140,6 +163,10 @@ async def bad_configurations(dut):
         assert not await tb.read("STATUS") & STATUS_BUSY
     rng = np.random.default_rng(SEED)
     cfg, lhs, rhs = random_op(rng, "PE1")
+    out, _ = await tb.run_op(cfg, ps.stream_in(cfg, lhs, rhs))
+    assert np.array_equal(out, ps.reference_stream_out(cfg, lhs, rhs))
+    # PSG_TAU is the only new check: with it >= 1 the same sizes run
+    cfg, lhs, rhs = random_op(rng, "PE3_PSG")
     out, _ = await tb.run_op(cfg, ps.stream_in(cfg, lhs, rhs))
     assert np.array_equal(out, ps.reference_stream_out(cfg, lhs, rhs))
 
@@ -151,6 +178,8 @@ async def _begin_op(tb, kind: str, seed: int):
         if cfg.in_beats() >= 8:
             break
     await tb.configure(cfg.op, cfg.a, cfg.b, cfg.c, cfg.d, cfg.shift)
+    if kind == "PE3_PSG":
+        await tb.write("PSG_TAU", cfg.tau)
     return cfg, lhs, rhs
 
 
@@ -178,7 +207,7 @@ async def start_while_busy_is_ignored(dut):
 async def abort_and_short_stream(dut):
     tb = AccelBench(dut, seed=SEED)
     await tb.start()
-    for kind in ("PE1", "PE2", "PE3"):
+    for kind in ("PE1", "PE2", "PE3", "PE3_PSG"):
         # The output is held back (TREADY low) while ops are cut short: no partial frame.
         tb.sink.pause = True
         # ABORT in the middle of an op.
@@ -201,6 +230,10 @@ async def abort_and_short_stream(dut):
         cfg, lhs, rhs = await _begin_op(tb, kind, SEED + 3)
         out, _ = await tb.run_op(cfg, ps.stream_in(cfg, lhs, rhs))
         assert np.array_equal(out, ps.reference_stream_out(cfg, lhs, rhs)), kind
+        if kind == "PE3_PSG":
+            run = ps.psg_run(cfg, lhs, rhs)
+            assert (await tb.read("PSG_PREDICTED"), await tb.read("PSG_MAX")) == \
+                (run.predicted_count, run.peak)
 
 
 async def _lrt_norm_state(tb) -> int:
@@ -260,7 +293,7 @@ async def reset_in_the_middle_of_an_op(dut):
     tb = AccelBench(dut, seed=SEED)
     await tb.start()
     await _lrt_norm_state(tb)            # LRT result registers hold something before the reset
-    for kind in ("PE1", "PE2", "PE3"):
+    for kind in ("PE1", "PE2", "PE3", "PE3_PSG"):
         cfg, lhs, rhs = await _begin_op(tb, kind, SEED + 4)
         await tb.start_op()
         words = ps.stream_in(cfg, lhs, rhs)

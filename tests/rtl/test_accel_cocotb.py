@@ -11,7 +11,7 @@ pytest.importorskip("cocotb_tools.runner", reason="the rtl extra (cocotb) is not
 
 from insitu.rtl import sim  # noqa: E402
 
-CASES = ["registers", "bad_configurations", "pe1_random", "pe2_random", "pe3_random",
+CASES = ["registers", "bad_configurations", "pe1_random", "pe2_random", "pe3_random", "pe3_psg_random",
          "start_while_busy_is_ignored", "abort_and_short_stream",
          "stream_errors_reset_only_the_running_pe", "reset_in_the_middle_of_an_op",
          "lrt_random_sequence", "lrt_bad_configurations"]
