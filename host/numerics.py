@@ -80,6 +80,7 @@ __all__ = [
     "PSG_ACTIVATION_BITS",
     "PSG_WEIGHT_BITS",
     "PSG_GRADIENT_BITS",
+    "PSG_OUTPUT_BITS",
     "PSG_ACTIVATION_MSB_BITS",
     "PSG_GRADIENT_MSB_BITS",
     "psg_weight_gradient",
@@ -600,6 +601,8 @@ def tt_pe_format(frac: int) -> FixedPoint:
 PSG_ACTIVATION_BITS = 8
 PSG_WEIGHT_BITS = 8
 PSG_GRADIENT_BITS = 16
+#: A PSG layer's output (BatchNorm's input, kept for its backward): the PE's 16-bit word.
+PSG_OUTPUT_BITS = 16
 PSG_ACTIVATION_MSB_BITS = 4
 PSG_GRADIENT_MSB_BITS = 10
 

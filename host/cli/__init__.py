@@ -45,9 +45,11 @@ def main():
 
 
 def _register():
-    from insitu.cli import boards, data, deploy, doctor, flash, lrt, mcu, power, rtl, sweep, train, tt, writes
+    from insitu.cli import (boards, data, deploy, doctor, e2train, flash, lrt, mcu, power, rtl, sweep, train,
+                            tt, writes)
 
-    for module in (boards, data, doctor, train, lrt, tt, rtl, deploy, mcu, flash, power, writes, sweep):
+    for module in (boards, data, doctor, train, lrt, tt, rtl, deploy, mcu, flash, power, writes, sweep,
+                   e2train):
         main.add_command(module.command)
 
 

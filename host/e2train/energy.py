@@ -18,13 +18,23 @@ Per weight layer (conv, dense) and executed sample, with ``M`` its forward MACs 
   whose sign it decides stops there. An integer MAC is the multiplier (linear in the product of
   the widths between Horowitz's 8x8 and 32x32 points) plus a 32-bit integer add.
 
-Data movement: every operand and result of a pass crosses an on-chip SRAM once at its width
-(64-bit 8 KB SRAM read, 10 pJ, i.e. 0.156 pJ a bit): forward reads x and W, writes y; the input
-gradient reads dy and W, writes dx; the weight gradient reads dy and x, writes g_W (32 bits for
-SGD, 2 bits for a sign). Weights are read once per step (they stay on chip for the batch).
-Updates: SGD with momentum reads w, g, v and writes w, v (32 bits each; two multiplies and two
-adds); SignSGD reads the master weight and the sign and writes the master (32 bits) and the
-8-bit weight (one multiply for weight decay, two adds).
+Data movement, in two levels:
+
+* on-chip SRAM (64-bit read of an 8 KB SRAM, 10 pJ: 0.156 pJ a bit): every operand and result of
+  a pass crosses it once at its width -- forward reads x and W, writes y; the input gradient
+  reads dy and W, writes dx; the weight gradient reads dy and x, writes g_W (32 bits for SGD, 2
+  for a sign);
+* DRAM (Horowitz's 1.3-2.6 nJ per 64 bits, the middle: 30.5 pJ a bit): training keeps every
+  layer's input for the backward pass, and those activations do not fit on chip, so each weight
+  layer's input is written to DRAM in the forward pass and read back in the backward pass, at the
+  activation width (BatchNorm's input likewise: 32 bits for SGD, the 16-bit layer output for
+  PSG -- :data:`~insitu.numerics.PSG_OUTPUT_BITS`); the weights are read once a step
+  and written back by the update (32-bit float masters for both schemes, plus the 8-bit copy
+  for PSG).
+
+Updates: SGD with momentum reads w, g, v and writes w, v (32 bits each through SRAM; two
+multiplies and two adds); SignSGD reads the master weight and the sign and writes the master
+and the 8-bit weight (one multiply for weight decay, two adds).
 
 BatchNorm, ReLU and residual adds are float32 in both (the NumPy PSG keeps them in float):
 ``ELEMENTWISE_OPS`` float multiply-adds per output element forward and twice that backward, data
@@ -43,10 +53,14 @@ from dataclasses import dataclass
 
 from insitu.fpga.power import HOROWITZ_PJ, mult_pj
 from insitu.numerics import (PSG_ACTIVATION_BITS, PSG_ACTIVATION_MSB_BITS, PSG_GRADIENT_BITS,
-                             PSG_GRADIENT_MSB_BITS, PSG_WEIGHT_BITS)
+                             PSG_GRADIENT_MSB_BITS, PSG_OUTPUT_BITS, PSG_WEIGHT_BITS)
 
 #: One bit moved through on-chip SRAM (64-bit read of an 8 KB SRAM: 10 pJ).
 SRAM_PJ_PER_BIT = HOROWITZ_PJ["sram_8kb_read_64b"] / 64
+#: One bit moved to or from DRAM (the middle of 1.3-2.6 nJ per 64 bits).
+DRAM_PJ_PER_BIT = (HOROWITZ_PJ["dram_read_64b_low"] + HOROWITZ_PJ["dram_read_64b_high"]) / 2 / 64
+#: Bumped whenever the pricing rules change (results keyed by it are recomputed).
+VERSION = 3
 FP32_MAC_PJ = HOROWITZ_PJ["fp32_mult"] + HOROWITZ_PJ["fp32_add"]
 FP32_MULT_PJ, FP32_ADD_PJ = HOROWITZ_PJ["fp32_mult"], HOROWITZ_PJ["fp32_add"]
 #: Float multiply-adds per element of BatchNorm + ReLU (+ residual add) in a forward pass.
@@ -73,23 +87,26 @@ class Precision:
     weight_bits: int
     gradient_bits: int
     weight_grad_bits: int
-    # Update, per weight per step: bits moved and float ops.
+    output_bits: int                        # a weight layer's output, BatchNorm's stashed input
+    # Update, per weight per step: bits through SRAM, bits written back to DRAM, float ops.
     update_bits: int
+    writeback_bits: int
     update_mults: int
     update_adds: int
 
 
 FP32_SGD = Precision(
     "32-bit float SGD (momentum)", FP32_MAC_PJ, FP32_MAC_PJ, FP32_MAC_PJ, FP32_MAC_PJ,
-    32, 32, 32, 32, update_bits=5 * 32, update_mults=2, update_adds=2)
+    32, 32, 32, 32, 32, update_bits=5 * 32, writeback_bits=32, update_mults=2, update_adds=2)
 PSG = Precision(
     "PSG: 8-bit x/w, 16-bit g, 4x10-bit predictor, SignSGD",
     int_mac_pj(PSG_WEIGHT_BITS, PSG_ACTIVATION_BITS),
     int_mac_pj(PSG_WEIGHT_BITS, PSG_GRADIENT_BITS),
     int_mac_pj(PSG_GRADIENT_BITS, PSG_ACTIVATION_BITS),
     int_mac_pj(PSG_GRADIENT_MSB_BITS, PSG_ACTIVATION_MSB_BITS),
-    PSG_ACTIVATION_BITS, PSG_WEIGHT_BITS, PSG_GRADIENT_BITS, SIGN_BITS,
-    update_bits=32 + SIGN_BITS + 32 + PSG_WEIGHT_BITS, update_mults=1, update_adds=2)
+    PSG_ACTIVATION_BITS, PSG_WEIGHT_BITS, PSG_GRADIENT_BITS, SIGN_BITS, PSG_OUTPUT_BITS,
+    update_bits=32 + SIGN_BITS + 32 + PSG_WEIGHT_BITS, writeback_bits=32 + PSG_WEIGHT_BITS,
+    update_mults=1, update_adds=2)
 
 
 class EnergyCounter:
@@ -104,7 +121,7 @@ class EnergyCounter:
         self.specs = {s["name"]: s for s in specs}
         self.precision = precision
         self.macs = defaultdict(int)            # forward / input_grad / weight_grad / gate / elementwise
-        self.energy_pj = defaultdict(float)     # compute / data / update
+        self.energy_pj = defaultdict(float)     # compute / sram / dram / update
         self.steps = 0
         self.samples = 0
         self._n_params = sum(s.get("weight_elems", 0) for s in specs)
@@ -134,10 +151,12 @@ class EnergyCounter:
                                                      + (1 - f) * p.full_weight_grad_mac_pj)
                 x_bits, y_bits = n * s["in_elems"], n * s["out_elems"]
                 w_bits = s["weight_elems"]
-                bits = (x_bits * p.activation_bits + w_bits * p.weight_bits + y_bits * p.gradient_bits  # fwd
+                bits = (x_bits * p.activation_bits + w_bits * p.weight_bits + y_bits * p.output_bits  # fwd
                         + y_bits * p.gradient_bits + w_bits * p.weight_bits + x_bits * p.gradient_bits  # dx
                         + y_bits * p.gradient_bits + x_bits * p.activation_bits + w_bits * p.weight_grad_bits)
-                self.energy_pj["data"] += bits * SRAM_PJ_PER_BIT
+                self.energy_pj["sram"] += bits * SRAM_PJ_PER_BIT
+                # The activation stash: x written in the forward pass, read in the backward.
+                self.energy_pj["dram"] += 2 * x_bits * p.activation_bits * DRAM_PJ_PER_BIT
             elif kind == "gate":
                 self.macs["gate"] += 3 * macs          # forward, and backward for inputs and weights
                 self.energy_pj["compute"] += 3 * macs * FP32_MAC_PJ
@@ -145,10 +164,12 @@ class EnergyCounter:
                 ops = 3 * ELEMENTWISE_OPS * n * s["out_elems"]
                 self.macs["elementwise"] += ops
                 self.energy_pj["compute"] += ops * FP32_MAC_PJ
-                self.energy_pj["data"] += 4 * n * s["out_elems"] * 32 * SRAM_PJ_PER_BIT
+                self.energy_pj["sram"] += 4 * n * s["out_elems"] * 32 * SRAM_PJ_PER_BIT
+                self.energy_pj["dram"] += 2 * n * s["in_elems"] * p.output_bits * DRAM_PJ_PER_BIT
         n_params = self._n_params if trainable_params is None else trainable_params
         self.energy_pj["update"] += n_params * (p.update_bits * SRAM_PJ_PER_BIT + p.update_mults * FP32_MULT_PJ
                                                 + p.update_adds * FP32_ADD_PJ)
+        self.energy_pj["dram"] += n_params * (p.weight_bits + p.writeback_bits) * DRAM_PJ_PER_BIT
 
     @property
     def total_macs(self) -> int:

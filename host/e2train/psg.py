@@ -3,9 +3,10 @@
 Every weight layer is wrapped in a :class:`PSGLayer`:
 
 * **forward**: the input is quantized to 8-bit codes (:data:`~insitu.numerics.PSG_ACTIVATION_BITS`)
-  and the layer computes with 8-bit weights (:data:`~insitu.numerics.PSG_WEIGHT_BITS`); both
-  use a per-tensor power-of-2 max-abs scale (:func:`~insitu.numerics.max_abs_format`), so the
-  largest value never saturates. The float32 "master" weights live in the optimizer.
+  and the layer computes with 8-bit weights (:data:`~insitu.numerics.PSG_WEIGHT_BITS`); its
+  output leaves as a 16-bit word (:data:`~insitu.numerics.PSG_OUTPUT_BITS`). All use a
+  per-tensor power-of-2 max-abs scale (:func:`~insitu.numerics.max_abs_format`), so the largest
+  value never saturates. The float32 "master" weights live in the optimizer.
 * **backward**: the output gradient is quantized to 16-bit codes
   (:data:`~insitu.numerics.PSG_GRADIENT_BITS`); the input gradient is computed from it and the
   8-bit weights. The weight gradient is not computed in float: the layer's Kronecker pairs (its
@@ -107,7 +108,7 @@ class PSGLayer(Layer):
 
     def forward(self, x, train=True):
         xq, self._x_frac = quantize_tensor(x, nx.PSG_ACTIVATION_BITS)
-        return self.inner.forward(xq, train)
+        return quantize_tensor(self.inner.forward(xq, train), nx.PSG_OUTPUT_BITS)[0]
 
     def backward(self, dy):
         dyq, dy_frac = quantize_tensor(dy, nx.PSG_GRADIENT_BITS)

@@ -61,5 +61,16 @@ def test_savings_against_a_baseline():
         run.add_step({"conv": 8, "bn": 8, "gate": 8}, batch=8, predicted={"conv": 0.6})
     s = energy.savings(run.report(), base.report())
     assert s["computational_saving"] == pytest.approx(0.5)
-    assert s["energy_saving"] > 0.8
+    assert s["energy_saving"] > 0.8             # half the steps, each at a fraction of the energy
     assert energy.savings(base.report(), base.report()) == {"computational_saving": 0.0, "energy_saving": 0.0}
+
+
+def test_the_activation_stash_moves_through_dram_at_the_activation_width():
+    fp32 = energy.EnergyCounter(SPECS[:1], energy.FP32_SGD)
+    psg = energy.EnergyCounter(SPECS[:1], energy.PSG)
+    for c in (fp32, psg):
+        c.add_step({"conv": 10}, batch=10)
+    weights = 50 * energy.DRAM_PJ_PER_BIT
+    stash = 2 * 10 * 100 * energy.DRAM_PJ_PER_BIT               # written forward, read backward
+    assert fp32.energy_pj["dram"] == pytest.approx(32 * stash + weights * (32 + 32))
+    assert psg.energy_pj["dram"] == pytest.approx(8 * stash + weights * (8 + 32 + 8))

@@ -1,0 +1,137 @@
+"""`insitu e2train`: E²-Train (SMD, SLU, PSG) against 32-bit SGD on a small ResNet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from insitu.cli.output import console, emit_json, progress, report, usage_errors
+from insitu.cli.power import measured, meter_options
+from insitu.errors import UsageError
+
+
+@click.group("e2train")
+def command():
+    """E²-Train: energy-efficient training by stochastic mini-batch dropping (SMD), selective
+    layer update (SLU) and predictive sign gradients (PSG), compared with 32-bit float SGD.
+
+    \b
+    Examples:
+      insitu e2train run --techniques smd,slu,psg --epochs 6 --json
+      insitu e2train run --ablation --epochs 6 --out e2 --plot e2/accuracy_energy.png
+      insitu e2train run --techniques psg --meter synthetic:sine --power-out e2/power.csv
+    """
+
+
+def _fmt(value, spec=".3f"):
+    return "-" if value is None else format(value, spec)
+
+
+@command.command("run")
+@click.option("--techniques", default="smd,slu,psg", show_default=True,
+              help="Comma-separated E2-Train techniques of the row to train: smd, slu, psg "
+                   "('none': the baseline only). The 32-bit SGD baseline always runs too.")
+@click.option("--ablation", is_flag=True,
+              help="Train every technique alone and all three (the paper's Fig. 4 / Tables 2-3 rows) "
+                   "instead of --techniques.")
+@click.option("--epochs", type=int, default=6, show_default=True)
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--train-samples", type=int, default=10000, show_default=True,
+              help="FashionMNIST training images used (a fixed random subset).")
+@click.option("--test-samples", type=int, default=2000, show_default=True)
+@click.option("--lr", type=float, default=0.1, show_default=True, help="SGD learning rate (baseline, SMD, SLU).")
+@click.option("--psg-lr", type=float, default=0.01, show_default=True, help="SignSGD learning rate (PSG).")
+@click.option("--smd-p", type=float, default=0.5, show_default=True,
+              help="SMD: the probability that a mini-batch is dropped, in [0, 1].")
+@click.option("--beta", type=float, default=0.05, show_default=True,
+              help="PSG: adaptive threshold ratio, in (0, 1); tau = beta * max |g_msb| per layer.")
+@click.option("--slu-alpha", type=float, default=2.0, show_default=True,
+              help="SLU: weight of the FLOP regulariser (eq. 1): how hard the gates are pushed towards --slu-target.")
+@click.option("--slu-target", type=float, default=0.4, show_default=True,
+              help="SLU: the fraction of gated-block MACs to skip, in [0, 1] (the gates learn which).")
+@click.option("--width", type=int, default=8, show_default=True, help="Channels of the first ResNet stage.")
+@click.option("--blocks-per-stage", type=int, default=2, show_default=True,
+              help="Residual blocks per stage (ResNet-(6n+2)).")
+@click.option("--dataset", default="fashion-mnist", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for e2train.json and rows/<row>.json; finished rows are reused when rerun.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a PNG: accuracy vs estimated energy per row, and test accuracy vs "
+                   "cumulative energy over training.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@meter_options
+def run(techniques, ablation, epochs, batch_size, train_samples, test_samples, lr, psg_lr, smd_p, beta,
+        slu_alpha, slu_target, width, blocks_per_stage, dataset, seed, out, plot, as_json, meter, power_out):
+    """Train the 32-bit SGD baseline and E2-Train rows on a small ResNet; print accuracy,
+    baseline accuracy, computational saving (counted MACs) and energy saving (estimated from a
+    bit-width-aware per-operation energy table; measured too with --meter)."""
+    from insitu.e2train import trainer
+
+    rows = list(trainer.ABLATION_ROWS) if ablation else []
+    if not ablation and techniques.strip().lower() not in ("none", ""):
+        rows = [usage_errors(trainer.parse_techniques, techniques)]
+    config = usage_errors(trainer.E2Config, epochs=epochs, batch_size=batch_size,
+                          train_samples=train_samples, test_samples=test_samples, lr=lr,
+                          psg_lr=psg_lr, smd_p=smd_p, beta=beta, slu_alpha=slu_alpha, slu_target=slu_target, width=width,
+                          blocks_per_stage=blocks_per_stage, dataset=dataset, seed=seed)
+    if "slu" in {t for r in rows for t in r} and blocks_per_stage < 1:
+        raise UsageError("SLU gates residual blocks, and a ResNet with --blocks-per-stage 0 has none; "
+                         "use --blocks-per-stage 1 or more, or leave slu out of --techniques")
+    if plot:
+        from insitu.io import check_writable
+        check_writable(plot, "the plot")
+
+    def work():
+        with progress("e2train", total=trainer.total_batches(config, rows), enabled=not as_json) as advance:
+            return usage_errors(trainer.run_experiment, config, rows, out, advance,
+                                log=lambda msg: console.print(f"[yellow]{msg}[/]"))
+
+    summary = measured(meter, power_out, work)
+    _attach_measured(summary)
+    headline = summary["rows"][-1]
+    result = {"row": headline["row"], "accuracy": headline["accuracy"],
+              "baseline_accuracy": summary["baseline_accuracy"],
+              "computational_saving": headline["computational_saving"],
+              "energy_saving": headline["energy_saving"],
+              "measured_energy_saving": headline.get("measured_energy_saving"),
+              **{k: summary[k] for k in ("rows", "config")}}
+    if plot:
+        from insitu.e2train.plot import plot_experiment
+        plot_experiment(summary, plot)
+        result["plot"] = str(plot)
+    if as_json:
+        if "power" in summary:
+            result["power"] = summary["power"]
+        emit_json(result)
+        return
+    _print_table(summary)
+
+
+def _attach_measured(summary: dict) -> None:
+    """Measured energy per row from the meter's phases (rows reused from --out were not measured)."""
+    by_phase = summary.get("power", {}).get("by_phase", {})
+    base = by_phase.get("sgd32", {}).get("energy_j")
+    for row in summary["rows"]:
+        measured_j = by_phase.get(row["row"], {}).get("energy_j")
+        row["measured_energy_j"] = measured_j
+        row["measured_energy_saving"] = (1 - measured_j / base) if measured_j is not None and base else None
+
+
+def _print_table(summary: dict) -> None:
+    from rich.table import Table
+
+    cfg = summary["config"]
+    table = Table(title=f"E2-Train vs 32-bit SGD: ResNet-{6 * cfg['blocks_per_stage'] + 2} "
+                        f"(width {cfg['width']}) on {cfg['dataset']}, {cfg['epochs']} epochs")
+    for col in ("row", "accuracy", "loss (pts)", "comp. saving", "energy saving", "est. energy (J)",
+                "measured saving", "PSG predicted", "SLU skipped", "dropped", "train s"):
+        table.add_column(col, justify="left" if col == "row" else "right")
+    for r in summary["rows"]:
+        table.add_row(r["row"], f"{100 * r['accuracy']:.2f} %", f"{100 * r['accuracy_loss']:+.2f}",
+                      f"{100 * r['computational_saving']:.1f} %", f"{100 * r['energy_saving']:.1f} %",
+                      f"{r['energy_j']:.3g}", _fmt(r.get("measured_energy_saving") and 100 * r["measured_energy_saving"], ".1f"),
+                      _fmt(r["psg_predicted_fraction"], ".2f"), _fmt(r["slu_skip_ratio"], ".2f"),
+                      f"{r['dropped_batches']}/{r['batches']}", f"{r['train_seconds']:.0f}")
+    report.print(table)

@@ -1,0 +1,279 @@
+"""E²-Train runs: a small ResNet on FashionMNIST with any of SMD, SLU and PSG, and 32-bit SGD.
+
+One :func:`train_run` trains one configuration and counts what it computed
+(:class:`~insitu.e2train.energy.EnergyCounter`); :func:`run_experiment` trains the 32-bit SGD
+baseline and the requested rows, and reports accuracy and savings against the baseline (the
+paper's Tables 2-3). Each finished row is written atomically to ``OUT/rows/<row>.json`` with a
+key of everything its result depends on, so an interrupted experiment resumes where it stopped.
+
+The paper's protocol, scaled to a 2-core CPU (section 4.1 and appendix B):
+
+* SGD baseline: momentum 0.9, weight decay 1e-4, He initialisation; learning rate decayed by 10x
+  at 50 % and 75 % of the iterations (the paper: 32k and 48k of 64k).
+* PSG: SignSGD with its own, smaller learning rate (the paper: 0.03) and weight decay 5e-4, the
+  same step decay.
+* SMD: each mini-batch is skipped with probability ``smd_p`` (0.5); the learning-rate schedule
+  still counts the skipped iterations ("all other training protocols remain unchanged").
+* The images are 2x2 average pooled to 14x14 (a 4x cheaper ResNet on this CPU) and standardised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from insitu import nn
+from insitu.io import atomic_write_json
+from insitu.measure.phases import phase
+
+from . import energy
+from .psg import PSGLayer, PSGStats, SignSGD, psg_wrapper
+from .resnet import ResNet
+
+TECHNIQUES = ("smd", "slu", "psg")
+#: The rows of the ablation table (the paper's Fig. 4 / Tables 2-3): each technique alone and all.
+ABLATION_ROWS = (("smd",), ("slu",), ("psg",), ("smd", "slu", "psg"))
+
+
+@dataclass(frozen=True)
+class E2Config:
+    """Everything a run's result depends on (its key for resuming)."""
+
+    epochs: int = 6
+    batch_size: int = 64
+    train_samples: int = 10000
+    test_samples: int = 2000
+    lr: float = 0.1                     # SGD
+    psg_lr: float = 0.01                # SignSGD (PSG)
+    weight_decay: float = 1e-4
+    psg_weight_decay: float = 5e-4
+    smd_p: float = 0.5
+    beta: float = 0.05
+    slu_alpha: float = 2.0
+    slu_target: float = 0.4             # fraction of gated-block MACs SLU aims to skip
+    width: int = 8                      # channels of the first stage (then 2x, 4x)
+    blocks_per_stage: int = 2           # ResNet-(6n+2): 2 -> ResNet-14
+    downsample: int = 2                 # average-pool the images by this factor
+    dataset: str = "fashion-mnist"
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 0.0 <= self.smd_p <= 1.0:
+            raise ValueError(f"SMD drop probability must be in [0, 1], got {self.smd_p}")
+        if not 0.0 <= self.slu_target <= 1.0:
+            raise ValueError(f"SLU target skip ratio must be in [0, 1], got {self.slu_target}")
+        if not 0.0 < self.beta < 1.0:
+            raise ValueError(f"PSG beta must be in (0, 1) (the paper uses 0.05), got {self.beta}")
+        for name in ("epochs", "batch_size", "train_samples", "test_samples", "width", "downsample"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.blocks_per_stage < 0:
+            raise ValueError(f"blocks_per_stage must be >= 0, got {self.blocks_per_stage}")
+        for name in ("lr", "psg_lr"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.slu_alpha < 0 or self.weight_decay < 0 or self.psg_weight_decay < 0:
+            raise ValueError("slu_alpha and the weight decays must be >= 0")
+
+    def key(self) -> str:
+        """The config and the energy model's version: a cached row is reused only if both match."""
+        blob = json.dumps({**asdict(self), "energy_model": energy.VERSION}, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def parse_techniques(text: str | tuple | list) -> tuple[str, ...]:
+    """``"smd,slu"`` -> ``("smd", "slu")`` in canonical order; unknown names are an error."""
+    names = [t.strip().lower() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
+    unknown = sorted(set(names) - set(TECHNIQUES))
+    if unknown:
+        raise ValueError(f"unknown E2-Train technique(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(TECHNIQUES)} (comma separated), or 'none' for the baseline")
+    return tuple(t for t in TECHNIQUES if t in names)
+
+
+def row_name(techniques: tuple[str, ...]) -> str:
+    return "+".join(techniques) if techniques else "sgd32"
+
+
+# ------------------------------------------------------------------------------------------ data
+
+@dataclass
+class Data:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+
+
+def load_data(config: E2Config) -> Data:
+    """A class-balanced-by-chance subset of the dataset, pooled and standardised (float32 NCHW)."""
+    from insitu.data import load_dataset
+
+    ds = load_dataset(config.dataset)
+    if config.train_samples > len(ds.x_train) or config.test_samples > len(ds.x_test):
+        raise ValueError(f"{config.dataset} has {len(ds.x_train)} training and {len(ds.x_test)} test "
+                         f"images; asked for {config.train_samples} and {config.test_samples}")
+    rng = np.random.default_rng(config.seed)
+    tr = rng.permutation(len(ds.x_train))[:config.train_samples]
+    te = rng.permutation(len(ds.x_test))[:config.test_samples]
+
+    def prep(images):
+        x = images.astype(np.float32) / 255.0
+        k = config.downsample
+        if k > 1:
+            n, h, w = x.shape
+            x = x[:, :h // k * k, :w // k * k].reshape(n, h // k, k, w // k, k).mean(axis=(2, 4))
+        return x[:, None]
+
+    x_train, x_test = prep(ds.x_train[tr]), prep(ds.x_test[te])
+    mean, std = x_train.mean(), x_train.std()
+    return Data((x_train - mean) / std, ds.y_train[tr].astype(np.int64),
+                (x_test - mean) / std, ds.y_test[te].astype(np.int64), ds.num_classes)
+
+
+# ------------------------------------------------------------------------------------------ one run
+
+def build_model(config: E2Config, techniques: tuple[str, ...], data: Data,
+                psg_stats: PSGStats | None = None) -> ResNet:
+    wrapper = psg_wrapper(config.beta, psg_stats) if "psg" in techniques else None
+    return ResNet(in_channels=data.x_train.shape[1], num_classes=data.num_classes, w0=config.width,
+                  blocks_per_stage=config.blocks_per_stage, gated="slu" in techniques,
+                  slu_alpha=config.slu_alpha, target_skip=config.slu_target, seed=config.seed,
+                  layer_wrapper=wrapper, input_size=data.x_train.shape[2:])
+
+
+def lr_at(base: float, progress: float) -> float:
+    """Step decay by 10x at 50 % and 75 % of training (the paper's 32k/48k of 64k iterations)."""
+    return base * (0.1 if progress >= 0.5 else 1.0) * (0.1 if progress >= 0.75 else 1.0)
+
+
+def _predicted_fractions(model: ResNet) -> dict[str, float]:
+    """Per PSG layer, the fraction of its weight-gradient signs the predictor decided in its last
+    backward (a layer SLU skipped this step keeps an older value, but it counts 0 samples)."""
+    return {name: float(layer.last_predicted.mean()) for name, layer in model.weight_layers().items()
+            if isinstance(layer, PSGLayer) and layer.last_predicted is not None}
+
+
+def _accuracy(model: ResNet, x: np.ndarray, y: np.ndarray, batch: int = 500) -> float:
+    correct = 0
+    for i in range(0, len(x), batch):
+        correct += int((model.forward(x[i:i + batch], train=False).argmax(axis=1) == y[i:i + batch]).sum())
+    return correct / len(x)
+
+
+def train_run(config: E2Config, techniques: tuple[str, ...], data: Data,
+              advance: Callable[[int], None] = lambda n: None) -> dict:
+    """Train one row; returns accuracy, counted operations and energy, and per-epoch history."""
+    techniques = parse_techniques(techniques)
+    stats = PSGStats()
+    model = build_model(config, techniques, data, stats)
+    if "psg" in techniques:
+        opt = SignSGD(model, lr=config.psg_lr, weight_decay=config.psg_weight_decay)
+        base_lr = config.psg_lr
+    else:
+        opt = nn.SGD(model, lr=config.lr, momentum=0.9, weight_decay=config.weight_decay)
+        base_lr = config.lr
+    counter = energy.EnergyCounter(model.layer_specs(), energy.PSG if "psg" in techniques else energy.FP32_SGD)
+    rng = np.random.default_rng(config.seed + 1)
+    n = len(data.x_train)
+    batches_per_epoch = -(-n // config.batch_size)
+    total_batches = config.epochs * batches_per_epoch
+    history, skip_ratios = [], []
+    dropped = 0
+    t0 = time.perf_counter()
+    for epoch in range(config.epochs):
+        order = rng.permutation(n)
+        for b in range(batches_per_epoch):
+            it = epoch * batches_per_epoch + b
+            advance(1)
+            # SMD: a dropped mini-batch is never loaded, run or counted.
+            if "smd" in techniques and rng.random() < config.smd_p:
+                dropped += 1
+                continue
+            idx = order[b * config.batch_size:(b + 1) * config.batch_size]
+            opt.lr = lr_at(base_lr, it / total_batches)
+            opt.zero_grad()
+            logits = model.forward(data.x_train[idx], train=True)
+            _, dlogits = nn.softmax_cross_entropy(logits, data.y_train[idx])
+            model.backward(dlogits)
+            opt.step()
+            counter.add_step(model.executed, len(idx), _predicted_fractions(model))
+            if "slu" in techniques:
+                skip_ratios.append(model.skip_ratio)
+        history.append({"epoch": epoch + 1, "test_accuracy": _accuracy(model, data.x_test, data.y_test),
+                        "energy_j": counter.total_j, "macs": counter.total_macs})
+    seconds = time.perf_counter() - t0
+    return {
+        "row": row_name(techniques), "techniques": list(techniques),
+        "accuracy": history[-1]["test_accuracy"], "history": history,
+        "steps": counter.steps, "dropped_batches": dropped, "batches": total_batches,
+        "psg_predicted_fraction": stats.fraction if "psg" in techniques else None,
+        "slu_skip_ratio": float(np.mean(skip_ratios)) if skip_ratios else None,
+        "counted": counter.report(), "train_seconds": seconds,
+    }
+
+
+# ------------------------------------------------------------------------------------------ experiment
+
+def _row_path(out: Path, name: str) -> Path:
+    return out / "rows" / f"{name}.json"
+
+
+def run_experiment(config: E2Config, rows: list[tuple[str, ...]], out: Path | None = None,
+                   advance: Callable[[int], None] = lambda n: None,
+                   log: Callable[[str], None] = lambda msg: None) -> dict:
+    """Train the 32-bit SGD baseline and ``rows``; savings are against the baseline.
+
+    With ``out``, finished rows are kept in ``out/rows`` and reused when their key matches.
+    Each trained row is a measurement phase (:func:`insitu.measure.phases.phase`, a no-op
+    without a recorder), so a power meter attributes measured energy to it.
+    """
+    data = load_data(config)
+    results = {}
+    for techniques in [()] + [r for r in rows if r]:
+        name = row_name(techniques)
+        if name in results:
+            continue
+        path = _row_path(out, name) if out else None
+        if path and path.exists():
+            cached = json.loads(path.read_text())
+            if cached.get("key") == config.key():
+                log(f"{name}: reusing {path}")
+                results[name] = cached
+                advance(cached["batches"])
+                continue
+        with phase(name) as marker:
+            result = train_run(config, techniques, data, advance)
+            marker.samples = result["counted"]["samples"]
+        result["key"] = config.key()
+        if path:
+            atomic_write_json(path, result)
+        results[name] = result
+    base = results["sgd32"]
+    table = []
+    for name, r in results.items():
+        row = {"row": name, "accuracy": r["accuracy"], "accuracy_loss": base["accuracy"] - r["accuracy"],
+               **energy.savings(r["counted"], base["counted"]),
+               "energy_j": r["counted"]["energy_j"], "macs": r["counted"]["macs"]["total"],
+               "psg_predicted_fraction": r["psg_predicted_fraction"],
+               "slu_skip_ratio": r["slu_skip_ratio"], "dropped_batches": r["dropped_batches"],
+               "batches": r["batches"], "train_seconds": r["train_seconds"]}
+        table.append(row)
+    summary = {"config": asdict(config), "baseline_accuracy": base["accuracy"], "rows": table,
+               "runs": results}
+    if out:
+        atomic_write_json(Path(out) / "e2train.json", summary)
+    return summary
+
+
+def total_batches(config: E2Config, rows: list[tuple[str, ...]]) -> int:
+    """Progress-bar length: batches of the baseline and each distinct row."""
+    distinct = {row_name(r) for r in rows if r} | {"sgd32"}
+    return len(distinct) * config.epochs * -(-config.train_samples // config.batch_size)

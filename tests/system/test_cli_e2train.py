@@ -1,0 +1,85 @@
+"""`insitu e2train run`: a tiny real experiment end to end (baseline and all three techniques),
+resuming from --out, measured with a synthetic meter, and bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.system
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TINY = ("--epochs", "1", "--train-samples", "256", "--test-samples", "128", "--width", "4",
+        "--blocks-per-stage", "1", "--batch-size", "32")
+
+
+def _insitu(*args):
+    return subprocess.run([str(BIN / "insitu"), "e2train", "run", *map(str, args)], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+
+
+@pytest.fixture(scope="module")
+def all_three(tmp_path_factory):
+    out = tmp_path_factory.mktemp("e2") / "run"
+    proc = _insitu("--techniques", "smd,slu,psg", *TINY, "--out", out, "--plot", out / "fig.png", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads(proc.stdout)
+
+
+def test_prints_the_headline_figures(all_three):
+    _, result = all_three
+    for key in ("accuracy", "baseline_accuracy", "computational_saving", "energy_saving"):
+        assert isinstance(result[key], float), key
+    assert result["row"] == "smd+slu+psg"
+    rows = {r["row"]: r for r in result["rows"]}
+    assert set(rows) == {"sgd32", "smd+slu+psg"}
+    e2 = rows["smd+slu+psg"]
+    assert 0 < e2["dropped_batches"] < e2["batches"]          # SMD dropped some, not all
+    assert 0 < e2["psg_predicted_fraction"] <= 1
+    assert 0 <= e2["slu_skip_ratio"] <= 1
+    # Fewer steps and cheaper arithmetic: both savings are positive, energy more than MACs.
+    assert 0 < result["computational_saving"] < result["energy_saving"] < 1
+    assert rows["sgd32"]["computational_saving"] == 0
+
+
+def test_writes_rows_plot_and_resumes(all_three):
+    out, result = all_three
+    assert (out / "rows" / "sgd32.json").exists() and (out / "rows" / "smd+slu+psg.json").exists()
+    assert (out / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((out / "e2train.json").read_text())
+    assert saved["baseline_accuracy"] == result["baseline_accuracy"]
+    # A rerun reuses both finished rows (same key) and reports the same figures.
+    proc = _insitu("--techniques", "smd,slu,psg", *TINY, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("reusing") == 2
+    assert "smd+slu+psg" in proc.stdout and "sgd32" in proc.stdout
+
+
+def test_measured_energy_per_row(tmp_path):
+    power = tmp_path / "power.csv"
+    proc = _insitu("--techniques", "psg", *TINY, "--meter", "synthetic:2.5", "--power-out", power, "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert set(result["power"]["by_phase"]) == {"sgd32", "psg"}
+    rows = {r["row"]: r for r in result["rows"]}
+    assert rows["psg"]["measured_energy_j"] > 0 and rows["sgd32"]["measured_energy_j"] > 0
+    assert result["measured_energy_saving"] == rows["psg"]["measured_energy_saving"]
+    assert power.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--smd-p", "1.5"), "SMD drop probability must be in [0, 1]"),
+    (("--smd-p", "-0.1"), "SMD drop probability must be in [0, 1]"),
+    (("--beta", "0"), "beta must be in (0, 1)"),
+    (("--beta", "1"), "beta must be in (0, 1)"),
+    (("--techniques", "smd,dropout"), "unknown E2-Train technique(s) dropout"),
+    (("--techniques", "slu", "--blocks-per-stage", "0"), "has none"),
+])
+def test_bad_input_exits_2_with_a_clear_message(args, message):
+    proc = _insitu(*TINY, *args)
+    assert proc.returncode == 2, proc.stderr
+    assert message in " ".join(proc.stderr.split())
