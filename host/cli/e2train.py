@@ -44,6 +44,9 @@ def _fmt(value, spec=".3f"):
 @click.option("--psg-lr", type=float, default=0.01, show_default=True, help="SignSGD learning rate (PSG).")
 @click.option("--smd-p", type=float, default=0.5, show_default=True,
               help="SMD: the probability that a mini-batch is dropped, in [0, 1].")
+@click.option("--smd-energy-ratio", type=float, default=2 / 3, show_default="0.67",
+              help="SMD: its training budget as a fraction of the baseline's batches; SMD rows run "
+                   "epochs * ratio / (1 - p) epochs (the paper: 0.67). 1 - p keeps the epochs.")
 @click.option("--beta", type=float, default=0.05, show_default=True,
               help="PSG: adaptive threshold ratio, in (0, 1); tau = beta * max |g_msb| per layer.")
 @click.option("--slu-alpha", type=float, default=2.0, show_default=True,
@@ -62,8 +65,9 @@ def _fmt(value, spec=".3f"):
                    "cumulative energy over training.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @meter_options
-def run(techniques, ablation, epochs, batch_size, train_samples, test_samples, lr, psg_lr, smd_p, beta,
-        slu_alpha, slu_target, width, blocks_per_stage, dataset, seed, out, plot, as_json, meter, power_out):
+def run(techniques, ablation, epochs, batch_size, train_samples, test_samples, lr, psg_lr, smd_p,
+        smd_energy_ratio, beta, slu_alpha, slu_target, width, blocks_per_stage, dataset, seed, out, plot,
+        as_json, meter, power_out):
     """Train the 32-bit SGD baseline and E2-Train rows on a small ResNet; print accuracy,
     baseline accuracy, computational saving (counted MACs) and energy saving (estimated from a
     bit-width-aware per-operation energy table; measured too with --meter)."""
@@ -73,9 +77,10 @@ def run(techniques, ablation, epochs, batch_size, train_samples, test_samples, l
     if not ablation and techniques.strip().lower() not in ("none", ""):
         rows = [usage_errors(trainer.parse_techniques, techniques)]
     config = usage_errors(trainer.E2Config, epochs=epochs, batch_size=batch_size,
-                          train_samples=train_samples, test_samples=test_samples, lr=lr,
-                          psg_lr=psg_lr, smd_p=smd_p, beta=beta, slu_alpha=slu_alpha, slu_target=slu_target, width=width,
-                          blocks_per_stage=blocks_per_stage, dataset=dataset, seed=seed)
+                          train_samples=train_samples, test_samples=test_samples, lr=lr, psg_lr=psg_lr,
+                          smd_p=smd_p, smd_energy_ratio=smd_energy_ratio, beta=beta, slu_alpha=slu_alpha,
+                          slu_target=slu_target, width=width, blocks_per_stage=blocks_per_stage,
+                          dataset=dataset, seed=seed)
     if "slu" in {t for r in rows for t in r} and blocks_per_stage < 1:
         raise UsageError("SLU gates residual blocks, and a ResNet with --blocks-per-stage 0 has none; "
                          "use --blocks-per-stage 1 or more, or leave slu out of --techniques")
@@ -126,12 +131,12 @@ def _print_table(summary: dict) -> None:
     table = Table(title=f"E2-Train vs 32-bit SGD: ResNet-{6 * cfg['blocks_per_stage'] + 2} "
                         f"(width {cfg['width']}) on {cfg['dataset']}, {cfg['epochs']} epochs")
     for col in ("row", "accuracy", "loss (pts)", "comp. saving", "energy saving", "est. energy (J)",
-                "measured saving", "PSG predicted", "SLU skipped", "dropped", "train s"):
+                "measured saving", "PSG predicted", "SLU skipped", "epochs", "dropped", "train s"):
         table.add_column(col, justify="left" if col == "row" else "right")
     for r in summary["rows"]:
         table.add_row(r["row"], f"{100 * r['accuracy']:.2f} %", f"{100 * r['accuracy_loss']:+.2f}",
                       f"{100 * r['computational_saving']:.1f} %", f"{100 * r['energy_saving']:.1f} %",
                       f"{r['energy_j']:.3g}", _fmt(r.get("measured_energy_saving") and 100 * r["measured_energy_saving"], ".1f"),
-                      _fmt(r["psg_predicted_fraction"], ".2f"), _fmt(r["slu_skip_ratio"], ".2f"),
+                      _fmt(r["psg_predicted_fraction"], ".2f"), _fmt(r["slu_skip_ratio"], ".2f"), str(r["epochs"]),
                       f"{r['dropped_batches']}/{r['batches']}", f"{r['train_seconds']:.0f}")
     report.print(table)

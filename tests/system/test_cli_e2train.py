@@ -39,6 +39,7 @@ def test_prints_the_headline_figures(all_three):
     assert set(rows) == {"sgd32", "smd+slu+psg"}
     e2 = rows["smd+slu+psg"]
     assert 0 < e2["dropped_batches"] < e2["batches"]          # SMD dropped some, not all
+    assert e2["epochs"] == round(1 * (2 / 3) / 0.5) == 1 and rows["sgd32"]["epochs"] == 1
     assert 0 < e2["psg_predicted_fraction"] <= 1
     assert 0 <= e2["slu_skip_ratio"] <= 1
     # Fewer steps and cheaper arithmetic: both savings are positive, energy more than MACs.
@@ -74,6 +75,7 @@ def test_measured_energy_per_row(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (("--smd-p", "1.5"), "SMD drop probability must be in [0, 1]"),
     (("--smd-p", "-0.1"), "SMD drop probability must be in [0, 1]"),
+    (("--smd-energy-ratio", "0"), "SMD energy ratio must be in (0, 1]"),
     (("--beta", "0"), "beta must be in (0, 1)"),
     (("--beta", "1"), "beta must be in (0, 1)"),
     (("--techniques", "smd,dropout"), "unknown E2-Train technique(s) dropout"),
