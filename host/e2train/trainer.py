@@ -3,8 +3,9 @@
 One :func:`train_run` trains one configuration and counts what it computed
 (:class:`~insitu.e2train.energy.EnergyCounter`); :func:`run_experiment` trains the 32-bit SGD
 baseline and the requested rows, and reports accuracy and savings against the baseline (the
-paper's Tables 2-3). Each finished row is written atomically to ``OUT/rows/<row>.json`` with a
-key of everything its result depends on, so an interrupted experiment resumes where it stopped.
+paper's Tables 2-3). Each finished row is written atomically to ``OUT/rows/<row>.json`` (its
+trained weights to ``OUT/rows/<row>.npz``) with a key of everything its result depends on, so an
+interrupted experiment resumes at the row it stopped in.
 
 The paper's protocol, scaled to a 2-core CPU (section 4.1 and appendix B):
 
@@ -34,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from insitu import nn
+from insitu.checkpoint import save_checkpoint
 from insitu.io import atomic_write_json
 from insitu.measure.phases import phase
 
@@ -185,8 +187,10 @@ def _accuracy(model: ResNet, x: np.ndarray, y: np.ndarray, batch: int = 500) -> 
 
 
 def train_run(config: E2Config, techniques: tuple[str, ...], data: Data,
-              advance: Callable[[int], None] = lambda n: None) -> dict:
-    """Train one row; returns accuracy, counted operations and energy, and per-epoch history."""
+              advance: Callable[[int], None] = lambda n: None, weights_path: Path | None = None) -> dict:
+    """Train one row; returns accuracy, counted operations and energy, and per-epoch history.
+    ``weights_path``: where to save the trained model (an atomic .npz checkpoint; PSG rows hold
+    the 8-bit weights they compute with)."""
     techniques = parse_techniques(techniques)
     stats = PSGStats()
     model = build_model(config, techniques, data, stats)
@@ -227,6 +231,9 @@ def train_run(config: E2Config, techniques: tuple[str, ...], data: Data,
         history.append({"epoch": epoch + 1, "test_accuracy": _accuracy(model, data.x_test, data.y_test),
                         "energy_j": counter.total_j, "macs": counter.total_macs})
     seconds = time.perf_counter() - t0
+    if weights_path is not None:
+        save_checkpoint(weights_path, model.state_dict(),
+                        {"row": row_name(techniques), "config": asdict(config), "key": config.key()})
     return {
         "row": row_name(techniques), "techniques": list(techniques),
         "accuracy": history[-1]["test_accuracy"], "history": history,
@@ -267,7 +274,8 @@ def run_experiment(config: E2Config, rows: list[tuple[str, ...]], out: Path | No
                 advance(cached["batches"])
                 continue
         with phase(name) as marker:
-            result = train_run(config, techniques, data, advance)
+            result = train_run(config, techniques, data, advance,
+                               weights_path=path.with_suffix(".npz") if path else None)
             marker.samples = result["counted"]["samples"]
         result["key"] = config.key()
         if path:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from insitu.checkpoint import load_checkpoint
+
 pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +51,10 @@ def test_prints_the_headline_figures(all_three):
 
 def test_writes_rows_plot_and_resumes(all_three):
     out, result = all_three
-    assert (out / "rows" / "sgd32.json").exists() and (out / "rows" / "smd+slu+psg.json").exists()
+    for row in ("sgd32", "smd+slu+psg"):
+        assert (out / "rows" / f"{row}.json").exists()
+        weights, meta = load_checkpoint(out / "rows" / f"{row}.npz")
+        assert meta["row"] == row and "fc.weight" in weights
     assert (out / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((out / "e2train.json").read_text())
     assert saved["baseline_accuracy"] == result["baseline_accuracy"]
