@@ -59,7 +59,8 @@ def _fmt(value, spec=".3f"):
 @click.option("--dataset", default="fashion-mnist", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for e2train.json and rows/<row>.json; finished rows are reused when rerun.")
+              help="Folder for e2train.json and rows/<row>-<key>.json (+ .npz weights); finished rows "
+                   "are reused by any run with the same settings for them.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a PNG: accuracy vs estimated energy per row, and test accuracy vs "
                    "cumulative energy over training.")

@@ -3,9 +3,10 @@
 One :func:`train_run` trains one configuration and counts what it computed
 (:class:`~insitu.e2train.energy.EnergyCounter`); :func:`run_experiment` trains the 32-bit SGD
 baseline and the requested rows, and reports accuracy and savings against the baseline (the
-paper's Tables 2-3). Each finished row is written atomically to ``OUT/rows/<row>.json`` (its
-trained weights to ``OUT/rows/<row>.npz``) with a key of everything its result depends on, so an
-interrupted experiment resumes at the row it stopped in.
+paper's Tables 2-3). Each finished row is written atomically to ``OUT/rows/<row>-<key>.json``
+(its trained weights to ``.npz`` beside it), the key a hash of everything the row depends on, so
+an interrupted experiment resumes at the row it stopped in, and experiments sharing a folder share
+their rows (the baseline is trained once for any E2-Train settings).
 
 The paper's protocol, scaled to a 2-core CPU (section 4.1 and appendix B):
 
@@ -91,10 +92,25 @@ class E2Config:
         if self.slu_alpha < 0 or self.weight_decay < 0 or self.psg_weight_decay < 0:
             raise ValueError("slu_alpha and the weight decays must be >= 0")
 
-    def key(self) -> str:
-        """The config and the energy model's version: a cached row is reused only if both match."""
-        blob = json.dumps({**asdict(self), "energy_model": energy.VERSION}, sort_keys=True).encode()
+    def key(self, techniques: tuple[str, ...] = TECHNIQUES) -> str:
+        """What a row's result depends on: the config less the settings of techniques the row
+        does not use (the baseline ignores beta, SMD's p...), and the energy model's version.
+        A cached row is reused only when its key matches, so rows are shared across runs."""
+        fields = asdict(self)
+        for technique, names in _TECHNIQUE_FIELDS.items():
+            if technique not in techniques:
+                for name in names:
+                    fields.pop(name)
+        if "psg" in techniques:
+            fields.pop("lr")                # PSG rows train with psg_lr
+            fields.pop("weight_decay")
+        blob = json.dumps({**fields, "energy_model": energy.VERSION}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+#: The config fields only a technique's rows depend on.
+_TECHNIQUE_FIELDS = {"smd": ("smd_p", "smd_energy_ratio"), "slu": ("slu_alpha", "slu_target"),
+                     "psg": ("psg_lr", "psg_weight_decay", "beta")}
 
 
 def parse_techniques(text: str | tuple | list) -> tuple[str, ...]:
@@ -233,7 +249,7 @@ def train_run(config: E2Config, techniques: tuple[str, ...], data: Data,
     seconds = time.perf_counter() - t0
     if weights_path is not None:
         save_checkpoint(weights_path, model.state_dict(),
-                        {"row": row_name(techniques), "config": asdict(config), "key": config.key()})
+                        {"row": row_name(techniques), "config": asdict(config), "key": config.key(techniques)})
     return {
         "row": row_name(techniques), "techniques": list(techniques),
         "accuracy": history[-1]["test_accuracy"], "history": history,
@@ -246,8 +262,9 @@ def train_run(config: E2Config, techniques: tuple[str, ...], data: Data,
 
 # ------------------------------------------------------------------------------------------ experiment
 
-def _row_path(out: Path, name: str) -> Path:
-    return out / "rows" / f"{name}.json"
+def _row_path(out: Path, name: str, key: str) -> Path:
+    """A row's result file: by name and key, so rows of other settings sit side by side."""
+    return Path(out) / "rows" / f"{name}-{key}.json"
 
 
 def run_experiment(config: E2Config, rows: list[tuple[str, ...]], out: Path | None = None,
@@ -265,10 +282,11 @@ def run_experiment(config: E2Config, rows: list[tuple[str, ...]], out: Path | No
         name = row_name(techniques)
         if name in results:
             continue
-        path = _row_path(out, name) if out else None
+        key = config.key(techniques)
+        path = _row_path(out, name, key) if out else None
         if path and path.exists():
             cached = json.loads(path.read_text())
-            if cached.get("key") == config.key():
+            if cached.get("key") == key:
                 log(f"{name}: reusing {path}")
                 results[name] = cached
                 advance(cached["batches"])
@@ -277,7 +295,7 @@ def run_experiment(config: E2Config, rows: list[tuple[str, ...]], out: Path | No
             result = train_run(config, techniques, data, advance,
                                weights_path=path.with_suffix(".npz") if path else None)
             marker.samples = result["counted"]["samples"]
-        result["key"] = config.key()
+        result["key"] = key
         if path:
             atomic_write_json(path, result)
         results[name] = result
@@ -302,3 +320,16 @@ def total_batches(config: E2Config, rows: list[tuple[str, ...]]) -> int:
     """Progress-bar length: batches of the baseline and each distinct row."""
     distinct = {r for r in rows if r} | {()}
     return sum(run_epochs(config, r) for r in distinct) * -(-config.train_samples // config.batch_size)
+
+
+def sweep_point(seed: int = 0, techniques: str = "smd,slu,psg", out: str | None = None, **settings) -> dict:
+    """One point of ``insitu sweep`` (``run = "insitu.e2train.trainer:sweep_point"``): the
+    baseline and one row with ``settings`` (E2Config fields); the row's figures against the
+    baseline. ``out``: a folder shared by the points, so the baseline is trained once."""
+    config = E2Config(seed=seed, **settings)
+    rows = [parse_techniques(techniques)]
+    summary = run_experiment(config, rows, Path(out) if out else None)
+    row = summary["rows"][-1]
+    return {**{k: row[k] for k in ("row", "accuracy", "accuracy_loss", "computational_saving",
+                                   "energy_saving", "psg_predicted_fraction", "slu_skip_ratio")},
+            "baseline_accuracy": summary["baseline_accuracy"]}

@@ -52,8 +52,8 @@ def test_prints_the_headline_figures(all_three):
 def test_writes_rows_plot_and_resumes(all_three):
     out, result = all_three
     for row in ("sgd32", "smd+slu+psg"):
-        assert (out / "rows" / f"{row}.json").exists()
-        weights, meta = load_checkpoint(out / "rows" / f"{row}.npz")
+        (path,) = (out / "rows").glob(f"{row}-*.json")
+        weights, meta = load_checkpoint(path.with_suffix(".npz"))
         assert meta["row"] == row and "fc.weight" in weights
     assert (out / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((out / "e2train.json").read_text())
@@ -63,6 +63,11 @@ def test_writes_rows_plot_and_resumes(all_three):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("reusing") == 2
     assert "smd+slu+psg" in proc.stdout and "sgd32" in proc.stdout
+    # Another PSG threshold: the baseline is shared, the E2-Train row is new.
+    proc = _insitu("--techniques", "smd,slu,psg", *TINY, "--out", out, "--beta", "0.1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("reusing") == 1 and "sgd32: reusing" in " ".join(proc.stderr.split())
+    assert len(list((out / "rows").glob("*.json"))) == 3
 
 
 def test_measured_energy_per_row(tmp_path):
@@ -90,3 +95,34 @@ def test_bad_input_exits_2_with_a_clear_message(args, message):
     proc = _insitu(*TINY, *args)
     assert proc.returncode == 2, proc.stderr
     assert message in " ".join(proc.stderr.split())
+
+
+def test_a_sweep_of_e2train_points_shares_the_baseline(tmp_path):
+    (tmp_path / "grid.toml").write_text(f"""
+[sweep]
+name = "e2-tiny"
+run = "insitu.e2train.trainer:sweep_point"
+seeds = [0]
+metrics = ["accuracy", "energy_saving", "slu_skip_ratio"]
+heatmap = ["slu_target", "beta"]
+[fixed]
+techniques = "smd,slu,psg"
+epochs = 1
+train_samples = 256
+test_samples = 128
+width = 4
+blocks_per_stage = 1
+batch_size = 32
+out = "{tmp_path / 'rows'}"
+[grid]
+slu_target = [0.2, 0.6]
+beta = [0.05]
+""")
+    proc = subprocess.run([str(BIN / "insitu"), "sweep", str(tmp_path / "grid.toml"), "--out",
+                           str(tmp_path / "sweep"), "--workers", "1", "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads(proc.stdout)["table"]
+    assert len(table) == 2 and all(0 < row["energy_saving"] < 1 for row in table)
+    rows = sorted(p.name.split("-")[0] for p in (tmp_path / "rows" / "rows").glob("*.json"))
+    assert rows == ["sgd32", "smd+slu+psg", "smd+slu+psg"]
