@@ -40,8 +40,10 @@ def _fmt(value, spec=".3f"):
 @click.option("--train-samples", type=int, default=10000, show_default=True,
               help="FashionMNIST training images used (a fixed random subset).")
 @click.option("--test-samples", type=int, default=2000, show_default=True)
-@click.option("--lr", type=float, default=0.1, show_default=True, help="SGD learning rate (baseline, SMD, SLU).")
-@click.option("--psg-lr", type=float, default=0.01, show_default=True, help="SignSGD learning rate (PSG).")
+@click.option("--lr", type=float, default=0.1, show_default=True,
+              help="SGD learning rate (baseline, SMD, SLU).")
+@click.option("--psg-lr", type=float, default=0.01, show_default=True,
+              help="SignSGD learning rate (rows with PSG).")
 @click.option("--smd-p", type=float, default=0.5, show_default=True,
               help="SMD: the probability that a mini-batch is dropped, in [0, 1].")
 @click.option("--smd-energy-ratio", type=float, default=2 / 3, show_default="0.67",
@@ -50,7 +52,8 @@ def _fmt(value, spec=".3f"):
 @click.option("--beta", type=float, default=0.05, show_default=True,
               help="PSG: adaptive threshold ratio, in (0, 1); tau = beta * max |g_msb| per layer.")
 @click.option("--slu-alpha", type=float, default=2.0, show_default=True,
-              help="SLU: weight of the FLOP regulariser (eq. 1): how hard the gates are pushed towards --slu-target.")
+              help="SLU: weight of the FLOP regulariser (eq. 1): how hard the gates are pushed "
+                   "towards --slu-target.")
 @click.option("--slu-target", type=float, default=0.4, show_default=True,
               help="SLU: the fraction of gated-block MACs to skip, in [0, 1] (the gates learn which).")
 @click.option("--width", type=int, default=8, show_default=True, help="Channels of the first ResNet stage.")

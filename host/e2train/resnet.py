@@ -50,6 +50,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from insitu.nn import BatchNorm, Conv2d, Dense, GlobalAvgPool2d, Layer, Param, ReLU
+from insitu.nn.model import collect_state, restore_state
 
 from .gates import RNNGates
 
@@ -400,20 +401,10 @@ class ResNet:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of all parameters (gates included) and BN running statistics."""
-        state = {p.key: p.value.copy() for p in self.parameters()}
-        state.update((k, v.copy()) for k, v in self.named_buffers())
-        return state
+        return collect_state(self)
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        targets = {p.key: p.value for p in self.parameters()}
-        targets.update(self.named_buffers())
-        if set(state) != set(targets):
-            raise KeyError(f"state dict keys differ: missing {sorted(set(targets) - set(state))}, "
-                           f"unexpected {sorted(set(state) - set(targets))}")
-        for key, v in targets.items():
-            if np.shape(state[key]) != v.shape:
-                raise ValueError(f"{key}: shape {np.shape(state[key])} != {v.shape}")
-            v[...] = state[key]
+        restore_state(self, state)
 
     def weight_layers(self) -> dict[str, Layer]:
         """Conv2d/Dense layers of the main network by name (wrapped ones as wrapped)."""

@@ -51,23 +51,11 @@ class Sequential(Layer):
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of all parameters and buffers, keyed ``"<index>.<name>"`` (for checkpoints)."""
-        state = {p.key: p.value.copy() for p in self.parameters()}
-        state.update((k, v.copy()) for k, v in self.named_buffers())
-        return state
+        return collect_state(self)
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         """Copy arrays from :meth:`state_dict` back in place (keys and shapes must match)."""
-        targets = {p.key: p.value for p in self.parameters()}
-        targets.update(self.named_buffers())
-        if set(state) != set(targets):
-            raise KeyError(
-                f"state dict keys differ: missing {sorted(set(targets) - set(state))}, "
-                f"unexpected {sorted(set(state) - set(targets))}"
-            )
-        for key, v in targets.items():
-            if state[key].shape != v.shape:
-                raise ValueError(f"{key}: shape {state[key].shape} != {v.shape}")
-            v[...] = state[key]
+        restore_state(self, state)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -81,3 +69,26 @@ class Sequential(Layer):
     def __repr__(self):
         body = "".join(f"\n  ({i}): {layer!r}" for i, layer in enumerate(self.layers))
         return f"Sequential({body}\n)"
+
+
+def collect_state(model) -> dict[str, np.ndarray]:
+    """Copies of a model's parameters and buffers by key: anything with ``parameters()`` and
+    ``named_buffers()`` (a :class:`Sequential`, the E2-Train ResNet)."""
+    state = {p.key: p.value.copy() for p in model.parameters()}
+    state.update((k, v.copy()) for k, v in model.named_buffers())
+    return state
+
+
+def restore_state(model, state: dict[str, np.ndarray]) -> None:
+    """Copy :func:`collect_state`'s arrays back into ``model`` in place (keys and shapes must match)."""
+    targets = {p.key: p.value for p in model.parameters()}
+    targets.update(model.named_buffers())
+    if set(state) != set(targets):
+        raise KeyError(
+            f"state dict keys differ: missing {sorted(set(targets) - set(state))}, "
+            f"unexpected {sorted(set(state) - set(targets))}"
+        )
+    for key, v in targets.items():
+        if np.shape(state[key]) != v.shape:
+            raise ValueError(f"{key}: shape {np.shape(state[key])} != {v.shape}")
+        v[...] = state[key]
