@@ -24,8 +24,8 @@ def command():
     """
 
 
-def _fmt(value, spec=".3f"):
-    return "-" if value is None else format(value, spec)
+def _fmt(value, spec=".3f", scale=1.0):
+    return "-" if value is None else format(scale * value, spec)
 
 
 @command.command("run")
@@ -134,13 +134,13 @@ def _print_table(summary: dict) -> None:
     cfg = summary["config"]
     table = Table(title=f"E2-Train vs 32-bit SGD: ResNet-{6 * cfg['blocks_per_stage'] + 2} "
                         f"(width {cfg['width']}) on {cfg['dataset']}, {cfg['epochs']} epochs")
-    for col in ("row", "accuracy", "loss (pts)", "comp. saving", "energy saving", "est. energy (J)",
-                "measured saving", "PSG predicted", "SLU skipped", "epochs", "dropped", "train s"):
-        table.add_column(col, justify="left" if col == "row" else "right")
+    for col in ("row", "acc. %", "loss pts", "comp. sav. %", "energy sav. %", "est. J", "meas. sav. %",
+                "PSG pred.", "SLU skip", "epochs", "dropped", "s"):
+        table.add_column(col, justify="left" if col == "row" else "right", no_wrap=col == "row")
     for r in summary["rows"]:
-        table.add_row(r["row"], f"{100 * r['accuracy']:.2f} %", f"{100 * r['accuracy_loss']:+.2f}",
-                      f"{100 * r['computational_saving']:.1f} %", f"{100 * r['energy_saving']:.1f} %",
-                      f"{r['energy_j']:.3g}", _fmt(r.get("measured_energy_saving") and 100 * r["measured_energy_saving"], ".1f"),
-                      _fmt(r["psg_predicted_fraction"], ".2f"), _fmt(r["slu_skip_ratio"], ".2f"), str(r["epochs"]),
-                      f"{r['dropped_batches']}/{r['batches']}", f"{r['train_seconds']:.0f}")
+        table.add_row(r["row"], _fmt(r["accuracy"], ".2f", 100), _fmt(r["accuracy_loss"], "+.2f", 100),
+                      _fmt(r["computational_saving"], ".1f", 100), _fmt(r["energy_saving"], ".1f", 100),
+                      _fmt(r["energy_j"], ".3g"), _fmt(r.get("measured_energy_saving"), ".1f", 100),
+                      _fmt(r["psg_predicted_fraction"], ".2f"), _fmt(r["slu_skip_ratio"], ".2f"),
+                      str(r["epochs"]), f"{r['dropped_batches']}/{r['batches']}", f"{r['train_seconds']:.0f}")
     report.print(table)
