@@ -35,7 +35,8 @@ def _fmt(value, spec=".3f", scale=1.0):
 @click.option("--ablation", is_flag=True,
               help="Train every technique alone and all three (the paper's Fig. 4 / Tables 2-3 rows) "
                    "instead of --techniques.")
-@click.option("--epochs", type=int, default=6, show_default=True)
+@click.option("--epochs", type=int, default=6, show_default=True,
+              help="Epochs of the baseline and of the rows without SMD (see --smd-energy-ratio).")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--train-samples", type=int, default=10000, show_default=True,
               help="FashionMNIST training images used (a fixed random subset).")
