@@ -155,15 +155,13 @@ class SignSGD:
     their float gradient. ``lr`` may change between steps (schedules).
     """
 
-    def __init__(self, params, lr: float, weight_decay: float = 0.0, momentum: float = 0.0):
+    def __init__(self, params, lr: float, weight_decay: float = 0.0):
         if hasattr(params, "parameters"):
             params = params.parameters()
         self.params: list[Param] = list(params)
-        if not lr > 0 or weight_decay < 0 or not 0 <= momentum < 1:
-            raise ValueError(f"SignSGD needs lr > 0, weight_decay >= 0 and momentum in [0, 1), got "
-                             f"{lr}, {weight_decay}, {momentum}")
-        self.lr, self.weight_decay, self.momentum = lr, weight_decay, momentum
-        self._velocity: dict[str, np.ndarray] = {}
+        if not lr > 0 or weight_decay < 0:
+            raise ValueError(f"SignSGD needs lr > 0 and weight_decay >= 0, got {lr} and {weight_decay}")
+        self.lr, self.weight_decay = lr, weight_decay
         # Master copies of the quantized weights (PSG layers compute with the 8-bit copy).
         self._psg = {p.key: _psg_layer(p) for p in self.params if p.name == "weight" and _psg_layer(p)}
         self.master = {key: layer.initial_master.copy() for key, layer in self._psg.items()}
@@ -171,13 +169,6 @@ class SignSGD:
     def step(self) -> None:
         for p in self.params:
             g = np.sign(p.grad)
-            if self.momentum:
-                v = self._velocity.get(p.key)
-                if v is None:
-                    v = self._velocity[p.key] = np.zeros(g.shape, np.float32)
-                v *= self.momentum
-                v += g
-                g = v
             if p.key in self.master:
                 w = self.master[p.key]
                 w -= self.lr * (g + self.weight_decay * w)
