@@ -25,7 +25,7 @@ the energy model prices them at 32 bits (:mod:`insitu.e2train.energy`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -55,27 +55,19 @@ def _codes(values: np.ndarray, frac: int) -> np.ndarray:
 
 @dataclass
 class PSGStats:
-    """What the predictor decided over the steps since the last :meth:`reset`."""
+    """What the predictor decided, summed over every layer and step that shares it."""
 
     predicted: int = 0              # weight-gradient entries whose sign came from g_msb
     total: int = 0                  # weight-gradient entries computed
-    by_layer: dict = field(default_factory=dict)   # name -> [predicted, total]
 
-    def add(self, name: str, predicted: int, total: int) -> None:
+    def add(self, predicted: int, total: int) -> None:
         self.predicted += predicted
         self.total += total
-        entry = self.by_layer.setdefault(name, [0, 0])
-        entry[0] += predicted
-        entry[1] += total
 
     @property
     def fraction(self) -> float:
         """Fraction of signs taken from the predictor (the paper: >= 60 % at beta = 0.05)."""
         return self.predicted / self.total if self.total else 0.0
-
-    def reset(self) -> None:
-        self.predicted = self.total = 0
-        self.by_layer.clear()
 
 
 class PSGLayer(Layer):
@@ -122,7 +114,7 @@ class PSGLayer(Layer):
         grad = self.grads["weight"]
         grad += sign.reshape(grad.shape).astype(grad.dtype)
         self.last_predicted = predicted
-        self.stats.add(self.name, int(predicted.sum()), predicted.size)
+        self.stats.add(int(predicted.sum()), predicted.size)
         return dx
 
     def __repr__(self):
