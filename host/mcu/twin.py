@@ -1,18 +1,24 @@
-"""The simulated STM32F746 board: the MicroPython unix port behind a pseudo-terminal.
+"""The simulated STM32F746 board behind a pseudo-terminal, in one of two kinds:
 
-A real board is a serial port with MicroPython behind it that never exits: Ctrl-D soft-resets it,
-its flash keeps files across resets, its heap is a fixed budget. :class:`McuTwin` gives the same
-to mpremote and pyserial:
+- ``qemu`` (the default): MicroPython v1.28.0 built for QEMU's mps2-an500 as an STM32F746-like
+  board (:mod:`insitu.mcu.qemu`): a Cortex-M7 with 32-bit words, single-precision floats, Thumb-2
+  viper code in the heap, the board's heap, and a FAT filesystem at /flash kept in
+  ``FLASH_DIR/insitu-flash.img``. Ctrl-D soft-resets it inside the guest as on a board;
+  ``machine.reset()`` ends QEMU and the twin powers it on again.
+- ``unix``: the MicroPython unix port on x86-64, a fast stand-in (64-bit words, double floats,
+  machine code outside the heap) whose flash is the folder itself.
 
-- the unix port runs on pty A, whose slave is put in raw mode (OPOST, ECHO, ICANON, ISIG off)
-  *before* the port starts, so the mode the port restores while a program runs is raw too and
-  binary data passes untouched (a 0x03 byte is a byte, not SIGINT);
+A real board is a serial port with MicroPython behind it that never exits. :class:`McuTwin` gives
+the same to mpremote and pyserial:
+
+- the machine runs on pty A, whose slave is put in raw mode (OPOST, ECHO, ICANON, ISIG off)
+  *before* it starts, so binary data passes untouched (a 0x03 byte is a byte, not SIGINT);
 - the user opens pty B through a stable path (a symlink, like a board's /dev/ttyACM0); a thread
-  relays bytes between the two masters;
+  relays bytes between the two masters, so a pulled cable (:meth:`McuTwin.drop_link`) and a power
+  cycle (:meth:`McuTwin.reset`) look to the user as they do with a board;
 - when the unix port exits (Ctrl-D, ``sys.exit``, a crash) the twin says ``soft reboot`` and starts
   it again with the same heap and flash folder, back in the raw REPL if it was there: what mpremote
-  expects from a board's soft reset;
-- its flash is a folder on this machine (the port's working directory and ``sys.path``).
+  expects from a board's soft reset.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pathlib import Path
 
 from insitu.boards import get_board
 from insitu.errors import InsituError, UsageError
+from insitu.mcu import qemu
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,8 @@ _PENDING_MAX = 1 << 16
 # A process that dies before its banner this many times in a row is broken, not resetting.
 _MAX_FAILED_STARTS = 3
 _START_TIMEOUT_S = 10.0
+#: The kinds of twin; the first is the default.
+TWINS = ("qemu", "unix")
 
 
 def _die_with_parent() -> None:
@@ -85,18 +94,30 @@ class McuTwin:
     """A simulated MicroPython board on a pseudo-terminal; ``start()`` returns its port path."""
 
     def __init__(self, flash_dir, heap_bytes: int | None = None,
-                 board: str = "stm32f746-disco-sim", micropython: str | None = None):
+                 board: str = "stm32f746-disco-sim", micropython: str | None = None,
+                 twin: str = TWINS[0], say=lambda text: log.warning("%s", text)):
         spec = get_board(board)
         if spec.mcu is None:
             raise UsageError(f"board {board!r} is not a microcontroller; the twin needs an mcu board")
+        if twin not in TWINS:
+            raise UsageError(f"unknown twin {twin!r}: choose one of {', '.join(TWINS)}")
         self.board = spec.name
+        self.twin = twin
         self.heap_bytes = parse_size(heap_bytes) if heap_bytes is not None \
             else spec.mcu["training_budget_bytes"]
         self.flash_dir = Path(flash_dir).resolve()
-        self.micropython = shutil.which(micropython) if micropython else find_tool("micropython")
-        if self.micropython is None:
-            raise InsituError(f"no MicroPython unix port at {micropython!r}: give the path of a "
-                              "`micropython` executable, or leave it out to use insitu's")
+        self.files = FlashFiles(self.flash_dir, twin)
+        if twin == "qemu":
+            if self.heap_bytes > qemu.MAX_HEAP_BYTES:
+                raise UsageError(f"the Cortex-M7 twin's heap is at most {qemu.MAX_HEAP_BYTES:,} B "
+                                 f"(asked {self.heap_bytes:,} B); use --twin unix for a larger one")
+            self.elf = qemu.firmware(say)
+            self.micropython = None
+        else:
+            self.micropython = shutil.which(micropython) if micropython else find_tool("micropython")
+            if self.micropython is None:
+                raise InsituError(f"no MicroPython unix port at {micropython!r}: give the path of a "
+                                  "`micropython` executable, or leave it out to use insitu's")
         self.port: str | None = None
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
@@ -132,6 +153,8 @@ class McuTwin:
         except OSError as exc:
             raise InsituError(f"cannot create the twin's flash folder {self.flash_dir}: "
                               f"{exc.strerror}") from None
+        if self.twin == "qemu" and not (self.flash_dir / qemu.FLASH_IMAGE).exists():
+            qemu.new_flash_image(self.flash_dir / qemu.FLASH_IMAGE)
         self._ma, self._sa = os.openpty()
         tty.setraw(self._sa)                 # before the port starts: its "original" mode is raw
         os.set_blocking(self._ma, False)
@@ -153,7 +176,7 @@ class McuTwin:
         self._thread = threading.Thread(target=self._serve, name=f"twin {self.port}", daemon=True)
         self._thread.start()
         atexit.register(self.stop)                # no orphan port folder if the caller forgets
-        log.info("twin of %s on %s: heap %d bytes, flash %s", self.board, self.port,
+        log.info("%s twin of %s on %s: heap %d bytes, flash %s", self.twin, self.board, self.port,
                  self.heap_bytes, self.flash_dir)
         return self.port
 
@@ -168,7 +191,7 @@ class McuTwin:
         self._thread = None
 
     def reset(self) -> None:
-        """Hard reset (a power cycle): kill the unix port and boot it again; the flash is kept."""
+        """Hard reset (a power cycle): kill the machine and boot it again; the flash is kept."""
         self._command("reset")
 
     def drop_link(self, seconds: float) -> None:
@@ -188,15 +211,23 @@ class McuTwin:
             if not self._thread.is_alive():
                 raise InsituError(f"the twin on {self.port} stopped (see the log above)")
 
-    # -- the unix port -----------------------------------------------------------------------
+    # -- the machine -------------------------------------------------------------------------
 
     def _spawn(self, wait_banner: bool = False) -> None:
-        env = {**os.environ, "MICROPYPATH": os.pathsep.join(["", ".frozen", "lib"])}  # as /flash
         # A session of its own: a Ctrl-C typed at `insitu mcu emulate` must not reach the board.
-        self._proc = subprocess.Popen([self.micropython, "-X", f"heapsize={self.heap_bytes}"],
-                                      stdin=self._sa, stdout=self._sa, stderr=self._sa,
-                                      cwd=self.flash_dir, env=env, start_new_session=True,
-                                      preexec_fn=_die_with_parent)
+        if self.twin == "qemu":
+            # QEMU opens pty A's slave as its UART; what QEMU itself says goes to a log.
+            self._qemu_log = open(self._dir / "qemu.log", "wb")
+            self._proc = subprocess.Popen(qemu.command(self.elf, os.ttyname(self._sa), self.heap_bytes),
+                                          stdin=subprocess.DEVNULL, stdout=self._qemu_log,
+                                          stderr=subprocess.STDOUT, cwd=self.flash_dir,
+                                          start_new_session=True, preexec_fn=_die_with_parent)
+        else:
+            env = {**os.environ, "MICROPYPATH": os.pathsep.join(["", ".frozen", "lib"])}  # as /flash
+            self._proc = subprocess.Popen([self.micropython, "-X", f"heapsize={self.heap_bytes}"],
+                                          stdin=self._sa, stdout=self._sa, stderr=self._sa,
+                                          cwd=self.flash_dir, env=env, start_new_session=True,
+                                          preexec_fn=_die_with_parent)
         self._raw = False
         self._booted = False
         if not wait_banner:
@@ -213,6 +244,10 @@ class McuTwin:
         if not self._booted:
             self._kill()
             said = bytes(out[-400:]).decode(errors="replace").strip() or "no output"
+            if self.twin == "qemu":
+                qemu_said = (self._dir / "qemu.log").read_text(errors="replace").strip()
+                raise InsituError(f"the Cortex-M7 twin ({self.elf}) did not start with heap "
+                                  f"{self.heap_bytes} bytes: {said}; QEMU: {qemu_said or 'nothing'}")
             raise InsituError(f"the MicroPython unix port ({self.micropython}) did not start with "
                               f"heap {self.heap_bytes} bytes: {said}")
 
@@ -222,6 +257,9 @@ class McuTwin:
         self._proc.kill()
         self._proc.wait()
         self._proc = None
+        if getattr(self, "_qemu_log", None) is not None:
+            self._qemu_log.close()
+            self._qemu_log = None
 
     def _track(self, data: bytes) -> None:
         """Follow the REPL mode from the port's own banners (a soft reset returns to it)."""
@@ -233,7 +271,7 @@ class McuTwin:
             self._raw = raw_at > friendly_at
         self._tail = seen[-_MARKER_TAIL:]
 
-    def _soft_reboot(self, code: int) -> None:
+    def _machine_exited(self, code: int) -> None:
         last_words = self._drain(self._ma)            # what it wrote before exiting comes first
         self._track(last_words)
         self._relay_out(last_words)
@@ -241,8 +279,15 @@ class McuTwin:
         was_raw = self._raw
         self._failed_starts = self._failed_starts + 1 if failed else 0
         if self._failed_starts >= _MAX_FAILED_STARTS:
-            raise InsituError(f"the MicroPython unix port exits at start (exit code {code}), "
+            raise InsituError(f"the {self.twin} twin's machine exits at start (exit code {code}), "
                               f"{_MAX_FAILED_STARTS} times in a row; the twin stops")
+        if self.twin == "qemu":
+            # machine.reset() (or a fault) ended QEMU: the board powers on again, friendly REPL.
+            log.info("the Cortex-M7 twin exited (code %s): power-on reset", code)
+            self._tail = b""
+            self._spawn()
+            self.restarts += 1
+            return
         log.info("micropython exited (code %s): soft reboot%s", code,
                  " into the raw REPL" if was_raw else "")
         self._relay_out(b"soft reboot\r\n")
@@ -344,7 +389,7 @@ class McuTwin:
 
         code = self._proc.poll()
         if code is not None:
-            self._soft_reboot(code)
+            self._machine_exited(code)
         if self._mb is None and time.monotonic() >= self._link_up_at:
             self._link_up()
             log.info("link %s is back", self.port)
@@ -374,3 +419,55 @@ class McuTwin:
             os.close(fd)
         self._fds = []
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class FlashFiles:
+    """The twin's flash seen from the host, for tests and inspection: the unix port's folder, or
+    the files in the Cortex-M7 twin's FAT image (read and written with mtools while the twin is
+    stopped). The board's own way in is mpremote; this is the way in without a board running."""
+
+    def __init__(self, flash_dir: Path, twin: str):
+        self.flash_dir, self.twin = Path(flash_dir), twin
+        self.image = self.flash_dir / qemu.FLASH_IMAGE
+
+    def _mtools(self, tool: str, *args: str, data: bytes | None = None) -> bytes:
+        exe = shutil.which(tool)
+        if exe is None:
+            raise InsituError(f"{tool} is missing: apt-get install mtools (bash scripts/setup.sh --mcu)")
+        run = subprocess.run([exe, "-i", str(self.image), *args], input=data, capture_output=True,
+                             env={**os.environ, "MTOOLS_SKIP_CHECK": "1"})
+        if run.returncode != 0:
+            raise FileNotFoundError(f"{tool} {' '.join(args)} on {self.image}: "
+                                    f"{run.stderr.decode(errors='replace').strip()}")
+        return run.stdout
+
+    def names(self) -> list[str]:
+        if self.twin == "unix":
+            return sorted(p.name for p in self.flash_dir.iterdir() if p.is_file())
+        if not self.image.exists():
+            return []
+        listing = self._mtools("mdir", "-b", "::/").decode().splitlines()
+        return sorted(line.rsplit("/", 1)[-1] for line in listing if line.strip())
+
+    def exists(self, name: str) -> bool:
+        return name in self.names()
+
+    def read(self, name: str) -> bytes:
+        if self.twin == "unix":
+            return (self.flash_dir / name).read_bytes()
+        return self._mtools("mcopy", "-n", f"::/{name}", "-")
+
+    def write(self, name: str, data: bytes) -> None:
+        if self.twin == "unix":
+            (self.flash_dir / name).write_bytes(data)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / name
+            local.write_bytes(data)
+            self._mtools("mcopy", "-o", str(local), f"::/{name}")
+
+    def remove(self, name: str) -> None:
+        if self.twin == "unix":
+            (self.flash_dir / name).unlink()
+        else:
+            self._mtools("mdel", f"::/{name}")
