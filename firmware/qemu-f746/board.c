@@ -9,6 +9,7 @@
 //   host (`insitu-flash.img` in QEMU's working directory, through semihosting file calls), so it
 //   survives soft resets, hard resets and QEMU restarts like a board's flash. Mounted, and made
 //   the working directory, after every mp_init(), as the stm32 port does with its flash.
+#include <stdlib.h>
 #include <string.h>
 
 #include "py/gc.h"
@@ -72,8 +73,11 @@ static void limit_heap(size_t bytes) {
     if (atb_bytes >= area->gc_alloc_table_byte_len) {
         return;     // as large as the firmware's heap, or larger: keep it (the host checks this)
     }
-    if (area->gc_last_used_block >= atb_bytes * 4) {
-        return;     // cannot happen at power-on (a few hundred bytes are in use)
+    if (bytes < 4096 || area->gc_last_used_block >= atb_bytes * 4) {
+        // Too small to even hold what mp_init() allocated: a board that cannot boot (QEMU exits).
+        mp_printf(&mp_plat_print, "insitu board: a heap of %u bytes is too small to boot\n",
+            (unsigned)bytes);
+        exit(1);
     }
     area->gc_alloc_table_byte_len = atb_bytes;
     area->gc_pool_end = area->gc_pool_start + atb_bytes * 4 * MICROPY_BYTES_PER_GC_BLOCK;

@@ -95,7 +95,8 @@ class McuTwin:
 
     def __init__(self, flash_dir, heap_bytes: int | None = None,
                  board: str = "stm32f746-disco-sim", micropython: str | None = None,
-                 twin: str = TWINS[0], say=lambda text: log.warning("%s", text)):
+                 twin: str = TWINS[0], say=lambda text: log.warning("%s", text),
+                 preload: tuple[tuple[Path, int], ...] = ()):
         spec = get_board(board)
         if spec.mcu is None:
             raise UsageError(f"board {board!r} is not a microcontroller; the twin needs an mcu board")
@@ -107,6 +108,9 @@ class McuTwin:
             else spec.mcu["training_budget_bytes"]
         self.flash_dir = Path(flash_dir).resolve()
         self.files = FlashFiles(self.flash_dir, twin)
+        self.preload = tuple(preload)          # (file, guest address) pairs: qemu only
+        if self.preload and twin != "qemu":
+            raise UsageError("preloading files into the board's memory needs the qemu twin")
         if twin == "qemu":
             if self.heap_bytes > qemu.MAX_HEAP_BYTES:
                 raise UsageError(f"the Cortex-M7 twin's heap is at most {qemu.MAX_HEAP_BYTES:,} B "
@@ -218,7 +222,8 @@ class McuTwin:
         if self.twin == "qemu":
             # QEMU opens pty A's slave as its UART; what QEMU itself says goes to a log.
             self._qemu_log = open(self._dir / "qemu.log", "wb")
-            self._proc = subprocess.Popen(qemu.command(self.elf, os.ttyname(self._sa), self.heap_bytes),
+            self._proc = subprocess.Popen(qemu.command(self.elf, os.ttyname(self._sa), self.heap_bytes,
+                                                       self.preload),
                                           stdin=subprocess.DEVNULL, stdout=self._qemu_log,
                                           stderr=subprocess.STDOUT, cwd=self.flash_dir,
                                           start_new_session=True, preexec_fn=_die_with_parent)
