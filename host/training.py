@@ -51,6 +51,7 @@ class TrainConfig:
     port: str | None = None            # a real board's serial port (or a running twin's)
     heap: int | None = None            # a twin's heap in bytes (None: the board's training budget)
     flash_dir: str | None = None       # a twin's flash folder (None: a temporary one)
+    twin: str | None = None            # the kind of twin started (None: the Cortex-M7 one)
 
     def validate(self, models) -> None:
         """Checks after the algorithm's defaults are filled in; ``models``: the algorithm's."""
@@ -108,6 +109,8 @@ def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None) 
         fits = [b.name for b in load_boards().values() if b.kind in algo.board_kinds]
         raise UsageError(f"algorithm {algo.name!r} does not run on {board.name} ({board.kind}); "
                          f"boards it runs on: {', '.join(fits)}")
+    if config.twin is not None and board.kind != "mcu":
+        raise UsageError(f"--twin chooses a microcontroller twin; {board.name} is not one")
     if algo.twins_only and not board.is_twin:
         raise UsageError(f"algorithm {algo.name!r} runs on simulated twins only; "
                          f"use --board {board.name}-sim")

@@ -42,19 +42,25 @@ def command():
                    "[default: ~/.cache/insitu/BOARD/flash].")
 @click.option("--heap", help="MicroPython heap, in bytes or with K/M (256K) "
                              "[default: the board's training budget, 256K on stm32f746-disco].")
+@click.option("--twin", "twin_kind", type=click.Choice(["qemu", "unix"]), default="qemu", show_default=True,
+              help="qemu: MicroPython on an emulated Cortex-M7 (32-bit, single-precision floats, "
+                   "flash in FLASH_DIR/insitu-flash.img); unix: the MicroPython unix port (faster, "
+                   "64-bit, flash = the folder).")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON line (port, board, heap_bytes, flash_dir, pid) when ready.")
-def emulate(board, flash_dir, heap, as_json):
-    """Run a simulated board: the MicroPython unix port on a serial port (a pseudo-terminal)
-    with the board's heap, until Ctrl-C or SIGTERM.
+              help="Print one JSON line (port, board, twin, heap_bytes, flash_dir, pid) when ready.")
+def emulate(board, flash_dir, heap, twin_kind, as_json):
+    """Run a simulated board on a serial port (a pseudo-terminal) with the board's heap, until
+    Ctrl-C or SIGTERM: MicroPython built for an emulated Cortex-M7 (QEMU), or with --twin unix
+    the MicroPython unix port.
 
     Use the printed port as a board's: `mpremote connect PORT ...`, `insitu flash --board
-    stm32f746-disco-sim --port PORT`. Ctrl-D or a program's exit soft-resets it, as on a board;
-    `kill -USR1 PID` presses its reset button (a hard reset: RAM lost, flash kept).
+    stm32f746-disco-sim --port PORT`. Ctrl-D soft-resets it, as on a board; `kill -USR1 PID`
+    presses its reset button (a hard reset: RAM lost, flash kept).
 
     \b
     Example:
       insitu mcu emulate --heap 320K --flash-dir ./flash
+      mpremote connect PORT exec "import sys; print(sys.implementation._machine)"
     """
     from insitu.boards import get_board
     from insitu.mcu.twin import McuTwin, parse_size
@@ -74,16 +80,18 @@ def emulate(board, flash_dir, heap, as_json):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: reset.set())
-    twin = McuTwin(flash_dir, parse_size(heap) if heap else None, board=board)
+    twin = McuTwin(flash_dir, parse_size(heap) if heap else None, board=board, twin=twin_kind,
+                   say=lambda text: click.echo(text, err=True))
     twin.start()
     try:
         if as_json:
-            click.echo(json.dumps({"port": twin.port, "board": board, "heap_bytes": twin.heap_bytes,
+            click.echo(json.dumps({"port": twin.port, "board": board, "twin": twin.twin,
+                                   "heap_bytes": twin.heap_bytes,
                                    "flash_dir": str(twin.flash_dir), "pid": os.getpid(),
                                    "micropython_pid": twin.pid}))
         else:
             click.echo(twin.port)
-            console.print(f"{board}: heap {twin.heap_bytes} bytes, flash {twin.flash_dir}; "
+            console.print(f"{board} ({twin.twin} twin): heap {twin.heap_bytes} bytes, flash {twin.flash_dir}; "
                           f"Ctrl-C stops it, kill -USR1 {os.getpid()} resets it")
         sys.stdout.flush()
         while not stop.wait(0.2):
@@ -216,11 +224,13 @@ def search(model, task, budget, evaluations, train_samples, eval_samples, lr, se
               help="Training samples each probe runs (then one evaluation).")
 @click.option("--high", default=None,
               help="Largest heap tried, bytes or with K/M [default: the board's training budget].")
+@click.option("--twin", "twin_kind", type=click.Choice(["qemu", "unix"]), default="qemu", show_default=True,
+              help="The twin probed: the emulated Cortex-M7 (32-bit, as the board) or the unix port.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (and every probe) as JSON.")
-def minheap(board, model, task, scheme, lr, seed, samples, high, as_json):
+def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_json):
     """Find the smallest MicroPython heap the compiled training program runs in.
 
-    Compiles the scheme, flashes it to a twin once, then bisects over `-X heapsize`: each probe
+    Compiles the scheme, flashes it to a twin once, then bisects over the twin's heap: each probe
     starts the firmware, trains --samples samples and evaluates one. Prints the measured minimum
     beside the planner's prediction (arena + runtime).
 
@@ -249,9 +259,10 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, as_json):
     say = (lambda p: None) if as_json else (
         lambda p: console.print(f"heap {p.heap_bytes:>9,} B: {'trains' if p.ok else 'fails (' + p.why + ')'}"))
     found, probes = find_min_heap(firmware_files(compiled), prep.x_train[:samples], prep.y_train[:samples],
-                                  low, high_bytes, board=board, log=say)
+                                  low, high_bytes, board=board, log=say, twin=twin_kind)
     predicted = predicted_heap_bytes(compiled)
-    result = {"board": board, "model": model, "dataset": task, "scheme": compiled.scheme.to_json(),
+    result = {"board": board, "twin": twin_kind, "model": model, "dataset": task,
+              "scheme": compiled.scheme.to_json(),
               "scheme_text": compiled.scheme.describe(), "planned_peak_bytes": compiled.arena_bytes,
               "predicted_heap_bytes": predicted, "min_heap_bytes": found,
               "error": (found - predicted) / predicted,

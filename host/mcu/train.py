@@ -10,6 +10,7 @@ in the host simulator on the same samples, which must agree with the device.
 from __future__ import annotations
 
 import contextlib
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -92,21 +93,24 @@ def firmware_files(compiled: Compiled) -> dict[str, bytes | Path]:
 
 
 @contextlib.contextmanager
-def board_port(board: Board, port: str | None, heap_bytes: int, flash_dir: str | None):
-    """The serial port of the board: the given one, or a twin started here for a -sim board."""
+def board_port(board: Board, port: str | None, heap_bytes: int, flash_dir: str | None,
+               twin: str | None = None):
+    """The serial port of the board: the given one, or a twin (``twin``: its kind, default the
+    Cortex-M7 twin) started here for a -sim board."""
     if port or not board.is_twin:
         if not port:
             raise UsageError(f"{board.name}: give the board's serial port with --port (e.g. /dev/ttyACM0)")
         yield port, None
         return
-    from insitu.mcu.twin import McuTwin
+    from insitu.mcu.twin import TWINS, McuTwin
 
     with contextlib.ExitStack() as stack:
         if flash_dir is None:
             flash_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="insitu-flash-"))
         Path(flash_dir).mkdir(parents=True, exist_ok=True)
-        twin = stack.enter_context(McuTwin(flash_dir, heap_bytes=heap_bytes, board=board.name))
-        yield twin.port, twin
+        started = stack.enter_context(McuTwin(flash_dir, heap_bytes=heap_bytes, board=board.name,
+                                              twin=twin or TWINS[0]))
+        yield started.port, started
 
 
 def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, seed: int, advance,
@@ -118,7 +122,7 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
     from insitu.training import sample_order
 
     compiled = prep.compiled
-    flash(port, firmware_files(compiled))
+    flashed = flash(port, firmware_files(compiled))
     dev = TrainingDevice(port)
     try:
         info = dev.with_recovery(dev.start)
@@ -153,7 +157,9 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
         dev.bye()
     finally:
         dev.close()
-    return {"runtime": runtime, "platform": info.get("platform"), "accuracy_before": before,
+    return {"runtime": runtime, "platform": info.get("platform"), "machine": flashed["machine"],
+            "code": "mpy " + flashed["arch"] if flashed["arch"] else "source",
+            "accuracy_before": before,
             "accuracy_after": after, "peak_heap_bytes": stats.get("mem_peak"),
             "heap_live_bytes": stats.get("mem_alloc"),
             "heap_free_bytes": stats.get("mem_free"), "resumed_from": resumed_from,
@@ -161,18 +167,34 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
             "predicted_during_training": predicted}
 
 
+def print_to_stderr(text: str) -> None:
+    print(f"[insitu] {text}", file=sys.stderr, flush=True)
+
+
 def run_sparse(config, board: Board, advance) -> dict:
     started = time.perf_counter()
     heap = config.heap or board.mcu["training_budget_bytes"]
     if config.heap and not board.is_twin:
         raise UsageError("--heap sets a twin's heap; a real board's heap is what its firmware has")
+    if config.twin and (not board.is_twin or config.port):
+        raise UsageError("--twin chooses the twin insitu starts for a -sim board; it does not apply "
+                         "to a real board or to a --port")
+    if board.is_twin and not config.port and (config.twin or "qemu") == "qemu":
+        from insitu.mcu import qemu
+
+        # Before the slow work: the toolchain is there and the firmware built (once, cached).
+        if heap > qemu.MAX_HEAP_BYTES:
+            raise UsageError(f"the Cortex-M7 twin's heap is at most {qemu.MAX_HEAP_BYTES:,} B "
+                             f"(--heap {heap:,}); use --twin unix for a larger one")
+        qemu.firmware(print_to_stderr)
     prep = Prepared(config.model, config.dataset, config.scheme or DEFAULT_SCHEME, config.lr, config.seed,
                     accumulate=config.batch_size)
     compiled = prep.compiled
     check_fits(compiled, heap)
     test_samples = min(config.test_samples or 200, len(prep.y_test))
-    with board_port(board, config.port, heap, config.flash_dir) as (port, twin):
+    with board_port(board, config.port, heap, config.flash_dir, config.twin) as (port, twin):
         device = run_on_device(prep, port, config.samples, test_samples, config.seed, advance)
+        twin_kind = twin.twin if twin is not None else None
     predicted = device.pop("predicted_during_training")
     # The host simulation of the same program on the same samples (bit-exact with the device).
     from insitu.training import sample_order
@@ -186,6 +208,7 @@ def run_sparse(config, board: Board, advance) -> dict:
     seen = predicted >= 0
     return {
         "board": board.name, "algo": "sparse", "model": config.model, "dataset": config.dataset,
+        "twin": twin_kind,                        # qemu (Cortex-M7), unix, or None: a port given
         "scheme": compiled.scheme.to_json(), "scheme_text": compiled.scheme.describe(),
         "samples": config.samples, "test_samples": test_samples, "lr": config.lr,
         "batch_size": config.batch_size,          # > 1: gradients accumulated over that many samples
