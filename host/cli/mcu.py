@@ -28,6 +28,7 @@ def command():
 
     \b
       insitu mcu emulate            a simulated STM32F746 board on a serial port
+      insitu mcu build-twin         build (once) the Cortex-M7 twin's MicroPython
       insitu mcu search             a sparse-update scheme under a memory budget
       insitu mcu minheap            the smallest heap a compiled scheme trains in
       insitu mcu compare            bias / last layers / searched schemes at equal memory (Fig. 9)
@@ -102,6 +103,25 @@ def emulate(board, flash_dir, heap, twin_kind, as_json):
                 twin.reset()
     finally:
         twin.stop()
+
+
+@command.command("build-twin")
+@click.option("--json", "as_json", is_flag=True, help="Print {firmware, source, key} as JSON.")
+def build_twin(as_json):
+    """Build the Cortex-M7 twin's MicroPython (v1.28.0 for QEMU's mps2-an500 as an STM32F746-like
+    board) if its cached copy is missing or stale, and print where it is.
+
+    The first use of the twin does the same; `bash scripts/setup.sh --mcu` runs this. The source is
+    $INSITU_MICROPYTHON_SRC (a release archive or tree), else the project's vendored archive.
+    """
+    from insitu.mcu import qemu
+
+    elf = qemu.firmware(lambda text: click.echo(text, err=True))
+    source = qemu.source_archive()
+    if as_json:
+        click.echo(json.dumps({"firmware": str(elf), "source": str(source), "key": elf.parent.name}))
+    else:
+        click.echo(str(elf))
 
 
 # --------------------------------------------------------------------------- insitu mcu search

@@ -6,7 +6,8 @@ The build is slow once (about 30 s) and cached: ``$INSITU_CACHE/mcu-twin/<key>/f
 where the key hashes every input (the MicroPython source archive, the board files, the compiler's
 version), so a changed input rebuilds and nothing else does. The source is the archive named by
 ``$INSITU_MICROPYTHON_SRC`` (a release archive or an unpacked tree), else the project's vendored
-copy (``shared/vendor/micropython-1.28.0-src.tar.gz`` beside the checkout).
+copy (``shared/vendor/micropython-1.28.0-src.tar.gz`` beside the checkout), else the release
+archive that ``scripts/setup.sh --mcu`` downloads into the cache.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ FLASH_IMAGE = "insitu-flash.img"
 FLASH_IMAGE_BYTES = 2 << 20
 DEBIAN_PACKAGES = ("gcc-arm-none-eabi", "libnewlib-arm-none-eabi", "qemu-system-arm")
 _ARCHIVE = f"micropython-{MICROPYTHON_VERSION}-src.tar.gz"
+#: The official release archive's name (scripts/setup.sh --mcu fetches it where there is no
+#: vendored copy and no INSITU_MICROPYTHON_SRC).
+RELEASE_ARCHIVE = f"micropython-{MICROPYTHON_VERSION}.tar.xz"
 
 
 def _missing_tools() -> list[str]:
@@ -72,10 +76,12 @@ def source_archive() -> Path:
         candidate = parent / "shared" / "vendor" / _ARCHIVE
         if candidate.exists():
             return candidate
+    if (_cache_root() / RELEASE_ARCHIVE).exists():           # downloaded by scripts/setup.sh
+        return _cache_root() / RELEASE_ARCHIVE
     raise InsituError(
         f"the MicroPython v{MICROPYTHON_VERSION} source is missing: download the release archive "
-        f"micropython-{MICROPYTHON_VERSION}.tar.xz from the MicroPython project and set "
-        "INSITU_MICROPYTHON_SRC to its path (bash scripts/setup.sh --mcu does it)")
+        f"{RELEASE_ARCHIVE} from the MicroPython project and set INSITU_MICROPYTHON_SRC to its "
+        f"path, or put it at {_cache_root() / RELEASE_ARCHIVE} (bash scripts/setup.sh --mcu does it)")
 
 
 def _board_files() -> list[Path]:

@@ -7,7 +7,8 @@ is bit-exact with the firmware: the trained tensors the device checkpoints (tte_
 model id, samples done, then the trained arena ranges) must equal the simulator's after the same
 samples, so a sample lost or trained twice shows.
 
-mbv2-tiny only (its pretrained cache builds in seconds).
+mbv2-tiny only (its pretrained cache builds in seconds). Every test that runs a board runs on both
+twins: the Cortex-M7 one (QEMU, the default) and the unix port.
 """
 
 import json
@@ -25,7 +26,7 @@ from insitu.mcu.device import DeviceError, TrainingDevice
 from insitu.mcu.link import DeviceLink, FirmwareCrashed, LinkError
 from insitu.mcu.simulate import Simulator
 from insitu.mcu.train import HEAP_MARGIN, Prepared, firmware_files, run_on_device
-from insitu.mcu.twin import McuTwin
+from insitu.mcu.twin import TWINS, FlashFiles, McuTwin
 from insitu.training import sample_order
 
 pytestmark = pytest.mark.system
@@ -37,7 +38,16 @@ SPARSE = ("train", "--algo", "sparse", "--model", MODEL, "--scheme", SCHEME)
 BLOB = "tte_model.bin"
 
 
+PLATFORM = {"qemu": "qemu", "unix": "linux"}     # sys.platform of each twin
+
+
 # --------------------------------------------------------------------------- helpers
+
+@pytest.fixture(scope="module", params=TWINS)
+def kind(request):
+    """The kind of twin a test runs on."""
+    return request.param
+
 
 @pytest.fixture(scope="module")
 def prep():
@@ -46,12 +56,12 @@ def prep():
 
 
 @pytest.fixture(scope="module")
-def flashed(prep, tmp_path_factory):
+def flashed(prep, kind, tmp_path_factory):
     """A flash folder with the firmware and this program deployed by mpremote (the twin stopped)."""
     folder = tmp_path_factory.mktemp("flashed") / "flash"
-    with McuTwin(folder) as twin:
+    with McuTwin(folder, twin=kind) as twin:
         mcu_flash.flash(twin.port, firmware_files(prep.compiled))
-    assert (folder / BLOB).read_bytes() == prep.compiled.blob
+    assert FlashFiles(folder, kind).read(BLOB) == prep.compiled.blob
     return folder
 
 
@@ -71,15 +81,16 @@ def simulate(prep, samples: int):
     return sim, np.array(predicted)
 
 
-def checkpoint(folder: Path) -> tuple[bytes, str, int, bytes]:
+def checkpoint(folder: Path, kind: str) -> tuple[bytes, str, int, bytes]:
     """(magic, model id, samples done, trained tensors) of the device's checkpoint."""
-    data = (folder / "tte_ckpt.bin").read_bytes()
+    data = FlashFiles(folder, kind).read("tte_ckpt.bin")
     return data[:4], data[4:20].decode(), struct.unpack_from("<I", data, 20)[0], data[24:]
 
 
-def assert_matches_simulation(prep, folder: Path, result: dict, samples: int, test_samples: int):
+def assert_matches_simulation(prep, folder: Path, kind: str, result: dict, samples: int,
+                              test_samples: int):
     sim, sim_predicted = simulate(prep, samples)
-    magic, model_id, done, trained = checkpoint(folder)
+    magic, model_id, done, trained = checkpoint(folder, kind)
     assert (magic, model_id) == (b"TTE1", prep.compiled.model_id)
     assert done == samples                                   # no sample lost or counted twice
     assert trained == sim.trained_bytes()                    # ... or trained twice
@@ -138,16 +149,18 @@ class Counter:
 
 # --------------------------------------------------------------------------- end to end
 
-def test_sparse_training_on_the_twin_end_to_end(run_cli, prep, tmp_path):
+def test_sparse_training_on_the_twin_end_to_end(run_cli, prep, kind, tmp_path):
     flash_dir = tmp_path / "flash"
     run = run_cli(*SPARSE, "--board", SIM_BOARD, "--samples", 20, "--test-samples", 20,
-                  "--flash-dir", flash_dir, "--json", timeout=120)
+                  "--flash-dir", flash_dir, "--twin", kind, "--json", timeout=180)
     assert run.returncode == 0, run.stderr
     r = json.loads(run.stdout)
     assert (r["board"], r["algo"], r["model"], r["samples"], r["test_samples"]) == \
         (SIM_BOARD, "sparse", MODEL, 20, 20)
     assert r["scheme"] == prep.compiled.scheme.to_json() and r["model_id"] == prep.compiled.model_id
-    assert (r["runtime"], r["platform"]) == ("micropython", "linux")
+    assert (r["runtime"], r["platform"], r["twin"]) == ("micropython", PLATFORM[kind], kind)
+    if kind == "qemu":                    # the board's own CPU, and code compiled for it
+        assert r["machine"].endswith("with Cortex-M7") and r["code"] == "mpy armv7emsp"
     assert r["heap_bytes"] == BUDGET
     assert r["planned_peak_bytes"] == prep.compiled.arena_bytes > 0
     # The firmware's measured peak holds the arena plus the interpreter and the firmware itself.
@@ -162,36 +175,37 @@ def test_sparse_training_on_the_twin_end_to_end(run_cli, prep, tmp_path):
     assert r["accuracy_after"] == r["host_sim_accuracy_after"]
     assert (r["resumed_from"], r["reconnects"], r["restarts"]) == (0, 0, 0)
     # The twin's flash keeps the device's checkpoint: 20 samples, the simulator's tensors.
-    magic, model_id, done, trained = checkpoint(flash_dir)
+    magic, model_id, done, trained = checkpoint(flash_dir, kind)
     assert (magic, model_id, done) == (b"TTE1", prep.compiled.model_id, 20)
     assert trained == simulate(prep, 20)[0].trained_bytes()
 
 
-def test_accumulated_gradients_train_the_same_on_the_twin_and_the_host(run_cli, tmp_path):
+def test_accumulated_gradients_train_the_same_on_the_twin_and_the_host(run_cli, kind, tmp_path):
     # --batch-size 3: the gradients of 3 samples are summed on the device, then applied at once.
     flash_dir = tmp_path / "flash"
     run = run_cli("train", "--algo", "sparse", "--model", MODEL, "--scheme", "last-2", "--board", SIM_BOARD,
-                  "--samples", 12, "--test-samples", 20, "--batch-size", 3, "--flash-dir", flash_dir, "--json",
-                  timeout=120)
+                  "--samples", 12, "--test-samples", 20, "--batch-size", 3, "--flash-dir", flash_dir,
+                  "--twin", kind, "--json", timeout=180)
     assert run.returncode == 0, run.stderr
     r = json.loads(run.stdout)
     assert r["batch_size"] == 3 and r["host_sim_agreement"] == 1.0
     assert r["accuracy_after"] == r["host_sim_accuracy_after"]
     accumulating = Prepared(MODEL, TASK, "last-2", LR, SEED, accumulate=3)
     assert r["model_id"] == accumulating.compiled.model_id
-    _, _, done, trained = checkpoint(flash_dir)
+    _, _, done, trained = checkpoint(flash_dir, kind)
     assert done == 12 and trained == simulate(accumulating, 12)[0].trained_bytes()
 
 
 # --------------------------------------------------------------------------- link trouble
 
-def test_training_survives_pulled_cables_without_losing_or_repeating_a_sample(prep, tmp_path, monkeypatch):
+def test_training_survives_pulled_cables_without_losing_or_repeating_a_sample(prep, kind, tmp_path,
+                                                                               monkeypatch):
     samples = 20
     folder = tmp_path / "flash"
     links, lose_reply = set(), {"armed": False, "fired": 0}
     real_recv = DeviceLink.recv
 
-    with McuTwin(folder) as twin:
+    with McuTwin(folder, twin=kind) as twin:
         def recv(self, timeout_s=None):
             links.add(self)
             if lose_reply["armed"]:
@@ -219,7 +233,7 @@ def test_training_survives_pulled_cables_without_losing_or_repeating_a_sample(pr
     assert sum(link.resends for link in links) >= 1          # the lost reply was asked for again
     assert advance.history == list(range(1, samples + 1))    # one sample at a time, none twice
     assert result["restarts"] == 0                          # the firmware kept running
-    assert_matches_simulation(prep, folder, result, samples, 10)
+    assert_matches_simulation(prep, folder, kind, result, samples, 10)
 
 
 class _QuickDevice(TrainingDevice):
@@ -230,14 +244,14 @@ class _QuickDevice(TrainingDevice):
         super().__init__(port, timeout_s, reconnect_s)
 
 
-def test_a_reset_board_resumes_from_its_checkpoint(prep, tmp_path, monkeypatch):
+def test_a_reset_board_resumes_from_its_checkpoint(prep, kind, tmp_path, monkeypatch):
     samples, every, reset_at = 20, 4, 10
     folder = tmp_path / "flash"
     monkeypatch.setattr("insitu.mcu.device.TrainingDevice", _QuickDevice)
     reset = {"restarts_flashed": None, "at": None}      # the twin's restarts once flashed
     real_flash = mcu_flash.flash
 
-    with McuTwin(folder) as twin:
+    with McuTwin(folder, twin=kind) as twin:
         def flash(*args, **kwargs):                     # mpremote soft-resets the board too
             out = real_flash(*args, **kwargs)
             reset["restarts_flashed"] = twin.restarts
@@ -260,30 +274,30 @@ def test_a_reset_board_resumes_from_its_checkpoint(prep, tmp_path, monkeypatch):
     after_reset = advance.history[advance.history.index(reset_at) + 1:]
     assert min(after_reset) == reset_at // every * every
     assert advance.done == samples and max(advance.history) == samples
-    assert_matches_simulation(prep, folder, result, samples, 10)
+    assert_matches_simulation(prep, folder, kind, result, samples, 10)
 
 
 # --------------------------------------------------------------------------- a bad weight blob
 
-def _flip_a_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
+def _flip_a_byte(files: FlashFiles) -> None:
+    data = bytearray(files.read(BLOB))
     data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
+    files.write(BLOB, bytes(data))
 
 
-def _truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[:-100])
+def _truncate(files: FlashFiles) -> None:
+    files.write(BLOB, files.read(BLOB)[:-100])
 
 
 @pytest.mark.parametrize("damage, says", [
     (_flip_a_byte, "is corrupt"),
     (_truncate, "bytes, the model expects"),
-    (lambda p: p.unlink(), "is missing"),
+    (lambda files: files.remove(BLOB), "is missing"),
 ], ids=["corrupt", "truncated", "missing"])
-def test_a_damaged_weight_blob_is_refused_with_the_reason(flashed, tmp_path, damage, says):
+def test_a_damaged_weight_blob_is_refused_with_the_reason(flashed, kind, tmp_path, damage, says):
     folder = copy_of(flashed, tmp_path)
-    damage(folder / BLOB)
-    with McuTwin(folder) as twin:
+    damage(FlashFiles(folder, kind))
+    with McuTwin(folder, twin=kind) as twin:
         dev = TrainingDevice(twin.port, timeout_s=2.0, reconnect_s=2.0)
         try:
             with pytest.raises(DeviceError) as err:
@@ -295,25 +309,30 @@ def test_a_damaged_weight_blob_is_refused_with_the_reason(flashed, tmp_path, dam
             dev.close()
     text = str(err.value)
     assert BLOB in text and "reflash" in text and says in text, text
-    assert not (folder / "tte_ckpt.bin").exists()
+    assert not FlashFiles(folder, kind).exists("tte_ckpt.bin")
 
 
-def test_the_host_run_stops_on_a_corrupt_blob(prep, tmp_path, monkeypatch):
+# Run on the device after flashing: one byte of the blob in its flash flipped.
+_FLIP_ON_DEVICE = ("f = open('tte_model.bin', 'r+b'); n = f.seek(0, 2) // 2; f.seek(n); b = f.read(1); "
+                   "f.seek(n); f.write(bytes([b[0] ^ 255])); f.close()")
+
+
+def test_the_host_run_stops_on_a_corrupt_blob(prep, kind, tmp_path, monkeypatch):
     folder = tmp_path / "flash"
     real_flash = mcu_flash.flash
 
-    def flash_then_corrupt(*args, **kwargs):
-        out = real_flash(*args, **kwargs)
-        _flip_a_byte(folder / BLOB)
+    def flash_then_corrupt(port, *args, **kwargs):
+        out = real_flash(port, *args, **kwargs)
+        mcu_flash._mpremote(port, ["exec", _FLIP_ON_DEVICE], 30)
         return out
 
     monkeypatch.setattr(mcu_flash, "flash", flash_then_corrupt)
     advance = Counter()
-    with McuTwin(folder) as twin:
+    with McuTwin(folder, twin=kind) as twin:
         started = time.perf_counter()
         with pytest.raises(DeviceError, match=r"tte_model\.bin is corrupt.*reflash"):
             run_on_device(prep, twin.port, 4, 4, SEED, advance)
-        assert time.perf_counter() - started < 20.0          # flash + an immediate refusal
+        assert time.perf_counter() - started < 40.0          # flash + an immediate refusal
     assert advance.history == []
 
 
@@ -331,17 +350,19 @@ def _crash_in_train(prep) -> bytes:
     (_crash_at_import, "RuntimeError: boom at import"),
     (_crash_in_train, "ValueError: boom in train"),
 ], ids=["at-import", "in-train"])
-def test_a_crashing_firmware_is_reported_with_its_traceback_promptly(prep, flashed, tmp_path, module, says):
+def test_a_crashing_firmware_is_reported_with_its_traceback_promptly(prep, flashed, kind, tmp_path, module,
+                                                                      says):
     folder = copy_of(flashed, tmp_path)
-    (folder / "tte_model.mpy").unlink()
-    (folder / "tte_model.py").write_bytes(module(prep))
+    files = FlashFiles(folder, kind)
+    files.remove("tte_model.mpy")
+    files.write("tte_model.py", module(prep))
     timeout_s = 2.0
 
     def start_and_train():
         dev.with_recovery(dev.start)
         dev.with_recovery(lambda: dev.train(0, int(prep.y_train[0]), prep.x_train[0]))
 
-    with McuTwin(folder) as twin:
+    with McuTwin(folder, twin=kind) as twin:
         dev = TrainingDevice(twin.port, timeout_s=timeout_s, reconnect_s=2.0)
         try:
             with pytest.raises(FirmwareCrashed) as err:
@@ -383,17 +404,19 @@ def test_a_real_board_needs_a_port_that_exists(run_cli, args, code, says):
 # --------------------------------------------------------------------------- insitu mcu minheap
 
 @pytest.fixture(scope="module")
-def minheap():
+def minheap(kind):
     from conftest import insitu_cli
 
-    run = insitu_cli("mcu", "minheap", "--model", MODEL, "--scheme", SCHEME, "--json", timeout=180)
+    run = insitu_cli("mcu", "minheap", "--model", MODEL, "--scheme", SCHEME, "--twin", kind, "--json",
+                     timeout=300)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
 
 
-def test_minheap_bisects_the_twins_heap(minheap, prep):
+def test_minheap_bisects_the_twins_heap(minheap, prep, kind):
     r = minheap
-    assert r["board"] == SIM_BOARD and r["planned_peak_bytes"] == prep.compiled.arena_bytes
+    assert (r["board"], r["twin"]) == (SIM_BOARD, kind)
+    assert r["planned_peak_bytes"] == prep.compiled.arena_bytes
     found, probes = r["min_heap_bytes"], r["probes"]
     assert r["planned_peak_bytes"] < found < BUDGET
     assert probes[0]["heap_bytes"] == BUDGET and probes[0]["ok"]      # the bracket's top trains
@@ -409,7 +432,7 @@ def test_minheap_bisects_the_twins_heap(minheap, prep):
     assert r["error"] == pytest.approx((found - r["predicted_heap_bytes"]) / r["predicted_heap_bytes"])
 
 
-def test_the_heap_minheap_finds_is_enough_to_train(minheap, prep, tmp_path, monkeypatch):
+def test_the_heap_minheap_finds_is_enough_to_train(minheap, prep, kind, tmp_path, monkeypatch):
     # With the margin insitu train asks for: at the exact minimum, a heap fragmented a little
     # differently (other imports, another start) may refuse the arena, which the firmware reports.
     heap = int(minheap["min_heap_bytes"] * (1 + HEAP_MARGIN))
@@ -423,7 +446,7 @@ def test_the_heap_minheap_finds_is_enough_to_train(minheap, prep, tmp_path, monk
         return out
 
     monkeypatch.setattr(mcu_flash, "flash", flash)
-    with McuTwin(tmp_path / "flash", heap_bytes=heap) as twin:       # `insitu train --heap HEAP`
+    with McuTwin(tmp_path / "flash", heap_bytes=heap, twin=kind) as twin:   # `insitu train --heap HEAP`
         result = finish_in_time(lambda: run_on_device(prep, twin.port, 4, 4, SEED, Counter()), twin,
                                 lambda: flashed_at and time.monotonic() - flashed_at[0] > 3.0)
     assert result["accuracy_after"] is not None
