@@ -53,6 +53,7 @@ from insitu.resources import package_dir
 print(json.dumps({"insitu": insitu.__file__, "rtl": insitu.rtl.__file__,
                   "boards": sorted(p.name for p in package_dir("boards").glob("*.toml")),
                   "firmware": sorted(p.name for p in package_dir("firmware").iterdir()),
+                  "twin_board": sorted(p.name for p in (package_dir("firmware") / "qemu-f746").iterdir()),
                   "boards_dir": str(package_dir("boards"))}))
 """], capture_output=True, text=True, cwd=installed)
     assert probe.returncode == 0, probe.stderr
@@ -61,6 +62,8 @@ print(json.dumps({"insitu": insitu.__file__, "rtl": insitu.rtl.__file__,
         assert got[key].startswith(str(installed)), f"{key} came from {got[key]}, not the wheel"
     assert "ultra96v2.toml" in got["boards"] and "stm32f746-disco-sim.toml" in got["boards"]
     assert got["firmware"], "no firmware files in the wheel"
+    # The Cortex-M7 twin's board definition: an installed insitu builds the twin from it.
+    assert got["twin_board"] == ["board.c", "board.h", "mpconfigboard.mk"]
 
 
 def test_installed_console_script_lists_boards(installed):
