@@ -8,11 +8,14 @@
 # Bit-exact with the golden model insitu.mcu.kernels: tests/firmware runs both on random calls.
 #
 # Viper notes. ptr8/ptr16 loads are unsigned, and so are ptr32 loads on a 64-bit port: values are
-# sign-extended by hand. No integer literal reaches 2**30 (it would be a boxed object on a 32-bit
-# port, whose small ints have 31 bits). Sums are 32-bit words on the device: the golden model
-# refuses calls whose sums leave int32, so wrapping partial sums still end exact.
-# Memory: nothing is allocated per call. Every requantization goes through _requant on the
-# module's scratch buffer _S: a header of 8 words, then up to _CHUNK int32 sums.
+# sign-extended by hand. No integer literal reaches 2**30, not even negated (-0x40000000 is a
+# boxed object negated at run time on a 32-bit port, whose small ints have 31 bits: viper refuses
+# it). Sums are 32-bit words on the device: the golden model refuses calls whose sums leave int32,
+# so wrapping partial sums still end exact.
+# Memory: nothing is allocated per call, on 32-bit words too: no viper function returns an int
+# that may reach 2**30 (it would be boxed), no step needs big ints, and load reads the blob through
+# _S. Every requantization goes through _requant on the module's scratch buffer _S: a header of 8
+# words, then up to _CHUNK int32 sums.
 import micropython
 from micropython import const
 
@@ -38,13 +41,6 @@ _B_UPD = const(1)
 _B_APPLY = const(2)
 
 
-def _sub_rq_wide(b, v, m, sh):
-    # sat32(b - rq(v, m, sh)) where rq exceeds 2**16 with sh < 16 (a bias step that 32-bit words
-    # cannot hold): Python ints are exact at any size. Absurd steps only: big ints allocate.
-    b -= (v * m + (1 << (sh - 1))) >> sh
-    return -2147483648 if b < -2147483648 else (2147483647 if b > 2147483647 else b)
-
-
 @micropython.viper
 def _requant(A: ptr8, S: ptr32):
     # Each sum v in S[8:8+n] becomes r = rq(v, m, sh) = floor((v*m + 2**(sh-1)) / 2**sh), written
@@ -56,7 +52,8 @@ def _requant(A: ptr8, S: ptr32):
     #     so longer ones are cut to 31), and r = floor((u+1) / 2) = (u >> 1) + (u & 1), |r| <= 2**30.
     #   sh <= 15: r = t*2**(15-sh) + ((f + 2**(sh-1)) >> sh), the second term in [0, 2**(15-sh)]:
     #     for |t| <= 2**16, |r| <= 2**30 + 2**14. For larger |t|, |r| >= 2**16 has t's sign and
-    #     lies beyond every i8/i16 bound: +-_BIG stands for it (an i32 update goes exact instead).
+    #     lies beyond every i8/i16 bound: +-_BIG stands for it. An i32 update (_SUB_I32) takes it
+    #     exact instead, in 16-bit limbs: r = rh*2**16 + rl, with |rh| < 2**30 (|r| < 2**46).
     n = S[0]
     mode = S[1]
     dst = S[2]
@@ -74,8 +71,8 @@ def _requant(A: ptr8, S: ptr32):
     half = 0
     if sh <= 15:
         half = 1 << (sh - 1)
-    imin = -0x40000000
-    imin += imin
+    imin = -0x3FFFFFFF - 1            # -2**30, a small int on 32 bits (0x40000000 is not)
+    imin += imin                      # -2**31 in a machine word
     imax = -1 - imin
     y16 = ptr16(uint(A) + dst)
     y32 = ptr32(uint(A) + dst)
@@ -117,7 +114,20 @@ def _requant(A: ptr8, S: ptr32):
             h = (b >> 16) & 0xFFFF
             b = (((h ^ 0x8000) - 0x8000) << 16) | (b & 0xFFFF)
             if wide:
-                b = int(_sub_rq_wide(b, v, m, sh))
+                # b - r with r = t*2**q + c (q = 15 - sh in [0, 14], c in [0, 2**q]) in limbs:
+                # t*2**q = (t >> (16-q))*2**16 + (t mod 2**(16-q))*2**q. The difference's high
+                # limb dh is exact in a word; it fits int32 iff dh is in [-2**15, 2**15).
+                q = 15 - sh
+                rl = ((t & ((1 << (16 - q)) - 1)) << q) + (((vl & 0x7FFF) + half) >> sh)
+                rh = (t >> (16 - q)) + (rl >> 16)
+                dl = (b & 0xFFFF) - (rl & 0xFFFF)
+                dh = (b >> 16) - rh + (dl >> 16)
+                if dh < -0x8000:
+                    b = imin
+                elif dh > 0x7FFF:
+                    b = imax
+                else:
+                    b = (dh << 16) | (dl & 0xFFFF)
             elif r > 0 and b < imin + r:
                 b = imin
             elif r < 0 and b > imax + r:
@@ -146,12 +156,9 @@ def _word(P: ptr32, i: int) -> int:
 
 
 @micropython.viper
-def _sr_key(A: ptr8, io_off: int, salt: int) -> int:
-    # step * SR_K_STEP + salt * SR_K_SALT, the rounding key of an update's element 0 (abi.SR_BITS)
-    io = ptr32(uint(A) + io_off)
-    x = io[int(IO_STEP)] * int(SR_K_STEP) + salt * int(SR_K_SALT)
-    h = (x >> 16) & 0xFFFF
-    return (((h ^ 0x8000) - 0x8000) << 16) | (x & 0xFFFF)
+def _copy(A: ptr8, dst: int, src: ptr8, n: int):
+    for i in range(n):
+        A[dst + i] = src[i]
 
 
 # --------------------------------------------------------------------------- forward
@@ -660,7 +667,11 @@ def _grad_w(A: ptr8, P: ptr32, o: int, upd: int):
     S[6] = 127
     key = 0
     if upd:
-        key = int(_sr_key(A, P[f + 11], P[f + 12]))
+        # The rounding key of element 0 (abi.SR_BITS): step * SR_K_STEP + salt * SR_K_SALT, kept
+        # in the word, never returned (a viper int return >= 2**30 is a boxed object on 32 bits);
+        # only its low 32 bits matter (_requant sign-extends S[7] + i).
+        io = ptr32(uint(A) + P[f + 11])
+        key = io[int(IO_STEP)] * int(SR_K_STEP) + P[f + 12] * int(SR_K_SALT)
     for j in range(n_sel):
         oc = idx[j]
         xg = x + (oc // Og) * Cg * HW
@@ -732,7 +743,8 @@ def apply_w(A: ptr8, P: ptr32, o: int):
     row = P[o + 4]
     ums = ptr32(uint(A) + P[o + 5])
     ushs = ptr32(uint(A) + P[o + 6])
-    key = int(_sr_key(A, P[o + 7], P[o + 8]))
+    io = ptr32(uint(A) + P[o + 7])            # the rounding key, as in _grad_w
+    key = io[int(IO_STEP)] * int(SR_K_STEP) + P[o + 8] * int(SR_K_SALT)
     S = ptr32(_S)
     S[1] = _SUB_I8_SR
     S[5] = -128
@@ -847,11 +859,17 @@ def grad_add(A, P, o):
 
 # fields(load): blob_off, dst_off, n
 def load(A, P, o, f):
+    # Through _S in pieces: a memoryview of A and its slice would be two heap objects per call.
     dst = _word(P, o + 2)
     n = _word(P, o + 3)
     f.seek(_word(P, o + 1))
-    if f.readinto(memoryview(A)[dst:dst + n]) != n:
-        raise ValueError("load: the weight blob ends early")
+    while n > 0:
+        k = f.readinto(_S, min(n, len(_S)))
+        if not k:
+            raise ValueError("load: the weight blob ends early")
+        _copy(A, dst, _S, k)
+        dst += k
+        n -= k
 
 
 # fields(patch): src_off, dst_off, idx_off, n_sel, row_bytes
@@ -875,8 +893,8 @@ def acc_i32(A: ptr8, P: ptr32, o: int):
     src = ptr32(uint(A) + P[o + 1])
     dst = ptr32(uint(A) + P[o + 2])
     n = P[o + 3]
-    imin = -0x40000000
-    imin += imin
+    imin = -0x3FFFFFFF - 1            # -2**30, a small int on 32 bits (0x40000000 is not)
+    imin += imin                      # -2**31 in a machine word
     imax = -1 - imin
     for i in range(n):
         a = dst[i]
