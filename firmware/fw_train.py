@@ -4,15 +4,17 @@
 #
 # Started from the REPL with `import fw_train; fw_train.serve()`. Memory: one arena of
 # tte_model.ARENA_BYTES holds the program, every tensor and table (the compiler's static plan),
-# plus the link's fixed buffers; nothing is allocated per sample.
+# plus the link's fixed buffers; a training step allocates nothing (32-bit boards included).
 import gc
 import os
 import sys
 
-
-import tte_model as M
 from link import Link
 from tte_abi import IO_STEP
+
+# tte_model, imported by serve(): it is generated per model, so a board without one can still
+# import (or `mpremote run`) this module.
+M = None
 
 # Message types (host <-> device), in the link's frame type byte; host/mcu/device.py reads them
 # from this file.
@@ -34,17 +36,19 @@ CKPT_TMP = "tte_ckpt.tmp"
 CKPT_MAGIC = b"TTE1"
 
 
+# Little-endian words in buffers. Small ints have 31 bits on a 32-bit board: larger values are
+# heap objects, so the sign comes from the top byte and no 0xFFFFFFFF mask is applied (a -1 reply
+# stays a small int).
 def _u32(b, at):
     return b[at] | (b[at + 1] << 8) | (b[at + 2] << 16) | (b[at + 3] << 24)
 
 
 def _i32(b, at):
-    v = _u32(b, at)
-    return v - (1 << 32) if v & 0x80000000 else v
+    t = b[at + 3]
+    return b[at] | (b[at + 1] << 8) | (b[at + 2] << 16) | ((t - ((t & 0x80) << 1)) << 24)
 
 
 def _put32(b, at, v):
-    v &= 0xFFFFFFFF
     b[at] = v & 0xFF
     b[at + 1] = (v >> 8) & 0xFF
     b[at + 2] = (v >> 16) & 0xFF
@@ -129,6 +133,8 @@ def _refuse(link, text):
 
 
 def serve(checkpoint_every=1):
+    global M
+    import tte_model as M
     # The arena first, from a collected heap: the largest block is asked for while the heap is
     # least fragmented (the link's buffers come after it).
     gc.collect()
