@@ -1,5 +1,6 @@
 """firmware/link.py in the real MicroPython interpreter, talking to the host's link code: over
-pipes, and over the twin's serial port (garbage both ways, every byte value, a pulled cable)."""
+pipes (the unix port), and over the serial port of both twins, the Cortex-M7 one and the unix port
+(garbage both ways, every byte value, a pulled cable)."""
 
 import os
 import random
@@ -12,7 +13,8 @@ import pytest
 
 from insitu.mcu.link import (HEADER, MAX_PAYLOAD, SYNC, DeviceLink, Frame, FrameDecoder,
                              encode_frame, start_program)
-from insitu.mcu.twin import McuTwin, find_tool
+from insitu.mcu.flash import flash
+from insitu.mcu.twin import TWINS, McuTwin, find_tool
 from insitu.resources import package_dir
 
 pytestmark = pytest.mark.firmware
@@ -125,10 +127,12 @@ def test_frames_are_not_copied_on_the_device(piped):
 
 # -- over the twin's serial port ---------------------------------------------------------------
 
-@pytest.fixture
-def device(tmp_path):
-    install(tmp_path)
-    with McuTwin(tmp_path) as twin:
+@pytest.fixture(params=TWINS)
+def device(tmp_path, request):
+    with McuTwin(tmp_path / "flash", twin=request.param) as twin:
+        # Deployed as on a board (sources: the echo server is the test's, not insitu's firmware).
+        flash(twin.port, {"link.py": package_dir("firmware") / "link.py",
+                          "echo_server.py": ECHO_SERVER.encode()}, compile_mpy=False)
         start_program(twin.port, "import echo_server; echo_server.serve()")
         with DeviceLink(twin.port, timeout_s=1.0) as dl:
             yield twin, dl
