@@ -175,6 +175,7 @@ def serve(checkpoint_every=1):
     io = M.IO_OFF
     x0, nx = M.INPUT_OFF, M.INPUT_BYTES
     mv = memoryview(A)
+    gc.collect()                    # the start-up's garbage is not what training needs
     peak = gc.mem_alloc()
     try:
         while True:

@@ -37,17 +37,13 @@ CALIBRATION_SAMPLES = 64
 #: Cortex-M7 twin (MicroPython 1.28 in QEMU, .mpy for armv7emsp) over eight programs of 64 to 223
 #: calls, mbv2-tiny and mbv2-28, gave 44,132 B + 24.2 B a call: `.venv/bin/python -m pytest -m
 #: benchmark -s tests/benchmarks/test_bench_mcu_heap.py` (docs/results/mcu/heap-model-cortex-m7.txt).
-#: The constant is raised to 44,800 B so that the prediction plus HEAP_MARGIN also covers the
-#: firmware's mem_peak on a large heap (insitu train's peak_heap_bytes), which counts garbage left
-#: from the start not yet collected (up to ~11 KB above the live heap on mbv2-28). On the
-#: unix-port twin (64-bit, no machine code in its heap; 29,700 B + 34 B a call was its fit) it is
-#: an upper bound.
-RUNTIME_HEAP_BYTES = 44_800
+#: On the unix-port twin (64-bit, no machine code in its heap; 29,700 B + 34 B a call was its fit)
+#: it is an upper bound.
+RUNTIME_HEAP_BYTES = 44_200
 HEAP_BYTES_PER_CALL = 24
-#: With these constants the predictions were +0.2 % .. +2.2 % above the measured minimum on the
-#: fit's programs and +0.6 % .. +1.5 % on four held-out ones: a heap must exceed the prediction by
-#: this much before training starts (at the very minimum a heap fragmented a little differently
-#: refuses the arena).
+#: The fit's predictions were within a few percent of the measured minimum, on its programs and on
+#: held-out ones (docs/mcu.md): a heap must exceed the prediction by this much before training
+#: starts (at the very minimum a heap fragmented a little differently refuses the arena).
 HEAP_MARGIN = 0.05
 
 

@@ -127,8 +127,7 @@ def test_heap_model_on_the_cortex_m7_twin():
 
     # Per call: the constants as train.py takes them: whole bytes a call, the runtime rounded up to
     # 100 B and, where needed, raised so that prediction * (1 + HEAP_MARGIN) also covers the
-    # firmware's mem_peak on the fit programs (insitu train's peak_heap_bytes, which counts the
-    # start's garbage not yet collected when the heap is large).
+    # firmware's mem_peak on the fit programs (insitu train's peak_heap_bytes).
     const, per = _fit(fitted, "calls")
     per_call = int(round(per))
     covering = max(r["peak_at_high_bytes"] / (1 + mcu_train.HEAP_MARGIN) - r["arena_bytes"] - per_call * r["calls"]
@@ -183,8 +182,8 @@ def test_heap_model_on_the_cortex_m7_twin():
              f"held-out {100 * w['old']['held_out']:.1f} %",
              f"prediction * (1 + HEAP_MARGIN) >= measured for every program: "
              f"{all(r['per_call']['upper_bound_with_margin'] for r in rows)}",
-             "", f"the firmware's mem_peak with a {HIGH // 1024} KiB heap (insitu train's peak_heap_bytes; "
-             "it counts garbage not yet collected) against prediction * (1 + HEAP_MARGIN):",
+             "", f"the firmware's mem_peak with a {HIGH // 1024} KiB heap (insitu train's peak_heap_bytes) "
+             "against prediction * (1 + HEAP_MARGIN):",
              *[f"{r['program']:24s} peak {r['peak_at_high_bytes']:9,d}  bound "
                f"{int(r['per_call']['predicted'] * (1 + mcu_train.HEAP_MARGIN)):9,d}  "
                f"{'covered' if r['per_call']['predicted'] * (1 + mcu_train.HEAP_MARGIN) >= r['peak_at_high_bytes'] else 'NOT covered'}"
