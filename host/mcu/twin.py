@@ -428,18 +428,19 @@ class McuTwin:
 
 class FlashFiles:
     """The twin's flash seen from the host, for tests and inspection: the unix port's folder, or
-    the files in the Cortex-M7 twin's FAT image (read and written with mtools while the twin is
-    stopped). The board's own way in is mpremote; this is the way in without a board running."""
+    the files in the Cortex-M7 twin's FAT image, through mtools (read while the board writes no
+    file, written only while it is stopped: the board caches FAT sectors). The board's own way in
+    is mpremote; this is the way in without one."""
 
     def __init__(self, flash_dir: Path, twin: str):
         self.flash_dir, self.twin = Path(flash_dir), twin
         self.image = self.flash_dir / qemu.FLASH_IMAGE
 
-    def _mtools(self, tool: str, *args: str, data: bytes | None = None) -> bytes:
+    def _mtools(self, tool: str, *args: str) -> bytes:
         exe = shutil.which(tool)
         if exe is None:
             raise InsituError(f"{tool} is missing: apt-get install mtools (bash scripts/setup.sh --mcu)")
-        run = subprocess.run([exe, "-i", str(self.image), *args], input=data, capture_output=True,
+        run = subprocess.run([exe, "-i", str(self.image), *args], capture_output=True,
                              env={**os.environ, "MTOOLS_SKIP_CHECK": "1"})
         if run.returncode != 0:
             raise FileNotFoundError(f"{tool} {' '.join(args)} on {self.image}: "

@@ -167,8 +167,7 @@ def test_emulate_serves_mpremote_and_insitu_flash_resets_on_sigusr1_and_stops_on
         assert result["arch"] == {"qemu": "armv7emsp", "unix": "x64"}[kind]
         assert sorted(f["name"] for f in result["files"]) == \
             sorted([f"{name}.mpy" for name in runtime] + ["weights.bin"])
-        on_board = [name for name in files.names() if name != "insitu-flash.img"]
-        assert sorted(on_board) == sorted([f"{name}.mpy" for name in runtime] + ["weights.bin"])
+        assert files.names() == sorted([f"{name}.mpy" for name in runtime] + ["weights.bin"])
         assert files.read("weights.bin") == bytes(range(256)) * 3
         out = mpremote(port, "exec", "import link; print(link.MAX_PAYLOAD, link.__file__)").stdout
         assert out == "2048 link.mpy\n"
@@ -201,7 +200,7 @@ def test_flash_refuses_a_real_board_name_for_a_twin(run_cli, twin):
     run = run_cli("flash", "--board", "stm32f746-disco", "--port", twin.port)
     assert run.returncode == 2
     assert "--board stm32f746-disco-sim" in run.stderr
-    assert [n for n in twin.files.names() if n != "insitu-flash.img"] == []
+    assert twin.files.names() == []
 
 
 def test_emulate_refuses_a_real_board(run_cli):
