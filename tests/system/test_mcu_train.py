@@ -392,13 +392,19 @@ def test_a_scheme_that_does_not_fit_is_refused_before_flashing(run_cli, prep, tm
     (("--port", "/dev/does-not-exist"), 1, ["/dev/does-not-exist", "cannot open the serial port"]),
     ((), 2, ["--port"]),
     (("--port", "/dev/does-not-exist", "--heap", 65536), 2, ["--heap"]),
-], ids=["missing-port", "no-port", "heap-on-a-real-board"])
+    (("--port", "/dev/does-not-exist", "--twin", "unix"), 2, ["--twin", "real board"]),
+], ids=["missing-port", "no-port", "heap-on-a-real-board", "twin-on-a-real-board"])
 def test_a_real_board_needs_a_port_that_exists(run_cli, args, code, says):
     run = run_cli(*SPARSE, "--board", REAL_BOARD, "--samples", 2, "--test-samples", 2, *args, timeout=120)
     assert run.returncode == code, run.stderr
     assert run.stderr.startswith("error:") and "Traceback" not in run.stderr, run.stderr
     for text in says:
         assert text in run.stderr, run.stderr
+
+
+def test_twin_is_refused_for_a_board_that_is_no_microcontroller(run_cli):
+    run = run_cli("train", "--board", "ultra96v2-sim", "--twin", "unix", "--samples", 2, timeout=60)
+    assert run.returncode == 2 and "--twin" in run.stderr and "ultra96v2-sim" in run.stderr, run.stderr
 
 
 # --------------------------------------------------------------------------- insitu mcu minheap
