@@ -30,6 +30,7 @@ if [ "$setup_mcu" = 1 ]; then
     [ -f /usr/lib/arm-none-eabi/newlib/libc.a ] || need_debs+=(libnewlib-arm-none-eabi)
     command -v qemu-system-arm >/dev/null 2>&1 || need_debs+=(qemu-system-arm)
     command -v mcopy >/dev/null 2>&1 || need_debs+=(mtools)
+    command -v make >/dev/null 2>&1 || need_debs+=(make)
 fi
 if [ ${#need_debs[@]} -gt 0 ]; then
     say "installing Debian packages: ${need_debs[*]}"

@@ -40,7 +40,6 @@ static int semihost(int op, void *args) {
 
 static int flash_fd = -1;
 static uint32_t flash_blocks;
-static size_t heap_bytes;
 
 // The value of `key=N` on the semihosting command line, or `otherwise`.
 static size_t cmdline_value(const char *cmdline, const char *key, size_t otherwise) {
@@ -93,8 +92,7 @@ static void power_on(void) {
         get.len = 0;
     }
     cmdline[get.len] = '\0';
-    heap_bytes = cmdline_value(cmdline, "heap", DEFAULT_HEAP_BYTES);
-    limit_heap(heap_bytes);
+    limit_heap(cmdline_value(cmdline, "heap", DEFAULT_HEAP_BYTES));
 
     struct { const char *name; int mode; int len; } open = {
         FLASH_IMAGE, OPEN_MODE_READ_WRITE_BINARY, sizeof(FLASH_IMAGE) - 1
@@ -172,26 +170,6 @@ static MP_DEFINE_CONST_OBJ_TYPE(
     );
 
 static const flash_obj_t flash_obj = { { &flash_type } };
-
-// ---- the module `insitu_board` ----------------------------------------------------------------
-
-static mp_obj_t board_heap_bytes(void) {
-    return mp_obj_new_int_from_uint(heap_bytes);
-}
-static MP_DEFINE_CONST_FUN_OBJ_0(board_heap_bytes_obj, board_heap_bytes);
-
-static const mp_rom_map_elem_t board_module_globals_table[] = {
-    { MP_ROM_QSTR(MP_QSTR___name__), MP_ROM_QSTR(MP_QSTR_insitu_board) },
-    { MP_ROM_QSTR(MP_QSTR_flash), MP_ROM_PTR(&flash_obj) },
-    { MP_ROM_QSTR(MP_QSTR_heap_bytes), MP_ROM_PTR(&board_heap_bytes_obj) },
-};
-static MP_DEFINE_CONST_DICT(board_module_globals, board_module_globals_table);
-
-const mp_obj_module_t insitu_board_module = {
-    .base = { &mp_type_module },
-    .globals = (mp_obj_dict_t *)&board_module_globals,
-};
-MP_REGISTER_MODULE(MP_QSTR_insitu_board, insitu_board_module);
 
 // ---- every mp_init() ---------------------------------------------------------------------------
 

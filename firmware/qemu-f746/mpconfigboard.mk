@@ -1,5 +1,5 @@
 # insitu's STM32F746-like board for MicroPython's QEMU port (QEMU machine mps2-an500, a Cortex-M7).
-# Copied into ports/qemu/boards/INSITU_F746 by `insitu.mcu.qemu_build`; built there with
+# Copied into ports/qemu/boards/INSITU_F746 by `insitu.mcu.qemu` (insitu mcu build-twin); built with
 #   make -C ports/qemu BOARD=INSITU_F746
 # What makes it an F746 rather than the stock MPS2_AN500 board: single-precision FPU and floats
 # (the F746 has an FPv5-SP unit), the board's training heap (set at boot, see board.c), a FAT
@@ -27,6 +27,6 @@ MPY_CROSS_FLAGS += -march=armv7emsp
 MICROPY_FLOAT_IMPL = float
 SUPPORTS_HARDWARE_FP_SINGLE = 1
 
-# The largest heap a twin can be given; board.c shrinks it at boot to the heap QEMU's semihosting
-# command line asks for (the board's 256 KiB training budget by default).
+# The largest heap a twin can be given (insitu.mcu.qemu reads it from here); board.c shrinks it at
+# boot to the heap QEMU's semihosting command line asks for (the board's 256 KiB by default).
 MICROPY_HEAP_SIZE = 1048576

@@ -105,6 +105,18 @@ def emulate(board, flash_dir, heap, twin_kind, as_json):
         twin.stop()
 
 
+def _twin_ready(twin_kind: str) -> None:
+    """The twin's tools are there and, for the Cortex-M7 twin, its firmware is built (once)."""
+    if twin_kind == "qemu":
+        from insitu.mcu import qemu
+
+        qemu.firmware(lambda text: click.echo(text, err=True))
+    else:
+        from insitu.mcu.twin import find_tool
+
+        find_tool("micropython")
+
+
 @command.command("build-twin")
 @click.option("--json", "as_json", is_flag=True, help="Print {firmware, source, key} as JSON.")
 def build_twin(as_json):
@@ -271,6 +283,11 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
     if samples < 1:
         raise UsageError(f"--samples must be at least 1, got {samples}")
     high_bytes = parse_size(high) if high else spec.mcu["training_budget_bytes"]
+    if twin_kind == "qemu":
+        from insitu.mcu import qemu
+
+        qemu.check_heap(high_bytes)
+    _twin_ready(twin_kind)           # before the model's pre-training, which may take minutes
     prep = Prepared(model, task, scheme, lr, seed)
     compiled = prep.compiled
     low = compiled.arena_bytes
@@ -346,6 +363,8 @@ def compare(model, task, budgets, train_samples, eval_samples, lr, seed, evaluat
     for path, what in ((out, "--out"), (plot, "--plot")):
         if path:
             check_writable(path, what)
+    if measure_heap:
+        _twin_ready("qemu")          # before minutes of training, not after them
     workers = workers if workers is not None else max(1, os.cpu_count() or 1)
     result = run_compare(model, task, budget_list, train_samples=train_samples, eval_samples=eval_samples, lr=lr,
                          seed=seed, evaluations=evaluations, workers=workers, measure_heap=measure_heap, board=board,

@@ -140,7 +140,8 @@ def _mpy_cross_version() -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def _compile(source: Path, name: str, arch: str | None, out: Path) -> None:
+def compile_to_mpy(source: Path, name: str, arch: str | None, out: Path) -> None:
+    """``source`` compiled by mpy-cross to ``out`` (for ``arch``, e.g. armv7emsp, or the host's)."""
     cmd = [find_tool("mpy-cross"), "-s", name, "-o", str(out)]
     if arch:
         cmd.append(f"-march={arch}")
@@ -178,7 +179,7 @@ def flash(port: str, files: dict[str, bytes | Path], *, compile_mpy: bool = True
             local.write_bytes(data)
             if compile_mpy and name.endswith(".py") and name not in _SOURCE_ONLY:
                 name = name[:-3] + ".mpy"
-                _compile(local, local.name, device["arch"], stage / name)
+                compile_to_mpy(local, local.name, device["arch"], stage / name)
                 local = stage / name
                 data = local.read_bytes()
             deployed.append({"name": name, "source": str(source) if source else None,

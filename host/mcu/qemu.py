@@ -15,20 +15,19 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
 
-from insitu.errors import InsituError
+from insitu.errors import InsituError, UsageError
 from insitu.resources import package_dir
 
 MICROPYTHON_VERSION = "1.28.0"
 BOARD = "INSITU_F746"
 QEMU_MACHINE = "mps2-an500"
-#: The largest heap the firmware has (its MICROPY_HEAP_SIZE); board.c cuts it at power-on.
-MAX_HEAP_BYTES = 1 << 20
 #: The filesystem image (/flash) of a new twin; the host file is sparse.
 FLASH_IMAGE = "insitu-flash.img"
 FLASH_IMAGE_BYTES = 2 << 20
@@ -86,6 +85,24 @@ def source_archive() -> Path:
 
 def _board_files() -> list[Path]:
     return sorted(p for p in (package_dir("firmware") / "qemu-f746").iterdir() if p.is_file())
+
+
+def max_heap_bytes() -> int:
+    """The largest heap the twin can have: the firmware's MICROPY_HEAP_SIZE, set in the board's
+    makefile (board.c cuts the heap to the one asked for at power-on)."""
+    text = (package_dir("firmware") / "qemu-f746" / "mpconfigboard.mk").read_text()
+    match = re.search(r"^MICROPY_HEAP_SIZE\s*=\s*(\d+)\s*$", text, re.MULTILINE)
+    if not match:
+        raise InsituError("firmware/qemu-f746/mpconfigboard.mk sets no MICROPY_HEAP_SIZE; reinstall insitu")
+    return int(match[1])
+
+
+def check_heap(heap_bytes: int) -> None:
+    """Refuse a heap the Cortex-M7 twin cannot have (a cheap check, before any slow work)."""
+    limit = max_heap_bytes()
+    if heap_bytes > limit:
+        raise UsageError(f"the Cortex-M7 twin's heap is at most {limit:,} B (asked "
+                         f"{heap_bytes:,} B); use --twin unix for a larger one")
 
 
 def _cache_root() -> Path:
@@ -174,9 +191,7 @@ def command(elf: Path, serial: str, heap_bytes: int,
     """The QEMU command line of the twin: its UART on ``serial`` (a tty path), semihosting for
     the heap size and the flash image (in QEMU's working directory). ``preload`` puts files at
     guest addresses at power-on (``-device loader``): bulk test data without the UART's ~8 KB/s."""
-    if heap_bytes > MAX_HEAP_BYTES:
-        raise InsituError(f"the Cortex-M7 twin's heap is at most {MAX_HEAP_BYTES:,} B (asked "
-                          f"{heap_bytes:,} B); use --twin unix for a larger one")
+    check_heap(heap_bytes)
     return [shutil.which("qemu-system-arm") or "qemu-system-arm", "-machine", QEMU_MACHINE,
             "-nographic", "-monitor", "null",
             "-semihosting-config", f"enable=on,target=native,arg=insitu-f746,arg=heap={heap_bytes}",

@@ -188,9 +188,7 @@ def run_sparse(config, board: Board, advance) -> dict:
         from insitu.mcu import qemu
 
         # Before the slow work: the toolchain is there and the firmware built (once, cached).
-        if heap > qemu.MAX_HEAP_BYTES:
-            raise UsageError(f"the Cortex-M7 twin's heap is at most {qemu.MAX_HEAP_BYTES:,} B "
-                             f"(--heap {heap:,}); use --twin unix for a larger one")
+        qemu.check_heap(heap)
         qemu.firmware(print_to_stderr)
     prep = Prepared(config.model, config.dataset, config.scheme or DEFAULT_SCHEME, config.lr, config.seed,
                     accumulate=config.batch_size)

@@ -112,9 +112,7 @@ class McuTwin:
         if self.preload and twin != "qemu":
             raise UsageError("preloading files into the board's memory needs the qemu twin")
         if twin == "qemu":
-            if self.heap_bytes > qemu.MAX_HEAP_BYTES:
-                raise UsageError(f"the Cortex-M7 twin's heap is at most {qemu.MAX_HEAP_BYTES:,} B "
-                                 f"(asked {self.heap_bytes:,} B); use --twin unix for a larger one")
+            qemu.check_heap(self.heap_bytes)
             self.elf = qemu.firmware(say)
             self.micropython = None
         else:

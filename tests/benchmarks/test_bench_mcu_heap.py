@@ -32,7 +32,7 @@ import pytest
 
 from insitu.io import atomic_write, atomic_write_json
 from insitu.mcu import train as mcu_train
-from insitu.mcu.flash import _compile
+from insitu.mcu.flash import compile_to_mpy
 from insitu.mcu.minheap import GRANULE, find_min_heap
 from insitu.mcu.train import Prepared, firmware_files
 
@@ -61,7 +61,7 @@ def _mpy_bytes(module: str) -> int:
     with tempfile.TemporaryDirectory() as d:
         src, out = Path(d) / "tte_model.py", Path(d) / "tte_model.mpy"
         src.write_text(module)
-        _compile(src, "tte_model.py", "armv7emsp", out)
+        compile_to_mpy(src, "tte_model.py", "armv7emsp", out)
         return out.stat().st_size
 
 

