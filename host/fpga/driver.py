@@ -34,9 +34,11 @@ from .regs import DONE, ERROR, Registers, format_dump
 from .twin import BEAT_BYTES, MODES, BitstreamError, TwinDevice, write_twin_overlay
 
 #: Seconds any one wait may take on a board or a fast twin (an op of the TT network takes
-#: milliseconds); an RTL twin simulates about a thousand cycles a second, so it waits longer.
+#: milliseconds). RTL twins wait longer: the compiled one simulates a few hundred thousand
+#: cycles a second (the network's largest op, under a million cycles, takes seconds; the margin
+#: is for a loaded machine), the Amaranth one about a thousand.
 DEFAULT_TIMEOUT_S = 10.0
-RTL_TIMEOUT_S = 1800.0
+RTL_TIMEOUT_S = {"rtl": 300.0, "rtl-amaranth": 1800.0}
 
 
 class AcceleratorError(InsituError):
@@ -284,7 +286,7 @@ def open_board(board, mode: str = "fast", bitstream=None, timeout_s: float | Non
 
     A real board needs ``bitstream`` (the .bit with its .hwh beside it) and a PYNQ image. A twin
     loads ``bitstream`` when given (a twin overlay), else one written for it; ``mode`` picks its
-    model of the PL (``fast`` or ``rtl``); ``fault`` injects a DMA fault (tests of the timeouts).
+    model of the PL (``fast``, ``rtl`` (compiled with Verilator) or ``rtl-amaranth``); ``fault`` injects a DMA fault (tests of the timeouts).
     """
     if board.kind != "fpga-soc":
         raise UsageError(f"{board.name} is not an FPGA board; the accelerator runs on "
@@ -306,5 +308,5 @@ def open_board(board, mode: str = "fast", bitstream=None, timeout_s: float | Non
         # Rewritten at every start (atomically): it always matches this insitu version.
         bitstream = write_twin_overlay(board.twin_of, twin_overlay_dir() / board.name)
     overlay = InsituOverlay(bitstream, device=device)
-    default = RTL_TIMEOUT_S if mode == "rtl" else DEFAULT_TIMEOUT_S
+    default = RTL_TIMEOUT_S.get(mode, DEFAULT_TIMEOUT_S)
     return Accelerator(overlay, timeout_s or default, board.fpga["pl_clock_hz"])

@@ -1,23 +1,27 @@
 """What serves a twin's programmable logic: the accelerator's registers and its two AXI streams.
 
-Two interchangeable models of the same hardware, behind one small interface (``axil_read``,
-``axil_write``, ``advance``):
+Interchangeable models of the same hardware, behind one small interface (``axil_read``,
+``axil_write``, ``advance``, ``cycles``, ``in_flight``):
 
-* :class:`RTLModel` runs the accelerator's RTL itself (:class:`insitu.rtl.top.Accelerator`) in
-  Amaranth's simulator: every register access is an AXI-Lite transaction on the design's bus and
-  every stream word is a beat on its AXI-Streams. Exact, including CYCLES, and slow (about a
-  thousand cycles per second here): for short runs and for cross-checking.
+* :class:`CompiledRTLModel` runs the accelerator's RTL itself, its generated Verilog compiled
+  with Verilator (:mod:`insitu.rtl.compiled`): every register access is an AXI-Lite transaction
+  on the design's bus and every stream word is a beat on its AXI-Streams, stepped in C++.
+  Exact, including CYCLES, at a few hundred thousand cycles per second (``--mode rtl``).
+* :class:`RTLModel` runs the same RTL (:class:`insitu.rtl.top.Accelerator`) in Amaranth's
+  simulator, cycle for cycle as the compiled model does (the same CYCLES), at about a thousand
+  cycles per second: the reference the compiled model is checked against (``--mode rtl-amaranth``).
 * :class:`FunctionalModel` serves the same registers and streams from the bit-exact golden
   models (:mod:`insitu.tt.pe_stream`, :class:`insitu.lrt.pe_ops.LRTPEModel`) with CYCLES from
   their cycle models: for long runs.
 
-Amaranth's simulator rather than cocotb + Icarus for the RTL mode: it runs in the driver's own
-process and is stepped from it (a register read advances the clock), so the twin needs no
-second process, socket or protocol between the driver and the simulator; Icarus on the generated
-Verilog stays the RTL's own verification (``tests/rtl``).
+Both RTL models run in the driver's own process and are stepped from it (a register read
+advances the clock), so the twin needs no second process, socket or protocol between the driver
+and the simulator; cocotb + Icarus on the generated Verilog stays the RTL's own verification
+(``tests/rtl``).
 
 The streams meet the twin's AXI DMA model (:class:`insitu.fpga.twin.AxiDmaModel`) through
-``dma.input_beats()`` / ``dma.pop_input(n)`` and ``dma.output_room()`` / ``dma.push_output(...)``.
+``dma.input_beats()`` / ``dma.pop_input(n)`` / ``dma.unpop_input(n)`` and ``dma.output_room()`` /
+``dma.push_output(...)``.
 """
 
 from __future__ import annotations
@@ -330,3 +334,49 @@ class RTLModel:
 
 
 _CTRL_OFFSET = next(r.offset for r in REGISTERS if r.name == "CTRL")
+
+
+class CompiledRTLModel:
+    """The accelerator's RTL compiled with Verilator (module docstring), with the request
+    protocol and stream rules of :class:`RTLModel` (so CYCLES agree cycle for cycle); the
+    per-cycle loop runs in C++ (``insitu/rtl/compiled_twin.cpp``), and beats cross between the
+    DMA model and the design in batches: everything the DMA offers (up to one advance's worth)
+    goes in, the beats the design did not take go back.
+    """
+
+    def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS, cycles_per_advance: int = 4096):
+        from insitu.rtl.compiled import CompiledTwin
+
+        self.params = params
+        self.cycles_per_advance = cycles_per_advance
+        self.twin = CompiledTwin(params)
+        self.in_flight = False          # a START was written and the op has not ended
+
+    @property
+    def cycles(self) -> int:
+        """Simulated clock cycles so far."""
+        return self.twin.cycles
+
+    def axil_write(self, offset: int, value: int) -> None:
+        self.twin.write(offset, value)
+        if offset == _CTRL_OFFSET and value & START:
+            self.in_flight = True
+
+    def axil_read(self, offset: int) -> int:
+        return self.twin.read(offset)
+
+    def advance(self, dma) -> None:
+        if not self.in_flight:
+            return
+        limit = self.cycles_per_advance
+        # At most one beat per cycle moves: offer no more than the advance can take.
+        offered = min(dma.input_beats(), limit)
+        words, last = dma.pop_input(offered) if offered else (np.zeros(0, np.int64), False)
+        room = min(dma.output_room(), limit)
+        taken, out, out_last, ended, _ = self.twin.stream(words & 0xFFFF, last, room, limit)
+        if taken < offered:
+            dma.unpop_input(offered - taken)
+        if out.size:
+            dma.push_output(out.astype(np.int64), last=bool(out_last[-1]))
+        if ended:
+            self.in_flight = False

@@ -5,7 +5,8 @@ the programmable logic, so that the unchanged PYNQ driver (``pynq.Overlay``, ``D
 * :class:`TwinDevice` has pynq's ``REGISTER_RW`` capability: ``pynq.MMIO`` sends every register
   access to :meth:`TwinDevice.read_registers` / :meth:`write_registers`, which route it by
   address, as the board's interconnect does, to the accelerator (served by a model of
-  :mod:`insitu.fpga.pl`: the RTL in simulation or the functional model) or to the AXI DMA.
+  :mod:`insitu.fpga.pl`: the functional model, or the RTL compiled with Verilator or in
+  Amaranth's simulator) or to the AXI DMA.
 * :class:`AxiDmaModel` is the register interface of Xilinx's AXI DMA in simple mode (PG021:
   MM2S/S2MM control, status, address and length registers), moving bytes between the twin's
   DDR and the accelerator's streams; TLAST ends each MM2S transfer, as the DMA does.
@@ -35,9 +36,12 @@ from insitu.rtl import vivado
 from insitu.rtl.params import DEFAULT_PARAMS, IP_VLNV, STREAM_WORDS, AcceleratorParams
 from insitu.rtl.regmap import VERSION
 
-from .pl import FunctionalModel, RTLModel
+from .pl import CompiledRTLModel, FunctionalModel, RTLModel
 
-MODES = ("fast", "rtl")
+#: A twin's models of the PL: the functional model (fast), the RTL compiled with Verilator (rtl),
+#: the RTL in Amaranth's simulator (rtl-amaranth: the reference, ~1000x slower than rtl).
+MODES = ("fast", "rtl", "rtl-amaranth")
+RTL_MODELS = {"rtl": CompiledRTLModel, "rtl-amaranth": RTLModel}
 #: Where the twin's DDR hands out buffer addresses (inside the HP port's DDR window of both boards).
 DDR_BASE = 0x1000_0000
 BEAT_BYTES = 2 * STREAM_WORDS
@@ -217,6 +221,8 @@ class AxiDmaModel:
     def unpop_input(self, beats: int) -> None:
         """Give back beats the stream did not accept (the RTL model reads one ahead)."""
         c = self.mm2s
+        if beats and c.idle:
+            c.irq = False                   # the transfer popped to its end is not complete after all
         c.position -= beats
         c.idle = False
 
@@ -240,7 +246,8 @@ class AxiDmaModel:
 class TwinDevice(pynq.Device):
     """A simulated Ultra96-V2 or ZedBoard as pynq sees a device (module docstring).
 
-    ``mode``: ``"fast"`` (functional model) or ``"rtl"`` (the RTL in simulation). The device
+    ``mode``: ``"fast"`` (functional model), ``"rtl"`` (the RTL compiled with Verilator) or
+    ``"rtl-amaranth"`` (the RTL in Amaranth's simulator). The device
     serves nothing until an overlay is downloaded to it.
     """
 
@@ -285,11 +292,11 @@ class TwinDevice(pynq.Device):
     def download(self, bitstream, parser=None):
         meta = self._twin_bitstream(bitstream.bitfile_name)
         params = AcceleratorParams(**meta["params"])
-        if self.mode == "rtl":
+        if self.mode in RTL_MODELS:
             if meta["register_map_version"] != VERSION:
                 raise BitstreamError(f"{bitstream.bitfile_name} was built from register map "
                                      f"{meta['register_map_version']:#010x}; this RTL has {VERSION:#010x}")
-            self.pl = RTLModel(params)
+            self.pl = RTL_MODELS[self.mode](params)
         else:
             self.pl = FunctionalModel(params, version=meta["register_map_version"])
         self.windows = []
@@ -340,5 +347,5 @@ class TwinDevice(pynq.Device):
 
     @property
     def cycles(self) -> int | None:
-        """Clock cycles simulated so far (RTL mode), for figures."""
+        """Clock cycles simulated so far (RTL modes), for figures."""
         return getattr(self.pl, "cycles", None)
