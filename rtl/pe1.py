@@ -25,11 +25,12 @@ from __future__ import annotations
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib.memory import Memory
 
-from insitu.numerics import accumulator_bits, product_bits
+from insitu.numerics import accumulator_bits
 
 from .params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
-from .pe_common import (CODE_BITS, DATA_BITS, OutputStage, adder_tree, check_params,
-                        common_cfg_errors, drive_cfg_error, payload_codes, words)
+from .pe_common import (CODE_BITS, DATA_BITS, PACK_BIAS, PACK_BITS, PACKED_PRODUCT_BITS,
+                        OutputStage, adder_tree, check_params, common_cfg_errors, drive_cfg_error,
+                        pack_codes, payload_codes, unpack_products, words)
 from .pe_interface import PE
 from .regmap import ErrorCode
 
@@ -55,6 +56,7 @@ class PE1(PE):
         m = Module()
         p = self.params
         ROWS, LANES, R, FE = self.rows, self.lanes, self.row_entries, self.factor_entries
+        HALF = STREAM_WORDS                     # lanes per half-entry (one beat)
         a, b, c, d = self.a, self.b, self.c, self.d
 
         # ---------------------------------------------------------------- configuration
@@ -73,22 +75,28 @@ class PE1(PE):
         ]
         # Derived sizes, registered (the configuration is stable from START on; the first use is
         # in the cycle after START). Meaningful for accepted configurations only.
-        K = Signal(range(R + 1))                # entries per row: b*C
-        Km1 = Signal(range(R))
+        E = Signal(range(2 * R + 1))            # half-entries (beats) per row: 2*b*C
+        Em1 = Signal(range(2 * R))
         Cm1 = Signal(range(R))
-        bm1, dm1, gm1 = Signal(16), Signal(16), Signal(14)
-        m.d.sync += [K.eq(b * C), Km1.eq(b * C - 1), Cm1.eq(C - 1), bm1.eq(b - 1), dm1.eq(d - 1),
-                     gm1.eq(groups - 1)]
+        bm1, dm1, Pm1, gm1 = Signal(16), Signal(16), Signal(15), Signal(14)
+        d_odd = Signal()
+        m.d.sync += [E.eq((b * C) << 1), Em1.eq(((b * C) << 1) - 1), Cm1.eq(C - 1),
+                     bm1.eq(b - 1), dm1.eq(d - 1), Pm1.eq((d - 1) >> 1), gm1.eq(groups - 1),
+                     d_odd.eq(d[0])]
 
         # ---------------------------------------------------------------- buffers
-        m.submodules.gmem = gmem = Memory(shape=LANES * CODE_BITS, depth=FE, init=[])
-        g_w = gmem.write_port(granularity=STREAM_WORDS * CODE_BITS)
+        # Factor entry (pair p, half-entry e) at p*2K + e: slot s (32 bits) holds the 8 codes of
+        # d = 2p + s for the lanes of e. An odd d leaves the last pair's slot 1 unused, so the
+        # entries reach (d+1)*K <= FE + K: R entries of slack.
+        m.submodules.gmem = gmem = Memory(shape=2 * HALF * CODE_BITS, depth=FE + R, init=[])
+        g_w = gmem.write_port(granularity=HALF * CODE_BITS)
         g_r = gmem.read_port()
+        # Row memories: one beat (8 lanes) per half-entry e = 2k + half, two banks of 2R.
         row_w, row_r = [], []
         for r in range(ROWS):
-            mem = Memory(shape=LANES * DATA_BITS, depth=2 * R, init=[])
+            mem = Memory(shape=HALF * DATA_BITS, depth=4 * R, init=[])
             m.submodules[f"row{r}"] = mem
-            row_w.append(mem.write_port(granularity=STREAM_WORDS * DATA_BITS))
+            row_w.append(mem.write_port())
             row_r.append(mem.read_port())
 
         busy = self.busy
@@ -105,85 +113,92 @@ class PE1(PE):
         g_fire, z_fire = Signal(), Signal()
         m.d.comb += [g_fire.eq(self.s.valid & g_phase), z_fire.eq(self.s.valid & z_ready)]
 
-        # G beats arrive in (b, d, chunk, half) order; entry address d*K + b*C + chunk.
+        # G beats arrive in (b, d, chunk, half) order: half-entry e = 2*(b*C + chunk) + half of
+        # pair d//2, slot d%2.
         gw_half = Signal()
         gw_chunk = Signal(range(R))
         gw_d, gw_b = Signal(16), Signal(16)
-        gw_addr, gw_dbase, gw_bbase = Signal(16), Signal(16), Signal(16)
+        gw_e, gw_ebase = Signal(range(2 * R + 1)), Signal(range(2 * R + 1))
+        gw_pbase = Signal(range(FE + R + 1))
         m.d.comb += [
-            g_w.addr.eq(gw_addr),
+            g_w.addr.eq(gw_pbase + gw_e),
             g_w.data.eq(Cat(payload_codes(self.s.payload), payload_codes(self.s.payload))),
-            g_w.en.eq(Mux(g_fire, Mux(gw_half, 0b10, 0b01), 0)),
+            g_w.en.eq(Mux(g_fire, Mux(gw_d[0], 0b10, 0b01), 0)),
         ]
         with m.If(g_fire):
             m.d.sync += gw_half.eq(~gw_half)
-            with m.If(gw_half):
-                with m.If(gw_chunk == Cm1):
-                    m.d.sync += gw_chunk.eq(0)
-                    with m.If(gw_d == dm1):
-                        m.d.sync += [gw_d.eq(0), gw_b.eq(gw_b + 1), gw_bbase.eq(gw_bbase + C),
-                                     gw_dbase.eq(gw_bbase + C), gw_addr.eq(gw_bbase + C)]
-                        with m.If(gw_b == bm1):
-                            m.d.sync += [g_phase.eq(0), z_phase.eq(1)]
-                    with m.Else():
-                        m.d.sync += [gw_d.eq(gw_d + 1), gw_dbase.eq(gw_dbase + K),
-                                     gw_addr.eq(gw_dbase + K)]
+            with m.If(gw_half & (gw_chunk == Cm1)):
+                m.d.sync += gw_chunk.eq(0)
+                with m.If(gw_d == dm1):
+                    m.d.sync += [gw_d.eq(0), gw_b.eq(gw_b + 1), gw_pbase.eq(0),
+                                 gw_ebase.eq(gw_ebase + (C << 1)), gw_e.eq(gw_ebase + (C << 1))]
+                    with m.If(gw_b == bm1):
+                        m.d.sync += [g_phase.eq(0), z_phase.eq(1)]
                 with m.Else():
-                    m.d.sync += [gw_chunk.eq(gw_chunk + 1), gw_addr.eq(gw_addr + 1)]
+                    m.d.sync += [gw_d.eq(gw_d + 1), gw_e.eq(gw_ebase)]
+                    with m.If(gw_d[0]):
+                        m.d.sync += gw_pbase.eq(gw_pbase + E)
+            with m.Else():
+                m.d.sync += gw_e.eq(gw_e + 1)
+                with m.If(gw_half):
+                    m.d.sync += gw_chunk.eq(gw_chunk + 1)
 
         # Z beats arrive per group in (row, k, half) order; row r goes to its own memory.
-        tw_half = Signal()
-        tw_k = Signal(range(R))
+        tw_e = Signal(range(2 * R))
         tw_row = Signal(range(ROWS))
         loaded = Signal(14)
         for r in range(ROWS):
             m.d.comb += [
-                row_w[r].addr.eq(Mux(lbank, tw_k + R, tw_k)),
-                row_w[r].data.eq(Cat(self.s.payload, self.s.payload)),
-                row_w[r].en.eq(Mux(z_fire & (tw_row == r), Mux(tw_half, 0b10, 0b01), 0)),
+                row_w[r].addr.eq(Cat(tw_e, lbank) if (2 * R) & (2 * R - 1) == 0
+                                 else Mux(lbank, tw_e + 2 * R, tw_e)),
+                row_w[r].data.eq(self.s.payload),
+                row_w[r].en.eq(z_fire & (tw_row == r)),
             ]
         with m.If(z_fire):
-            m.d.sync += tw_half.eq(~tw_half)
-            with m.If(tw_half):
-                with m.If(tw_k == Km1):
-                    m.d.sync += tw_k.eq(0)
-                    with m.If(tw_row == ROWS - 1):
-                        m.d.sync += [tw_row.eq(0), lbank.eq(~lbank), loaded.eq(loaded + 1)]
-                        with m.If(lbank):
-                            m.d.sync += full[1].eq(1)
-                        with m.Else():
-                            m.d.sync += full[0].eq(1)
-                        with m.If(loaded == gm1):
-                            m.d.sync += z_phase.eq(0)
+            with m.If(tw_e == Em1):
+                m.d.sync += tw_e.eq(0)
+                with m.If(tw_row == ROWS - 1):
+                    m.d.sync += [tw_row.eq(0), lbank.eq(~lbank), loaded.eq(loaded + 1)]
+                    with m.If(lbank):
+                        m.d.sync += full[1].eq(1)
                     with m.Else():
-                        m.d.sync += tw_row.eq(tw_row + 1)
+                        m.d.sync += full[0].eq(1)
+                    with m.If(loaded == gm1):
+                        m.d.sync += z_phase.eq(0)
                 with m.Else():
-                    m.d.sync += tw_k.eq(tw_k + 1)
+                    m.d.sync += tw_row.eq(tw_row + 1)
+            with m.Else():
+                m.d.sync += tw_e.eq(tw_e + 1)
 
         # ---------------------------------------------------------------- MAC issue
-        out = OutputStage(m, self, self.acc_bits, p, self.OUT_DEPTH, "out")
+        # Per group, per pair of d's, per half-entry e < 2K: 8 rows x 8 lanes x 2 d's.
+        out = OutputStage(m, self, self.acc_bits, p, self.OUT_DEPTH, "out", registered=True)
         pending = Signal(range(self.OUT_DEPTH + 1))     # results issued, not yet sent on m
         cbank = Signal()
-        k_c = Signal(range(R))
-        d_c = Signal(16)
-        g_c = Signal(range(FE))
+        e_c = Signal(range(2 * R))
+        p_c = Signal(16)
+        g_c = Signal(range(FE + R))
         computed = Signal(14)
         comp_done = Signal()
-        last_k = Signal()
+        last_e, last_p = Signal(), Signal()
         issue = Signal()
         m.d.comb += [
-            last_k.eq(k_c == Km1),
+            last_e.eq(e_c == Em1),
+            last_p.eq(p_c == Pm1),
+            # A pair's last cycle issues only if the output has room for both its results.
             issue.eq(busy & ~comp_done & Mux(cbank, full[1], full[0]) &
-                     (~last_k | (pending < self.OUT_DEPTH))),
+                     (~last_e | (pending <= self.OUT_DEPTH - 2))),
             g_r.addr.eq(g_c),
         ]
         for r in range(ROWS):
-            m.d.comb += row_r[r].addr.eq(Mux(cbank, k_c + R, k_c))
+            m.d.comb += row_r[r].addr.eq(Cat(e_c, cbank) if (2 * R) & (2 * R - 1) == 0
+                                         else Mux(cbank, e_c + 2 * R, e_c))
         with m.If(issue):
-            with m.If(last_k):
-                m.d.sync += k_c.eq(0)
-                with m.If(d_c == dm1):
-                    m.d.sync += [d_c.eq(0), g_c.eq(0), cbank.eq(~cbank), computed.eq(computed + 1)]
+            m.d.sync += g_c.eq(g_c + 1)
+            with m.If(last_e):
+                m.d.sync += e_c.eq(0)
+                with m.If(last_p):
+                    m.d.sync += [p_c.eq(0), g_c.eq(0), cbank.eq(~cbank), computed.eq(computed + 1)]
                     with m.If(cbank):
                         m.d.sync += full[1].eq(0)
                     with m.Else():
@@ -191,58 +206,86 @@ class PE1(PE):
                     with m.If(computed == gm1):
                         m.d.sync += comp_done.eq(1)
                 with m.Else():
-                    m.d.sync += [d_c.eq(d_c + 1), g_c.eq(g_c + 1)]
+                    m.d.sync += p_c.eq(p_c + 1)
             with m.Else():
-                m.d.sync += [k_c.eq(k_c + 1), g_c.eq(g_c + 1)]
+                m.d.sync += e_c.eq(e_c + 1)
+        # results of this pair: 2, or 1 for the last pair of an odd d
+        n_res = Signal(2)
+        m.d.comb += n_res.eq(Mux(last_p & d_odd, 1, 2))
 
         # ---------------------------------------------------------------- MAC pipeline
-        s1_v, s1_first, s1_last = Signal(), Signal(), Signal()
-        m.d.sync += [s1_v.eq(issue), s1_first.eq(k_c == 0), s1_last.eq(last_k)]
-        # Stage 1 -> 2: 128 products of the buffers' outputs.
-        g_lanes = words(g_r.data, LANES, CODE_BITS)
-        pbits = product_bits(DATA_BITS, CODE_BITS)
-        prods = []
+        # Stage flags: valid, first half-entry, last half-entry, second result exists.
+        def stage(prev):
+            nxt = [Signal(name=f"{f.name}_n") for f in prev]
+            m.d.sync += [n.eq(f) for n, f in zip(nxt, prev)]
+            return nxt
+        s1 = [Signal(name="s1_v"), Signal(name="s1_first"), Signal(name="s1_last"), Signal(name="s1_two")]
+        m.d.sync += [s1[0].eq(issue), s1[1].eq(e_c == 0), s1[2].eq(last_e), s1[3].eq(n_res[1])]
+        # Stage 1 -> 2: the buffers' outputs, registered (DSP A/B registers): z per (row, lane),
+        # the two d's codes of each lane packed into one operand.
+        g_codes = words(g_r.data, 2 * HALF, CODE_BITS)
+        packed = []
+        for lane in range(HALF):
+            a_r = Signal(signed(PACK_BITS), name=f"gpack_{lane}")
+            m.d.sync += a_r.eq(pack_codes(g_codes[lane], g_codes[HALF + lane]))
+            packed.append(a_r)
+        s2 = stage(s1)
+        # Stage 2 -> 3 -> 4: one DSP per (row, lane): z * (g_d0 + g_d1 * 2**20), M and P registers.
+        prods = [[[None] * HALF for _ in range(ROWS)] for _ in range(2)]
         for r in range(ROWS):
-            z_lanes = words(row_r[r].data, LANES, DATA_BITS)
-            row = []
-            for lane in range(LANES):
-                prod = Signal(signed(pbits), name=f"prod_{r}_{lane}")
-                m.d.sync += prod.eq(z_lanes[lane] * g_lanes[lane])
-                row.append(prod)
-            prods.append(row)
-        s2_v, s2_first, s2_last = Signal(), Signal(), Signal()
-        m.d.sync += [s2_v.eq(s1_v), s2_first.eq(s1_first), s2_last.eq(s1_last)]
-        # Stage 2 -> 3: lane sums.
-        sbits = accumulator_bits(DATA_BITS, CODE_BITS, LANES)
-        sums = []
-        for r in range(ROWS):
-            s = Signal(signed(sbits), name=f"sum_{r}")
-            m.d.sync += s.eq(adder_tree(prods[r]))
-            sums.append(s)
-        s3_v, s3_first, s3_last = Signal(), Signal(), Signal()
-        m.d.sync += [s3_v.eq(s2_v), s3_first.eq(s2_first), s3_last.eq(s2_last)]
-        # Stage 3 -> 4: accumulate over the K entries of a row.
-        accs = []
-        for r in range(ROWS):
-            acc = Signal(signed(self.acc_bits), name=f"acc_{r}")
-            with m.If(s3_v):
-                m.d.sync += acc.eq(Mux(s3_first, 0, acc) + sums[r])
-            accs.append(acc)
-        s4_write = Signal()
-        m.d.sync += s4_write.eq(s3_v & s3_last)
-        # Stage 4: rescale the 8 results into one output beat.
-        m.d.comb += [out.values[r].eq(accs[r]) for r in range(ROWS)]
-        m.d.comb += out.write.eq(s4_write)
-        m.d.sync += pending.eq(pending + (issue & last_k) - out.fire)
+            z_lanes = words(row_r[r].data, HALF, DATA_BITS)
+            for lane in range(HALF):
+                z_r = Signal(signed(DATA_BITS), name=f"z_{r}_{lane}")
+                m_r = Signal(signed(PACKED_PRODUCT_BITS), name=f"mul_{r}_{lane}")
+                p_r = Signal(signed(PACKED_PRODUCT_BITS), name=f"wide_{r}_{lane}")
+                m.d.sync += [z_r.eq(z_lanes[lane]), m_r.eq(z_r * packed[lane]),
+                             p_r.eq(m_r + PACK_BIAS)]
+                prods[0][r][lane], prods[1][r][lane] = unpack_products(p_r)
+        s3 = stage(s2)
+        s4 = stage(s3)
+        # Stage 4 -> 5: lane sums per (d slot, row).
+        sbits = accumulator_bits(DATA_BITS, CODE_BITS, HALF)
+        sums = [[None] * ROWS for _ in range(2)]
+        for s in range(2):
+            for r in range(ROWS):
+                sm = Signal(signed(sbits), name=f"sum_{s}_{r}")
+                m.d.sync += sm.eq(adder_tree(prods[s][r]))
+                sums[s][r] = sm
+        s5_v, s5_first, s5_last, s5_two = stage(s4)
+        # Stage 5 -> 6: accumulate over the 2K half-entries of a row; a pair's final sums go
+        # straight into a two-beat hold register as well (the accumulators move on to the next
+        # pair), which shifts one beat a cycle into the rescalers (pairs are 2K >= 2 cycles apart).
+        hold = [[Signal(signed(self.acc_bits), name=f"hold_{s}_{r}") for r in range(ROWS)]
+                for s in range(2)]
+        hold_v = Signal(2)
+        for s in range(2):
+            for r in range(ROWS):
+                acc = Signal(signed(self.acc_bits), name=f"acc_{s}_{r}")
+                acc_next = Signal(signed(self.acc_bits), name=f"acc_next_{s}_{r}")
+                m.d.comb += acc_next.eq(Mux(s5_first, 0, acc) + sums[s][r])
+                with m.If(s5_v):
+                    m.d.sync += acc.eq(acc_next)
+                with m.If(s5_v & s5_last):
+                    m.d.sync += hold[s][r].eq(acc_next)
+                with m.Elif(s == 0):
+                    m.d.sync += hold[0][r].eq(hold[1][r])
+        with m.If(s5_v & s5_last):
+            m.d.sync += hold_v.eq(Cat(1, s5_two))
+        with m.Else():
+            m.d.sync += hold_v.eq(hold_v >> 1)
+        # Stage 7: rescale the 8 results into one output beat (registered before the FIFO).
+        m.d.comb += [out.values[r].eq(hold[0][r]) for r in range(ROWS)]
+        m.d.comb += out.write.eq(hold_v[0])
+        m.d.sync += pending.eq(pending + Mux(issue & last_e, n_res, 0) - out.fire)
 
         # ---------------------------------------------------------------- start / busy
         with m.If(self.start):
             m.d.sync += [
                 busy.eq(1), g_phase.eq(1), z_phase.eq(0), full.eq(0), lbank.eq(0), cbank.eq(0),
-                gw_half.eq(0), gw_chunk.eq(0), gw_d.eq(0), gw_b.eq(0), gw_addr.eq(0),
-                gw_dbase.eq(0), gw_bbase.eq(0),
-                tw_half.eq(0), tw_k.eq(0), tw_row.eq(0), loaded.eq(0),
-                k_c.eq(0), d_c.eq(0), g_c.eq(0), computed.eq(0), comp_done.eq(0),
+                gw_half.eq(0), gw_chunk.eq(0), gw_d.eq(0), gw_b.eq(0), gw_e.eq(0),
+                gw_ebase.eq(0), gw_pbase.eq(0),
+                tw_e.eq(0), tw_row.eq(0), loaded.eq(0),
+                e_c.eq(0), p_c.eq(0), g_c.eq(0), computed.eq(0), comp_done.eq(0),
             ]
         with m.Elif(busy & comp_done & ((pending == 0) | ((pending == 1) & out.fire))):
             m.d.sync += busy.eq(0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from amaranth.hdl import Cat, Module, Signal, Value
 from amaranth.lib.fifo import SyncFIFOBuffered
 
-from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS
+from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS, product_bits
 
 from .params import STREAM_BITS, STREAM_WORDS, WORD_BITS, AcceleratorParams
 from .regmap import ErrorCode
@@ -40,6 +40,35 @@ def words(value: Value, n: int, width: int = WORD_BITS) -> list[Value]:
 def payload_codes(payload: Value) -> Value:
     """The low 4 bits of each of the 8 words of a beat: 8 packed factor codes (32 bits)."""
     return Cat(*(payload[k * WORD_BITS:k * WORD_BITS + CODE_BITS] for k in range(STREAM_WORDS)))
+
+
+#: Two-codes-per-DSP packing (PE1, PE2): a 16-bit word times ``g0 + g1 * 2**PACK_SHIFT`` is both
+#: products in one multiply; ``|z * g0| <= 2**18`` fits the low ``PACK_SHIFT`` bits.
+PACK_SHIFT = product_bits(DATA_BITS, CODE_BITS)
+#: Width of the packed operand (a DSP48's 25-bit A port) and of the wide product.
+PACK_BITS = PACK_SHIFT + CODE_BITS + 1
+PACKED_PRODUCT_BITS = PACK_BITS + DATA_BITS
+#: Added to every wide product (in the DSP's post-adder): the low product then never borrows from
+#: the high one, so the high product is a plain slice (no correction adder in the fabric).
+PACK_BIAS = 1 << (PACK_SHIFT - 1)
+
+
+def pack_codes(g0: Value, g1: Value) -> Value:
+    """``g0 + g1 * 2**PACK_SHIFT`` as a signed ``PACK_BITS`` value without a wide adder: the low
+    field is g0 sign-extended, the high field ``g1 - (g0 < 0)`` (g0's sign extension adds
+    ``2**PACK_SHIFT`` when g0 is negative)."""
+    g0, g1 = g0.as_signed(), g1.as_signed()
+    high = (g1 - g0[-1])[:CODE_BITS + 1]
+    return Cat(g0, g0[-1].replicate(PACK_SHIFT - len(g0)), high).as_signed()
+
+
+def unpack_products(w: Value) -> tuple[Value, Value]:
+    """``(z*g0, z*g1)`` from ``w = z * pack_codes(g0, g1) + PACK_BIAS`` (each ``PACK_SHIFT`` bits,
+    signed): the low field minus the bias is its top bit flipped; the bias keeps the low field
+    non-negative, so the high field is exactly ``z*g1``."""
+    low = Cat(w[:PACK_SHIFT - 1], ~w[PACK_SHIFT - 1]).as_signed()
+    high = w[PACK_SHIFT:2 * PACK_SHIFT].as_signed()
+    return low, high
 
 
 def adder_tree(terms: list[Value]) -> Value:
@@ -73,10 +102,13 @@ class OutputStage:
 
     ``values`` (8 signed accumulators) are rescaled by ``shift`` and written when ``write`` is
     high; the caller guarantees room (``free`` is the number of entries it may still write).
+    ``registered``: the rescaled beat goes through a register before the FIFO (one cycle later),
+    so the rescaler's path ends at a flip-flop instead of at the FIFO's write port; ``free`` then
+    counts that beat in flight as taken.
     """
 
     def __init__(self, m: Module, pe, acc_bits: int, params: AcceleratorParams, depth: int,
-                 prefix: str):
+                 prefix: str, registered: bool = False):
         self.fifo = fifo = SyncFIFOBuffered(width=STREAM_BITS, depth=depth)
         m.submodules[f"{prefix}_fifo"] = fifo
         self.depth = depth
@@ -89,9 +121,15 @@ class OutputStage:
             m.submodules[f"{prefix}_rss{k}"] = rss
             m.d.comb += [rss.data_in.eq(self.values[k]), rss.shift.eq(pe.shift)]
             outs.append(rss.data_out)
+        w_data, w_en = Cat(*outs), self.write
+        inflight = 0
+        if registered:
+            w_data, w_en = Signal(STREAM_BITS, name=f"{prefix}_wreg"), Signal(name=f"{prefix}_wen")
+            m.d.sync += [w_data.eq(Cat(*outs)), w_en.eq(self.write)]
+            inflight = w_en
         m.d.comb += [
-            fifo.w_data.eq(Cat(*outs)),
-            fifo.w_en.eq(self.write),
+            fifo.w_data.eq(w_data),
+            fifo.w_en.eq(w_en),
             pe.m.payload.eq(fifo.r_data),
             pe.m.valid.eq(fifo.r_rdy),
             fifo.r_en.eq(pe.m.ready),
@@ -100,6 +138,6 @@ class OutputStage:
         self.fire = Signal(name=f"{prefix}_fire")
         m.d.comb += self.fire.eq(pe.m.valid & pe.m.ready)
         #: Entries that can still be written (a SyncFIFOBuffered of depth >= 3 accepts a write
-        #: whenever its level is below its depth).
+        #: whenever its level is below its depth; a registered beat in flight counts as written).
         self.free = Signal(range(depth + 1), name=f"{prefix}_free")
-        m.d.comb += self.free.eq(depth - fifo.level)
+        m.d.comb += self.free.eq(depth - fifo.level - inflight)
