@@ -41,7 +41,8 @@ class TrainConfig:
     checkpoint: str | None = None
     checkpoint_every: int = 10_000     # samples between checkpoints
     # The FPGA algorithms (tt, lrt):
-    mode: str = "fast"                 # a twin's model of the PL: "fast" (functional) or "rtl"
+    mode: str = "fast"                 # a twin's model of the PL: "fast" (functional), "rtl"
+                                       # (RTL compiled with Verilator), "rtl-amaranth" (Amaranth sim)
     bitstream: str | None = None       # a real board's .bit (its .hwh beside it)
     rank: int | None = None            # None: the algorithm's default
     env: str = "shift"                 # lrt: the online environment

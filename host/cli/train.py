@@ -37,9 +37,13 @@ def _algo_help() -> str:
               help="Checkpoint file: resumed from if it exists, rewritten atomically as training goes.")
 @click.option("--checkpoint-every", type=int, default=TrainConfig.checkpoint_every, show_default=True,
               help="Samples between checkpoints.")
-@click.option("--mode", type=click.Choice(["fast", "rtl"]), default=TrainConfig.mode, show_default=True,
-              help="FPGA twins: serve the accelerator from the bit-exact functional model (fast) or "
-                   "from its RTL in simulation (rtl: exact cycles, ~1000 cycles/s; use --model tiny).")
+@click.option("--mode", type=click.Choice(["fast", "rtl", "rtl-amaranth"]), default=TrainConfig.mode,
+              show_default=True,
+              help="FPGA twins: serve the accelerator from the bit-exact functional model (fast), from "
+                   "its RTL compiled with Verilator (rtl: exact cycles, ~300k cycles/s, about a minute "
+                   "per batch-64 step of the paper network; built once, ~1 min, cached), or from its "
+                   "RTL in Amaranth's simulator (rtl-amaranth: the reference, ~1500 cycles/s; use "
+                   "--model tiny).")
 @click.option("--bitstream", type=click.Path(dir_okay=False), default=None,
               help="Real FPGA boards: the overlay .bit (its .hwh beside it).")
 @click.option("--rank", type=int, default=None, help="tt: TT rank (paper 16, tiny 4); lrt: SKS rank (4).")
@@ -75,7 +79,8 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
       insitu train --board ultra96v2-sim --dataset digits --model cnn
       insitu train --checkpoint run.ckpt.npz     # interrupt it, run again: it resumes
       insitu train --algo tt --samples 6000 --json             # TT training on the twin's PEs
-      insitu train --algo tt --model tiny --mode rtl --samples 8 --batch-size 4 --test-samples 50
+      insitu train --algo tt --mode rtl --samples 64 --json     # one step on the compiled RTL
+      insitu train --algo tt --model tiny --mode rtl-amaranth --samples 4 --batch-size 4 --test-samples 8
       insitu train --algo lrt --env shift --samples 2000 --json
       insitu train --board ultra96v2 --bitstream insitu_ultra96v2.bit --algo tt   # on the board
       insitu train --board stm32f746-disco-sim --algo sparse --samples 500 --json   # MCU twin
