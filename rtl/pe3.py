@@ -18,7 +18,8 @@ Datapath (16 multipliers along the last input mode, the paper's PE3; the X opera
   of ``accumulator_bits(16, 16, pe3_b_max)`` bits; the last step of a row copies the sums into a
   holding register.
 * **output**: the 16 sums go through 8 :class:`RoundShiftSaturate` stages in two cycles (lanes
-  0-7, then 8-15) into a small output FIFO. A row may only start when its beats have room in
+  0-7, then 8-15) into a small output FIFO, three registered stages deep (lane mux, rounding
+  shift, saturation) for a 100 MHz clock. A row may only start when its beats have room in
   that FIFO (a credit counter), so the pipeline after the issue stage never stalls.
 
 **PE3_PSG** (``op`` = :attr:`~insitu.rtl.regmap.Op.PE3_PSG`, E2-Train's predictive sign gradient,
@@ -45,9 +46,10 @@ model :func:`insitu.tt.pe_stream.psg_run`): the same input stream, sizes and che
   ``busy`` falls); the host forms the next threshold ``max(1, ceil(beta * psg_max))``
   (:func:`insitu.numerics.psg_threshold`), as E2-Train's adaptive threshold one step late.
 
-``cfg_error`` and ``in_beats`` divide ``a`` by ``d`` combinationally (a 16-bit divider): they are
-only meaningful while the configuration is held stable, and a top level that samples them should
-allow them a few cycles after a configuration change (or register them).
+``cfg_error``, ``in_beats`` and ``out_beats`` are registers, settled ``CFG_STAGES`` cycles after
+a configuration change (``cfg_ready``): ``a / d`` is an exact division by multiplies (see
+``elaborate``), so no long combinational path reaches the top's beat checks. For a configuration
+refused with BLOCK (d does not divide a), ``in_beats`` means nothing.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from insitu.numerics import (PSG_ACTIVATION_BITS, PSG_ACTIVATION_MSB_BITS, PSG_G
                               PSG_GRADIENT_MSB_BITS, TT_PE_DATA_BITS, accumulator_bits)
 
 from .params import DEFAULT_PARAMS, STREAM_BITS, STREAM_WORDS, AcceleratorParams
-from .pe_interface import BEATS_BITS, PE
+from .pe_interface import BEATS_BITS, ERROR_BITS, PE, settled
 from .regmap import ErrorCode, Op
 from .requantize import RoundShiftSaturate
 
@@ -75,6 +77,8 @@ ROW_BEATS = 2
 PSG_ROW_BEATS = 4
 #: Width of the PSG_TAU / PSG_PREDICTED / PSG_MAX ports (the registers).
 PSG_REG_BITS = 32
+#: Registered cycles from a configuration change to its cfg_error / in_beats / out_beats.
+CFG_STAGES = 4
 #: Rescaling stages: the 16 lanes are requantized 8 at a time (one output beat a cycle).
 RESCALE_LANES = STREAM_WORDS
 
@@ -113,28 +117,74 @@ class PE3(PE):
         a, b, c, d = self.a, self.b, self.c, self.d
 
         # ------------------------------------------------------------ configuration checks
+        # Registered over CFG_STAGES cycles (cfg_ready tells the top when they are settled):
+        # in_beats needs a / d, and a combinational divider is ~45 logic levels. A valid
+        # configuration has d | a, so a / d is an exact division, done with multiplies:
+        # a / d = (a >> k) * inverse(d >> k) mod 2**16 with k the trailing zeros of d, the
+        # inverse of the odd part from an 8-bit table and one Newton step; d | a exactly when
+        # the quotient times d gives a back (the BLOCK check).
         psg = Signal()
         out_row_beats = Signal(range(PSG_ROW_BEATS + 1))                   # output beats a row
         m.d.comb += [psg.eq(self.op == Op.PE3_PSG),
                      out_row_beats.eq(Mux(psg, PSG_ROW_BEATS, ROW_BEATS))]
         row_beats = (b + STREAM_WORDS - 1) >> ceil_log2(STREAM_WORDS)     # dY beats a row
-        in_beats = (a // d) * b * (L // STREAM_WORDS) + a * row_beats
-        m.d.comb += [
-            self.in_beats.eq(in_beats[:BEATS_BITS]),
+        m.d.comb += self.cfg_ready.eq(settled(
+            m, [self.op, a, b, c, d, self.shift, self.psg_tau], CFG_STAGES))
+        M16 = (1 << 16) - 1
+        # stage 1: k, the odd parts, the table; a * row_beats; every check but BLOCK
+        k = Signal(range(16))
+        for bit in reversed(range(16)):                  # the lowest set bit wins
+            with m.If(d[bit]):
+                m.d.comb += k.eq(bit)
+        inv_table = Memory(shape=8, depth=128, init=[pow(2 * i + 1, -1, 256) for i in range(128)])
+        m.submodules.inv_table = inv_table
+        inv_rd = inv_table.read_port(domain="comb")
+        d_odd = Signal(16)
+        m.d.comb += [d_odd.eq(d >> k), inv_rd.addr.eq(d_odd[1:8])]
+        d1, a_odd1, x0 = Signal(16), Signal(16), Signal(8)
+        a_rows1 = Signal(32)
+        early_err = Signal(ERROR_BITS)
+        block_due = Signal()                             # BLOCK decides unless an earlier check
+        with m.If((a == 0) | (b == 0) | (c == 0) | (d == 0)):
+            m.d.sync += early_err.eq(ErrorCode.ZERO_SIZE)
+        with m.Elif(c != L):
+            m.d.sync += early_err.eq(ErrorCode.C_LANES)
+        with m.Elif(b > bmax):
+            m.d.sync += early_err.eq(ErrorCode.TILE)
+        with m.Elif((self.shift < p.shift_min) | (self.shift > p.shift_max)):
+            m.d.sync += early_err.eq(ErrorCode.SHIFT)
+        with m.Elif(psg & (self.psg_tau == 0)):
+            m.d.sync += early_err.eq(ErrorCode.PSG_TAU)
+        with m.Else():
+            m.d.sync += early_err.eq(ErrorCode.NONE)
+        m.d.sync += [
+            block_due.eq((a != 0) & (b != 0) & (c != 0) & (d != 0) & (c == L)),
+            d1.eq(d), a_odd1.eq(a >> k), x0.eq(inv_rd.data), a_rows1.eq(a * row_beats),
             self.out_beats.eq(a * out_row_beats),
         ]
-        with m.If((a == 0) | (b == 0) | (c == 0) | (d == 0)):
-            m.d.comb += self.cfg_error.eq(ErrorCode.ZERO_SIZE)
-        with m.Elif(c != L):
-            m.d.comb += self.cfg_error.eq(ErrorCode.C_LANES)
-        with m.Elif(a % d != 0):
-            m.d.comb += self.cfg_error.eq(ErrorCode.BLOCK)
-        with m.Elif(b > bmax):
-            m.d.comb += self.cfg_error.eq(ErrorCode.TILE)
-        with m.Elif((self.shift < p.shift_min) | (self.shift > p.shift_max)):
-            m.d.comb += self.cfg_error.eq(ErrorCode.SHIFT)
-        with m.Elif(psg & (self.psg_tau == 0)):
-            m.d.comb += self.cfg_error.eq(ErrorCode.PSG_TAU)
+        # stage 2: e = 2 - d_odd x0 (the Newton step's factor), p = (a >> k) x0, mod 2**16
+        e2, p2 = Signal(16), Signal(16)
+        d2, a2, b2 = Signal(16), Signal(16), Signal(16)
+        a_rows2, err2, due2 = Signal(32), Signal(ERROR_BITS), Signal()
+        d_odd1 = Signal(16)
+        m.d.sync += d_odd1.eq(d_odd)
+        m.d.sync += [
+            e2.eq((2 - (d_odd1 * x0)[:16]) & M16), p2.eq((a_odd1 * x0)[:16]),
+            d2.eq(d1), a2.eq(a), b2.eq(b), a_rows2.eq(a_rows1), err2.eq(early_err),
+            due2.eq(block_due),
+        ]
+        # stage 3: the quotient
+        q3 = Signal(16)
+        d3, a3, b3 = Signal(16), Signal(16), Signal(16)
+        a_rows3, err3, due3 = Signal(32), Signal(ERROR_BITS), Signal()
+        m.d.sync += [q3.eq((p2 * e2)[:16]), d3.eq(d2), a3.eq(a2), b3.eq(b2), a_rows3.eq(a_rows2),
+                     err3.eq(err2), due3.eq(due2)]
+        # stage 4: in_beats = (a / d) * 2b + a * row_beats; BLOCK where q d != a
+        m.d.sync += self.in_beats.eq((q3 * (b3 << 1) + a_rows3)[:BEATS_BITS])
+        with m.If(due3 & (q3 * d3 != a3)):
+            m.d.sync += self.cfg_error.eq(ErrorCode.BLOCK)
+        with m.Else():
+            m.d.sync += self.cfg_error.eq(err3)
 
         # ------------------------------------------------------------ storage
         entry_bits = ceil_log2(bmax)
@@ -253,9 +303,11 @@ class PE3(PE):
                 m.d.sync += [s_idx.eq(s_idx + 1), w_idx.eq(w_idx + 1)]
 
         # ------------------------------------------------------------ MAC pipeline
+        # Datapath registers have no reset (the valid bits qualify them): fewer flip-flops on
+        # the reset net, and the DSPs can take the product registers.
         v1, first1, last1 = Signal(), Signal(), Signal()
-        dy1 = Signal(signed(W))
-        dy1_msb = Signal(signed(PSG_GRADIENT_MSB_BITS))       # the PSG predictor's dY code
+        dy1 = Signal(signed(W), reset_less=True)
+        dy1_msb = Signal(signed(PSG_GRADIENT_MSB_BITS), reset_less=True)       # the PSG predictor's dY code
         dy_word = dyf.r_data.word_select(w_idx, W)
         m.d.sync += [
             v1.eq(issue & ~self.start),
@@ -265,11 +317,11 @@ class PE3(PE):
             dy1_msb.eq(msb_code(dy_word, PSG_GRADIENT_BITS, PSG_GRADIENT_MSB_BITS)),
         ]
         v2, first2, last2 = Signal(), Signal(), Signal()
-        prod = [Signal(signed(2 * W), name=f"prod{k}") for k in range(L)]
+        prod = [Signal(signed(2 * W), name=f"prod{k}", reset_less=True) for k in range(L)]
         m.d.sync += [v2.eq(v1 & ~self.start), first2.eq(first1), last2.eq(last1)]
         # The PSG predictor's narrow products: msb10(dY) times msb4(x8).
         msb_prod = [Signal(signed(PSG_GRADIENT_MSB_BITS + PSG_ACTIVATION_MSB_BITS),
-                           name=f"msb_prod{k}") for k in range(L)]
+                           name=f"msb_prod{k}", reset_less=True) for k in range(L)]
         for k in range(L):
             x_word = x_rd.data.word_select(k, W)
             x_msb = msb_code(x_word[:PSG_ACTIVATION_BITS], PSG_ACTIVATION_BITS, PSG_ACTIVATION_MSB_BITS)
@@ -278,10 +330,12 @@ class PE3(PE):
                 msb_prod[k].eq(dy1_msb * x_msb),
             ]
 
-        acc = [Signal(signed(self.acc_bits), name=f"acc{k}") for k in range(L)]
-        res = [Signal(signed(self.acc_bits), name=f"res{k}") for k in range(L)]
-        msb_acc = [Signal(signed(self.msb_acc_bits), name=f"msb_acc{k}") for k in range(L)]
-        msb_res = [Signal(signed(self.msb_acc_bits), name=f"msb_res{k}") for k in range(L)]
+        acc = [Signal(signed(self.acc_bits), name=f"acc{k}", reset_less=True) for k in range(L)]
+        res = [Signal(signed(self.acc_bits), name=f"res{k}", reset_less=True) for k in range(L)]
+        msb_acc = [Signal(signed(self.msb_acc_bits), name=f"msb_acc{k}", reset_less=True)
+                   for k in range(L)]
+        msb_res = [Signal(signed(self.msb_acc_bits), name=f"msb_res{k}", reset_less=True)
+                   for k in range(L)]
         res_v = Signal()
         m.d.sync += res_v.eq(v2 & last2 & ~self.start)
         for k in range(L):
@@ -312,34 +366,44 @@ class PE3(PE):
         m.d.comb += [cur.eq(Mux(res_v, 0, phase)), cur_v.eq(res_v | phase_on)]
         upper, sign_beat = cur[0], cur[1]
 
-        full = [Mux(upper, res[k + RESCALE_LANES], res[k]) for k in range(RESCALE_LANES)]
-        pred_g = [Mux(upper, msb_res[k + RESCALE_LANES], msb_res[k]) for k in range(RESCALE_LANES)]
-        words, signs, predicted, mags = [], [], [], []
-        for k in range(RESCALE_LANES):
-            rss = RoundShiftSaturate(self.acc_bits, W, p.shift_max, p.shift_min)
+        # Three registered stages (each well under 8 ns at 100 MHz): the lane mux (o1), the
+        # rounding shift (o2, inside RoundShiftSaturate; the PSG signs beside it), then the
+        # saturation and the beat mux into `beat`.
+        R = RESCALE_LANES
+        sel_in = [Signal(signed(self.acc_bits), name=f"sel_in{k}", reset_less=True) for k in range(R)]
+        sel_pred = [Signal(signed(self.msb_acc_bits), name=f"sel_pred{k}", reset_less=True)
+                    for k in range(R)]
+        full_neg = Signal(R, reset_less=True)        # sign and nonzero of the full sums
+        full_nz = Signal(R, reset_less=True)
+        o1_v, o1_sign = Signal(), Signal()
+        m.d.sync += [o1_v.eq(cur_v & ~self.start), o1_sign.eq(sign_beat)]
+        for k in range(R):
+            full_k = Mux(upper, res[k + R], res[k])
+            pred_k = Mux(upper, msb_res[k + R], msb_res[k])
+            m.d.sync += [sel_in[k].eq(Mux(psg, pred_k, full_k)), sel_pred[k].eq(pred_k),
+                         full_neg[k].eq(full_k < 0), full_nz[k].eq(full_k != 0)]
+
+        words, signs_r, predicted, mags = [], [], [], []
+        for k in range(R):
+            rss = RoundShiftSaturate(self.acc_bits, W, p.shift_max, p.shift_min, stages=1)
             m.submodules[f"rescale{k}"] = rss
-            m.d.comb += [
-                rss.data_in.eq(Mux(psg, pred_g[k], full[k])),
-                rss.shift.eq(self.shift),
-            ]
+            m.d.comb += [rss.data_in.eq(sel_in[k]), rss.shift.eq(self.shift)]
             words.append(rss.data_out)
             # Eq. 2: the predictor's sign where |g_msb| >= tau, else the full gradient's.
             mag = Signal(self.msb_acc_bits, name=f"psg_mag{k}")
             hit = Signal(name=f"psg_hit{k}")
-            sign = Signal(signed(W), name=f"psg_sign{k}")
-            m.d.comb += [
-                mag.eq(abs(pred_g[k])),
-                hit.eq(mag >= self.psg_tau),
-                sign.eq(Mux(hit, _sgn(pred_g[k]), _sgn(full[k]))),
-            ]
-            signs.append(sign)
+            sign = Signal(signed(W), name=f"psg_sign{k}", reset_less=True)
+            full_sgn = Mux(full_neg[k], -1, Mux(full_nz[k], 1, 0))
+            m.d.comb += [mag.eq(abs(sel_pred[k])), hit.eq(mag >= self.psg_tau)]
+            m.d.sync += sign.eq(Mux(hit, _sgn(sel_pred[k]), full_sgn))
+            signs_r.append(sign)
             predicted.append(hit)
             mags.append(mag)
-        # The beat is registered before the FIFO (timing: the rescale is a wide add, a barrel
-        # shift and a compare).
-        beat, beat_v = Signal(STREAM_BITS), Signal()
-        m.d.sync += [beat.eq(Mux(sign_beat, Cat(*signs), Cat(*words))),
-                     beat_v.eq(cur_v & ~self.start)]
+        o2_v, o2_sign = Signal(), Signal()
+        m.d.sync += [o2_v.eq(o1_v & ~self.start), o2_sign.eq(o1_sign)]
+        beat, beat_v = Signal(STREAM_BITS, reset_less=True), Signal()
+        m.d.sync += [beat.eq(Mux(o2_sign, Cat(*signs_r), Cat(*words))),
+                     beat_v.eq(o2_v & ~self.start)]
         m.d.comb += [
             outf.w_data.eq(beat),
             outf.w_en.eq(beat_v),
@@ -351,17 +415,17 @@ class PE3(PE):
         # ------------------------------------------------------------ PSG status
         # Registered in stages off the beat path: the 8 |g_msb| of a g_msb beat, their max, then
         # the running max; the 8 decisions of a sign beat, then the count.
-        mag_r = [Signal(self.msb_acc_bits, name=f"psg_mag_r{k}") for k in range(RESCALE_LANES)]
+        mag_r = [Signal(self.msb_acc_bits, name=f"psg_mag_r{k}") for k in range(R)]
         mag_v, peak8, peak8_v = Signal(), Signal(self.msb_acc_bits), Signal()
-        hits_r, hits_v = Signal(RESCALE_LANES), Signal()
+        hits_r, hits_v = Signal(R), Signal()
         m.d.sync += [
-            mag_v.eq(cur_v & ~sign_beat & psg & ~self.start),
-            hits_v.eq(cur_v & sign_beat & psg & ~self.start),
+            mag_v.eq(o1_v & ~o1_sign & psg & ~self.start),
+            hits_v.eq(o1_v & o1_sign & psg & ~self.start),
             hits_r.eq(Cat(*predicted)),
             peak8.eq(_max_tree(mag_r)),
             peak8_v.eq(mag_v & ~self.start),
         ]
-        m.d.sync += [mag_r[k].eq(mags[k]) for k in range(RESCALE_LANES)]
+        m.d.sync += [mag_r[k].eq(mags[k]) for k in range(R)]
         with m.If(self.start & psg):
             m.d.sync += [self.psg_predicted.eq(0), self.psg_max.eq(0)]
         with m.Else():

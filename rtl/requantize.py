@@ -4,12 +4,14 @@
 rounding is ``(v + 2**(shift-1)) >> shift`` (ties toward +infinity) -- exactly
 :func:`insitu.numerics.shift_round` followed by :func:`insitu.numerics.saturate`. A negative shift
 (``min_shift < 0``) is an exact left shift before saturation, as
-:meth:`insitu.numerics.FixedPoint.requantize` does. Combinational; the PEs register around it.
+:meth:`insitu.numerics.FixedPoint.requantize` does. Combinational by default (``stages=0``); with
+``stages=1`` the rounded and shifted value is registered before the saturation (one cycle of
+latency, ``shift`` held stable), which halves its logic depth for a 100 MHz clock.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, signed
+from amaranth.hdl import Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -21,10 +23,15 @@ class RoundShiftSaturate(wiring.Component):
 
     Parameters are generate-time bounds: ``in_width`` (accumulator), ``out_width`` (result code),
     ``max_shift`` (largest right shift the ``shift`` port accepts) and ``min_shift`` (<= 0: the
-    largest left shift, negated).
+    largest left shift, negated). ``stages``: 0 (combinational) or 1 (a register in the ``sync``
+    domain between the shift and the saturation: ``data_out`` one cycle after ``data_in``).
     """
 
-    def __init__(self, in_width: int, out_width: int, max_shift: int, min_shift: int = 0):
+    def __init__(self, in_width: int, out_width: int, max_shift: int, min_shift: int = 0,
+                 stages: int = 0):
+        if stages not in (0, 1):
+            raise ValueError(f"RoundShiftSaturate: stages must be 0 or 1, got {stages}")
+        self.stages = stages
         if not (1 <= out_width <= in_width) or max_shift < 0 or min_shift > 0:
             raise ValueError(f"RoundShiftSaturate: need 1 <= out_width <= in_width, max_shift >= 0 and "
                              f"min_shift <= 0, got in={in_width} out={out_width} "
@@ -49,6 +56,11 @@ class RoundShiftSaturate(wiring.Component):
             left = Mux(self.shift < 0, -self.shift, 0)
             left = Mux(left > cap, cap, left)[:cap.bit_length()]
             rounded = Mux(self.shift < 0, self.data_in << left, rounded)
+        if self.stages:
+            # A datapath register: no reset needed (the PEs qualify it with their valid bits).
+            staged = Signal(rounded.shape(), reset_less=True)
+            m.d.sync += staged.eq(rounded)
+            rounded = staged
         lo, hi = code_range(self.out_width, signed=True)
         with m.If(rounded > hi):
             m.d.comb += self.data_out.eq(hi)

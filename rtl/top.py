@@ -6,14 +6,17 @@ names Vivado's IP packager infers interfaces from (``aclk``, ``aresetn``, ``s_ax
 
 Control (registers of :mod:`insitu.rtl.regmap`):
 
-* while idle, the PEs see the live configuration registers, so IN_BEATS / OUT_BEATS show what the
-  configured op will move; CTRL.START freezes the configuration and checks it one cycle later:
+* while idle, the PEs see the live configuration registers (one cycle later), so IN_BEATS /
+  OUT_BEATS show what the configured op will move (PE3 settles them within 5 cycles of a
+  configuration write, the LRT PE within 2); CTRL.START freezes the configuration and checks it
+  one cycle later, or once the selected PE's ``cfg_ready`` says its checks have settled:
   an unknown OP or a PE's ``cfg_error`` ends the op at once with STATUS.ERROR and ERROR_CODE
   (nothing starts, nothing hangs); otherwise the PE starts and STATUS.BUSY is set;
 * a START while busy is ignored (the running op is unaffected);
 * the op ends when the PE drops ``busy``: STATUS.DONE; CYCLES holds START-to-done cycles;
 * CTRL.ABORT, or an input stream whose TLAST does not come exactly on the op's last beat, holds
-  the running PE in reset for a cycle and ends the op with ERROR (ABORTED / STREAM_SHORT /
+  the running PE in reset for a cycle (the cycle after; a registered reset per PE) and ends the
+  op with ERROR (ABORTED / STREAM_SHORT /
   STREAM_LONG); the other PEs keep their state;
 * TLAST on the output marks the op's last beat (OUT_BEATS), so an AXI DMA S2MM transfer ends
   exactly there.
@@ -71,12 +74,16 @@ class Accelerator(wiring.Component):
         wiring.connect(m, wiring.flipped(self.s_axi), regs.bus)
 
         pes = {"pe1": PE1(p), "pe2": PE2(p), "pe3": PE3(p), "pe_lrt": PELRT(p)}
-        pe_reset = Signal()
+        pe_reset = Signal()                     # this cycle ends the op in error
         ops_of = {"pe1": (Op.PE1,), "pe2": (Op.PE2,), "pe3": (Op.PE3, Op.PE3_PSG), "pe_lrt": sorted(LRT_OPS)}
         selected = {name: Signal(name=f"sel_{name}") for name in pes}
         for name, pe in pes.items():
             # ABORT resets the running PE only: the others keep their state (the LRT results).
-            m.submodules[name] = ResetInserter(pe_reset & selected[name])(pe)
+            # One registered reset per PE, a cycle after the error (the op is over and the
+            # streams are off by then): the TLAST compare does not drive thousands of resets.
+            rst = Signal(name=f"rst_{name}")
+            m.d.sync += rst.eq(pe_reset & selected[name])
+            m.submodules[name] = ResetInserter(rst)(pe)
 
         state = Signal(_State)
         frozen = Signal()                       # configuration latched (not idle)
@@ -119,13 +126,17 @@ class Accelerator(wiring.Component):
         # The selected PE's view (zeros when OP names no PE).
         any_selected = Signal()
         cfg_error, in_beats, out_beats = Signal(8), Signal(32), Signal(32)
-        pe_busy = Signal()
+        pe_busy, cfg_ready = Signal(), Signal()
         m.d.comb += any_selected.eq(Cat(*selected.values()).any())
         for name, pe in pes.items():
             with m.If(selected[name]):
                 m.d.comb += [cfg_error.eq(pe.cfg_error), in_beats.eq(pe.in_beats),
-                             out_beats.eq(pe.out_beats), pe_busy.eq(pe.busy)]
+                             out_beats.eq(pe.out_beats), pe_busy.eq(pe.busy),
+                             cfg_ready.eq(pe.cfg_ready)]
         m.d.comb += [regs.in_beats.eq(in_beats), regs.out_beats.eq(out_beats)]
+        # The op's last input / output beat index, latched at launch: the per-beat TLAST checks
+        # compare the beat counters with registers, not with the PEs' beat arithmetic.
+        in_last, out_last, has_in = Signal(32), Signal(32), Signal()
 
         # Status registers.
         done, error = Signal(), Signal()
@@ -164,7 +175,7 @@ class Accelerator(wiring.Component):
         m.d.comb += [
             in_fire.eq(self.s_axis.tvalid & self.s_axis.tready),
             out_fire.eq(self.m_axis.tvalid & self.m_axis.tready),
-            self.m_axis.tlast.eq(beats_out + 1 == out_beats),
+            self.m_axis.tlast.eq(beats_out == out_last),
             self.m_axis.tkeep.eq(-1),
         ]
         with m.If(in_fire):
@@ -173,8 +184,8 @@ class Accelerator(wiring.Component):
             m.d.sync += beats_out.eq(beats_out + 1)
         # TLAST must come exactly on the op's last input beat (an AXI DMA transfer of IN_BEATS).
         short, long = Signal(), Signal()
-        m.d.comb += [short.eq(in_fire & self.s_axis.tlast & (beats_in + 1 < in_beats)),
-                     long.eq(in_fire & ~self.s_axis.tlast & (beats_in + 1 == in_beats))]
+        m.d.comb += [short.eq(in_fire & self.s_axis.tlast & has_in & (beats_in < in_last)),
+                     long.eq(in_fire & ~self.s_axis.tlast & (beats_in == in_last))]
 
         def fail(code):
             m.d.sync += [error.eq(1), error_code.eq(code), state.eq(_State.IDLE)]
@@ -186,12 +197,18 @@ class Accelerator(wiring.Component):
                                  error_code.eq(ErrorCode.NONE), cycles.eq(0),
                                  beats_in.eq(0), beats_out.eq(0)]
             with m.Case(_State.CHECK):
+                # A PE that computes its checks over a few cycles holds CHECK until they have
+                # settled on the frozen configuration (at once when START follows the writes by
+                # more than that).
                 with m.If(~any_selected):
                     fail(ErrorCode.BAD_OP)
+                with m.Elif(~cfg_ready):
+                    pass
                 with m.Elif(cfg_error != 0):
                     fail(cfg_error)
                 with m.Else():
-                    m.d.sync += state.eq(_State.LAUNCH)
+                    m.d.sync += [state.eq(_State.LAUNCH), has_in.eq(in_beats != 0),
+                                 in_last.eq(in_beats - 1), out_last.eq(out_beats - 1)]
             with m.Case(_State.LAUNCH):
                 for name, pe in pes.items():
                     m.d.comb += pe.start.eq(selected[name])

@@ -433,6 +433,7 @@ def estimated_cycles(cfg: PEConfig) -> int:
         mac_cycles += cfg.b * _ceil_to(cfg.d, PE_ROWS) // STREAM_WORDS + cfg.b
     else:
         mac_cycles += cfg.b * C_LANES // STREAM_WORDS        # the first X block
+        mac_cycles += 2                   # two output stages added for 100 MHz (lane mux, rescale)
     return max(mac_cycles, cfg.in_beats(), cfg.out_beats()) + PIPELINE_CYCLES
 
 

@@ -5,7 +5,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from insitu.rtl.params import DEFAULT_PARAMS, AcceleratorParams
-from insitu.rtl.pe3 import PE3
+from insitu.rtl.pe3 import CFG_STAGES, PE3
 from insitu.rtl.regmap import ErrorCode
 from insitu.tt.pe_stream import PEConfig, beats, reference_stream_out, stream_in, words_of
 
@@ -25,6 +25,16 @@ def _codes(rng, shape):
 
 def _operands(rng, cfg):
     return _codes(rng, (cfg.a, cfg.b)), _codes(rng, (cfg.a // cfg.d, cfg.b, 16))
+
+
+async def settle(ctx, dut):
+    """Wait for cfg_ready (the registered configuration results), at most CFG_STAGES + 1 cycles
+    after a configuration change."""
+    for _ in range(CFG_STAGES + 2):
+        await ctx.tick()
+        if ctx.get(dut.cfg_ready):
+            return
+    raise AssertionError("cfg_ready never rose")
 
 
 def simulate(dut, jobs, rng=None, gap=0.0, stall=0.0, max_cycles=200_000, status=None):
@@ -49,6 +59,7 @@ def simulate(dut, jobs, rng=None, gap=0.0, stall=0.0, max_cycles=200_000, status
             ctx.set(dut.op, cfg.op)
             if hasattr(cfg, "tau"):
                 ctx.set(dut.psg_tau, cfg.tau)
+            await settle(ctx, dut)
             assert ctx.get(dut.cfg_error) == 0
             assert ctx.get(dut.in_beats) == cfg.in_beats()
             assert ctx.get(dut.out_beats) == cfg.out_beats()
@@ -195,11 +206,13 @@ def _error(dut, a, b, c, d, shift=0, op=3, tau=1):
         ctx.set(dut.shift, shift)
         ctx.set(dut.op, op)
         ctx.set(dut.psg_tau, tau)
+        await settle(ctx, dut)
         out["error"] = ctx.get(dut.cfg_error)
         out["in"] = ctx.get(dut.in_beats)
         out["out"] = ctx.get(dut.out_beats)
 
     sim = Simulator(dut)
+    sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
     return out

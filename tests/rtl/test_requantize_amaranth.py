@@ -39,6 +39,30 @@ def test_round_shift_saturate_matches_the_spec(seed):
     assert got == expected
 
 
+def test_one_stage_pipeline_matches_the_spec_a_cycle_later():
+    rng = np.random.default_rng(11)
+    dut = RoundShiftSaturate(40, 16, 63, -16, stages=1)
+    values = [*rng.integers(-(1 << 39), 1 << 39, size=100).tolist(), -(1 << 39), (1 << 39) - 1, 0, -1]
+    shifts = rng.integers(-16, 64, size=len(values)).tolist()
+    spec = nx.FixedPoint(16, 0)
+    got = []
+
+    async def testbench(ctx):
+        for v, s in zip(values, shifts):
+            ctx.set(dut.data_in, v)
+            ctx.set(dut.shift, s)
+            await ctx.tick()
+            got.append(ctx.get(dut.data_out))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(testbench)
+    sim.run()
+    assert got == [int(spec.requantize(np.int64(v), s)) for v, s in zip(values, shifts)]
+    with pytest.raises(ValueError, match="stages"):
+        RoundShiftSaturate(8, 4, 2, stages=2)
+
+
 def test_bad_widths_are_refused():
     with pytest.raises(ValueError, match="out_width"):
         RoundShiftSaturate(8, 16, 2)
