@@ -12,8 +12,9 @@ The PE keeps in on-chip memories (``amaranth.lib.memory.Memory``):
 Datapath: 8 multiplier lanes (32 x 17 bits, shared by all ops) feed an adder tree, then one
 :class:`~insitu.rtl.requantize.RoundShiftSaturate` (shift 14 or SHIFT) and the saturations; a
 separate 16 x 16 multiply-accumulator forms the MGS dot products and the squared norm. Every op
-that computes is a 4-stage pipeline (issue/memory read, multiply, sum, rescale and write back; the
-MGS passes add the accumulate stage), one element per cycle:
+that computes is a pipeline of one element per cycle, registered for a 100 MHz clock: issue and
+memory read, operand muxes, multiply, sum, rounding shift, saturation, write back (the MGS passes
+add the accumulate stage):
 
 * LRT_PROJECT / LRT_REPROJECT: ``r + 1`` passes over the rows, one row per cycle; pass ``p``
   subtracts ``c_{p-1} Q[:, p-1]`` from the residual and accumulates ``Q[:, p] . residual`` (the
@@ -35,11 +36,11 @@ op                  cycles
 ==================  ================================================
 LRT_LOAD_BASIS      rows + 2
 LRT_READ_BASIS      rows + 3
-LRT_PROJECT         B(rows) + (r + 1)(rows + 5) + 4 when r > 0, + 2 when r = 0
-LRT_REPROJECT       (r + 1)(rows + 5) + 3 when r > 0, + 1 when r = 0
-LRT_APPEND          rows + 5
-LRT_ROTATE          B(q r) + q r + rows r + 6 (r > 0; 2 for r = 0)
-LRT_UPDATE          B(r) + m (n + 2) + 6
+LRT_PROJECT         B(rows) + (r + 1)(rows + 8) + 4 when r > 0, + 2 when r = 0
+LRT_REPROJECT       (r + 1)(rows + 8) + 3 when r > 0, + 1 when r = 0
+LRT_APPEND          rows + 8
+LRT_ROTATE          B(q r) + q r + rows r + 9 (r > 0; 2 for r = 0)
+LRT_UPDATE          B(r) + m (n + 2) + 9
 LRT_LOAD_WEIGHTS    max(B(m n) + 2, lrt_cells_max / 8 + 1)
 LRT_READ_WEIGHTS    B(m n) + 3
 LRT_READ_COUNTS     B(m n) + 3
@@ -76,7 +77,7 @@ from insitu.numerics import (
 )
 
 from .params import DEFAULT_PARAMS, SIZE_BITS, STREAM_WORDS, AcceleratorParams
-from .pe_interface import PE
+from .pe_interface import PE, settled
 from .regmap import ErrorCode, Op, register
 from .requantize import RoundShiftSaturate
 
@@ -158,32 +159,43 @@ class PELRT(PE):
                        (self.rows_l > rows_max) | (self.rows_r > rows_max) | (cells > cells_max))
                    | (cols_op & (r >= L)))
         bad_shift = shift_op & ((self.shift < P.shift_min) | (self.shift > P.shift_max))
+        # cfg_error, in_beats and out_beats are registered (one cycle after the configuration;
+        # cfg_ready says when): cells is a DSP multiply, too long a path into the top's checks.
+        m.d.comb += self.cfg_ready.eq(settled(
+            m, [op, r, self.side, self.rows_l, self.rows_r, self.shift], 1))
         with m.If(~lrt):
-            m.d.comb += self.cfg_error.eq(ErrorCode.BAD_OP)
+            m.d.sync += self.cfg_error.eq(ErrorCode.BAD_OP)
         with m.Elif(zero):
-            m.d.comb += self.cfg_error.eq(ErrorCode.ZERO_SIZE)
+            m.d.sync += self.cfg_error.eq(ErrorCode.ZERO_SIZE)
         with m.Elif(too_big):
-            m.d.comb += self.cfg_error.eq(ErrorCode.LRT_SIZE)
+            m.d.sync += self.cfg_error.eq(ErrorCode.LRT_SIZE)
         with m.Elif(bad_shift):
-            m.d.comb += self.cfg_error.eq(ErrorCode.SHIFT)
+            m.d.sync += self.cfg_error.eq(ErrorCode.SHIFT)
+        with m.Else():
+            m.d.sync += self.cfg_error.eq(ErrorCode.NONE)
 
+        in_beats, out_beats = Signal.like(self.in_beats), Signal.like(self.out_beats)
+        m.d.sync += [self.in_beats.eq(in_beats), self.out_beats.eq(out_beats)]
         with m.Switch(op):
             with m.Case(Op.LRT_LOAD_BASIS):
-                m.d.comb += self.in_beats.eq(rows)                       # L words = one beat a row
+                m.d.comb += in_beats.eq(rows)                            # L words = one beat a row
             with m.Case(Op.LRT_READ_BASIS):
-                m.d.comb += self.out_beats.eq(rows)
+                m.d.comb += out_beats.eq(rows)
             with m.Case(Op.LRT_PROJECT):
-                m.d.comb += [self.in_beats.eq(_ceil8(rows)), self.out_beats.eq(_ceil8(r))]
+                m.d.comb += [in_beats.eq(_ceil8(rows)), out_beats.eq(_ceil8(r))]
             with m.Case(Op.LRT_REPROJECT):
-                m.d.comb += self.out_beats.eq(_ceil8(r))
+                m.d.comb += out_beats.eq(_ceil8(r))
             with m.Case(Op.LRT_ROTATE):
-                m.d.comb += self.in_beats.eq(_ceil8(q * r))
+                m.d.comb += in_beats.eq(_ceil8(q * r))
             with m.Case(Op.LRT_UPDATE):
-                m.d.comb += self.in_beats.eq(_ceil8(r))
+                m.d.comb += in_beats.eq(_ceil8(r))
             with m.Case(Op.LRT_LOAD_WEIGHTS):
-                m.d.comb += self.in_beats.eq(_ceil8(cells))
+                m.d.comb += in_beats.eq(_ceil8(cells))
             with m.Case(Op.LRT_READ_WEIGHTS, Op.LRT_READ_COUNTS):
-                m.d.comb += self.out_beats.eq(_ceil8(cells))
+                m.d.comb += out_beats.eq(_ceil8(cells))
+        # The datapath's copy of m n (stable while an op runs: the configuration is frozen).
+        cells_r = Signal.like(cells, reset_less=True)
+        m.d.sync += cells_r.eq(cells)
 
         m_pass = is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT)
         m_rot = op == Op.LRT_ROTATE
@@ -246,6 +258,8 @@ class PELRT(PE):
         svec = [Signal(word, name=f"s{k}") for k in range(L)]
         uvec = [Signal(signed(u_bits), name=f"u{k}") for k in range(L)]
         u_load = Signal()
+        u_fwd = Signal()                         # u_k is in prod this cycle, not yet in uvec
+        m.d.sync += u_fwd.eq(u_load)
         # LRT_LOAD_WEIGHTS: the counter clear.
         clr_active = Signal()
         clr_addr = Signal(range(cell_depth))
@@ -254,26 +268,50 @@ class PELRT(PE):
         rd_entry = Signal(range(max(rows_max, cell_depth) + 1))
 
         # ------------------------------------------------------------------ the pipeline
+        # Seven stages after the issue, each well under 8 ns at 100 MHz: S1 memory data and the
+        # operand muxes, S2 the multiplies (operand and product registers, DSP friendly), S3 the
+        # adder tree, S4 the rounding shift, S5 its saturation, S6 the write back, S7 (MGS
+        # passes) the accumulation. Datapath registers have no reset (valid bits qualify them).
+        WR, ACC = 6, 7                            # the write-back and accumulate stages
         issue = Signal()                          # S0: an element enters this cycle
-        v1, v2, v3, v4 = (Signal(name=f"v{k}") for k in range(1, 5))
-        i1, i2, i3 = (Signal(SIZE_BITS, name=f"i{k}") for k in range(1, 4))
-        j1, j2, j3 = (Signal(range(L), name=f"j{k}") for k in range(1, 4))
-        cell1, cell2, cell3 = (Signal(range(cells_max + 1), name=f"cell{k}") for k in range(1, 4))
-        x2, x3, x4 = (Signal(word, name=f"x{k}") for k in range(2, 5))
-        qc2, qc3, qc4 = (Signal(word, name=f"qc{k}") for k in range(2, 5))
-        w2, w3 = (Signal(signed(wbits), name=f"w{k}") for k in range(2, 4))
-        n2, n3 = (Signal(LRT_WRITE_COUNT_BITS, name=f"n{k}") for k in range(2, 4))
-        m.d.sync += [v1.eq(issue), v2.eq(v1), v3.eq(v2), v4.eq(v3),
-                     i2.eq(i1), i3.eq(i2), j2.eq(j1), j3.eq(j2), cell2.eq(cell1), cell3.eq(cell2),
-                     x3.eq(x2), qc3.eq(qc2), qc4.eq(qc3),
-                     w3.eq(w2), n3.eq(n2)]
+        v = [issue] + [Signal(name=f"v{k}") for k in range(1, ACC + 1)]
+        m.d.sync += [v[k].eq(v[k - 1]) for k in range(1, ACC + 1)]
 
-        # S1: memory data arrive; the lanes multiply.
+        def delay(first, stages, shape, name):
+            """``first`` (the signal of stage ``stages[0]``) and its copies down to ``stages[-1]``."""
+            sigs = {stages[0]: first}
+            for k in stages[1:]:
+                sigs[k] = Signal(shape, name=f"{name}{k}", reset_less=True)
+                m.d.sync += sigs[k].eq(sigs[k - 1])
+            return sigs
+
+        i1 = Signal(SIZE_BITS, reset_less=True)
+        j1 = Signal(range(L), reset_less=True)
+        cell1 = Signal(range(cells_max + 1), reset_less=True)
+        x2 = Signal(word, reset_less=True)
+        qc2 = Signal(word, reset_less=True)
+        w2 = Signal(signed(wbits), reset_less=True)
+        n2 = Signal(LRT_WRITE_COUNT_BITS, reset_less=True)
+        i_ = delay(i1, range(1, WR + 1), SIZE_BITS, "i")
+        j_ = delay(j1, range(1, WR + 1), range(L), "j")
+        cell_ = delay(cell1, range(1, WR + 1), range(cells_max + 1), "cell")
+        x_ = delay(x2, range(2, WR + 1), word, "x")
+        qc_ = delay(qc2, range(2, WR + 1), word, "qc")
+        w_ = delay(w2, range(2, WR + 1), signed(wbits), "w")
+        n_ = delay(n2, range(2, WR + 1), LRT_WRITE_COUNT_BITS, "n")
+
+        # S1: memory data arrive; the operand muxes, into registers.
         # a: a word or u_k (32 bits); b: a word or the unsigned LRT_RECIP (17 bits signed).
         mul_a = [Signal(signed(u_bits), name=f"mul_a{k}") for k in range(L)]
         mul_b = [Signal(signed(LRT_RECIP_BITS + 1), name=f"mul_b{k}") for k in range(L)]
-        prod = [Signal(signed(u_bits + LRT_RECIP_BITS + 1), name=f"prod{k}") for k in range(L)]
-        m.d.sync += [prod[k].eq(mul_a[k] * mul_b[k]) for k in range(L)]
+        opa = [Signal(signed(u_bits), name=f"opa{k}", reset_less=True) for k in range(L)]
+        opb = [Signal(signed(LRT_RECIP_BITS + 1), name=f"opb{k}", reset_less=True) for k in range(L)]
+        prod = [Signal(signed(u_bits + LRT_RECIP_BITS + 1), name=f"prod{k}", reset_less=True)
+                for k in range(L)]
+        m.d.sync += [opa[k].eq(mul_a[k]) for k in range(L)]
+        m.d.sync += [opb[k].eq(mul_b[k]) for k in range(L)]
+        # S2: the multiplies.
+        m.d.sync += [prod[k].eq(opa[k] * opb[k]) for k in range(L)]
         resword = res_rd.data[i1[:3]]
         row_step = Signal()                      # S1 of an LRT_UPDATE row step (u_k = Q_L s_k)
         with m.If(m_pass):
@@ -288,51 +326,59 @@ class PELRT(PE):
                 with m.If(row_step):
                     m.d.comb += [mul_a[k].eq(ql_rd.data[k]), mul_b[k].eq(svec[k])]
                 with m.Else():
-                    m.d.comb += [mul_a[k].eq(uvec[k]), mul_b[k].eq(qr_rd.data[k])]
+                    m.d.comb += [mul_a[k].eq(Mux(u_fwd, prod[k], uvec[k])),
+                                 mul_b[k].eq(qr_rd.data[k])]
         m.d.sync += [x2.eq(resword), qc2.eq(qrow[p[:3]]),
                      w2.eq(w_rd.data[cell1[:3]]), n2.eq(c_rd.data[cell1[:3]])]
-        with m.If(u_load):
+        with m.If(u_fwd):
             m.d.sync += [uvec[k].eq(prod[k]) for k in range(L)]
 
-        # S2: the adder tree.
-        total = Signal(signed(sum_bits))
+        # S3: the adder tree.
+        total = Signal(signed(sum_bits), reset_less=True)
         m.d.sync += total.eq(sum(prod))
 
-        # S3: rescale (round half up by 14 or SHIFT), saturate, write back. The rescaled value y
-        # keeps 18 bits: the MGS step round(c Q, 14) (|c Q| <= 2**30) must not saturate before
-        # x - y is; for the others saturating to 18 and then to 16 (or W - y to 8, see
-        # numerics.LRT_PE_DELTA_BITS) is saturating once.
-        m.submodules.rescale = rescale = RoundShiftSaturate(sum_bits, WB + 2, P.shift_max, P.shift_min)
+        # S4-S5: rescale (round half up by 14 or SHIFT: S4 the rounding shift, S5 the
+        # saturation into y). y keeps 18 bits: the MGS step round(c Q, 14) (|c Q| <= 2**30) must
+        # not saturate before x - y is; for the others saturating to 18 and then to 16 (or W - y
+        # to 8, see numerics.LRT_PE_DELTA_BITS) is saturating once.
+        m.submodules.rescale = rescale = RoundShiftSaturate(sum_bits, WB + 2, P.shift_max, P.shift_min,
+                                                            stages=1)
+        y = Signal(signed(WB + 2), reset_less=True)
+        rshift = Signal.like(rescale.shift, reset_less=True)     # static during an op
+        m.d.sync += [rshift.eq(Mux(m_pass | m_rot, frac, self.shift)), y.eq(rescale.data_out)]
+        m.d.comb += [rescale.data_in.eq(total), rescale.shift.eq(rshift)]
+
+        # S6: the differences, their saturation and the write back.
         m.submodules.sat_word = sat_word = RoundShiftSaturate(WB + 3, WB, 0)
         m.submodules.sat_weight = sat_weight = RoundShiftSaturate(WB + 3, wbits, 0)
-        y = rescale.data_out
+        x6, w6, n6, i6, j6, cell6 = x_[WR], w_[WR], n_[WR], i_[WR], j_[WR], cell_[WR]
         m.d.comb += [
-            rescale.data_in.eq(total),
-            rescale.shift.eq(Mux(m_pass | m_rot, frac, self.shift)),
-            sat_word.data_in.eq(Mux(m_pass, x3 - y, y)),
+            sat_word.data_in.eq(Mux(m_pass, x6 - y, y)),
             sat_word.shift.eq(0),
-            sat_weight.data_in.eq(w3 - y),
+            sat_weight.data_in.eq(w6 - y),
             sat_weight.shift.eq(0),
         ]
         new_word = sat_word.data_out
-        with m.If(v3 & m_pass):
-            m.d.comb += [res_wr.addr.eq(i3 >> 3), res_wr.en.eq(1 << i3[:3])]
+        x7 = Signal(word, reset_less=True)       # S7 (MGS): x'_i, and Q[i, p] or x'_i again
+        mac_b7 = Signal(word, reset_less=True)
+        with m.If(v[WR] & m_pass):
+            m.d.comb += [res_wr.addr.eq(i6 >> 3), res_wr.en.eq(1 << i6[:3])]
             m.d.comb += [res_wr.data[k].eq(new_word) for k in range(L)]
-            m.d.sync += [x4.eq(new_word)]
-        with m.If(v3 & m_app):
-            m.d.comb += [qw_addr.eq(i3), qw_en.eq(1 << r[:3])]
+            m.d.sync += [x7.eq(new_word), mac_b7.eq(Mux(p == r, new_word, qc_[WR]))]
+        with m.If(v[WR] & m_app):
+            m.d.comb += [qw_addr.eq(i6), qw_en.eq(1 << r[:3])]
             m.d.comb += [qw_data[k].eq(new_word) for k in range(L)]
-        with m.If(v3 & m_rot):
-            m.d.sync += rot_out[j3].eq(new_word)
-            with m.If(j3 == r - 1):
-                m.d.comb += [qw_addr.eq(i3), qw_en.eq((1 << r[:4]) - 1)]
-                m.d.comb += [qw_data[k].eq(Mux(j3 == k, new_word, rot_out[k])) for k in range(L)]
-        with m.If(v3 & m_upd):
+        with m.If(v[WR] & m_rot):
+            m.d.sync += rot_out[j6].eq(new_word)
+            with m.If(j6 == r - 1):
+                m.d.comb += [qw_addr.eq(i6), qw_en.eq((1 << r[:4]) - 1)]
+                m.d.comb += [qw_data[k].eq(Mux(j6 == k, new_word, rot_out[k])) for k in range(L)]
+        with m.If(v[WR] & m_upd):
             new_w = sat_weight.data_out
-            with m.If(new_w != w3):
-                bumped = Mux(n3 == (1 << LRT_WRITE_COUNT_BITS) - 1, n3, n3 + 1)
-                m.d.comb += [w_wr.addr.eq(cell3 >> 3), w_wr.en.eq(1 << cell3[:3]),
-                             c_wr.addr.eq(cell3 >> 3), c_wr.en.eq(1 << cell3[:3])]
+            with m.If(new_w != w6):
+                bumped = Mux(n6 == (1 << LRT_WRITE_COUNT_BITS) - 1, n6, n6 + 1)
+                m.d.comb += [w_wr.addr.eq(cell6 >> 3), w_wr.en.eq(1 << cell6[:3]),
+                             c_wr.addr.eq(cell6 >> 3), c_wr.en.eq(1 << cell6[:3])]
                 m.d.comb += [w_wr.data[k].eq(new_w) for k in range(L)]
                 m.d.comb += [c_wr.data[k].eq(bumped) for k in range(L)]
                 m.d.sync += writes_total.eq(Mux(writes_total == (1 << LRT_WRITES_TOTAL_BITS) - 1,
@@ -340,9 +386,9 @@ class PELRT(PE):
                 with m.If(bumped > writes_max):
                     m.d.sync += writes_max.eq(bumped)
 
-        # S4 (MGS passes): accumulate Q[i, p] x'_i, or x'_i^2 in the last pass.
-        with m.If(v4 & m_pass):
-            m.d.sync += acc.eq(acc + Mux(p == r, x4, qc4) * x4)
+        # S7 (MGS passes): accumulate Q[i, p] x'_i, or x'_i^2 in the last pass.
+        with m.If(v[ACC] & m_pass):
+            m.d.sync += acc.eq(acc + mac_b7 * x7)
 
         m.submodules.c_round = c_round = RoundShiftSaturate(acc_bits, WB, frac)
         m.d.comb += [c_round.data_in.eq(acc), c_round.shift.eq(frac)]
@@ -367,10 +413,10 @@ class PELRT(PE):
             with m.If(op == Op.LRT_READ_BASIS):
                 m.d.comb += out_row.eq(qrow)
             with m.Elif(op == Op.LRT_READ_WEIGHTS):
-                m.d.comb += [out_row[k].eq(Mux(rd_entry * L + k < cells, w_rd.data[k], 0))
+                m.d.comb += [out_row[k].eq(Mux(rd_entry * L + k < cells_r, w_rd.data[k], 0))
                              for k in range(L)]
             with m.Else():
-                m.d.comb += [out_row[k].eq(Mux(rd_entry * L + k < cells, c_rd.data[k], 0))
+                m.d.comb += [out_row[k].eq(Mux(rd_entry * L + k < cells_r, c_rd.data[k], 0))
                              for k in range(L)]
             m.d.comb += fifo.w_data.eq(out_row)
 
@@ -382,7 +428,7 @@ class PELRT(PE):
             with m.If(clr_addr == cell_depth - 1):
                 m.d.sync += clr_active.eq(0)
 
-        pipe_busy = v1 | v2 | v3 | v4 | inflight | (fifo.level != 0) | clr_active
+        pipe_busy = Cat(*v[1:]).any() | inflight | (fifo.level != 0) | clr_active
 
         # ------------------------------------------------------------------ control
         with m.FSM() as fsm:
@@ -430,7 +476,7 @@ class PELRT(PE):
                             with m.Case(Op.LRT_UPDATE):
                                 m.d.sync += [svec[k].eq(Mux(k < r, pay[k], 0)) for k in range(L)]
                             with m.Case(Op.LRT_LOAD_WEIGHTS):
-                                m.d.comb += [w_wr.addr.eq(beat), w_wr.en.eq(lanes_below(beat * L, cells))]
+                                m.d.comb += [w_wr.addr.eq(beat), w_wr.en.eq(lanes_below(beat * L, cells_r))]
                                 m.d.comb += [w_wr.data[k].eq(sat_in[k]) for k in range(L)]
 
             # LRT_PROJECT / LRT_REPROJECT: pass p over the rows, then drain and finish the pass.
@@ -441,7 +487,7 @@ class PELRT(PE):
                     m.d.sync += i.eq(0)
                     m.next = "PASS_END"
             with m.State("PASS_END"):
-                with m.If(~(v1 | v2 | v3 | v4)):
+                with m.If(~Cat(*v[1:]).any()):
                     m.d.sync += acc.eq(0)
                     with m.If(p == r):
                         m.d.sync += norm2.eq(acc)

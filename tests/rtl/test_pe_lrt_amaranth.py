@@ -32,15 +32,23 @@ def _stream(rng, values):
     return np.concatenate([v, _codes(rng, -v.size % 8)])
 
 
-def _configure(ctx, dut, model, op):
+async def _configure(ctx, dut, model, op):
+    """Set the configuration; cfg_error / in_beats / out_beats are registered: one cycle later
+    they are right, and cfg_ready rises within two."""
     ctx.set(dut.op, int(op))
     for name in _REGS:
         ctx.set(getattr(dut, name), getattr(model, name))
+    await ctx.tick()
+    for _ in range(2):
+        if ctx.get(dut.cfg_ready):
+            break
+        await ctx.tick()
+    assert ctx.get(dut.cfg_ready)
 
 
 async def _run(ctx, dut, model, op, words=None, *, rng, gaps=0.0, stalls=0.0, check_cycles=False):
     """Run one op on the DUT and on the model; compare streams, registers and (optionally) cycles."""
-    _configure(ctx, dut, model, op)
+    await _configure(ctx, dut, model, op)
     code = model.cfg_error(op)
     assert ctx.get(dut.cfg_error) == code, (Op(op).name, code)
     assert ctx.get(dut.in_beats) == model.in_beats(op), Op(op).name
@@ -281,13 +289,14 @@ def test_every_cfg_error_and_stream_size(params):
             model.configure(**{"side": 0, "rows_l": 1, "rows_r": 1, "cols": 0, "shift": 0, **regs})
             if want is not None:
                 assert model.cfg_error(op) == want, (op, regs)
-            _configure(ctx, dut, model, op)
+            await _configure(ctx, dut, model, op)
             assert ctx.get(dut.cfg_error) == model.cfg_error(op), (op, regs)
             if not model.cfg_error(op):
                 assert ctx.get(dut.in_beats) == model.in_beats(op), (op, regs)
                 assert ctx.get(dut.out_beats) == model.out_beats(op), (op, regs)
 
     sim = Simulator(dut)
+    sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
 
