@@ -30,7 +30,7 @@ from insitu.numerics import accumulator_bits
 from .params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
 from .pe_common import (CODE_BITS, DATA_BITS, PACK_BIAS, PACK_BITS, PACKED_PRODUCT_BITS,
                         OutputStage, adder_tree, check_params, common_cfg_errors, drive_cfg_error,
-                        pack_codes, payload_codes, unpack_products, words)
+                        lut_product, pack_codes, payload_codes, unpack_products, words)
 from .pe_interface import PE
 from .regmap import ErrorCode
 
@@ -64,11 +64,19 @@ class PE1(PE):
         groups = Signal(14)                     # groups of 8 rows: ceil(a/8)
         m.d.comb += [C.eq(c >> 4), groups.eq((a + 7) >> 3)]
         checks, shift_check = common_cfg_errors(a, b, c, d, self.shift, p)
+        # K = b*C entries per row. The checks in priority order let each product be small (LUTs,
+        # not DSPs): TILE sees b, C <= R through bits(R); FACTOR_WORDS comes after TILE, so
+        # K <= R there, and d <= FE through bits(FE).
+        rb, fb = R.bit_length(), FE.bit_length()
+        K = Signal(2 * rb)
+        m.d.comb += K.eq(lut_product(b[:rb], C[:rb]))
         drive_cfg_error(m, self.cfg_error, checks + [
-            (b * C > R, ErrorCode.TILE),
-            (b * d * C > FE, ErrorCode.FACTOR_WORDS),
+            ((b > R) | (C > R) | (K > R), ErrorCode.TILE),
+            ((d > FE) | (lut_product(K[:rb], d[:fb]) > FE), ErrorCode.FACTOR_WORDS),
             shift_check,
         ])
+        # The beat counts are exact for every configuration (the driver compares IN_BEATS with
+        # its stream, also for one the PE refuses): full products, combinational.
         m.d.comb += [
             self.in_beats.eq((b * c * (d + (groups << 3))) >> 3),
             self.out_beats.eq(groups * d),
@@ -80,7 +88,7 @@ class PE1(PE):
         Cm1 = Signal(range(R))
         bm1, dm1, Pm1, gm1 = Signal(16), Signal(16), Signal(15), Signal(14)
         d_odd = Signal()
-        m.d.sync += [E.eq((b * C) << 1), Em1.eq(((b * C) << 1) - 1), Cm1.eq(C - 1),
+        m.d.sync += [E.eq(K << 1), Em1.eq((K << 1) - 1), Cm1.eq(C - 1),
                      bm1.eq(b - 1), dm1.eq(d - 1), Pm1.eq((d - 1) >> 1), gm1.eq(groups - 1),
                      d_odd.eq(d[0])]
 

@@ -27,11 +27,12 @@ from __future__ import annotations
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib.memory import Memory
 
-from insitu.numerics import accumulator_bits, product_bits
+from insitu.numerics import accumulator_bits
 
 from .params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
-from .pe_common import (CODE_BITS, DATA_BITS, OutputStage, check_params, common_cfg_errors,
-                        drive_cfg_error, payload_codes, words)
+from .pe_common import (CODE_BITS, DATA_BITS, PACK_BIAS, PACK_BITS, PACKED_PRODUCT_BITS,
+                        OutputStage, check_params, common_cfg_errors, drive_cfg_error, pack_codes,
+                        payload_codes, unpack_products, words)
 from .pe_interface import PE
 from .regmap import ErrorCode
 
@@ -40,10 +41,10 @@ class PE2(PE):
     """The PE2 contraction (see the module docstring)."""
 
     #: Output FIFO entries.
-    OUT_DEPTH = 8
+    OUT_DEPTH = 16
     #: Beats the shadow bank may still hold when a group's last MAC cycle issues: they drain in
     #: the cycles before the new results arrive (issue -> products -> accumulators -> shadow).
-    DRAIN_SLACK = 4
+    DRAIN_SLACK = 6
 
     def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS):
         check_params(params, "PE2")
@@ -78,11 +79,15 @@ class PE2(PE):
         # Beat counts must fit 32 bits (the top level's counters, an AXI DMA transfer). With
         # b <= pe2_b_max and b * ceil(d/8) <= factor_words / 8, bounding a * c does it without a
         # wide multiplier: see ac_limit.
-        in_beats, out_beats = (b * ((G8 << 3) + a * c)) >> 3, a * c * G8
+        # One product each for a*c and b*G8, shared by the checks, the beat counts and the tile
+        # count (a*c/16), so that each is one DSP.
+        ac, bg = Signal(32), Signal(30)
+        m.d.comb += [ac.eq(a * c), bg.eq(b * G8)]
+        in_beats, out_beats = bg + ((b * ac) >> 3), ac * G8
         drive_cfg_error(m, self.cfg_error, checks + [
             (b > B, ErrorCode.TILE),
-            ((a * c) >= self.ac_limit, ErrorCode.TILE),
-            (b * G8 > FE, ErrorCode.FACTOR_WORDS),
+            (ac >= self.ac_limit, ErrorCode.TILE),
+            (bg > FE, ErrorCode.FACTOR_WORDS),
             shift_check,
         ])
         m.d.comb += [self.in_beats.eq(in_beats[:32]), self.out_beats.eq(out_beats[:32])]
@@ -91,7 +96,7 @@ class PE2(PE):
         bm1 = Signal(range(B))
         gm1 = Signal(13)
         tm1 = Signal(28)                        # tiles - 1: a*C - 1
-        m.d.sync += [bm1.eq(b - 1), gm1.eq(G8 - 1), tm1.eq(a * C - 1)]
+        m.d.sync += [bm1.eq(b - 1), gm1.eq(G8 - 1), tm1.eq((ac >> 4) - 1)]
 
         # ---------------------------------------------------------------- buffers
         m.submodules.gmem = gmem = Memory(shape=OUTS * CODE_BITS, depth=FE, init=[])
@@ -156,12 +161,12 @@ class PE2(PE):
                     m.d.sync += tw_k.eq(tw_k + 1)
 
         # ---------------------------------------------------------------- MAC issue
-        out = OutputStage(m, self, self.acc_bits, p, self.OUT_DEPTH, "out")
+        out = OutputStage(m, self, self.acc_bits, p, self.OUT_DEPTH, "out", registered=True)
         pending = Signal(range(8 * OUTS * 2 * 4))       # output beats issued, not yet sent
         drain_left = Signal(range(2 * OUTS + 1))        # beats left in the shadow bank
-        s1_v, s1_first, s1_last = Signal(), Signal(), Signal()
-        s2_v, s2_first, s2_last = Signal(), Signal(), Signal()
-        s3_load = Signal()
+        # Flags of the MAC pipeline (below): stage k holds a group's last b while sk_last.
+        s_last = [Signal(name=f"s{k}_holds_last") for k in range(1, 5)]
+        s5_load = Signal()
         cbank = Signal()
         cc_b = Signal(range(B))
         cc_g = Signal(13)
@@ -177,7 +182,7 @@ class PE2(PE):
             # Entry cc_b is in the bank: the bank is full, or it is the one loading and the entry
             # is complete (the MAC loop chases the loader through a tile it is waiting for).
             avail.eq(Mux(cbank, full[1], full[0]) | ((lbank == cbank) & (cc_b < tw_k))),
-            shadow_ok.eq(~(s1_v & s1_last) & ~(s2_v & s2_last) & ~s3_load &
+            shadow_ok.eq(~Cat(*s_last).any() & ~s5_load &
                          (drain_left <= self.DRAIN_SLACK) & (out.free >= drain_left)),
             issue.eq(busy & ~comp_done & avail & (~last_b | shadow_ok)),
             t_r.addr.eq(Mux(cbank, cc_b + B, cc_b)),
@@ -200,43 +205,47 @@ class PE2(PE):
                 m.d.sync += [cc_b.eq(cc_b + 1), g_c.eq(g_c + 1)]
 
         # ---------------------------------------------------------------- MAC pipeline
-        m.d.sync += [s1_v.eq(issue), s1_first.eq(cc_b == 0), s1_last.eq(last_b)]
-        # Stage 1 -> 2: 128 products of the buffers' outputs (d-major, lane-minor), computed as
-        # 64 wide products: one DSP multiplies a 16-bit z by two 4-bit codes packed 20 bits apart
-        # (z * (g0 + g1 * 2**20) = z*g0 + z*g1 * 2**20, and |z*g0| < 2**19 fits the low 20 bits).
+        # Flags (valid, first b, last b) of stage k: the cycle in which stage k's data is valid.
+        flags = [(issue, cc_b == 0, last_b)]
+        for k in range(1, 5):
+            f = (Signal(name=f"s{k}_v"), Signal(name=f"s{k}_first"), Signal(name=f"s{k}_last"))
+            m.d.sync += [x.eq(y) for x, y in zip(f, flags[-1])]
+            m.d.comb += s_last[k - 1].eq(f[0] & f[2])
+            flags.append(f)
+        # Stage 1 -> 2: the buffers' outputs, registered (DSP A/B registers): 16 z words, and
+        # the codes of each pair of d's packed into one operand.
         z_lanes = words(t_r.data, LANES, DATA_BITS)
         g_codes = words(g_r.data, OUTS, CODE_BITS)
-        pbits = product_bits(DATA_BITS, CODE_BITS)
-        packed = [g_codes[j] + (g_codes[j + 1] << pbits) for j in range(0, OUTS, 2)]
+        z_r = [Signal(signed(DATA_BITS), name=f"z_{lane}") for lane in range(LANES)]
+        packed = [Signal(signed(PACK_BITS), name=f"gpack_{j}") for j in range(OUTS // 2)]
+        m.d.sync += [zr.eq(z) for zr, z in zip(z_r, z_lanes)]
+        m.d.sync += [packed[j].eq(pack_codes(g_codes[2 * j], g_codes[2 * j + 1]))
+                     for j in range(OUTS // 2)]
+        # Stage 2 -> 3 -> 4: 128 products (d-major, lane-minor) as 64 wide products, one DSP each:
+        # z * (g0 + g1 * 2**20) + bias, with M and P registers.
         wide = {}
-        for p, pair in enumerate(packed):
+        for j in range(OUTS // 2):
             for lane in range(LANES):
-                w = Signal(signed(2 * pbits + 1), name=f"wide_{p}_{lane}")
-                m.d.sync += w.eq(z_lanes[lane] * pair)
-                wide[p, lane] = w
-        prods = []
-        for j in range(OUTS):
-            for lane in range(LANES):
-                w = wide[j // 2, lane]
-                low = w[:pbits].as_signed()
-                # The high product: floor(w / 2**20) corrected by the low product's sign.
-                prod = low if j % 2 == 0 else (w[pbits:].as_signed() + w[pbits - 1])[:pbits + 1].as_signed()
-                prods.append(prod)
-        m.d.sync += [s2_v.eq(s1_v), s2_first.eq(s1_first), s2_last.eq(s1_last)]
-        # Stage 2 -> 3: accumulate over b.
+                m_r = Signal(signed(PACKED_PRODUCT_BITS), name=f"mul_{j}_{lane}")
+                p_r = Signal(signed(PACKED_PRODUCT_BITS), name=f"wide_{j}_{lane}")
+                m.d.sync += [m_r.eq(z_r[lane] * packed[j]), p_r.eq(m_r + PACK_BIAS)]
+                wide[j, lane] = unpack_products(p_r)
+        prods = [wide[j // 2, lane][j % 2] for j in range(OUTS) for lane in range(LANES)]
+        # Stage 4 -> 5: accumulate over b.
+        s4_v, s4_first, s4_last = flags[4]
         accs = []
         for i, prod in enumerate(prods):
             acc = Signal(signed(self.acc_bits), name=f"acc_{i // LANES}_{i % LANES}")
-            with m.If(s2_v):
-                m.d.sync += acc.eq(Mux(s2_first, 0, acc) + prod)
+            with m.If(s4_v):
+                m.d.sync += acc.eq(Mux(s4_first, 0, acc) + prod)
             accs.append(acc)
-        m.d.sync += s3_load.eq(s2_v & s2_last)
+        m.d.sync += s5_load.eq(s4_v & s4_last)
 
         # ---------------------------------------------------------------- shadow bank, drain
         shadow = [Signal(signed(self.acc_bits), name=f"shadow_{i}") for i in range(len(accs))]
         drain_write = Signal()
         m.d.comb += [
-            drain_write.eq((drain_left != 0) & out.fifo.w_rdy),
+            drain_write.eq((drain_left != 0) & (out.free != 0)),
             out.write.eq(drain_write),
         ]
         m.d.comb += [out.values[k].eq(shadow[k]) for k in range(STREAM_WORDS)]
@@ -244,10 +253,10 @@ class PE2(PE):
             m.d.sync += [shadow[i].eq(shadow[i + STREAM_WORDS])
                          for i in range(len(shadow) - STREAM_WORDS)]
             m.d.sync += drain_left.eq(drain_left - 1)
-        with m.If(s3_load):
+        with m.If(s5_load):
             m.d.sync += [sh.eq(acc) for sh, acc in zip(shadow, accs)]
             m.d.sync += drain_left.eq(len(shadow) // STREAM_WORDS)
-        m.d.comb += self.overrun.eq(s3_load & (drain_left != 0) &
+        m.d.comb += self.overrun.eq(s5_load & (drain_left != 0) &
                                     ~((drain_left == 1) & drain_write))
         m.d.sync += pending.eq(pending + Mux(issue & last_b, len(shadow) // STREAM_WORDS, 0)
                                - out.fire)

@@ -11,7 +11,7 @@ be in flight (credits), so a full output never needs to stall the MAC pipeline i
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Signal, Value
+from amaranth.hdl import Cat, Module, Mux, Signal, Value
 from amaranth.lib.fifo import SyncFIFOBuffered
 
 from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS, product_bits
@@ -77,6 +77,12 @@ def adder_tree(terms: list[Value]) -> Value:
         terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i]
                  for i in range(0, len(terms), 2)]
     return terms[0]
+
+
+def lut_product(x: Value, y: Value) -> Value:
+    """``x * y`` (unsigned) as shifted adds: Yosys maps a ``*`` of more than 8 result bits to a
+    DSP; for the small size products (a few bits each) LUTs are cheaper than a DSP."""
+    return adder_tree([Mux(y[i], x << i, 0) for i in range(len(y))])
 
 
 def common_cfg_errors(a, b, c, d, shift, params: AcceleratorParams):

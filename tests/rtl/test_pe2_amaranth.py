@@ -81,6 +81,37 @@ def test_accumulator_at_its_limit():
     check(PE2(), ops)
 
 
+def extreme_pairs_operands(a, d):
+    """Each DSP multiplies one Z word by the codes of two d's packed 20 bits apart. Every pair of
+    codes (d even, d odd) from -8..7 x -8..7 meets Z words at both extremes and of both signs
+    (negative low products borrow from the high one): consecutive b's hold (x, -x) or
+    (-32768, 32767) with equal codes, so every output is a small exact sum (SHIFT 0) in which an
+    error of 1 in any product shows."""
+    combos = [(x, y) for x in range(-8, 8) for y in range(-8, 8)]
+    b = 2 * len(combos) // 4
+    cfg = PEConfig("PE2", a, b, 16, d, 0)
+    g = np.zeros((b, 8), dtype=np.int64)
+    for i in range(b // 2):
+        for pair in range(4):
+            g[2 * i:2 * i + 2, 2 * pair:2 * pair + 2] = combos[4 * i + pair]
+    g = g[:, :d]
+    lanes = [(-(1 << 15), (1 << 15) - 1), ((1 << 15) - 1, -(1 << 15)), (-(1 << 15) + 1, (1 << 15) - 1),
+             (-1, 1), (1, -1), (-2, 1), (12345, -12345), (3, -3)]
+    z = np.zeros((a, b, 16), dtype=np.int64)
+    for r in range(a):
+        for lane in range(16):
+            x, y = lanes[(r + lane) % len(lanes)]
+            z[r, 0::2, lane], z[r, 1::2, lane] = x, y
+    return cfg, z, g
+
+
+def test_packed_products_at_extreme_codes():
+    ops = [extreme_pairs_operands(2, 8), extreme_pairs_operands(1, 7)]
+    for cfg, z, g in ops:     # the sums stay far from saturation: any error would show
+        assert np.abs(np.einsum("abc,bd->adc", z, g)).max() < 1 << 14
+    check(PE2(), ops, seed=5, p_gap=0.1, p_stall=0.2)
+
+
 def expected_error(cfg, params):
     a, b, c, d, shift = cfg.a, cfg.b, cfg.c, cfg.d, cfg.shift
     if 0 in (a, b, c, d):
