@@ -39,6 +39,13 @@ class Verilator:
         return env
 
     @property
+    def make_flags(self) -> tuple[str, ...]:
+        """Arguments for ``make -f V<prefix>.mk``. The wheel's verilated.mk was configured with an
+        empty CFG_CXXFLAGS_PCH_I, which hands the precompiled header to g++ as a file to link:
+        give it g++'s ``-include``."""
+        return ("CFG_CXXFLAGS_PCH_I=-include",) if self.root is not None else ()
+
+    @property
     def supports_cocotb(self) -> bool:
         return self.version >= COCOTB_MIN_VERSION
 
