@@ -426,6 +426,8 @@ def estimated_cycles(cfg: PEConfig) -> int:
     """
     mac_cycles = -(-cfg.macs() // MAC_UNITS[cfg.kind])
     if cfg.kind == "PE1":
+        # each DSP computes two d's at once: an odd d costs a whole last pair
+        mac_cycles = mac_cycles * _ceil_to(cfg.d, 2) // cfg.d
         # the factor operand and the first group of 8 rows load before the first MAC
         mac_cycles += (cfg.b * cfg.d * cfg.c + PE_ROWS * cfg.b * cfg.c) // STREAM_WORDS
     elif cfg.kind == "PE2":
