@@ -1,23 +1,26 @@
-"""PE1: ``Z'(a,d) = sum_{b,c} Z(a,b,c) G(b,d,c)`` with 128 MACs (16 lanes on c x 8 rows on a).
+"""PE1: ``Z'(a,d) = sum_{b,c} Z(a,b,c) G(b,d,c)`` with 128 MACs on 64 DSPs (8 rows on a x 8 lanes on c x 2 d's).
 
 Stream layouts are those of :mod:`insitu.tt.pe_stream` (in: ``G (b,d,c)`` then ``Z (a8,b,c)``;
 out: ``(a8/8, d, 8)``). With ``C = c/16`` lane chunks and ``K = b*C`` entries of 16 words per row:
 
-* **factor buffer**: ``G`` as entries of 16 codes x 4 bits (depth ``factor_words/16``), two beats
-  per entry, stored in ``(d, b, chunk)`` order (address ``d*K + b*C + chunk``) so that the MAC
-  loop reads it sequentially;
-* **tile buffers**: one memory per row of a group of 8 rows, entries of 16 words (two beats per
-  entry), two banks (ping-pong): group ``g+1`` loads while group ``g`` computes;
-* **MAC loop** per group: for each ``d``, for each ``k < K``: the 8 rows' entry ``k`` times the
-  factor entry ``(d, k)``: 128 products, 8 adder trees over the 16 lanes, 8 accumulators; after
-  ``K`` cycles 8 results, rescaled (8 x RoundShiftSaturate), are one output beat;
-* pipeline: issue (buffer addresses) -> buffer data -> 128 products -> 8 lane sums -> 8
-  accumulators -> rescale into the output FIFO. A cycle that completes a result issues only while
-  the FIFO has room for every result still in flight (credits), so back-pressure on ``m`` only
-  stalls issue.
+* **factor buffer**: ``G`` as entries of 2 d's x 8 lanes of codes (depth ``factor_words/16 + R``),
+  stored in ``(d pair, b, chunk, half)`` order (address ``(d//2)*2K + 2*(b*C + chunk) + half``,
+  32-bit slot ``d%2``) so that the MAC loop reads it sequentially;
+* **tile buffers**: one memory per row of a group of 8 rows, one beat (8 lanes) per half-entry,
+  two banks (ping-pong): group ``g+1`` loads while group ``g`` computes;
+* **MAC loop** per group: for each pair of d's, for each half-entry ``e < 2K``: the 8 rows' half-entry
+  ``e`` times the two d's codes: 64 DSPs, each ``z * (g_d0 + g_d1 * 2**20)`` (two MACs, see
+  :func:`~insitu.rtl.pe_common.pack_codes`), 16 adder trees over 8 lanes, 16 accumulators; after
+  ``2K`` cycles the pair's 16 results go to a hold register and leave as two output beats
+  (8 x RoundShiftSaturate, registered before the FIFO);
+* pipeline: issue (buffer addresses) -> buffer data -> DSP A/B registers -> M -> P -> 16 lane sums
+  -> 16 accumulators (and the hold register) -> rescale -> register -> output FIFO. A pair's last
+  cycle issues only while the FIFO has room for every result still in flight (credits), so
+  back-pressure on ``m`` only stalls issue.
 
 One MAC cycle per clock in steady state: loading a group (``16*K`` beats) overlaps the previous
-group's ``d*K`` MAC cycles; there is no dead cycle between ``d`` iterations or groups.
+group's ``2*ceil(d/2)*K`` MAC cycles (an odd d leaves the last pair's second half idle); there is
+no dead cycle between pairs or groups.
 """
 
 from __future__ import annotations

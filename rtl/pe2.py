@@ -11,8 +11,9 @@ out: ``(a, C, d8, 16)``). With ``G8 = d8/8`` groups of 8 outputs:
   products into 128 accumulators; after ``b`` cycles the 128 results go to a shadow bank that
   drains (8 x RoundShiftSaturate, d then lane: 16 beats) into the output FIFO one beat per cycle
   while the next group accumulates;
-* pipeline: issue (buffer addresses) -> buffer data -> 128 products -> 128 accumulators ->
-  shadow bank -> rescale into the output FIFO. The cycle that completes a group issues only when
+* pipeline: issue (buffer addresses) -> buffer data -> DSP A/B registers -> M -> P (64 DSPs,
+  two products each, see :func:`~insitu.rtl.pe_common.pack_codes`) -> 128 accumulators ->
+  shadow bank -> rescale -> register -> output FIFO. The cycle that completes a group issues only when
   the shadow bank is sure to be drained by the time the new results reach it (at most
   ``DRAIN_SLACK`` beats left and room for them in the FIFO), so back-pressure on ``m`` only
   stalls issue.
