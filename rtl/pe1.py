@@ -1,4 +1,5 @@
-"""PE1: ``Z'(a,d) = sum_{b,c} Z(a,b,c) G(b,d,c)`` with 128 MACs on 64 DSPs (8 rows on a x 8 lanes on c x 2 d's).
+"""PE1: ``Z'(a,d) = sum_{b,c} Z(a,b,c) G(b,d,c)`` with 128 MACs on 64 DSPs (8 rows on a x 8
+lanes on c x 2 d's).
 
 Stream layouts are those of :mod:`insitu.tt.pe_stream` (in: ``G (b,d,c)`` then ``Z (a8,b,c)``;
 out: ``(a8/8, d, 8)``). With ``C = c/16`` lane chunks and ``K = b*C`` entries of 16 words per row:
