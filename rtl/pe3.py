@@ -125,8 +125,9 @@ class PE3(PE):
         # the quotient times d gives a back (the BLOCK check).
         psg = Signal()
         out_row_beats = Signal(range(PSG_ROW_BEATS + 1))                   # output beats a row
-        m.d.comb += [psg.eq(self.op == Op.PE3_PSG),
-                     out_row_beats.eq(Mux(psg, PSG_ROW_BEATS, ROW_BEATS))]
+        # Registered (op is a held configuration): the row issue logic depends on it.
+        m.d.sync += psg.eq(self.op == Op.PE3_PSG)
+        m.d.comb += out_row_beats.eq(Mux(psg, PSG_ROW_BEATS, ROW_BEATS))
         row_beats = (b + STREAM_WORDS - 1) >> ceil_log2(STREAM_WORDS)     # dY beats a row
         m.d.comb += self.cfg_ready.eq(settled(
             m, [self.op, a, b, c, d, self.shift, self.psg_tau], CFG_STAGES))
@@ -153,14 +154,14 @@ class PE3(PE):
             m.d.sync += early_err.eq(ErrorCode.TILE)
         with m.Elif((self.shift < p.shift_min) | (self.shift > p.shift_max)):
             m.d.sync += early_err.eq(ErrorCode.SHIFT)
-        with m.Elif(psg & (self.psg_tau == 0)):
+        with m.Elif((self.op == Op.PE3_PSG) & (self.psg_tau == 0)):
             m.d.sync += early_err.eq(ErrorCode.PSG_TAU)
         with m.Else():
             m.d.sync += early_err.eq(ErrorCode.NONE)
         m.d.sync += [
             block_due.eq((a != 0) & (b != 0) & (c != 0) & (d != 0) & (c == L)),
             d1.eq(d), a_odd1.eq(a >> k), x0.eq(inv_rd.data), a_rows1.eq(a * row_beats),
-            self.out_beats.eq(a * out_row_beats),
+            self.out_beats.eq(a * Mux(self.op == Op.PE3_PSG, PSG_ROW_BEATS, ROW_BEATS)),
         ]
         # stage 2: e = 2 - d_odd x0 (the Newton step's factor), p = (a >> k) x0, mod 2**16
         e2, p2 = Signal(16), Signal(16)
@@ -418,12 +419,17 @@ class PE3(PE):
         mag_r = [Signal(self.msb_acc_bits, name=f"psg_mag_r{k}") for k in range(R)]
         mag_v, peak8, peak8_v = Signal(), Signal(self.msb_acc_bits), Signal()
         hits_r, hits_v = Signal(R), Signal()
+        # The max of 8 in two registered steps (pairs, then the 4 pair maxima).
+        peak2 = [Signal(self.msb_acc_bits, name=f"psg_peak2_{k}") for k in range(R // 2)]
+        peak2_v = Signal()
         m.d.sync += [
             mag_v.eq(o1_v & ~o1_sign & psg & ~self.start),
             hits_v.eq(o1_v & o1_sign & psg & ~self.start),
             hits_r.eq(Cat(*predicted)),
-            peak8.eq(_max_tree(mag_r)),
-            peak8_v.eq(mag_v & ~self.start),
+            *(peak2[k].eq(_max_tree(mag_r[2 * k:2 * k + 2])) for k in range(R // 2)),
+            peak2_v.eq(mag_v & ~self.start),
+            peak8.eq(_max_tree(peak2)),
+            peak8_v.eq(peak2_v & ~self.start),
         ]
         m.d.sync += [mag_r[k].eq(mags[k]) for k in range(R)]
         with m.If(self.start & psg):

@@ -6,7 +6,8 @@ rounding is ``(v + 2**(shift-1)) >> shift`` (ties toward +infinity) -- exactly
 (``min_shift < 0``) is an exact left shift before saturation, as
 :meth:`insitu.numerics.FixedPoint.requantize` does. Combinational by default (``stages=0``); with
 ``stages=1`` the rounded and shifted value is registered before the saturation (one cycle of
-latency, ``shift`` held stable), which halves its logic depth for a 100 MHz clock.
+latency) and so is the decode of ``shift``, which must then be set a cycle before the data (it is
+a configuration): this cuts its logic depth for a 100 MHz clock.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class RoundShiftSaturate(wiring.Component):
     Parameters are generate-time bounds: ``in_width`` (accumulator), ``out_width`` (result code),
     ``max_shift`` (largest right shift the ``shift`` port accepts) and ``min_shift`` (<= 0: the
     largest left shift, negated). ``stages``: 0 (combinational) or 1 (a register in the ``sync``
-    domain between the shift and the saturation: ``data_out`` one cycle after ``data_in``).
+    domain between the shift and the saturation: ``data_out`` one cycle after ``data_in``, with
+    the ``shift`` of the cycle before).
     """
 
     def __init__(self, in_width: int, out_width: int, max_shift: int, min_shift: int = 0,
@@ -46,16 +48,31 @@ class RoundShiftSaturate(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        right = Mux(self.shift > 0, self.shift, 0)[:max(1, self.max_shift.bit_length())]
+
+        def control(value, name):
+            # With a pipeline stage, what the shift decodes to is registered too: the shift is a
+            # configuration (held), and its decode stays off the data path.
+            if not self.stages:
+                return value
+            reg = Signal(value.shape(), name=name, reset_less=True)
+            m.d.sync += reg.eq(value)
+            return reg
+
+        right = control(Mux(self.shift > 0, self.shift, 0)[:max(1, self.max_shift.bit_length())],
+                        "right")
         # Half an output LSB, 2**(shift-1), or 0 when shift <= 0; one extra bit for the carry.
-        half = Mux(right == 0, 0, (Const(1, self.max_shift + 1) << right) >> 1)
+        half = control(Mux(self.shift > 0, (Const(1, self.max_shift + 1) << right) >> 1, 0)
+                       if not self.stages else
+                       Mux(self.shift > 0, (Const(1, self.max_shift + 1) << self.shift[:len(right)]) >> 1, 0),
+                       "half")
         rounded = (self.data_in + half) >> right
         if self.min_shift < 0:
             # A left shift by out_width or more saturates every nonzero value: cap it there.
             cap = min(-self.min_shift, self.out_width)
             left = Mux(self.shift < 0, -self.shift, 0)
-            left = Mux(left > cap, cap, left)[:cap.bit_length()]
-            rounded = Mux(self.shift < 0, self.data_in << left, rounded)
+            left = control(Mux(left > cap, cap, left)[:cap.bit_length()], "left")
+            is_left = control(self.shift < 0, "is_left")
+            rounded = Mux(is_left, self.data_in << left, rounded)
         if self.stages:
             # A datapath register: no reset needed (the PEs qualify it with their valid bits).
             staged = Signal(rounded.shape(), reset_less=True)

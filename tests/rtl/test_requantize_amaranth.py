@@ -49,8 +49,9 @@ def test_one_stage_pipeline_matches_the_spec_a_cycle_later():
 
     async def testbench(ctx):
         for v, s in zip(values, shifts):
+            ctx.set(dut.shift, s)            # a configuration: set a cycle before the data
+            await ctx.tick()
             ctx.set(dut.data_in, v)
-            ctx.set(dut.shift, s)
             await ctx.tick()
             got.append(ctx.get(dut.data_out))
 
