@@ -269,7 +269,10 @@ class PE3(PE):
 
         first = s_idx == 0
         last = s_idx == b - 1
-        room = (credits + out_row_beats <= self.out_fifo_beats) & (cooldown == 0)
+        # Whether a row's beats fit in the output FIFO, registered from the credits' next value
+        # (the compare is off the issue path).
+        fits = Signal(init=1)
+        room = fits & (cooldown == 0)
         issue = Signal()
         m_fire = Signal()
         m.d.comb += [
@@ -282,10 +285,13 @@ class PE3(PE):
             m.d.sync += cooldown.eq(out_row_beats - 1)
         with m.Elif(cooldown != 0):
             m.d.sync += cooldown.eq(cooldown - 1)
+        credits_next = Signal.like(credits)
         with m.If(self.start):
-            m.d.sync += credits.eq(0)
+            m.d.comb += credits_next.eq(0)
         with m.Else():
-            m.d.sync += credits.eq(credits + Mux(issue & first, out_row_beats, 0) - m_fire)
+            m.d.comb += credits_next.eq(credits + Mux(issue & first, out_row_beats, 0) - m_fire)
+        m.d.sync += [credits.eq(credits_next),
+                     fits.eq(credits_next + out_row_beats <= self.out_fifo_beats)]
 
         with m.If(self.start):
             m.d.sync += [cp_active.eq(1), rd_bank.eq(0), s_idx.eq(0), w_idx.eq(0),
