@@ -97,6 +97,40 @@ def report_cmd(batch, no_synth, out_path, as_json):
         click.echo(f"target {name}: {'met' if ok else 'MISSED'}")
 
 
+@command.command("bench")
+@click.option("--simulators", default="amaranth,verilator", show_default=True,
+              help="Comma-separated simulators to run: amaranth (Amaranth's simulator, the "
+                   "reference), verilator (the compiled twin of --mode rtl).")
+@click.option("--min-seconds", type=click.FloatRange(0.0), default=2.0, show_default=True,
+              help="Repeat the ops on each simulator until this long has passed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def bench_cmd(simulators, min_seconds, as_json):
+    """Simulated cycles per second of the RTL twin's simulators on the same ops.
+
+    Small PE1/PE2/PE3 and LRT ops through the PYNQ driver and the twin's DMA (the same AXI
+    traffic on each simulator, outputs checked equal). The compiled twin is built once (~1 min)
+    and cached.
+
+    \b
+    Examples:
+      insitu rtl bench --json
+      insitu rtl bench --simulators verilator
+    """
+    from insitu.rtl.bench import bench
+
+    names = tuple(s.strip() for s in simulators.split(",") if s.strip())
+    result = bench(names, min_seconds, log=console.print)
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(f"{'simulator':<10} {'cycles/s':>12} {'x amaranth':>10} {'cycles':>10} {'seconds':>8} "
+               f"{'build s':>8} identical")
+    for r in result["rows"]:
+        ratio = f"{r['ratio_to_amaranth']:.1f}" if r["ratio_to_amaranth"] else "-"
+        click.echo(f"{r['simulator']:<10} {r['cycles_per_second']:>12,.0f} {ratio:>10} {r['cycles']:>10} "
+                   f"{r['seconds']:>8.2f} {r['build_seconds']:>8.1f} {r['identical']}")
+
+
 @command.command("timing")
 @click.option("--part", type=click.Choice(["xc7z020", "xczu3eg", "all"]), default="all", show_default=True,
               help="Part to estimate (-1 speed grade).")
