@@ -137,6 +137,7 @@ def render(params: AcceleratorParams = DEFAULT_PARAMS, progress: Callable[[str],
     """Every file's text, in memory: file name -> text (without ``manifest.json``)."""
     from insitu.errors import InsituError
 
+    from .timing import xdc_clock_text, xdc_exceptions_text
     from .vivado import check_top_ports, has_interrupt, tcl_files
 
     missing = missing_sources()
@@ -158,6 +159,11 @@ def render(params: AcceleratorParams = DEFAULT_PARAMS, progress: Callable[[str],
     files["registers.md"] = markdown(params)
     files["registers.json"] = json.dumps(registers_json(params, interrupt), indent=2) + "\n"
     files.update(tcl_files(interrupt))
+    # Constraints the estimate of insitu.rtl.timing holds the design to (package_ip.tcl adds them).
+    files[f"{TOP_MODULE}_ooc.xdc"] = xdc_clock_text()
+    exceptions = xdc_exceptions_text()
+    if exceptions:
+        files[f"{TOP_MODULE}.xdc"] = exceptions
     return files
 
 

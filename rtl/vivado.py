@@ -268,6 +268,16 @@ proc insitu_package_ip {hdl_dir ip_repo part} {
     create_project -force insitu_package $work_dir -part $part
     add_files -norecurse [file join $hdl_dir @TOP@.v]
     set_property top @TOP@ [current_fileset]
+    # The IP's clock (100 MHz) for its out-of-context synthesis and implementation; in the block
+    # design the PS constrains the clock it drives. Declared false/multicycle paths, if any,
+    # apply everywhere. Both come from insitu.rtl.timing, the estimate's own constraints.
+    set ooc_xdc [file join $hdl_dir @TOP@_ooc.xdc]
+    add_files -fileset constrs_1 -norecurse $ooc_xdc
+    set_property USED_IN {synthesis implementation out_of_context} [get_files $ooc_xdc]
+    set paths_xdc [file join $hdl_dir @TOP@.xdc]
+    if {[file exists $paths_xdc]} {
+        add_files -fileset constrs_1 -norecurse $paths_xdc
+    }
     update_compile_order -fileset sources_1
     ipx::package_project -root_dir $ip_dir -vendor @VENDOR@ -library @LIBRARY@ \
         -taxonomy /UserIP -import_files -set_current true

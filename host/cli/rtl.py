@@ -29,7 +29,9 @@ def generate_cmd(out_dir, as_json):
 
     \b
     Files: pe1.v pe2.v pe3.v pe_lrt.v insitu_accel.v registers.md registers.json
-           package_ip.tcl bd_<board>.tcl build_<board>.tcl (ultra96v2, zedboard) manifest.json
+           package_ip.tcl bd_<board>.tcl build_<board>.tcl (ultra96v2, zedboard)
+           insitu_accel_ooc.xdc (the 100 MHz clock; insitu_accel.xdc with any declared
+           false/multicycle paths) manifest.json
     """
     from pathlib import Path
 

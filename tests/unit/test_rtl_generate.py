@@ -146,7 +146,7 @@ def test_generate_writes_every_file_with_a_matching_manifest(generated):
     out, result = generated[False]
     expected = {"pe1.v", "pe2.v", "pe3.v", "pe_lrt.v", f"{TOP_MODULE}.v", "registers.md",
                 "registers.json", "package_ip.tcl", "bd_ultra96v2.tcl", "build_ultra96v2.tcl",
-                "bd_zedboard.tcl", "build_zedboard.tcl", "manifest.json"}
+                "bd_zedboard.tcl", "build_zedboard.tcl", f"{TOP_MODULE}_ooc.xdc", "manifest.json"}
     assert set(result["files"]) == expected and result["files"][-1] == "manifest.json"
     assert {p.name for p in out.iterdir()} == expected          # no temporary files left
     manifest = json.loads((out / "manifest.json").read_text())
@@ -466,6 +466,11 @@ def test_build_scripts_run_end_to_end_under_a_mock_vivado(fresh, board, interrup
     assert mapped == set(ports)
     assert "create_project -force insitu_package" in text and f"-part {design.part}" in text
     assert f"ipx::package_project -root_dir {tmp_path}/build_{board}/ip_repo/insitu_accel" in text
+    # The clock constraint goes into the IP before packaging, for its out-of-context runs.
+    ooc = tmp_path / f"{TOP_MODULE}_ooc.xdc"
+    assert f"add_files -fileset constrs_1 -norecurse {ooc}" in text
+    assert text.index(f"add_files -fileset constrs_1 -norecurse {ooc}") < text.index("ipx::package_project")
+    assert "create_clock -period 10.000 -name aclk [get_ports aclk]" in ooc.read_text()
     # Block design: the accelerator cell from the packaged VLNV, fixed addresses, the run.
     assert f"create_bd_cell -type ip -vlnv {IP_VLNV} insitu_accel_0" in text
     assert (f"assign_bd_address -offset {design.accel_base:#010X}".replace("0X", "0x")
