@@ -4,6 +4,7 @@ against the golden model; the test bodies are in cocotb_accel.py. A subset and t
 run on Icarus as well, the fallback simulator."""
 
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -30,10 +31,38 @@ def _default_simulator() -> str:
         pytest.skip(str(exc))
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_accelerator(case, tmp_path):
+@pytest.fixture(scope="module")
+def suite(request, tmp_path_factory):
+    """Runs the selected cases of test_accelerator in one simulation (each case resets the
+    accelerator through `aresetn`): the simulator's start (~2 s) is paid once, not per case.
+    Returns ({case: failure text or None}, the error when the run itself failed)."""
     _default_simulator()
-    sim.run("cocotb_accel", case, module_dir=HERE, test_dir=tmp_path)
+    cases = [item.callspec.params["case"] for item in request.session.items
+             if item.module is request.module and item.originalname == "test_accelerator"]
+    test_dir = tmp_path_factory.mktemp("cocotb_accel")
+    error = None
+    try:
+        sim.run("cocotb_accel", cases, module_dir=HERE, test_dir=test_dir, quiet=True)
+    except sim.SimulationError as exc:
+        error = str(exc)
+    outcome = {}
+    xml = test_dir / "cocotb_accel.all.xml"
+    if xml.exists():
+        for case in ElementTree.parse(xml).iter("testcase"):
+            failure = case.find("failure")
+            outcome[case.get("name")] = None if failure is None else \
+                (failure.get("message") or "") + (failure.text or "")
+    log = test_dir / "sim.log"
+    return outcome, error, log
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_accelerator(case, suite):
+    outcome, error, log = suite
+    if case not in outcome:
+        pytest.fail(f"{case} did not run: {error}")
+    if outcome[case] is not None:
+        pytest.fail(f"{case} failed: {outcome[case]}\n(the whole run's log: {log})")
 
 
 @pytest.mark.parametrize("case", ICARUS_CASES)
