@@ -160,6 +160,20 @@ def _options(simulator: str, waves: bool) -> dict:
     return dict(waves=waves)
 
 
+def _build_dir(source: str, simulator: str, options: dict, build_root: Path | None) -> Path:
+    key = hashlib.sha256((source + simulator + repr(sorted(options.items()))).encode()).hexdigest()[:16]
+    return Path(build_root or DEFAULT_BUILD_ROOT) / f"{simulator}-{key}"
+
+
+def is_built(simulator: str, params: AcceleratorParams = DEFAULT_PARAMS, waves: bool = False,
+             build_root: Path | None = None) -> bool:
+    """Whether ``simulator`` has a finished build of the current design (no build started)."""
+    if unavailable(simulator):
+        return False
+    path = _build_dir(top_verilog(params), simulator, _options(simulator, waves), build_root)
+    return (path / "built").exists()
+
+
 def build(params: AcceleratorParams = DEFAULT_PARAMS, build_root: Path | None = None,
           waves: bool | None = None, simulator: str | None = None):
     """Generate and compile the top level; returns ``(runner, build_dir)``. The Verilog and the
@@ -170,8 +184,7 @@ def build(params: AcceleratorParams = DEFAULT_PARAMS, build_root: Path | None = 
 
     source = top_verilog(params)
     options = _options(simulator, waves)
-    key = hashlib.sha256((source + simulator + repr(sorted(options.items()))).encode()).hexdigest()[:16]
-    build_dir = Path(build_root or DEFAULT_BUILD_ROOT) / f"{simulator}-{key}"
+    build_dir = _build_dir(source, simulator, options, build_root)
     build_dir.mkdir(parents=True, exist_ok=True)
     runner = _verilator_runner() if simulator == "verilator" else get_runner("icarus")
     done = build_dir / "built"
