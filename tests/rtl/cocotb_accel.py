@@ -1,4 +1,4 @@
-"""cocotb tests of the accelerator top level (Verilog in Icarus), run by test_accel_cocotb.py.
+"""cocotb tests of the accelerator top level (its Verilog in Verilator or Icarus), run by test_accel_cocotb.py.
 
 Every PE op goes through the AXI-Lite registers and the AXI streams as the board driver drives
 them, against the golden models of :mod:`insitu.tt.pe_stream` (PE1-PE3, PE3_PSG with its
