@@ -13,11 +13,16 @@ out: ``(a8/8, d, 8)``). With ``C = c/16`` lane chunks and ``K = b*C`` entries of
   ``e`` times the two d's codes: 64 DSPs, each ``z * (g_d0 + g_d1 * 2**20)`` (two MACs, see
   :func:`~insitu.rtl.pe_common.pack_codes`), 16 adder trees over 8 lanes, 16 accumulators; after
   ``2K`` cycles the pair's 16 results go to a hold register and leave as two output beats
-  (8 x RoundShiftSaturate, registered before the FIFO);
+  (8 x RoundShiftSaturate); the accumulators start at SHIFT's rounding term, so the rescaler
+  only shifts (registered) and saturates;
 * pipeline: issue (buffer addresses) -> buffer data -> DSP A/B registers -> M -> P -> 16 lane sums
-  -> 16 accumulators (and the hold register) -> rescale -> register -> output FIFO. A pair's last
-  cycle issues only while the FIFO has room for every result still in flight (credits), so
-  back-pressure on ``m`` only stalls issue.
+  -> 16 accumulators (and the hold register) -> shift -> saturate into the output FIFO. A pair's
+  last cycle issues only while the FIFO has room for every result still in flight (credits), so
+  back-pressure on ``m`` only stalls issue. The issue's conditions (last half-entry, last pair,
+  last group, the credit) are registers computed a cycle ahead.
+* configuration: ``cfg_error``, ``in_beats``, ``out_beats`` are registers settled ``CFG_STAGES``
+  cycles after a configuration change (``cfg_ready``); the beat counts are LUT adder trees with
+  two adder levels a cycle (no DSP).
 
 One MAC cycle per clock in steady state: loading a group (``16*K`` beats) overlaps the previous
 group's ``2*ceil(d/2)*K`` MAC cycles (an odd d leaves the last pair's second half idle); there is
@@ -33,9 +38,10 @@ from insitu.numerics import accumulator_bits
 
 from .params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
 from .pe_common import (CODE_BITS, DATA_BITS, PACK_BIAS, PACK_BITS, PACKED_PRODUCT_BITS,
-                        OutputStage, adder_tree, check_params, common_cfg_errors, drive_cfg_error,
-                        lut_product, pack_codes, payload_codes, unpack_products, words)
-from .pe_interface import PE
+                        OutputStage, adder_tree, check_params, common_cfg_errors, delayed,
+                        drive_cfg_error, lut_product, pack_codes, payload_codes,
+                        pipelined_product, unpack_products, words)
+from .pe_interface import PE, settled
 from .regmap import ErrorCode
 
 
@@ -44,6 +50,8 @@ class PE1(PE):
 
     #: Output FIFO entries (also the most results in flight: pipeline + FIFO).
     OUT_DEPTH = 16
+    #: Registered cycles from a configuration change to its cfg_error / in_beats / out_beats.
+    CFG_STAGES = 5
 
     def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS):
         check_params(params, "PE1")
@@ -64,37 +72,56 @@ class PE1(PE):
         a, b, c, d = self.a, self.b, self.c, self.d
 
         # ---------------------------------------------------------------- configuration
+        # cfg_error, in_beats and out_beats are registers, settled CFG_STAGES cycles after a
+        # configuration change (cfg_ready): as combinational products they were 16 ns (a DSP
+        # chain) from SIZE_* to IN_BEATS. The products are adder trees in LUTs, two adder levels
+        # a cycle (pe_common.pipelined_product); the stage of each signal is in its comment.
         C = Signal(12)                          # lane chunks c/16
-        groups = Signal(14)                     # groups of 8 rows: ceil(a/8)
-        m.d.comb += [C.eq(c >> 4), groups.eq((a + 7) >> 3)]
-        checks, shift_check = common_cfg_errors(a, b, c, d, self.shift, p)
-        # K = b*C entries per row. The checks in priority order let each product be small (LUTs,
-        # not DSPs): TILE sees b, C <= R through bits(R); FACTOR_WORDS comes after TILE, so
-        # K <= R there, and d <= FE through bits(FE).
+        m.d.comb += C.eq(c >> 4)
+        m.d.comb += self.cfg_ready.eq(settled(m, [a, b, c, d, self.shift], self.CFG_STAGES - 1))
+        groups1 = Signal(14)                    # 1: groups of 8 rows, ceil(a/8)
+        x1 = Signal(17)                         # 1: d + 8*groups (< 2**17)
+        m.d.sync += [groups1.eq((a + 7) >> 3), x1.eq(d + ((a + 7) & ~7))]
+        # in_beats = b*c*(d + 8*groups) / 8, exact modulo 2**32 for every configuration (the
+        # driver compares IN_BEATS with its stream, also for one the PE refuses).
+        bc2, n_bc = pipelined_product(m, c, b, 32, "bc")                       # 2
+        bcx5, n_in = pipelined_product(m, bc2, x1, 35, "in")                   # 5
+        out3, n_out = pipelined_product(m, d, groups1, 30, "out")              # 3
+        assert (n_bc, n_in, n_out) == (2, 3, 2)
+        m.d.comb += [self.in_beats.eq(bcx5[3:]), self.out_beats.eq(out3)]
+        # The checks: K = b*C entries per row. The priority order lets each product be small:
+        # TILE sees b, C <= R through bits(R); FACTOR_WORDS comes after TILE, so K <= R there,
+        # and d <= FE through bits(FE).
         rb, fb = R.bit_length(), FE.bit_length()
-        K = Signal(2 * rb)
-        m.d.comb += K.eq(lut_product(b[:rb], C[:rb]))
-        drive_cfg_error(m, self.cfg_error, checks + [
-            ((b > R) | (C > R) | (K > R), ErrorCode.TILE),
-            ((d > FE) | (lut_product(K[:rb], d[:fb]) > FE), ErrorCode.FACTOR_WORDS),
-            shift_check,
-        ])
-        # The beat counts are exact for every configuration (the driver compares IN_BEATS with
-        # its stream, also for one the PE refuses): full products, combinational.
-        m.d.comb += [
-            self.in_beats.eq((b * c * (d + (groups << 3))) >> 3),
-            self.out_beats.eq(groups * d),
-        ]
-        # Derived sizes, registered (the configuration is stable from START on; the first use is
-        # in the cycle after START). Meaningful for accepted configurations only.
+        checks, shift_check = common_cfg_errors(a, b, c, d, self.shift, p)
+        flags1 = Signal(len(checks) + 1)        # 1: ZERO_SIZE, C_LANES, SHIFT
+        tile1, d_big1 = Signal(), Signal()
+        K1 = Signal(2 * rb)                     # 1
+        m.d.sync += [flags1.eq(Cat(*(cond for cond, _ in checks + [shift_check]))),
+                     tile1.eq((b > R) | (C > R)), d_big1.eq(d > FE),
+                     K1.eq(lut_product(b[:rb], C[:rb]))]
+        kd2 = Signal(rb + fb)                   # 2
+        tile2 = Signal()
+        flags2, d_big2 = delayed(m, flags1, 1, "flags"), delayed(m, d_big1, 1, "d_big")
+        m.d.sync += [kd2.eq(lut_product(K1[:rb], d[:fb])), tile2.eq(tile1 | (K1 > R))]
+        drive_cfg_error(m, self.cfg_error, [                                   # 3
+            (flags2[0], checks[0][1]), (flags2[1], checks[1][1]),
+            (tile2, ErrorCode.TILE),
+            (d_big2 | (kd2 > FE), ErrorCode.FACTOR_WORDS),
+            (flags2[2], shift_check[1]),
+        ], domain="sync")
+        # Derived sizes, registered from the pipeline (a START comes only once cfg_ready is high;
+        # the first use is in the cycle after START). Meaningful for accepted configurations.
         E = Signal(range(2 * R + 1))            # half-entries (beats) per row: 2*b*C
-        Em1 = Signal(range(2 * R))
+        Em1, Em2 = Signal(range(2 * R)), Signal(range(2 * R))
         Cm1 = Signal(range(R))
-        bm1, dm1, Pm1, gm1 = Signal(16), Signal(16), Signal(15), Signal(14)
-        d_odd = Signal()
-        m.d.sync += [E.eq(K << 1), Em1.eq((K << 1) - 1), Cm1.eq(C - 1),
-                     bm1.eq(b - 1), dm1.eq(d - 1), Pm1.eq((d - 1) >> 1), gm1.eq(groups - 1),
-                     d_odd.eq(d[0])]
+        bm1, dm1, Pm1, Pm2, gm1, gm2 = (Signal(16), Signal(16), Signal(15), Signal(15),
+                                        Signal(14), Signal(14))
+        d_odd, one_pair, one_group = Signal(), Signal(), Signal()
+        m.d.sync += [E.eq(K1 << 1), Em1.eq((K1 << 1) - 1), Em2.eq((K1 << 1) - 2), Cm1.eq(C - 1),
+                     bm1.eq(b - 1), dm1.eq(d - 1), Pm1.eq((d - 1) >> 1), Pm2.eq(Pm1 - 1),
+                     one_pair.eq(d <= 2), gm1.eq(groups1 - 1), gm2.eq(groups1 - 2),
+                     one_group.eq(groups1 == 1), d_odd.eq(d[0])]
 
         # ---------------------------------------------------------------- buffers
         # Factor entry (pair p, half-entry e) at p*2K + e: slot s (32 bits) holds the 8 codes of
@@ -192,14 +219,15 @@ class PE1(PE):
         g_c = Signal(range(FE + R))
         computed = Signal(14)
         comp_done = Signal()
-        last_e, last_p = Signal(), Signal()
+        # Registered one cycle ahead (the issue logic was 9-10 LUT levels into pending and
+        # comp_done): last_e = (e_c == E-1), last_p = (p_c == P-1), last_g = (computed ==
+        # groups-1), and room = (pending <= OUT_DEPTH-2), the credit for a pair's two results.
+        last_e, last_p, last_g = Signal(), Signal(), Signal()
+        room = Signal(init=1)
         issue = Signal()
         m.d.comb += [
-            last_e.eq(e_c == Em1),
-            last_p.eq(p_c == Pm1),
             # A pair's last cycle issues only if the output has room for both its results.
-            issue.eq(busy & ~comp_done & Mux(cbank, full[1], full[0]) &
-                     (~last_e | (pending <= self.OUT_DEPTH - 2))),
+            issue.eq(busy & ~comp_done & Mux(cbank, full[1], full[0]) & (~last_e | room)),
             g_r.addr.eq(g_c),
         ]
         for r in range(ROWS):
@@ -208,19 +236,20 @@ class PE1(PE):
         with m.If(issue):
             m.d.sync += g_c.eq(g_c + 1)
             with m.If(last_e):
-                m.d.sync += e_c.eq(0)
+                m.d.sync += [e_c.eq(0), last_e.eq(0)]          # E >= 2
                 with m.If(last_p):
-                    m.d.sync += [p_c.eq(0), g_c.eq(0), cbank.eq(~cbank), computed.eq(computed + 1)]
+                    m.d.sync += [p_c.eq(0), g_c.eq(0), cbank.eq(~cbank), computed.eq(computed + 1),
+                                 last_p.eq(one_pair), last_g.eq(computed == gm2)]
                     with m.If(cbank):
                         m.d.sync += full[1].eq(0)
                     with m.Else():
                         m.d.sync += full[0].eq(0)
-                    with m.If(computed == gm1):
+                    with m.If(last_g):
                         m.d.sync += comp_done.eq(1)
                 with m.Else():
-                    m.d.sync += p_c.eq(p_c + 1)
+                    m.d.sync += [p_c.eq(p_c + 1), last_p.eq(p_c == Pm2)]
             with m.Else():
-                m.d.sync += e_c.eq(e_c + 1)
+                m.d.sync += [e_c.eq(e_c + 1), last_e.eq(e_c == Em2)]
         # results of this pair: 2, or 1 for the last pair of an odd d
         n_res = Signal(2)
         m.d.comb += n_res.eq(Mux(last_p & d_odd, 1, 2))
@@ -267,14 +296,15 @@ class PE1(PE):
         # Stage 5 -> 6: accumulate over the 2K half-entries of a row; a pair's final sums go
         # straight into a two-beat hold register as well (the accumulators move on to the next
         # pair), which shifts one beat a cycle into the rescalers (pairs are 2K >= 2 cycles apart).
-        hold = [[Signal(signed(self.acc_bits), name=f"hold_{s}_{r}") for r in range(ROWS)]
+        # The accumulators start at the rounding term (out.half; one bit wider for it).
+        hold = [[Signal(signed(self.acc_bits + 1), name=f"hold_{s}_{r}") for r in range(ROWS)]
                 for s in range(2)]
         hold_v = Signal(2)
         for s in range(2):
             for r in range(ROWS):
-                acc = Signal(signed(self.acc_bits), name=f"acc_{s}_{r}")
-                acc_next = Signal(signed(self.acc_bits), name=f"acc_next_{s}_{r}")
-                m.d.comb += acc_next.eq(Mux(s5_first, 0, acc) + sums[s][r])
+                acc = Signal(signed(self.acc_bits + 1), name=f"acc_{s}_{r}")
+                acc_next = Signal(signed(self.acc_bits + 1), name=f"acc_next_{s}_{r}")
+                m.d.comb += acc_next.eq(Mux(s5_first, out.half, acc) + sums[s][r])
                 with m.If(s5_v):
                     m.d.sync += acc.eq(acc_next)
                 with m.If(s5_v & s5_last):
@@ -288,7 +318,15 @@ class PE1(PE):
         # Stage 7: rescale the 8 results into one output beat (registered before the FIFO).
         m.d.comb += [out.values[r].eq(hold[0][r]) for r in range(ROWS)]
         m.d.comb += out.write.eq(hold_v[0])
-        m.d.sync += pending.eq(pending + Mux(issue & last_e, n_res, 0) - out.fire)
+        # Credits, off the issue path: the results of a pair's last cycle count a cycle late
+        # (added), and room, the credit check of the next cycle, needs no term of this cycle's
+        # issue: it matters only when the next cycle is a pair's last, and then this one issued
+        # no pair's last (E >= 2), so its results add nothing in between.
+        added = Signal(2)
+        pending_next = Signal.like(pending)
+        m.d.sync += added.eq(Mux(issue & last_e, n_res, 0))
+        m.d.comb += pending_next.eq(pending + added - out.fire)
+        m.d.sync += [pending.eq(pending_next), room.eq(pending_next <= self.OUT_DEPTH - 2)]
 
         # ---------------------------------------------------------------- start / busy
         with m.If(self.start):
@@ -297,8 +335,10 @@ class PE1(PE):
                 gw_half.eq(0), gw_chunk.eq(0), gw_d.eq(0), gw_b.eq(0), gw_e.eq(0),
                 gw_ebase.eq(0), gw_pbase.eq(0),
                 tw_e.eq(0), tw_row.eq(0), loaded.eq(0),
-                e_c.eq(0), p_c.eq(0), g_c.eq(0), computed.eq(0), comp_done.eq(0),
+                e_c.eq(0), p_c.eq(0), g_c.eq(0), computed.eq(0), comp_done.eq(0), added.eq(0),
+                last_e.eq(0), last_p.eq(one_pair), last_g.eq(one_group),
             ]
-        with m.Elif(busy & comp_done & ((pending == 0) | ((pending == 1) & out.fire))):
+        with m.Elif(busy & comp_done & (added == 0) &
+                    ((pending == 0) | ((pending == 1) & out.fire))):
             m.d.sync += busy.eq(0)
         return m

@@ -12,11 +12,15 @@ out: ``(a, C, d8, 16)``). With ``G8 = d8/8`` groups of 8 outputs:
   drains (8 x RoundShiftSaturate, d then lane: 16 beats) into the output FIFO one beat per cycle
   while the next group accumulates;
 * pipeline: issue (buffer addresses) -> buffer data -> DSP A/B registers -> M -> P (64 DSPs,
-  two products each, see :func:`~insitu.rtl.pe_common.pack_codes`) -> 128 accumulators ->
-  shadow bank -> rescale -> register -> output FIFO. The cycle that completes a group issues only when
-  the shadow bank is sure to be drained by the time the new results reach it (at most
-  ``DRAIN_SLACK`` beats left and room for them in the FIFO), so back-pressure on ``m`` only
-  stalls issue.
+  two products each, see :func:`~insitu.rtl.pe_common.pack_codes`) -> 128 accumulators (started
+  at SHIFT's rounding term) -> shadow bank -> shift -> saturate into the output FIFO. The cycle
+  that completes a group issues only when the shadow bank is sure to be drained by the time the
+  new results reach it (at most ``DRAIN_SLACK`` beats left and room for them in the FIFO), so
+  back-pressure on ``m`` only stalls issue. The issue's conditions (last b, last group, last
+  tile, that shadow-bank check) are registers computed a cycle ahead.
+* configuration: ``cfg_error``, ``in_beats``, ``out_beats`` are registers settled ``CFG_STAGES``
+  cycles after a configuration change (``cfg_ready``); the products are LUT adder trees with two
+  adder levels a cycle (no DSP).
 
 One MAC cycle per clock in steady state as long as ``b >= 16`` (a group's 16 output beats drain
 while the next group computes) and the input keeps up: a tile's ``2*b`` beats load during its
@@ -32,9 +36,9 @@ from insitu.numerics import accumulator_bits
 
 from .params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
 from .pe_common import (CODE_BITS, DATA_BITS, PACK_BIAS, PACK_BITS, PACKED_PRODUCT_BITS,
-                        OutputStage, check_params, common_cfg_errors, drive_cfg_error, pack_codes,
-                        payload_codes, unpack_products, words)
-from .pe_interface import PE
+                        OutputStage, check_params, common_cfg_errors, delayed, drive_cfg_error,
+                        pack_codes, payload_codes, pipelined_product, unpack_products, words)
+from .pe_interface import PE, settled
 from .regmap import ErrorCode
 
 
@@ -46,6 +50,8 @@ class PE2(PE):
     #: Beats the shadow bank may still hold when a group's last MAC cycle issues: they drain in
     #: the cycles before the new results arrive (issue -> products -> accumulators -> shadow).
     DRAIN_SLACK = 6
+    #: Registered cycles from a configuration change to its cfg_error / in_beats / out_beats.
+    CFG_STAGES = 5
 
     def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS):
         check_params(params, "PE2")
@@ -73,31 +79,47 @@ class PE2(PE):
         a, b, c, d = self.a, self.b, self.c, self.d
 
         # ---------------------------------------------------------------- configuration
-        C = Signal(12)                          # lane chunks c/16
-        G8 = Signal(14)                         # groups of 8 d's: ceil(d/8)
-        m.d.comb += [C.eq(c >> 4), G8.eq((d + 7) >> 3)]
-        checks, shift_check = common_cfg_errors(a, b, c, d, self.shift, p)
+        # cfg_error, in_beats and out_beats are registers, settled CFG_STAGES cycles after a
+        # configuration change (cfg_ready): as combinational products they were 16 ns (a DSP
+        # chain) from SIZE_* to IN_BEATS. The products are adder trees in LUTs, two adder levels
+        # a cycle (pe_common.pipelined_product); the stage of each signal is in its comment.
         # Beat counts must fit 32 bits (the top level's counters, an AXI DMA transfer). With
         # b <= pe2_b_max and b * ceil(d/8) <= factor_words / 8, bounding a * c does it without a
         # wide multiplier: see ac_limit.
-        # One product each for a*c and b*G8, shared by the checks, the beat counts and the tile
-        # count (a*c/16), so that each is one DSP.
-        ac, bg = Signal(32), Signal(30)
-        m.d.comb += [ac.eq(a * c), bg.eq(b * G8)]
-        in_beats, out_beats = bg + ((b * ac) >> 3), ac * G8
-        drive_cfg_error(m, self.cfg_error, checks + [
-            (b > B, ErrorCode.TILE),
-            (ac >= self.ac_limit, ErrorCode.TILE),
-            (bg > FE, ErrorCode.FACTOR_WORDS),
-            shift_check,
-        ])
-        m.d.comb += [self.in_beats.eq(in_beats[:32]), self.out_beats.eq(out_beats[:32])]
-        # Derived sizes, registered (the configuration is stable from START on; the first use is
-        # in the cycle after START). Meaningful for accepted configurations only.
-        bm1 = Signal(range(B))
-        gm1 = Signal(13)
-        tm1 = Signal(28)                        # tiles - 1: a*C - 1
-        m.d.sync += [bm1.eq(b - 1), gm1.eq(G8 - 1), tm1.eq((ac >> 4) - 1)]
+        m.d.comb += self.cfg_ready.eq(settled(m, [a, b, c, d, self.shift], self.CFG_STAGES - 1))
+        g8_1 = Signal(14)                                                      # 1: ceil(d/8)
+        m.d.sync += g8_1.eq((d + 7) >> 3)
+        ac2, n_ac = pipelined_product(m, c, a, 32, "ac")                       # 2
+        bg3, n_bg = pipelined_product(m, b, g8_1, 30, "bg")                    # 3
+        # in_beats = b*G8 + b*a*c/8, out_beats = a*c*G8, exact modulo 2**32 for every
+        # configuration (the driver compares IN_BEATS with its stream, also for a refused one).
+        bac4, n_bac = pipelined_product(m, ac2, b, 35, "bac")                  # 4
+        out4, n_out = pipelined_product(m, ac2, g8_1, 32, "out")               # 4
+        assert (n_ac, n_bg, n_bac, n_out) == (2, 2, 2, 2)
+        in5 = Signal(32)                                                       # 5
+        m.d.sync += in5.eq(delayed(m, bg3, 1, "bg") + bac4[3:])
+        m.d.comb += [self.in_beats.eq(in5), self.out_beats.eq(out4)]
+        checks, shift_check = common_cfg_errors(a, b, c, d, self.shift, p)
+        flags1 = Signal(len(checks) + 2)        # 1: ZERO_SIZE, C_LANES, SHIFT, b > B
+        m.d.sync += flags1.eq(Cat(*(cond for cond, _ in checks + [shift_check]), b > B))
+        flags3 = delayed(m, flags1, 2, "flags")
+        ac_big3 = Signal()                                                     # 3
+        m.d.sync += ac_big3.eq(ac2 >= self.ac_limit)
+        drive_cfg_error(m, self.cfg_error, [                                   # 4
+            (flags3[0], checks[0][1]), (flags3[1], checks[1][1]),
+            (flags3[3] | ac_big3, ErrorCode.TILE),
+            (bg3 > FE, ErrorCode.FACTOR_WORDS),
+            (flags3[2], shift_check[1]),
+        ], domain="sync")
+        # Derived sizes, registered from the pipeline (a START comes only once cfg_ready is high;
+        # the first use is in the cycle after START). Meaningful for accepted configurations.
+        bm1, bm2 = Signal(range(B)), Signal(range(B))
+        gm1, gm2 = Signal(13), Signal(13)
+        tm1, tm2 = Signal(28), Signal(28)       # tiles - 1, - 2: a*C - 1, - 2
+        one_b, one_g, one_t = Signal(), Signal(), Signal()
+        m.d.sync += [bm1.eq(b - 1), bm2.eq(b - 2), one_b.eq(b == 1),
+                     gm1.eq(g8_1 - 1), gm2.eq(g8_1 - 2), one_g.eq(g8_1 == 1),
+                     tm1.eq((ac2 >> 4) - 1), tm2.eq((ac2 >> 4) - 2), one_t.eq((ac2 >> 4) == 1)]
 
         # ---------------------------------------------------------------- buffers
         m.submodules.gmem = gmem = Memory(shape=OUTS * CODE_BITS, depth=FE, init=[])
@@ -174,36 +196,37 @@ class PE2(PE):
         g_c = Signal(range(FE))
         computed = Signal(28)
         comp_done = Signal()
-        last_b = Signal()
+        # Registered one cycle ahead (the issue logic was 9-10 LUT levels into pending and
+        # comp_done): last_b = (cc_b == b-1), last_g = (cc_g == G8-1), last_t = (computed ==
+        # tiles-1), and shadow_ok, the shadow bank's check for a group's last cycle (below).
+        last_b, last_g, last_t = Signal(), Signal(), Signal()
         avail = Signal()
         shadow_ok = Signal()
         issue = Signal()
         m.d.comb += [
-            last_b.eq(cc_b == bm1),
             # Entry cc_b is in the bank: the bank is full, or it is the one loading and the entry
             # is complete (the MAC loop chases the loader through a tile it is waiting for).
             avail.eq(Mux(cbank, full[1], full[0]) | ((lbank == cbank) & (cc_b < tw_k))),
-            shadow_ok.eq(~Cat(*s_last).any() & ~s5_load &
-                         (drain_left <= self.DRAIN_SLACK) & (out.free >= drain_left)),
             issue.eq(busy & ~comp_done & avail & (~last_b | shadow_ok)),
             t_r.addr.eq(Mux(cbank, cc_b + B, cc_b)),
             g_r.addr.eq(g_c),
         ]
         with m.If(issue):
             with m.If(last_b):
-                m.d.sync += cc_b.eq(0)
-                with m.If(cc_g == gm1):
-                    m.d.sync += [cc_g.eq(0), g_c.eq(0), cbank.eq(~cbank), computed.eq(computed + 1)]
+                m.d.sync += [cc_b.eq(0), last_b.eq(one_b)]
+                with m.If(last_g):
+                    m.d.sync += [cc_g.eq(0), g_c.eq(0), cbank.eq(~cbank), computed.eq(computed + 1),
+                                 last_g.eq(one_g), last_t.eq(computed == tm2)]
                     with m.If(cbank):
                         m.d.sync += full[1].eq(0)
                     with m.Else():
                         m.d.sync += full[0].eq(0)
-                    with m.If(computed == tm1):
+                    with m.If(last_t):
                         m.d.sync += comp_done.eq(1)
                 with m.Else():
-                    m.d.sync += [cc_g.eq(cc_g + 1), g_c.eq(g_c + 1)]
+                    m.d.sync += [cc_g.eq(cc_g + 1), g_c.eq(g_c + 1), last_g.eq(cc_g == gm2)]
             with m.Else():
-                m.d.sync += [cc_b.eq(cc_b + 1), g_c.eq(g_c + 1)]
+                m.d.sync += [cc_b.eq(cc_b + 1), g_c.eq(g_c + 1), last_b.eq(cc_b == bm2)]
 
         # ---------------------------------------------------------------- MAC pipeline
         # Flags (valid, first b, last b) of stage k: the cycle in which stage k's data is valid.
@@ -235,15 +258,16 @@ class PE2(PE):
         # Stage 4 -> 5: accumulate over b.
         s4_v, s4_first, s4_last = flags[4]
         accs = []
+        # The accumulators start at the rounding term (out.half; one bit wider for it).
         for i, prod in enumerate(prods):
-            acc = Signal(signed(self.acc_bits), name=f"acc_{i // LANES}_{i % LANES}")
+            acc = Signal(signed(self.acc_bits + 1), name=f"acc_{i // LANES}_{i % LANES}")
             with m.If(s4_v):
-                m.d.sync += acc.eq(Mux(s4_first, 0, acc) + prod)
+                m.d.sync += acc.eq(Mux(s4_first, out.half, acc) + prod)
             accs.append(acc)
         m.d.sync += s5_load.eq(s4_v & s4_last)
 
         # ---------------------------------------------------------------- shadow bank, drain
-        shadow = [Signal(signed(self.acc_bits), name=f"shadow_{i}") for i in range(len(accs))]
+        shadow = [Signal(signed(self.acc_bits + 1), name=f"shadow_{i}") for i in range(len(accs))]
         drain_write = Signal()
         m.d.comb += [
             drain_write.eq((drain_left != 0) & (out.free != 0)),
@@ -259,6 +283,16 @@ class PE2(PE):
             m.d.sync += drain_left.eq(len(shadow) // STREAM_WORDS)
         m.d.comb += self.overrun.eq(s5_load & (drain_left != 0) &
                                     ~((drain_left == 1) & drain_write))
+        # shadow_ok of the next cycle, from this cycle's state: no group's last b in stages 1-4
+        # nor loading the shadow bank then (both shift in from this cycle's issue and stages),
+        # at most DRAIN_SLACK beats left in it and room for them in the FIFO. The drain takes
+        # one beat off both sides of free >= drain_left and a beat sent on m adds one to free:
+        # exactly the combinational check of the cycle after.
+        drain_next = drain_left - drain_write
+        m.d.sync += shadow_ok.eq(
+            ~(issue & last_b) & ~Cat(*s_last).any() & ~s5_load &
+            (drain_next <= self.DRAIN_SLACK) &
+            ((out.free >= drain_left) | (out.fire & (out.free + 1 == drain_left))))
         m.d.sync += pending.eq(pending + Mux(issue & last_b, len(shadow) // STREAM_WORDS, 0)
                                - out.fire)
 
@@ -268,6 +302,7 @@ class PE2(PE):
                 busy.eq(1), g_phase.eq(1), z_phase.eq(0), full.eq(0), lbank.eq(0), cbank.eq(0),
                 gw_g.eq(0), gw_b.eq(0), gw_addr.eq(0), tw_half.eq(0), tw_k.eq(0), loaded.eq(0),
                 cc_b.eq(0), cc_g.eq(0), g_c.eq(0), computed.eq(0), comp_done.eq(0),
+                last_b.eq(one_b), last_g.eq(one_g), last_t.eq(one_t),
             ]
         with m.Elif(busy & comp_done & ((pending == 0) | ((pending == 1) & out.fire))):
             m.d.sync += busy.eq(0)

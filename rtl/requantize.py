@@ -7,7 +7,9 @@ rounding is ``(v + 2**(shift-1)) >> shift`` (ties toward +infinity) -- exactly
 :meth:`insitu.numerics.FixedPoint.requantize` does. Combinational by default (``stages=0``); with
 ``stages=1`` the rounded and shifted value is registered before the saturation (one cycle of
 latency) and so is the decode of ``shift``, which must then be set a cycle before the data (it is
-a configuration): this cuts its logic depth for a 100 MHz clock.
+a configuration): this cuts its logic depth for a 100 MHz clock. With ``prerounded=True`` the
+caller has already added the rounding term (:meth:`RoundShiftSaturate.half_of`, e.g. as the initial
+value of an accumulator), and the rescaler only shifts and saturates: no wide add on its path.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ class RoundShiftSaturate(wiring.Component):
     ``max_shift`` (largest right shift the ``shift`` port accepts) and ``min_shift`` (<= 0: the
     largest left shift, negated). ``stages``: 0 (combinational) or 1 (a register in the ``sync``
     domain between the shift and the saturation: ``data_out`` one cycle after ``data_in``, with
-    the ``shift`` of the cycle before).
+    the ``shift`` of the cycle before). ``prerounded``: ``data_in`` is ``v + half_of(shift)``
+    (``v`` within ``in_width - 1`` signed bits) and the output is that of ``v``.
     """
 
     def __init__(self, in_width: int, out_width: int, max_shift: int, min_shift: int = 0,
-                 stages: int = 0):
+                 stages: int = 0, prerounded: bool = False):
+        self.prerounded = prerounded
         if stages not in (0, 1):
             raise ValueError(f"RoundShiftSaturate: stages must be 0 or 1, got {stages}")
         self.stages = stages
@@ -45,6 +49,16 @@ class RoundShiftSaturate(wiring.Component):
             "shift": In(range(min_shift, max_shift + 1)),
             "data_out": Out(signed(out_width)),
         })
+
+    @staticmethod
+    def half_of(shift, value_bits: int, max_shift: int):
+        """The rounding term ``2**(shift-1)`` (0 when ``shift <= 0``) that a ``prerounded`` caller
+        adds to a value of ``value_bits`` signed bits, capped at ``2**(value_bits-1)``: beyond,
+        ``v + 2**(shift-1)`` and ``v + 2**(value_bits-1)`` both shift to 0 (the sum lies in
+        ``[0, 2**shift)``). The sum then fits ``value_bits + 1`` signed bits."""
+        top = min(max_shift, value_bits)
+        capped = Mux(shift > top, top, shift)[:max(1, top.bit_length())]
+        return Mux(shift > 0, (Const(1, top + 1) << capped) >> 1, 0)
 
     def elaborate(self, platform):
         m = Module()
@@ -65,7 +79,7 @@ class RoundShiftSaturate(wiring.Component):
                        if not self.stages else
                        Mux(self.shift > 0, (Const(1, self.max_shift + 1) << self.shift[:len(right)]) >> 1, 0),
                        "half")
-        rounded = (self.data_in + half) >> right
+        rounded = (self.data_in if self.prerounded else self.data_in + half) >> right
         if self.min_shift < 0:
             # A left shift by out_width or more saturates every nonzero value: cap it there.
             cap = min(-self.min_shift, self.out_width)

@@ -29,6 +29,12 @@ def simulate(dut, ops, seed=0, p_gap=0.0, p_stall=0.0):
                 ctx.set(getattr(dut, name), getattr(cfg, name))
             ctx.set(dut.op, cfg.op)
             await ctx.tick()
+            # The top level starts a PE only once its configuration results have settled.
+            for _ in range(getattr(dut, "CFG_STAGES", 1)):
+                if ctx.get(dut.cfg_ready):
+                    break
+                await ctx.tick()
+            assert ctx.get(dut.cfg_ready)
             assert ctx.get(dut.cfg_error) == 0
             assert ctx.get(dut.in_beats) == cfg.in_beats() == len(ins)
             assert ctx.get(dut.out_beats) == cfg.out_beats()
@@ -73,3 +79,38 @@ def check(dut, ops, **kw):
     for (cfg, lhs, rhs), res in zip(ops, results):
         np.testing.assert_array_equal(res["words"], reference_stream_out(cfg, lhs, rhs), err_msg=str(cfg))
     return results
+
+
+def check_configurations(dut, cases, expected, seed=0):
+    """Drive each configuration ``(a, b, c, d, shift)`` of ``cases`` in turn on an idle ``dut``
+    with a clock, as the driver's register writes would, and check ``cfg_ready``: low from the
+    cycle a configuration changes, high exactly ``dut.CFG_STAGES`` cycles after it, and whenever
+    it is high, ``cfg_error`` / ``in_beats`` / ``out_beats`` are those of the present
+    configuration (``expected(a, b, c, d, shift)`` gives them). Some configurations are replaced
+    before they settle (a write in the middle of the pipeline)."""
+    rng = np.random.default_rng(seed)
+    stages = dut.CFG_STAGES
+    prev = None
+
+    async def testbench(ctx):
+        nonlocal prev
+        for case in cases:
+            for name, value in zip(("a", "b", "c", "d", "shift"), case):
+                ctx.set(getattr(dut, name), value)
+            want = expected(*case)
+            if case != prev:
+                assert not ctx.get(dut.cfg_ready), f"{case}: ready in the cycle it changed"
+            hold = stages + 1 if rng.random() < 0.8 else int(rng.integers(1, stages))
+            for cycle in range(hold):
+                if ctx.get(dut.cfg_ready):
+                    got = (ctx.get(dut.cfg_error), ctx.get(dut.in_beats), ctx.get(dut.out_beats))
+                    assert got == want, f"{case}, {cycle} cycles after the change"
+                if cycle == stages and case != prev:
+                    assert ctx.get(dut.cfg_ready), f"{case}: not ready after {stages} cycles"
+                await ctx.tick()
+            prev = case
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(testbench)
+    sim.run()

@@ -15,7 +15,7 @@ from insitu.rtl.pe2 import PE2
 from insitu.rtl.regmap import ErrorCode
 from insitu.tt.pe_stream import PEConfig
 
-from pe_sim import check, z_operand  # the test folder is on sys.path (no __init__.py)
+from pe_sim import check, check_configurations, z_operand  # the test folder is on sys.path (no __init__.py)
 
 pytestmark = pytest.mark.rtl
 
@@ -77,7 +77,11 @@ def test_accumulator_at_its_limit():
     z[0, ::2, 2] = (1 << 15) - 1
     g = np.full((b, 3), -8)
     g[:, 1] = 7
-    ops = [(PEConfig("PE2", 1, b, 16, 3, 14), z, g), (PEConfig("PE2", 1, b, 16, 3, 30), z, g)]
+    # The accumulators start at the rounding term of SHIFT (capped at the accumulator's width):
+    # shifts around the largest sums' bits and the accumulator's width, the largest, a left one.
+    acc_bits = PE2().acc_bits
+    ops = [(PEConfig("PE2", 1, b, 16, 3, shift), z, g)
+           for shift in (14, 26, 27, 28, 30, acc_bits - 1, acc_bits, acc_bits + 1, 63, -16)]
     check(PE2(), ops)
 
 
@@ -144,26 +148,20 @@ def test_cfg_error_and_beat_counts():
     for _ in range(60):
         cases.append(tuple(int(rng.integers(0, hi)) for hi in (3000, 600, 1100, 80)) +
                      (int(rng.integers(-128, 128)),))
-    dut = PE2()
+    # Single fields changed one after another, as the driver writes them.
+    cases += [(3, 1, 16, 1, 0), (900, 1, 16, 1, 0), (900, 4, 16, 1, 0), (900, 4, 48, 1, 0),
+              (900, 4, 48, 7, 0), (900, 4, 48, 7, 99), (900, 4, 48, 7, 2), (1, 4, 48, 7, 2)]
     seen = set()
 
-    async def testbench(ctx):
-        for a, b, c, d, shift in cases:
-            cfg = PEConfig("PE2", a, b, c, d, shift)
-            for name, value in zip("abcd", (a, b, c, d)):
-                ctx.set(getattr(dut, name), value)
-            ctx.set(dut.shift, shift)
-            want = expected_error(cfg, params)
-            seen.add(want)
-            assert ctx.get(dut.cfg_error) == want, cfg
-            assert ctx.get(dut.in_beats) == cfg.in_beats() % (1 << 32), cfg
-            assert ctx.get(dut.out_beats) == cfg.out_beats() % (1 << 32), cfg
-            if want == ErrorCode.NONE:          # accepted ops count their beats exactly
-                assert max(cfg.in_beats(), cfg.out_beats()) < 1 << 32, cfg
+    def expected(a, b, c, d, shift):
+        cfg = PEConfig("PE2", a, b, c, d, shift)
+        want = expected_error(cfg, params)
+        seen.add(want)
+        if want == ErrorCode.NONE:          # accepted ops count their beats exactly
+            assert max(cfg.in_beats(), cfg.out_beats()) < 1 << 32, cfg
+        return want, cfg.in_beats() % (1 << 32), cfg.out_beats() % (1 << 32)
 
-    sim = Simulator(dut)
-    sim.add_testbench(testbench)
-    sim.run()
+    check_configurations(PE2(), cases, expected)
     assert seen == {ErrorCode.NONE, ErrorCode.ZERO_SIZE, ErrorCode.C_LANES, ErrorCode.TILE,
                     ErrorCode.FACTOR_WORDS, ErrorCode.SHIFT}
 
