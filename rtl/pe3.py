@@ -267,12 +267,17 @@ class PE3(PE):
         # (Implied by dyf.r_rdy -- a block's dY is queued after its X block -- but kept as a guard.)
         bank_full = Mux(rd_bank, full[1], full[0])
 
-        first = s_idx == 0
-        last = s_idx == b - 1
-        # Whether a row's beats fit in the output FIFO, registered from the credits' next value
-        # (the compare is off the issue path).
-        fits = Signal(init=1)
-        room = fits & (cooldown == 0)
+        # first (s_idx == 0) and last (s_idx == b - 1) are registers, set a cycle ahead from
+        # b - 2 and b == 1 (registered; b is held from several cycles before start): no size
+        # arithmetic or wide compare in front of issue, which drives the dY FIFO's read side.
+        first = Signal(init=1)
+        last = Signal()
+        b_is_1 = Signal()
+        b_minus_2 = Signal(16)
+        m.d.sync += [b_is_1.eq(b == 1), b_minus_2.eq(b - 2)]
+        # Whether a row's beats fit in the output FIFO and the cooldown is over, registered
+        # (room): the compares are off the issue path.
+        room = Signal(init=1)
         issue = Signal()
         m_fire = Signal()
         m.d.comb += [
@@ -281,22 +286,46 @@ class PE3(PE):
             x_rd.addr.eq(Cat(s_idx[:entry_bits], rd_bank)),
             m_fire.eq(self.m.valid & self.m.ready),
         ]
-        with m.If(issue & first):
-            m.d.sync += cooldown.eq(out_row_beats - 1)
+        row_start = issue & first
+        cooldown_next = Signal.like(cooldown)
+        with m.If(row_start):
+            m.d.comb += cooldown_next.eq(out_row_beats - 1)
         with m.Elif(cooldown != 0):
-            m.d.sync += cooldown.eq(cooldown - 1)
-        credits_next = Signal.like(credits)
-        with m.If(self.start):
-            m.d.comb += credits_next.eq(0)
+            m.d.comb += cooldown_next.eq(cooldown - 1)
         with m.Else():
-            m.d.comb += credits_next.eq(credits + Mux(issue & first, out_row_beats, 0) - m_fire)
-        m.d.sync += [credits.eq(credits_next),
-                     fits.eq(credits_next + out_row_beats <= self.out_fifo_beats)]
+            m.d.comb += cooldown_next.eq(0)
+        m.d.sync += cooldown.eq(cooldown_next)
+        # credits' next value for each (row start, beat sent): the four candidates and whether a
+        # row still fits after each are formed from registers; issue only picks one.
+        cand = [[Signal.like(credits, name=f"credits_{i}{j}") for j in range(2)] for i in range(2)]
+        cand_fits = [[Signal(name=f"fits_{i}{j}") for j in range(2)] for i in range(2)]
+        for i in range(2):
+            for j in range(2):
+                m.d.comb += [cand[i][j].eq(credits + Mux(i, out_row_beats, 0) - j),
+                             cand_fits[i][j].eq(cand[i][j] + out_row_beats <= self.out_fifo_beats)]
+        pick = Cat(m_fire, row_start)
+        credits_next = Signal.like(credits)
+        fits_next = Signal()
+        with m.If(self.start):
+            m.d.comb += [credits_next.eq(0), fits_next.eq(1)]
+        with m.Else():
+            with m.Switch(pick):
+                for i in range(2):
+                    for j in range(2):
+                        with m.Case(2 * i + j):
+                            m.d.comb += [credits_next.eq(cand[i][j]),
+                                         fits_next.eq(cand_fits[i][j])]
+        m.d.sync += [credits.eq(credits_next), room.eq(fits_next & (cooldown_next == 0))]
 
         with m.If(self.start):
             m.d.sync += [cp_active.eq(1), rd_bank.eq(0), s_idx.eq(0), w_idx.eq(0),
-                         cp_row_blk.eq(0), cp_rows.eq(0)]
+                         cp_row_blk.eq(0), cp_rows.eq(0), first.eq(1), last.eq(b_is_1)]
         with m.Elif(issue):
+            m.d.sync += first.eq(last)
+            with m.If(last):
+                m.d.sync += last.eq(b_is_1)
+            with m.Else():
+                m.d.sync += last.eq(s_idx == b_minus_2)
             with m.If(last):
                 m.d.sync += [s_idx.eq(0), w_idx.eq(0), cp_rows.eq(cp_rows + 1)]
                 with m.If(cp_row_blk == d - 1):
