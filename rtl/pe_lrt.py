@@ -13,8 +13,8 @@ Datapath: 8 multiplier lanes (32 x 17 bits, shared by all ops) feed an adder tre
 :class:`~insitu.rtl.requantize.RoundShiftSaturate` (shift 14 or SHIFT) and the saturations; a
 separate 16 x 16 multiply-accumulator forms the MGS dot products and the squared norm. Every op
 that computes is a pipeline of one element per cycle, registered for a 100 MHz clock: issue and
-memory read, operand muxes, multiply, sum, rounding shift, saturation, write back (the MGS passes
-add the accumulate stage):
+memory read, operand muxes, multiply, sum, rounding shift, saturation, differences and their
+saturation, write back (the MGS passes add the accumulate stage):
 
 * LRT_PROJECT / LRT_REPROJECT: ``r + 1`` passes over the rows, one row per cycle; pass ``p``
   subtracts ``c_{p-1} Q[:, p-1]`` from the residual and accumulates ``Q[:, p] . residual`` (the
@@ -36,11 +36,11 @@ op                  cycles
 ==================  ================================================
 LRT_LOAD_BASIS      rows + 2
 LRT_READ_BASIS      rows + 3
-LRT_PROJECT         B(rows) + (r + 1)(rows + 8) + 4 when r > 0, + 2 when r = 0
-LRT_REPROJECT       (r + 1)(rows + 8) + 3 when r > 0, + 1 when r = 0
-LRT_APPEND          rows + 8
-LRT_ROTATE          B(q r) + q r + rows r + 9 (r > 0; 2 for r = 0)
-LRT_UPDATE          B(r) + m (n + 2) + 9
+LRT_PROJECT         B(rows) + (r + 1)(rows + 9) + 4 when r > 0, + 2 when r = 0
+LRT_REPROJECT       (r + 1)(rows + 9) + 3 when r > 0, + 1 when r = 0
+LRT_APPEND          rows + 9
+LRT_ROTATE          B(q r) + q r + rows r + 10 (r > 0; 2 for r = 0)
+LRT_UPDATE          B(r) + m (n + 2) + 10
 LRT_LOAD_WEIGHTS    max(B(m n) + 2, lrt_cells_max / 8 + 1)
 LRT_READ_WEIGHTS    B(m n) + 3
 LRT_READ_COUNTS     B(m n) + 3
@@ -197,10 +197,20 @@ class PELRT(PE):
         cells_r = Signal.like(cells, reset_less=True)
         m.d.sync += cells_r.eq(cells)
 
-        m_pass = is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT)
-        m_rot = op == Op.LRT_ROTATE
-        m_app = op == Op.LRT_APPEND
-        m_upd = op == Op.LRT_UPDATE
+        # The op decodes and the bounds the control compares against, registered like cfg_error
+        # (the configuration is frozen while an op runs and cfg_ready waits for them): the
+        # register file's outputs would otherwise start long paths into the write enables.
+        m_pass, m_rot, m_app, m_upd = Signal(), Signal(), Signal(), Signal()
+        rd_basis, rd_wts = Signal(), Signal()
+        rows_m1 = Signal(signed(SIZE_BITS + 1))
+        rows_l_m1, rows_r_m1 = Signal(signed(SIZE_BITS + 1)), Signal(signed(SIZE_BITS + 1))
+        r_m1 = Signal(signed(len(r) + 1))
+        q_reg = Signal.like(q)
+        m.d.sync += [m_pass.eq(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT)), m_rot.eq(op == Op.LRT_ROTATE),
+                     m_app.eq(op == Op.LRT_APPEND), m_upd.eq(op == Op.LRT_UPDATE),
+                     rd_basis.eq(op == Op.LRT_READ_BASIS), rd_wts.eq(op == Op.LRT_READ_WEIGHTS),
+                     rows_m1.eq(rows - 1), rows_l_m1.eq(self.rows_l - 1),
+                     rows_r_m1.eq(self.rows_r - 1), r_m1.eq(r - 1), q_reg.eq(q)]
 
         # ------------------------------------------------------------------ memories
         row_layout = self._q_l_mem.shape
@@ -268,11 +278,11 @@ class PELRT(PE):
         rd_entry = Signal(range(max(rows_max, cell_depth) + 1))
 
         # ------------------------------------------------------------------ the pipeline
-        # Seven stages after the issue, each well under 8 ns at 100 MHz: S1 memory data and the
+        # Eight stages after the issue, each well under 8 ns at 100 MHz: S1 memory data and the
         # operand muxes, S2 the multiplies (operand and product registers, DSP friendly), S3 the
-        # adder tree, S4 the rounding shift, S5 its saturation, S6 the write back, S7 (MGS
-        # passes) the accumulation. Datapath registers have no reset (valid bits qualify them).
-        WR, ACC = 6, 7                            # the write-back and accumulate stages
+        # adder tree, S4 the rounding shift, S5 its saturation, S6 the differences and their
+        # saturation, S7 the write back (write-if-changed), S8 (MGS passes) the accumulation. Datapath registers have no reset (valid bits qualify them).
+        WR, ACC = 7, 8                            # the write-back and accumulate stages
         issue = Signal()                          # S0: an element enters this cycle
         v = [issue] + [Signal(name=f"v{k}") for k in range(1, ACC + 1)]
         m.d.sync += [v[k].eq(v[k - 1]) for k in range(1, ACC + 1)]
@@ -320,7 +330,7 @@ class PELRT(PE):
             m.d.comb += [mul_a[0].eq(resword), mul_b[0].eq(self.recip)]
         with m.Elif(m_rot):
             for k in range(L):
-                m.d.comb += [mul_a[k].eq(qrow[k]), mul_b[k].eq(Mux(k < q, mreg[k][j1], 0))]
+                m.d.comb += [mul_a[k].eq(qrow[k]), mul_b[k].eq(Mux(k < q_reg, mreg[k][j1], 0))]
         with m.Elif(m_upd):
             for k in range(L):
                 with m.If(row_step):
@@ -348,18 +358,21 @@ class PELRT(PE):
         m.d.sync += [rshift.eq(Mux(m_pass | m_rot, frac, self.shift)), y.eq(rescale.data_out)]
         m.d.comb += [rescale.data_in.eq(total), rescale.shift.eq(rshift)]
 
-        # S6: the differences, their saturation and the write back.
+        # S6: the differences and their saturation.
         m.submodules.sat_word = sat_word = RoundShiftSaturate(WB + 3, WB, 0)
         m.submodules.sat_weight = sat_weight = RoundShiftSaturate(WB + 3, wbits, 0)
-        x6, w6, n6, i6, j6, cell6 = x_[WR], w_[WR], n_[WR], i_[WR], j_[WR], cell_[WR]
         m.d.comb += [
-            sat_word.data_in.eq(Mux(m_pass, x6 - y, y)),
+            sat_word.data_in.eq(Mux(m_pass, x_[WR - 1] - y, y)),
             sat_word.shift.eq(0),
-            sat_weight.data_in.eq(w6 - y),
+            sat_weight.data_in.eq(w_[WR - 1] - y),
             sat_weight.shift.eq(0),
         ]
-        new_word = sat_word.data_out
-        x7 = Signal(word, reset_less=True)       # S7 (MGS): x'_i, and Q[i, p] or x'_i again
+        new_word = Signal(word)
+        new_w = Signal(signed(wbits))
+        m.d.sync += [new_word.eq(sat_word.data_out), new_w.eq(sat_weight.data_out)]
+        # S7: the write back.
+        x6, w6, n6, i6, j6, cell6 = x_[WR], w_[WR], n_[WR], i_[WR], j_[WR], cell_[WR]
+        x7 = Signal(word, reset_less=True)       # S8 (MGS): x'_i, and Q[i, p] or x'_i again
         mac_b7 = Signal(word, reset_less=True)
         with m.If(v[WR] & m_pass):
             m.d.comb += [res_wr.addr.eq(i6 >> 3), res_wr.en.eq(1 << i6[:3])]
@@ -370,11 +383,10 @@ class PELRT(PE):
             m.d.comb += [qw_data[k].eq(new_word) for k in range(L)]
         with m.If(v[WR] & m_rot):
             m.d.sync += rot_out[j6].eq(new_word)
-            with m.If(j6 == r - 1):
+            with m.If(j6 == r_m1):
                 m.d.comb += [qw_addr.eq(i6), qw_en.eq((1 << r[:4]) - 1)]
                 m.d.comb += [qw_data[k].eq(Mux(j6 == k, new_word, rot_out[k])) for k in range(L)]
         with m.If(v[WR] & m_upd):
-            new_w = sat_weight.data_out
             with m.If(new_w != w6):
                 bumped = Mux(n6 == (1 << LRT_WRITE_COUNT_BITS) - 1, n6, n6 + 1)
                 m.d.comb += [w_wr.addr.eq(cell6 >> 3), w_wr.en.eq(1 << cell6[:3]),
@@ -386,7 +398,7 @@ class PELRT(PE):
                 with m.If(bumped > writes_max):
                     m.d.sync += writes_max.eq(bumped)
 
-        # S7 (MGS passes): accumulate Q[i, p] x'_i, or x'_i^2 in the last pass.
+        # S8 (MGS passes): accumulate Q[i, p] x'_i, or x'_i^2 in the last pass.
         with m.If(v[ACC] & m_pass):
             m.d.sync += acc.eq(acc + mac_b7 * x7)
 
@@ -410,9 +422,9 @@ class PELRT(PE):
         with m.If(inflight):
             m.d.comb += fifo.w_en.eq(1)
             out_row = Signal(row_layout)
-            with m.If(op == Op.LRT_READ_BASIS):
+            with m.If(rd_basis):
                 m.d.comb += out_row.eq(qrow)
-            with m.Elif(op == Op.LRT_READ_WEIGHTS):
+            with m.Elif(rd_wts):
                 m.d.comb += [out_row[k].eq(Mux(rd_entry * L + k < cells_r, w_rd.data[k], 0))
                              for k in range(L)]
             with m.Else():
@@ -481,9 +493,9 @@ class PELRT(PE):
 
             # LRT_PROJECT / LRT_REPROJECT: pass p over the rows, then drain and finish the pass.
             with m.State("PASS"):
-                m.d.comb += [issue.eq(1), q_addr.eq(i), res_rd.addr.eq(i >> 3)]
+                m.d.comb += [q_addr.eq(i), res_rd.addr.eq(i >> 3)]
                 m.d.sync += [i1.eq(i), i.eq(i + 1)]
-                with m.If(i == rows - 1):
+                with m.If(i == rows_m1):
                     m.d.sync += i.eq(0)
                     m.next = "PASS_END"
             with m.State("PASS_END"):
@@ -505,9 +517,9 @@ class PELRT(PE):
                 m.next = "FINISH"
 
             with m.State("APPEND"):
-                m.d.comb += [issue.eq(1), res_rd.addr.eq(i >> 3)]
+                m.d.comb += res_rd.addr.eq(i >> 3)
                 m.d.sync += [i1.eq(i), i.eq(i + 1)]
-                with m.If(i == rows - 1):
+                with m.If(i == rows_m1):
                     m.next = "FINISH"
 
             # LRT_ROTATE: deserialize M into mreg[k][j], then one output (i, j) per cycle.
@@ -526,18 +538,18 @@ class PELRT(PE):
                         with m.If(mk == k):
                             m.d.sync += mreg[k][mj].eq(buf[buf_w])
                     m.d.sync += [words_left.eq(words_left - 1), buf_w.eq(buf_w + 1)]
-                    with m.If(mj == r - 1):
+                    with m.If(mj == r_m1):
                         m.d.sync += [mj.eq(0), mk.eq(mk + 1)]
                     with m.Else():
                         m.d.sync += mj.eq(mj + 1)
                     with m.If(buf_w == L - 1):
                         m.d.sync += buf_full.eq(0)
             with m.State("ROT"):
-                m.d.comb += [issue.eq(1), q_addr.eq(i)]
+                m.d.comb += q_addr.eq(i)
                 m.d.sync += [i1.eq(i), j1.eq(j), j.eq(j + 1)]
-                with m.If(j == r - 1):
+                with m.If(j == r_m1):
                     m.d.sync += [j.eq(0), i.eq(i + 1)]
-                    with m.If(i == rows - 1):
+                    with m.If(i == rows_m1):
                         m.next = "FINISH"
 
             # LRT_UPDATE: a row step (u_k = Q_L[i, k] s_k), then the row's cells.
@@ -549,20 +561,20 @@ class PELRT(PE):
                 m.d.sync += u_load.eq(1)
                 m.next = "UCELL"
             with m.State("UCELL"):
-                m.d.comb += [issue.eq(1), qr_rd.addr.eq(j),
+                m.d.comb += [qr_rd.addr.eq(j),
                              w_rd.addr.eq(cell >> 3), c_rd.addr.eq(cell >> 3)]
                 m.d.sync += [u_load.eq(0), cell1.eq(cell), cell.eq(cell + 1), j.eq(j + 1)]
-                with m.If(j == self.rows_r - 1):
+                with m.If(j == rows_r_m1):
                     m.d.sync += [j.eq(0), i.eq(i + 1)]
-                    with m.If(i == self.rows_l - 1):
+                    with m.If(i == rows_l_m1):
                         m.next = "FINISH"
                     with m.Else():
                         m.next = "UROW"
 
             # Reads towards the output stream, as the FIFO has room.
             with m.State("READ"):
-                with m.If(fifo.level + inflight < _OUT_FIFO_DEPTH):
-                    m.d.comb += [read_issue.eq(1), q_addr.eq(beat),
+                with m.If(read_issue):
+                    m.d.comb += [q_addr.eq(beat),
                                  w_rd.addr.eq(beat), c_rd.addr.eq(beat)]
                     m.d.sync += beat.eq(beat + 1)
                     with m.If(beat == self.out_beats - 1):
@@ -572,5 +584,10 @@ class PELRT(PE):
                 with m.If(~pipe_busy):
                     m.next = "IDLE"
 
+        # issue and read_issue decoded from the state outside the FSM's processes: assigned in them
+        # stays X on a 4-state simulator from power-up until the state first changes (the
+        # process never wakes), and that X would run down the reset valid bits v1..v8.
+        m.d.comb += issue.eq(Cat(*(fsm.ongoing(st) for st in ("PASS", "APPEND", "ROT", "UCELL"))).any())
+        m.d.comb += read_issue.eq(fsm.ongoing("READ") & (fifo.level + inflight < _OUT_FIFO_DEPTH))
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         return m
