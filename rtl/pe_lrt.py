@@ -143,6 +143,10 @@ class PELRT(PE):
         q = Signal(range(256 + 1))
         rows = Signal(SIZE_BITS)
         cells = Signal(2 * SIZE_BITS)
+        # q r on r's low 3 bits: an op runs only with r < 8 (LRT_SIZE otherwise), and a 9 x 8
+        # multiply would be a long path from the register file.
+        qr3 = Signal(range(L * L + 1))
+        m.d.comb += qr3.eq((r[:3] + 1) * r[:3])
         m.d.comb += [q.eq(r + 1), rows.eq(Mux(self.side, self.rows_r, self.rows_l)),
                      cells.eq(self.rows_l * self.rows_r)]
 
@@ -186,7 +190,7 @@ class PELRT(PE):
             with m.Case(Op.LRT_REPROJECT):
                 m.d.comb += out_beats.eq(_ceil8(r))
             with m.Case(Op.LRT_ROTATE):
-                m.d.comb += in_beats.eq(_ceil8(q * r))
+                m.d.comb += in_beats.eq(_ceil8(qr3))
             with m.Case(Op.LRT_UPDATE):
                 m.d.comb += in_beats.eq(_ceil8(r))
             with m.Case(Op.LRT_LOAD_WEIGHTS):
@@ -275,7 +279,11 @@ class PELRT(PE):
         clr_addr = Signal(range(cell_depth))
         # Reads in flight towards the output FIFO.
         inflight = Signal()
-        rd_entry = Signal(range(max(rows_max, cell_depth) + 1))
+        # Words still to come in (write enables: lane k while k < in_left) and to read out (the
+        # lanes past m n read as 0): counters, not beat * 8 + k < limit comparators.
+        in_left = Signal(signed(2 * SIZE_BITS + 1))
+        rd_left = Signal(signed(2 * SIZE_BITS + 1))
+        rd_left1 = Signal(signed(2 * SIZE_BITS + 1))
 
         # ------------------------------------------------------------------ the pipeline
         # Eight stages after the issue, each well under 8 ns at 100 MHz: S1 memory data and the
@@ -407,8 +415,7 @@ class PELRT(PE):
 
         # ------------------------------------------------------------------ streams in
         pay = data.View(row_layout, self.s.payload)
-        def lanes_below(base, limit):            # write enables of the lanes base + k < limit
-            return Cat(*((base + k) < limit for k in range(L)))
+        in_lanes = Cat(*(in_left > k for k in range(L)))
         sat_in = []
         for k in range(L):
             s8 = RoundShiftSaturate(WB, wbits, 0)
@@ -418,17 +425,19 @@ class PELRT(PE):
 
         # ------------------------------------------------------------------ output reads
         read_issue = Signal()
-        m.d.sync += [inflight.eq(read_issue), rd_entry.eq(beat)]
+        m.d.sync += [inflight.eq(read_issue), rd_left1.eq(rd_left)]
+        with m.If(read_issue):
+            m.d.sync += rd_left.eq(rd_left - L)
         with m.If(inflight):
             m.d.comb += fifo.w_en.eq(1)
             out_row = Signal(row_layout)
             with m.If(rd_basis):
                 m.d.comb += out_row.eq(qrow)
             with m.Elif(rd_wts):
-                m.d.comb += [out_row[k].eq(Mux(rd_entry * L + k < cells_r, w_rd.data[k], 0))
+                m.d.comb += [out_row[k].eq(Mux(rd_left1 > k, w_rd.data[k], 0))
                              for k in range(L)]
             with m.Else():
-                m.d.comb += [out_row[k].eq(Mux(rd_entry * L + k < cells_r, c_rd.data[k], 0))
+                m.d.comb += [out_row[k].eq(Mux(rd_left1 > k, c_rd.data[k], 0))
                              for k in range(L)]
             m.d.comb += fifo.w_data.eq(out_row)
 
@@ -448,7 +457,8 @@ class PELRT(PE):
                 with m.If(self.start):
                     m.d.sync += [beat.eq(0), i.eq(0), j.eq(0), p.eq(0), cell.eq(0), acc.eq(0),
                                  c_prev.eq(0), buf_full.eq(0), mk.eq(0), mj.eq(0),
-                                 words_left.eq(q * r)]
+                                 words_left.eq(qr3), rd_left.eq(cells_r),
+                                 in_left.eq(Mux(op == Op.LRT_LOAD_WEIGHTS, cells_r, rows))]
                     m.d.sync += [s.eq(0) for s in svec]
                     with m.Switch(op):
                         with m.Case(Op.LRT_LOAD_BASIS, Op.LRT_PROJECT, Op.LRT_UPDATE):
@@ -478,17 +488,17 @@ class PELRT(PE):
                 with m.Else():
                     m.d.comb += self.s.ready.eq(1)
                     with m.If(self.s.valid):
-                        m.d.sync += beat.eq(beat + 1)
+                        m.d.sync += [beat.eq(beat + 1), in_left.eq(in_left - L)]
                         with m.Switch(op):
                             with m.Case(Op.LRT_LOAD_BASIS):
                                 m.d.comb += [qw_addr.eq(beat), qw_data.eq(pay), qw_en.eq((1 << L) - 1)]
                             with m.Case(Op.LRT_PROJECT):
                                 m.d.comb += [res_wr.addr.eq(beat), res_wr.data.eq(pay),
-                                             res_wr.en.eq(lanes_below(beat * L, rows))]
+                                             res_wr.en.eq(in_lanes)]
                             with m.Case(Op.LRT_UPDATE):
                                 m.d.sync += [svec[k].eq(Mux(k < r, pay[k], 0)) for k in range(L)]
                             with m.Case(Op.LRT_LOAD_WEIGHTS):
-                                m.d.comb += [w_wr.addr.eq(beat), w_wr.en.eq(lanes_below(beat * L, cells_r))]
+                                m.d.comb += [w_wr.addr.eq(beat), w_wr.en.eq(in_lanes)]
                                 m.d.comb += [w_wr.data[k].eq(sat_in[k]) for k in range(L)]
 
             # LRT_PROJECT / LRT_REPROJECT: pass p over the rows, then drain and finish the pass.
