@@ -2,7 +2,7 @@
 
 * **Cycles** of every PE op of the FashionMNIST TT network (the TT paper's layers at their
   starting rank 16, batch 64, from :func:`insitu.tt.schedule.layer_schedule`) are measured on the
-  top level in Icarus (CYCLES register, START to done, streams never stalled). An op with more
+  top level with cocotb (Verilator where available, else Icarus; identical counts) (CYCLES register, START to done, streams never stalled). An op with more
   than :data:`DIRECT_TILES` tiles (PE1: groups of 8 rows; PE2: (a, chunk) tiles; PE3: X blocks)
   is measured at two reduced tile counts and extended linearly: the PEs repeat identical tiles,
   so the cycles are affine in the tile count (the fit is checked on a third point).
@@ -76,7 +76,7 @@ def reduced(cfg: PEConfig) -> list[PEConfig]:
 
 
 def simulate_cycles(configs: list[PEConfig], params: AcceleratorParams = DEFAULT_PARAMS) -> list[int]:
-    """CYCLES of each configuration, measured on the top level in Icarus."""
+    """CYCLES of each configuration, measured on the top level with cocotb (:func:`sim.choose_simulator`)."""
     from . import sim
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -225,7 +225,9 @@ def resources(params: AcceleratorParams = DEFAULT_PARAMS) -> dict:
 
 def report(batch: int = 64, params: AcceleratorParams = DEFAULT_PARAMS, *, synth: bool = True,
            progress=lambda msg: None) -> dict:
-    progress("simulating the network's PE ops in Icarus")
+    from .sim import choose_simulator
+
+    progress(f"simulating the network's PE ops ({choose_simulator()})")
     rows = measure_network(batch, params)
     out = {"clock_hz": CLOCK_HZ, "batch": batch,
            "network": [{"in_modes": list(i), "out_modes": list(o), "rank": 16} for i, o in PAPER_LAYERS],

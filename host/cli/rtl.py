@@ -59,7 +59,7 @@ def generate_cmd(out_dir, as_json):
               help="Also write the JSON report to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def report_cmd(batch, no_synth, out_path, as_json):
-    """Cycles of every PE op of the FashionMNIST TT network measured in simulation (Icarus),
+    """Cycles of every PE op of the FashionMNIST TT network measured in simulation (cocotb on Verilator, else Icarus),
     the projected time of one training batch at 100 MHz, and FPGA resources (Yosys).
 
     Takes a few minutes: the ops are simulated on the top level (large ops at reduced tile
