@@ -78,7 +78,7 @@ PSG_ROW_BEATS = 4
 #: Width of the PSG_TAU / PSG_PREDICTED / PSG_MAX ports (the registers).
 PSG_REG_BITS = 32
 #: Registered cycles from a configuration change to its cfg_error / in_beats / out_beats.
-CFG_STAGES = 4
+CFG_STAGES = 5
 #: Rescaling stages: the 16 lanes are requantized 8 at a time (one output beat a cycle).
 RESCALE_LANES = STREAM_WORDS
 
@@ -180,12 +180,17 @@ class PE3(PE):
         a_rows3, err3, due3 = Signal(32), Signal(ERROR_BITS), Signal()
         m.d.sync += [q3.eq((p2 * e2)[:16]), d3.eq(d2), a3.eq(a2), b3.eq(b2), a_rows3.eq(a_rows2),
                      err3.eq(err2), due3.eq(due2)]
-        # stage 4: in_beats = (a / d) * 2b + a * row_beats; BLOCK where q d != a
-        m.d.sync += self.in_beats.eq((q3 * (b3 << 1) + a_rows3)[:BEATS_BITS])
-        with m.If(due3 & (q3 * d3 != a3)):
+        # stage 4: the products (a / d) * 2b and q d (all 32 bits: BLOCK needs them), registered (xcup: DSPs without registers)
+        qb4, qd4 = Signal(BEATS_BITS), Signal(32)
+        a4, a_rows4, err4, due4 = Signal(16), Signal(32), Signal(ERROR_BITS), Signal()
+        m.d.sync += [qb4.eq(q3 * (b3 << 1)), qd4.eq(q3 * d3), a4.eq(a3),
+                     a_rows4.eq(a_rows3), err4.eq(err3), due4.eq(due3)]
+        # stage 5: in_beats = (a / d) * 2b + a * row_beats; BLOCK where q d != a
+        m.d.sync += self.in_beats.eq((qb4 + a_rows4)[:BEATS_BITS])
+        with m.If(due4 & (qd4 != a4)):
             m.d.sync += self.cfg_error.eq(ErrorCode.BLOCK)
         with m.Else():
-            m.d.sync += self.cfg_error.eq(err3)
+            m.d.sync += self.cfg_error.eq(err4)
 
         # ------------------------------------------------------------ storage
         entry_bits = ceil_log2(bmax)
@@ -215,6 +220,10 @@ class PE3(PE):
         ld_row_blk = Signal(16)                         # row within the block
         ld_rows = Signal(16)                            # rows loaded
         bank_free = Mux(wr_bank, ~full[1], ~full[0])
+        # The counters' last values, registered from the held sizes (settled long before start):
+        # the compares below then have no subtractor in front of them.
+        a_m1, d_m1, b2_m1, rb_m1 = Signal(16), Signal(16), Signal(17), Signal(16)
+        m.d.sync += [a_m1.eq(a - 1), d_m1.eq(d - 1), b2_m1.eq(2 * b - 1), rb_m1.eq(row_beats - 1)]
 
         s_fire = Signal()
         # PE3_PSG: X words are 8-bit codes, their low byte sign-extended (the upper byte ignored).
@@ -235,19 +244,19 @@ class PE3(PE):
             m.d.sync += [ld_active.eq(1), ld_x.eq(1), wr_bank.eq(0), ld_idx.eq(0), ld_beat.eq(0),
                          ld_row_blk.eq(0), ld_rows.eq(0)]
         with m.Elif(s_fire & ld_x):
-            with m.If(ld_idx == 2 * b - 1):
+            with m.If(ld_idx == b2_m1):
                 m.d.sync += [ld_idx.eq(0), ld_x.eq(0), wr_bank.eq(~wr_bank)]
                 m.d.comb += [set_full[0].eq(~wr_bank), set_full[1].eq(wr_bank)]
             with m.Else():
                 m.d.sync += ld_idx.eq(ld_idx + 1)
         with m.Elif(s_fire):
-            with m.If(ld_beat == row_beats - 1):
+            with m.If(ld_beat == rb_m1):
                 m.d.sync += [ld_beat.eq(0), ld_rows.eq(ld_rows + 1)]
-                with m.If(ld_row_blk == d - 1):
+                with m.If(ld_row_blk == d_m1):
                     m.d.sync += [ld_row_blk.eq(0), ld_x.eq(1)]
                 with m.Else():
                     m.d.sync += ld_row_blk.eq(ld_row_blk + 1)
-                with m.If(ld_rows == a - 1):
+                with m.If(ld_rows == a_m1):
                     m.d.sync += ld_active.eq(0)
             with m.Else():
                 m.d.sync += ld_beat.eq(ld_beat + 1)
@@ -328,12 +337,12 @@ class PE3(PE):
                 m.d.sync += last.eq(s_idx == b_minus_2)
             with m.If(last):
                 m.d.sync += [s_idx.eq(0), w_idx.eq(0), cp_rows.eq(cp_rows + 1)]
-                with m.If(cp_row_blk == d - 1):
+                with m.If(cp_row_blk == d_m1):
                     m.d.sync += [cp_row_blk.eq(0), rd_bank.eq(~rd_bank)]
                     m.d.comb += [clr_full[0].eq(~rd_bank), clr_full[1].eq(rd_bank)]
                 with m.Else():
                     m.d.sync += cp_row_blk.eq(cp_row_blk + 1)
-                with m.If(cp_rows == a - 1):
+                with m.If(cp_rows == a_m1):
                     m.d.sync += cp_active.eq(0)
             with m.Else():
                 m.d.sync += [s_idx.eq(s_idx + 1), w_idx.eq(w_idx + 1)]
@@ -352,18 +361,31 @@ class PE3(PE):
             dy1.eq(dy_word),
             dy1_msb.eq(msb_code(dy_word, PSG_GRADIENT_BITS, PSG_GRADIENT_MSB_BITS)),
         ]
+        # Stage 1b: the X entry and the dY word registered once more before the multipliers. The
+        # block RAM outputs (no output register) would otherwise run through the word select and
+        # the MSB rounding straight into the DSPs (~9.6 ns on xc7z020); one cycle more per op.
+        v1b, first1b, last1b = Signal(), Signal(), Signal()
+        x1b = Signal(L * W, reset_less=True)
+        x1b_msb = [Signal(signed(PSG_ACTIVATION_MSB_BITS), name=f"x1b_msb{k}", reset_less=True)
+                   for k in range(L)]
+        dy1b = Signal(signed(W), reset_less=True)
+        dy1b_msb = Signal(signed(PSG_GRADIENT_MSB_BITS), reset_less=True)
+        m.d.sync += [v1b.eq(v1 & ~self.start), first1b.eq(first1), last1b.eq(last1),
+                     x1b.eq(x_rd.data), dy1b.eq(dy1), dy1b_msb.eq(dy1_msb)]
+        for k in range(L):
+            x_word = x_rd.data.word_select(k, W)
+            m.d.sync += x1b_msb[k].eq(msb_code(x_word[:PSG_ACTIVATION_BITS], PSG_ACTIVATION_BITS,
+                                               PSG_ACTIVATION_MSB_BITS))
         v2, first2, last2 = Signal(), Signal(), Signal()
         prod = [Signal(signed(2 * W), name=f"prod{k}", reset_less=True) for k in range(L)]
-        m.d.sync += [v2.eq(v1 & ~self.start), first2.eq(first1), last2.eq(last1)]
+        m.d.sync += [v2.eq(v1b & ~self.start), first2.eq(first1b), last2.eq(last1b)]
         # The PSG predictor's narrow products: msb10(dY) times msb4(x8).
         msb_prod = [Signal(signed(PSG_GRADIENT_MSB_BITS + PSG_ACTIVATION_MSB_BITS),
                            name=f"msb_prod{k}", reset_less=True) for k in range(L)]
         for k in range(L):
-            x_word = x_rd.data.word_select(k, W)
-            x_msb = msb_code(x_word[:PSG_ACTIVATION_BITS], PSG_ACTIVATION_BITS, PSG_ACTIVATION_MSB_BITS)
             m.d.sync += [
-                prod[k].eq(dy1 * x_word.as_signed()),
-                msb_prod[k].eq(dy1_msb * x_msb),
+                prod[k].eq(dy1b * x1b.word_select(k, W).as_signed()),
+                msb_prod[k].eq(dy1b_msb * x1b_msb[k]),
             ]
 
         acc = [Signal(signed(self.acc_bits), name=f"acc{k}", reset_less=True) for k in range(L)]

@@ -76,7 +76,10 @@ class Accelerator(wiring.Component):
         pes = {"pe1": PE1(p), "pe2": PE2(p), "pe3": PE3(p), "pe_lrt": PELRT(p)}
         pe_reset = Signal()                     # this cycle ends the op in error
         ops_of = {"pe1": (Op.PE1,), "pe2": (Op.PE2,), "pe3": (Op.PE3, Op.PE3_PSG), "pe_lrt": sorted(LRT_OPS)}
-        selected = {name: Signal(name=f"sel_{name}") for name in pes}
+        # Which PE OP names: registers that follow OP with the configuration (below), so the
+        # stream routing, the resets and the selected PE's view start from a flip-flop, not from
+        # an 8-bit compare.
+        selected = {name: Signal(name=f"sel_{name}", init=int(0 in ops_of[name])) for name in pes}
         for name, pe in pes.items():
             # ABORT resets the running PE only: the others keep their state (the LRT results).
             # One registered reset per PE, a cycle after the error (the op is over and the
@@ -90,12 +93,11 @@ class Accelerator(wiring.Component):
         m.d.comb += frozen.eq(state != _State.IDLE)
 
         # Configuration: follows the registers while idle, frozen from START to the end.
-        cfg = {
-            "op": Signal(8), "a": Signal(16), "b": Signal(16), "c": Signal(16), "d": Signal(16),
-            "shift": Signal.like(regs.shift),
-            "side": Signal(), "rows_l": Signal(16), "rows_r": Signal(16), "cols": Signal(8),
-            "recip": Signal(16), "psg_tau": Signal.like(regs.psg_tau),
-        }
+        # Named, so timing paths and waveforms read `cfg_a`, not `$signal$172`.
+        shapes = {"op": 8, "a": 16, "b": 16, "c": 16, "d": 16, "shift": regs.shift.shape(),
+                  "side": 1, "rows_l": 16, "rows_r": 16, "cols": 8, "recip": 16,
+                  "psg_tau": regs.psg_tau.shape()}
+        cfg = {k: Signal(shape, name=f"cfg_{k}") for k, shape in shapes.items()}
         live = {
             "op": regs.op, "a": regs.size_a, "b": regs.size_b, "c": regs.size_c, "d": regs.size_d,
             "shift": regs.shift, "side": regs.lrt_side, "rows_l": regs.lrt_rows_l,
@@ -104,9 +106,10 @@ class Accelerator(wiring.Component):
         }
         with m.If(~frozen):
             m.d.sync += [cfg[k].eq(live[k]) for k in cfg]
+            m.d.sync += [selected[name].eq(Cat(live["op"] == op for op in ops_of[name]).any())
+                         for name in pes]
 
         for name, pe in pes.items():
-            m.d.comb += selected[name].eq(Cat(cfg["op"] == op for op in ops_of[name]).any())
             m.d.comb += [getattr(pe, k).eq(cfg[k]) for k in ("op", "a", "b", "c", "d", "shift")]
         lrt = pes["pe_lrt"]
         m.d.comb += [getattr(lrt, k).eq(cfg[k]) for k in ("side", "rows_l", "rows_r", "cols", "recip")]
