@@ -149,6 +149,8 @@ class PELRT(PE):
         m.d.comb += qr3.eq((r[:3] + 1) * r[:3])
         m.d.comb += [q.eq(r + 1), rows.eq(Mux(self.side, self.rows_r, self.rows_l)),
                      cells.eq(self.rows_l * self.rows_r)]
+        cells_r = Signal.like(cells)
+        m.d.sync += cells_r.eq(cells)
 
         def is_op(*ops):
             return Cat(*(op == o for o in ops)).any()
@@ -160,13 +162,13 @@ class PELRT(PE):
         shift_op = is_op(Op.LRT_APPEND, Op.LRT_UPDATE)
         zero = Mux(basis_op, rows == 0, (self.rows_l == 0) | (self.rows_r == 0))
         too_big = (Mux(basis_op, rows > rows_max,
-                       (self.rows_l > rows_max) | (self.rows_r > rows_max) | (cells > cells_max))
+                       (self.rows_l > rows_max) | (self.rows_r > rows_max) | (cells_r > cells_max))
                    | (cols_op & (r >= L)))
         bad_shift = shift_op & ((self.shift < P.shift_min) | (self.shift > P.shift_max))
-        # cfg_error, in_beats and out_beats are registered (one cycle after the configuration;
-        # cfg_ready says when): cells is a DSP multiply, too long a path into the top's checks.
+        # cfg_error, in_beats and out_beats are registered, two cycles after the configuration
+        # (cfg_ready says when): m n is a DSP multiply, registered first (cells_r).
         m.d.comb += self.cfg_ready.eq(settled(
-            m, [op, r, self.side, self.rows_l, self.rows_r, self.shift], 1))
+            m, [op, r, self.side, self.rows_l, self.rows_r, self.shift], 2))
         with m.If(~lrt):
             m.d.sync += self.cfg_error.eq(ErrorCode.BAD_OP)
         with m.Elif(zero):
@@ -194,12 +196,9 @@ class PELRT(PE):
             with m.Case(Op.LRT_UPDATE):
                 m.d.comb += in_beats.eq(_ceil8(r))
             with m.Case(Op.LRT_LOAD_WEIGHTS):
-                m.d.comb += in_beats.eq(_ceil8(cells))
+                m.d.comb += in_beats.eq(_ceil8(cells_r))
             with m.Case(Op.LRT_READ_WEIGHTS, Op.LRT_READ_COUNTS):
-                m.d.comb += out_beats.eq(_ceil8(cells))
-        # The datapath's copy of m n (stable while an op runs: the configuration is frozen).
-        cells_r = Signal.like(cells, reset_less=True)
-        m.d.sync += cells_r.eq(cells)
+                m.d.comb += out_beats.eq(_ceil8(cells_r))
 
         # The op decodes and the bounds the control compares against, registered like cfg_error
         # (the configuration is frozen while an op runs and cfg_ready waits for them): the
@@ -282,6 +281,10 @@ class PELRT(PE):
         # Words still to come in (write enables: lane k while k < in_left) and to read out (the
         # lanes past m n read as 0): counters, not beat * 8 + k < limit comparators.
         in_left = Signal(signed(2 * SIZE_BITS + 1))
+        # beat == in_beats as a flag set with the last beat (a compare off the stream handshake).
+        in_done = Signal()
+        in_last = Signal(signed(len(self.in_beats) + 1))
+        m.d.sync += in_last.eq(self.in_beats - 1)
         rd_left = Signal(signed(2 * SIZE_BITS + 1))
         rd_left1 = Signal(signed(2 * SIZE_BITS + 1))
 
@@ -457,7 +460,7 @@ class PELRT(PE):
                 with m.If(self.start):
                     m.d.sync += [beat.eq(0), i.eq(0), j.eq(0), p.eq(0), cell.eq(0), acc.eq(0),
                                  c_prev.eq(0), buf_full.eq(0), mk.eq(0), mj.eq(0),
-                                 words_left.eq(qr3), rd_left.eq(cells_r),
+                                 words_left.eq(qr3), rd_left.eq(cells_r), in_done.eq(self.in_beats == 0),
                                  in_left.eq(Mux(op == Op.LRT_LOAD_WEIGHTS, cells_r, rows))]
                     m.d.sync += [s.eq(0) for s in svec]
                     with m.Switch(op):
@@ -477,7 +480,7 @@ class PELRT(PE):
                             m.next = "APPEND"
 
             with m.State("IN"):
-                with m.If(beat == self.in_beats):
+                with m.If(in_done):
                     with m.Switch(op):
                         with m.Case(Op.LRT_PROJECT):
                             m.next = "PASS"
@@ -488,7 +491,8 @@ class PELRT(PE):
                 with m.Else():
                     m.d.comb += self.s.ready.eq(1)
                     with m.If(self.s.valid):
-                        m.d.sync += [beat.eq(beat + 1), in_left.eq(in_left - L)]
+                        m.d.sync += [beat.eq(beat + 1), in_left.eq(in_left - L),
+                                     in_done.eq(beat == in_last)]
                         with m.Switch(op):
                             with m.Case(Op.LRT_LOAD_BASIS):
                                 m.d.comb += [qw_addr.eq(beat), qw_data.eq(pay), qw_en.eq((1 << L) - 1)]

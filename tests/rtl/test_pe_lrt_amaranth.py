@@ -33,13 +33,13 @@ def _stream(rng, values):
 
 
 async def _configure(ctx, dut, model, op):
-    """Set the configuration; cfg_error / in_beats / out_beats are registered: one cycle later
-    they are right, and cfg_ready rises within two."""
+    """Set the configuration; cfg_error / in_beats / out_beats are registered: two cycles later
+    they are right, and cfg_ready rises within three."""
     ctx.set(dut.op, int(op))
     for name in _REGS:
         ctx.set(getattr(dut, name), getattr(model, name))
     await ctx.tick()
-    for _ in range(2):
+    for _ in range(3):
         if ctx.get(dut.cfg_ready):
             break
         await ctx.tick()
