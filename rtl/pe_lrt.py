@@ -208,6 +208,11 @@ class PELRT(PE):
         rows_m1 = Signal(signed(SIZE_BITS + 1))
         rows_l_m1, rows_r_m1 = Signal(signed(SIZE_BITS + 1)), Signal(signed(SIZE_BITS + 1))
         r_m1 = Signal(signed(len(r) + 1))
+        ld_basis = Signal()
+        app_en, rot_en = Signal(L), Signal(L)    # APPEND's lane r, ROTATE's lanes below r
+        out_last = Signal(signed(len(self.out_beats) + 1))
+        m.d.sync += [ld_basis.eq(op == Op.LRT_LOAD_BASIS), app_en.eq(1 << r[:3]),
+                     rot_en.eq((1 << r[:4]) - 1), out_last.eq(out_beats - 1)]
         q_reg = Signal.like(q)
         m.d.sync += [m_pass.eq(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT)), m_rot.eq(op == Op.LRT_ROTATE),
                      m_app.eq(op == Op.LRT_APPEND), m_upd.eq(op == Op.LRT_UPDATE),
@@ -284,7 +289,7 @@ class PELRT(PE):
         # beat == in_beats as a flag set with the last beat (a compare off the stream handshake).
         in_done = Signal()
         in_last = Signal(signed(len(self.in_beats) + 1))
-        m.d.sync += in_last.eq(self.in_beats - 1)
+        m.d.sync += in_last.eq(in_beats - 1)   # with self.in_beats
         rd_left = Signal(signed(2 * SIZE_BITS + 1))
         rd_left1 = Signal(signed(2 * SIZE_BITS + 1))
 
@@ -381,6 +386,14 @@ class PELRT(PE):
         new_word = Signal(word)
         new_w = Signal(signed(wbits))
         m.d.sync += [new_word.eq(sat_word.data_out), new_w.eq(sat_weight.data_out)]
+        # Also in S6, what the write back decides on: the counter's next value and ROTATE's
+        # output lane (one-hot) and last output of the row.
+        bumped = Signal(LRT_WRITE_COUNT_BITS, reset_less=True)
+        jsel = Signal(L, reset_less=True)
+        jlast = Signal(reset_less=True)
+        n5 = n_[WR - 1]
+        m.d.sync += [bumped.eq(Mux(n5 == (1 << LRT_WRITE_COUNT_BITS) - 1, n5, n5 + 1)),
+                     jsel.eq(1 << j_[WR - 1]), jlast.eq(j_[WR - 1] == r_m1)]
         # S7: the write back.
         x6, w6, n6, i6, j6, cell6 = x_[WR], w_[WR], n_[WR], i_[WR], j_[WR], cell_[WR]
         x7 = Signal(word, reset_less=True)       # S8 (MGS): x'_i, and Q[i, p] or x'_i again
@@ -390,16 +403,15 @@ class PELRT(PE):
             m.d.comb += [res_wr.data[k].eq(new_word) for k in range(L)]
             m.d.sync += [x7.eq(new_word), mac_b7.eq(Mux(p == r, new_word, qc_[WR]))]
         with m.If(v[WR] & m_app):
-            m.d.comb += [qw_addr.eq(i6), qw_en.eq(1 << r[:3])]
-            m.d.comb += [qw_data[k].eq(new_word) for k in range(L)]
+            m.d.comb += [qw_addr.eq(i6), qw_en.eq(app_en)]
         with m.If(v[WR] & m_rot):
-            m.d.sync += rot_out[j6].eq(new_word)
-            with m.If(j6 == r_m1):
-                m.d.comb += [qw_addr.eq(i6), qw_en.eq((1 << r[:4]) - 1)]
-                m.d.comb += [qw_data[k].eq(Mux(j6 == k, new_word, rot_out[k])) for k in range(L)]
+            for k in range(L):
+                with m.If(jsel[k]):
+                    m.d.sync += rot_out[k].eq(new_word)
+            with m.If(jlast):
+                m.d.comb += [qw_addr.eq(i6), qw_en.eq(rot_en)]
         with m.If(v[WR] & m_upd):
             with m.If(new_w != w6):
-                bumped = Mux(n6 == (1 << LRT_WRITE_COUNT_BITS) - 1, n6, n6 + 1)
                 m.d.comb += [w_wr.addr.eq(cell6 >> 3), w_wr.en.eq(1 << cell6[:3]),
                              c_wr.addr.eq(cell6 >> 3), c_wr.en.eq(1 << cell6[:3])]
                 m.d.comb += [w_wr.data[k].eq(new_w) for k in range(L)]
@@ -418,6 +430,10 @@ class PELRT(PE):
 
         # ------------------------------------------------------------------ streams in
         pay = data.View(row_layout, self.s.payload)
+        # The basis write data without the FSM's priority chain: the stream (LOAD_BASIS) or the
+        # write back (the enables pick the lanes).
+        m.d.comb += [qw_data[k].eq(Mux(ld_basis, pay[k], Mux(m_rot & ~jsel[k], rot_out[k], new_word)))
+                     for k in range(L)]
         in_lanes = Cat(*(in_left > k for k in range(L)))
         sat_in = []
         for k in range(L):
@@ -495,7 +511,7 @@ class PELRT(PE):
                                      in_done.eq(beat == in_last)]
                         with m.Switch(op):
                             with m.Case(Op.LRT_LOAD_BASIS):
-                                m.d.comb += [qw_addr.eq(beat), qw_data.eq(pay), qw_en.eq((1 << L) - 1)]
+                                m.d.comb += [qw_addr.eq(beat), qw_en.eq((1 << L) - 1)]
                             with m.Case(Op.LRT_PROJECT):
                                 m.d.comb += [res_wr.addr.eq(beat), res_wr.data.eq(pay),
                                              res_wr.en.eq(in_lanes)]
@@ -591,7 +607,7 @@ class PELRT(PE):
                     m.d.comb += [q_addr.eq(beat),
                                  w_rd.addr.eq(beat), c_rd.addr.eq(beat)]
                     m.d.sync += beat.eq(beat + 1)
-                    with m.If(beat == self.out_beats - 1):
+                    with m.If(beat == out_last):
                         m.next = "FINISH"
 
             with m.State("FINISH"):
