@@ -352,18 +352,18 @@ class PE3(PE):
         # the reset net, and the DSPs can take the product registers.
         v1, first1, last1 = Signal(), Signal(), Signal()
         dy1 = Signal(signed(W), reset_less=True)
-        dy1_msb = Signal(signed(PSG_GRADIENT_MSB_BITS), reset_less=True)       # the PSG predictor's dY code
-        dy_word = dyf.r_data.word_select(w_idx, W)
         m.d.sync += [
             v1.eq(issue & ~self.start),
             first1.eq(first),
             last1.eq(last),
-            dy1.eq(dy_word),
-            dy1_msb.eq(msb_code(dy_word, PSG_GRADIENT_BITS, PSG_GRADIENT_MSB_BITS)),
+            dy1.eq(dyf.r_data.word_select(w_idx, W)),
         ]
         # Stage 1b: the X entry and the dY word registered once more before the multipliers. The
         # block RAM outputs (no output register) would otherwise run through the word select and
         # the MSB rounding straight into the DSPs (~9.6 ns on xc7z020); one cycle more per op.
+        # The dY MSB code is formed here from dy1, a fabric register: from the FIFO output,
+        # Yosys packs dy1 and dy1b into all 16 DSPs (AREG=2) and the rounding's net fans out to
+        # them all behind the block RAM (11 ns).
         v1b, first1b, last1b = Signal(), Signal(), Signal()
         x1b = Signal(L * W, reset_less=True)
         x1b_msb = [Signal(signed(PSG_ACTIVATION_MSB_BITS), name=f"x1b_msb{k}", reset_less=True)
@@ -371,7 +371,8 @@ class PE3(PE):
         dy1b = Signal(signed(W), reset_less=True)
         dy1b_msb = Signal(signed(PSG_GRADIENT_MSB_BITS), reset_less=True)
         m.d.sync += [v1b.eq(v1 & ~self.start), first1b.eq(first1), last1b.eq(last1),
-                     x1b.eq(x_rd.data), dy1b.eq(dy1), dy1b_msb.eq(dy1_msb)]
+                     x1b.eq(x_rd.data), dy1b.eq(dy1),
+                     dy1b_msb.eq(msb_code(dy1, PSG_GRADIENT_BITS, PSG_GRADIENT_MSB_BITS))]
         for k in range(L):
             x_word = x_rd.data.word_select(k, W)
             m.d.sync += x1b_msb[k].eq(msb_code(x_word[:PSG_ACTIVATION_BITS], PSG_ACTIVATION_BITS,
@@ -428,7 +429,12 @@ class PE3(PE):
         # rounding shift (o2, inside RoundShiftSaturate; the PSG signs beside it), then the
         # saturation and the beat mux into `beat`.
         R = RESCALE_LANES
-        sel_in = [Signal(signed(self.acc_bits), name=f"sel_in{k}", reset_less=True) for k in range(R)]
+        # The lane mux stage also adds the rounding term (RoundShiftSaturate prerounded), so the
+        # rescale stage only shifts: the add and the barrel shift in one cycle were ~8.2 ns.
+        sel_in = [Signal(signed(self.acc_bits + 1), name=f"sel_in{k}", reset_less=True)
+                  for k in range(R)]
+        half = Signal(self.acc_bits + 1, reset_less=True)     # shift is held: registered
+        m.d.sync += half.eq(RoundShiftSaturate.half_of(self.shift, self.acc_bits, p.shift_max))
         sel_pred = [Signal(signed(self.msb_acc_bits), name=f"sel_pred{k}", reset_less=True)
                     for k in range(R)]
         full_neg = Signal(R, reset_less=True)        # sign and nonzero of the full sums
@@ -438,12 +444,13 @@ class PE3(PE):
         for k in range(R):
             full_k = Mux(upper, res[k + R], res[k])
             pred_k = Mux(upper, msb_res[k + R], msb_res[k])
-            m.d.sync += [sel_in[k].eq(Mux(psg, pred_k, full_k)), sel_pred[k].eq(pred_k),
+            m.d.sync += [sel_in[k].eq(Mux(psg, pred_k, full_k) + half), sel_pred[k].eq(pred_k),
                          full_neg[k].eq(full_k < 0), full_nz[k].eq(full_k != 0)]
 
         words, signs_r, predicted, mags = [], [], [], []
         for k in range(R):
-            rss = RoundShiftSaturate(self.acc_bits, W, p.shift_max, p.shift_min, stages=1)
+            rss = RoundShiftSaturate(self.acc_bits + 1, W, p.shift_max, p.shift_min, stages=1,
+                                     prerounded=True)
             m.submodules[f"rescale{k}"] = rss
             m.d.comb += [rss.data_in.eq(sel_in[k]), rss.shift.eq(self.shift)]
             words.append(rss.data_out)

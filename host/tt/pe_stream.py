@@ -435,7 +435,9 @@ def estimated_cycles(cfg: PEConfig) -> int:
         mac_cycles += cfg.b * _ceil_to(cfg.d, PE_ROWS) // STREAM_WORDS + cfg.b
     else:
         mac_cycles += cfg.b * C_LANES // STREAM_WORDS        # the first X block
-        mac_cycles += 2                   # two output stages added for 100 MHz (lane mux, rescale)
+        # added for 100 MHz: two output stages (lane mux, rescale), the operands' register
+        # before the multipliers
+        mac_cycles += 3
     return max(mac_cycles, cfg.in_beats(), cfg.out_beats()) + PIPELINE_CYCLES
 
 
