@@ -86,6 +86,14 @@ __all__ = ["PELRT"]
 _OUT_FIFO_DEPTH = 4
 
 
+def _or_all(pairs):
+    """The OR of the values whose (one-hot) select is high: a flat AND-OR, not a priority chain."""
+    out = Mux(pairs[0][0], pairs[0][1], 0)
+    for sel, val in pairs[1:]:
+        out = out | Mux(sel, val, 0)
+    return out
+
+
 def _ceil8(v):
     return (v + (STREAM_WORDS - 1)) >> 3
 
@@ -240,7 +248,6 @@ class PELRT(PE):
             ql_wr.addr.eq(qw_addr), qr_wr.addr.eq(qw_addr),
             ql_wr.data.eq(qw_data), qr_wr.data.eq(qw_data),
             ql_wr.en.eq(Mux(self.side, 0, qw_en)), qr_wr.en.eq(Mux(self.side, qw_en, 0)),
-            ql_rd.addr.eq(q_addr), qr_rd.addr.eq(q_addr),
             qrow.eq(Mux(self.side, qr_rd.data.as_value(), ql_rd.data.as_value())),
         ]
 
@@ -340,20 +347,21 @@ class PELRT(PE):
         m.d.sync += [prod[k].eq(opa[k] * opb[k]) for k in range(L)]
         resword = res_rd.data[i1[:3]]
         row_step = Signal()                      # S1 of an LRT_UPDATE row step (u_k = Q_L s_k)
-        with m.If(m_pass):
-            m.d.comb += [mul_a[0].eq(c_prev), mul_b[0].eq(qrow[(p - 1)[:3]])]
-        with m.Elif(m_app):
-            m.d.comb += [mul_a[0].eq(resword), mul_b[0].eq(self.recip)]
-        with m.Elif(m_rot):
-            for k in range(L):
-                m.d.comb += [mul_a[k].eq(qrow[k]), mul_b[k].eq(Mux(k < q_reg, mreg[k][j1], 0))]
-        with m.Elif(m_upd):
-            for k in range(L):
-                with m.If(row_step):
-                    m.d.comb += [mul_a[k].eq(ql_rd.data[k]), mul_b[k].eq(svec[k])]
-                with m.Else():
-                    m.d.comb += [mul_a[k].eq(Mux(u_fwd, prod[k], uvec[k])),
-                                 mul_b[k].eq(qr_rd.data[k])]
+        # AND-OR selects (the op flags are static during an op), not an If/Elif priority chain.
+        sel_ql = Signal()
+        sel_prod = Signal()
+        sel_u = Signal()
+        m.d.comb += [sel_ql.eq(m_upd & row_step), sel_prod.eq(m_upd & ~row_step & u_fwd),
+                     sel_u.eq(m_upd & ~row_step & ~u_fwd)]
+        for k in range(L):
+            a_terms = [(m_rot, qrow[k]), (sel_ql, ql_rd.data[k]), (sel_prod, prod[k]), (sel_u, uvec[k])]
+            b_terms = [(m_rot & (k < q_reg), mreg[k][j1]), (sel_ql, svec[k]),
+                       (m_upd & ~row_step, qr_rd.data[k])]
+            if k == 0:
+                a_terms += [(m_pass, c_prev), (m_app, resword)]
+                b_terms += [(m_pass, qrow[(p - 1)[:3]]), (m_app, self.recip)]
+            m.d.comb += [mul_a[k].eq(_or_all(a_terms)),
+                         mul_b[k].eq(_or_all(b_terms))]
         m.d.sync += [x2.eq(resword), qc2.eq(qrow[p[:3]]),
                      w2.eq(w_rd.data[cell1[:3]]), n2.eq(c_rd.data[cell1[:3]])]
         with m.If(u_fwd):
@@ -399,8 +407,7 @@ class PELRT(PE):
         x7 = Signal(word, reset_less=True)       # S8 (MGS): x'_i, and Q[i, p] or x'_i again
         mac_b7 = Signal(word, reset_less=True)
         with m.If(v[WR] & m_pass):
-            m.d.comb += [res_wr.addr.eq(i6 >> 3), res_wr.en.eq(1 << i6[:3])]
-            m.d.comb += [res_wr.data[k].eq(new_word) for k in range(L)]
+            m.d.comb += res_wr.en.eq(1 << i6[:3])
             m.d.sync += [x7.eq(new_word), mac_b7.eq(Mux(p == r, new_word, qc_[WR]))]
         with m.If(v[WR] & m_app):
             m.d.comb += [qw_addr.eq(i6), qw_en.eq(app_en)]
@@ -412,10 +419,7 @@ class PELRT(PE):
                 m.d.comb += [qw_addr.eq(i6), qw_en.eq(rot_en)]
         with m.If(v[WR] & m_upd):
             with m.If(new_w != w6):
-                m.d.comb += [w_wr.addr.eq(cell6 >> 3), w_wr.en.eq(1 << cell6[:3]),
-                             c_wr.addr.eq(cell6 >> 3), c_wr.en.eq(1 << cell6[:3])]
-                m.d.comb += [w_wr.data[k].eq(new_w) for k in range(L)]
-                m.d.comb += [c_wr.data[k].eq(bumped) for k in range(L)]
+                m.d.comb += [w_wr.en.eq(1 << cell6[:3]), c_wr.en.eq(1 << cell6[:3])]
                 m.d.sync += writes_total.eq(Mux(writes_total == (1 << LRT_WRITES_TOTAL_BITS) - 1,
                                                 writes_total, writes_total + 1))
                 with m.If(bumped > writes_max):
@@ -462,8 +466,7 @@ class PELRT(PE):
 
         # ------------------------------------------------------------------ counter clear
         with m.If(clr_active):
-            m.d.comb += [c_wr.addr.eq(clr_addr), c_wr.en.eq((1 << L) - 1)]
-            m.d.comb += [c_wr.data[k].eq(0) for k in range(L)]
+            m.d.comb += c_wr.en.eq((1 << L) - 1)
             m.d.sync += clr_addr.eq(clr_addr + 1)
             with m.If(clr_addr == cell_depth - 1):
                 m.d.sync += clr_active.eq(0)
@@ -513,17 +516,14 @@ class PELRT(PE):
                             with m.Case(Op.LRT_LOAD_BASIS):
                                 m.d.comb += [qw_addr.eq(beat), qw_en.eq((1 << L) - 1)]
                             with m.Case(Op.LRT_PROJECT):
-                                m.d.comb += [res_wr.addr.eq(beat), res_wr.data.eq(pay),
-                                             res_wr.en.eq(in_lanes)]
+                                m.d.comb += res_wr.en.eq(in_lanes)
                             with m.Case(Op.LRT_UPDATE):
                                 m.d.sync += [svec[k].eq(Mux(k < r, pay[k], 0)) for k in range(L)]
                             with m.Case(Op.LRT_LOAD_WEIGHTS):
-                                m.d.comb += [w_wr.addr.eq(beat), w_wr.en.eq(in_lanes)]
-                                m.d.comb += [w_wr.data[k].eq(sat_in[k]) for k in range(L)]
+                                m.d.comb += w_wr.en.eq(in_lanes)
 
             # LRT_PROJECT / LRT_REPROJECT: pass p over the rows, then drain and finish the pass.
             with m.State("PASS"):
-                m.d.comb += [q_addr.eq(i), res_rd.addr.eq(i >> 3)]
                 m.d.sync += [i1.eq(i), i.eq(i + 1)]
                 with m.If(i == rows_m1):
                     m.d.sync += i.eq(0)
@@ -547,7 +547,6 @@ class PELRT(PE):
                 m.next = "FINISH"
 
             with m.State("APPEND"):
-                m.d.comb += res_rd.addr.eq(i >> 3)
                 m.d.sync += [i1.eq(i), i.eq(i + 1)]
                 with m.If(i == rows_m1):
                     m.next = "FINISH"
@@ -575,7 +574,6 @@ class PELRT(PE):
                     with m.If(buf_w == L - 1):
                         m.d.sync += buf_full.eq(0)
             with m.State("ROT"):
-                m.d.comb += q_addr.eq(i)
                 m.d.sync += [i1.eq(i), j1.eq(j), j.eq(j + 1)]
                 with m.If(j == r_m1):
                     m.d.sync += [j.eq(0), i.eq(i + 1)]
@@ -584,15 +582,11 @@ class PELRT(PE):
 
             # LRT_UPDATE: a row step (u_k = Q_L[i, k] s_k), then the row's cells.
             with m.State("UROW"):
-                m.d.comb += ql_rd.addr.eq(i)
                 m.next = "UROW2"
             with m.State("UROW2"):
-                m.d.comb += row_step.eq(1)
                 m.d.sync += u_load.eq(1)
                 m.next = "UCELL"
             with m.State("UCELL"):
-                m.d.comb += [qr_rd.addr.eq(j),
-                             w_rd.addr.eq(cell >> 3), c_rd.addr.eq(cell >> 3)]
                 m.d.sync += [u_load.eq(0), cell1.eq(cell), cell.eq(cell + 1), j.eq(j + 1)]
                 with m.If(j == rows_r_m1):
                     m.d.sync += [j.eq(0), i.eq(i + 1)]
@@ -604,8 +598,6 @@ class PELRT(PE):
             # Reads towards the output stream, as the FIFO has room.
             with m.State("READ"):
                 with m.If(read_issue):
-                    m.d.comb += [q_addr.eq(beat),
-                                 w_rd.addr.eq(beat), c_rd.addr.eq(beat)]
                     m.d.sync += beat.eq(beat + 1)
                     with m.If(beat == out_last):
                         m.next = "FINISH"
@@ -620,4 +612,20 @@ class PELRT(PE):
         m.d.comb += issue.eq(Cat(*(fsm.ongoing(st) for st in ("PASS", "APPEND", "ROT", "UCELL"))).any())
         m.d.comb += read_issue.eq(fsm.ongoing("READ") & (fifo.level + inflight < _OUT_FIFO_DEPTH))
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
+        # Memory addresses and write data from the op flags, outside the FSM (its priority
+        # chains were the long paths); the write enables stay with the states.
+        in_st = fsm.ongoing("IN")
+        m.d.comb += row_step.eq(fsm.ongoing("UROW2"))
+        m.d.comb += [
+            q_addr.eq(Mux(rd_basis, beat, i)),
+            ql_rd.addr.eq(q_addr), qr_rd.addr.eq(Mux(m_upd, j, q_addr)),
+            res_rd.addr.eq(i >> 3),
+            w_rd.addr.eq(Mux(m_upd, cell >> 3, beat)), c_rd.addr.eq(Mux(m_upd, cell >> 3, beat)),
+            res_wr.addr.eq(Mux(in_st, beat, i6 >> 3)),
+            w_wr.addr.eq(Mux(in_st, beat, cell6 >> 3)),
+            c_wr.addr.eq(Mux(clr_active, clr_addr, cell6 >> 3)),
+        ]
+        m.d.comb += [res_wr.data[k].eq(Mux(in_st, pay[k], new_word)) for k in range(L)]
+        m.d.comb += [w_wr.data[k].eq(Mux(in_st, sat_in[k], new_w)) for k in range(L)]
+        m.d.comb += [c_wr.data[k].eq(Mux(clr_active, 0, bumped)) for k in range(L)]
         return m
