@@ -217,10 +217,12 @@ class PELRT(PE):
         rows_l_m1, rows_r_m1 = Signal(signed(SIZE_BITS + 1)), Signal(signed(SIZE_BITS + 1))
         r_m1 = Signal(signed(len(r) + 1))
         ld_basis = Signal()
+        rot_b = Signal(L)                        # ROTATE's lanes k < q
         app_en, rot_en = Signal(L), Signal(L)    # APPEND's lane r, ROTATE's lanes below r
         out_last = Signal(signed(len(self.out_beats) + 1))
         m.d.sync += [ld_basis.eq(op == Op.LRT_LOAD_BASIS), app_en.eq(1 << r[:3]),
-                     rot_en.eq((1 << r[:4]) - 1), out_last.eq(out_beats - 1)]
+                     rot_en.eq((1 << r[:4]) - 1), out_last.eq(out_beats - 1),
+                     rot_b.eq(Cat(*((op == Op.LRT_ROTATE) & (k < q) for k in range(L))))]
         q_reg = Signal.like(q)
         m.d.sync += [m_pass.eq(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT)), m_rot.eq(op == Op.LRT_ROTATE),
                      m_app.eq(op == Op.LRT_APPEND), m_upd.eq(op == Op.LRT_UPDATE),
@@ -242,6 +244,7 @@ class PELRT(PE):
         qw_addr = Signal(range(rows_max))
         qw_data = Signal(row_layout)
         qw_en = Signal(L)
+        ld_accept = Signal()                     # LOAD_BASIS takes a beat
         q_addr = Signal(range(rows_max))
         qrow = Signal(row_layout)
         m.d.comb += [
@@ -351,12 +354,12 @@ class PELRT(PE):
         sel_ql = Signal()
         sel_prod = Signal()
         sel_u = Signal()
+        sel_qr = Signal()
         m.d.comb += [sel_ql.eq(m_upd & row_step), sel_prod.eq(m_upd & ~row_step & u_fwd),
-                     sel_u.eq(m_upd & ~row_step & ~u_fwd)]
+                     sel_u.eq(m_upd & ~row_step & ~u_fwd), sel_qr.eq(m_upd & ~row_step)]
         for k in range(L):
             a_terms = [(m_rot, qrow[k]), (sel_ql, ql_rd.data[k]), (sel_prod, prod[k]), (sel_u, uvec[k])]
-            b_terms = [(m_rot & (k < q_reg), mreg[k][j1]), (sel_ql, svec[k]),
-                       (m_upd & ~row_step, qr_rd.data[k])]
+            b_terms = [(rot_b[k], mreg[k][j1]), (sel_ql, svec[k]), (sel_qr, qr_rd.data[k])]
             if k == 0:
                 a_terms += [(m_pass, c_prev), (m_app, resword)]
                 b_terms += [(m_pass, qrow[(p - 1)[:3]]), (m_app, self.recip)]
@@ -409,14 +412,10 @@ class PELRT(PE):
         with m.If(v[WR] & m_pass):
             m.d.comb += res_wr.en.eq(1 << i6[:3])
             m.d.sync += [x7.eq(new_word), mac_b7.eq(Mux(p == r, new_word, qc_[WR]))]
-        with m.If(v[WR] & m_app):
-            m.d.comb += [qw_addr.eq(i6), qw_en.eq(app_en)]
         with m.If(v[WR] & m_rot):
             for k in range(L):
                 with m.If(jsel[k]):
                     m.d.sync += rot_out[k].eq(new_word)
-            with m.If(jlast):
-                m.d.comb += [qw_addr.eq(i6), qw_en.eq(rot_en)]
         with m.If(v[WR] & m_upd):
             with m.If(new_w != w6):
                 m.d.comb += [w_wr.en.eq(1 << cell6[:3]), c_wr.en.eq(1 << cell6[:3])]
@@ -514,7 +513,7 @@ class PELRT(PE):
                                      in_done.eq(beat == in_last)]
                         with m.Switch(op):
                             with m.Case(Op.LRT_LOAD_BASIS):
-                                m.d.comb += [qw_addr.eq(beat), qw_en.eq((1 << L) - 1)]
+                                m.d.comb += ld_accept.eq(1)
                             with m.Case(Op.LRT_PROJECT):
                                 m.d.comb += res_wr.en.eq(in_lanes)
                             with m.Case(Op.LRT_UPDATE):
@@ -615,6 +614,11 @@ class PELRT(PE):
         # Memory addresses and write data from the op flags, outside the FSM (its priority
         # chains were the long paths); the write enables stay with the states.
         in_st = fsm.ongoing("IN")
+        m.d.comb += [
+            qw_addr.eq(Mux(ld_basis, beat, i6)),
+            qw_en.eq(Mux(ld_accept, (1 << L) - 1, 0) | Mux(v[WR] & m_app, app_en, 0)
+                     | Mux(v[WR] & m_rot & jlast, rot_en, 0)),
+        ]
         m.d.comb += row_step.eq(fsm.ongoing("UROW2"))
         m.d.comb += [
             q_addr.eq(Mux(rd_basis, beat, i)),
