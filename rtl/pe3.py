@@ -14,13 +14,14 @@ Datapath (16 multipliers along the last input mode, the paper's PE3; the X opera
   input run ahead into the next block.
 * **issue**: one MAC step per cycle: word ``s`` of the current dY beat (unpacked one word a cycle
   from the FIFO head) and X entry ``s`` of the block's bank; no bubbles between rows or blocks.
-* **pipeline**: X read + dY register -> 16 products (registered, DSP friendly) -> 16 accumulators
+* **pipeline**: X read + dY word register -> both registered again (the block RAM outputs stay off
+  the DSP inputs) -> 16 products (registered, DSP friendly) -> 16 accumulators
   of ``accumulator_bits(16, 16, pe3_b_max)`` bits; the last step of a row copies the sums into a
   holding register.
 * **output**: the 16 sums go through 8 :class:`RoundShiftSaturate` stages in two cycles (lanes
-  0-7, then 8-15) into a small output FIFO, three registered stages deep (lane mux, rounding
-  shift, saturation) for a 100 MHz clock. A row may only start when its beats have room in
-  that FIFO (a credit counter), so the pipeline after the issue stage never stalls.
+  0-7, then 8-15) into a small output FIFO, three registered stages deep (lane mux plus the
+  rounding term, shift, saturation) for a 100 MHz clock. A row may only start when its beats
+  have room in that FIFO (a credit counter), so the pipeline after the issue stage never stalls.
 
 **PE3_PSG** (``op`` = :attr:`~insitu.rtl.regmap.Op.PE3_PSG`, E2-Train's predictive sign gradient,
 spec :func:`insitu.numerics.psg_weight_gradient` / :func:`~insitu.numerics.psg_sign`, golden

@@ -7,7 +7,7 @@ names Vivado's IP packager infers interfaces from (``aclk``, ``aresetn``, ``s_ax
 Control (registers of :mod:`insitu.rtl.regmap`):
 
 * while idle, the PEs see the live configuration registers (one cycle later), so IN_BEATS /
-  OUT_BEATS show what the configured op will move (PE3 settles them within 5 cycles of a
+  OUT_BEATS show what the configured op will move (PE3 settles them within 6 cycles of a
   configuration write, the LRT PE within 2); CTRL.START freezes the configuration and checks it
   one cycle later, or once the selected PE's ``cfg_ready`` says its checks have settled:
   an unknown OP or a PE's ``cfg_error`` ends the op at once with STATUS.ERROR and ERROR_CODE
@@ -128,8 +128,9 @@ class Accelerator(wiring.Component):
 
         # The selected PE's view (zeros when OP names no PE).
         any_selected = Signal()
-        cfg_error, in_beats, out_beats = Signal(8), Signal(32), Signal(32)
-        pe_busy, cfg_ready = Signal(), Signal()
+        cfg_error = Signal(8, name="cfg_error")
+        in_beats, out_beats = Signal(32, name="in_beats"), Signal(32, name="out_beats")
+        pe_busy, cfg_ready = Signal(name="pe_busy"), Signal(name="cfg_ready")
         m.d.comb += any_selected.eq(Cat(*selected.values()).any())
         for name, pe in pes.items():
             with m.If(selected[name]):
@@ -139,12 +140,13 @@ class Accelerator(wiring.Component):
         m.d.comb += [regs.in_beats.eq(in_beats), regs.out_beats.eq(out_beats)]
         # The op's last input / output beat index, latched at launch: the per-beat TLAST checks
         # compare the beat counters with registers, not with the PEs' beat arithmetic.
-        in_last, out_last, has_in = Signal(32), Signal(32), Signal()
+        in_last, out_last = Signal(32, name="in_last"), Signal(32, name="out_last")
+        has_in = Signal(name="has_in")
 
         # Status registers.
-        done, error = Signal(), Signal()
-        error_code, cycles = Signal(8), Signal(32)
-        beats_in, beats_out = Signal(32), Signal(32)
+        done, error = Signal(name="done"), Signal(name="error")
+        error_code, cycles = Signal(8, name="error_code"), Signal(32, name="cycles")
+        beats_in, beats_out = Signal(32, name="beats_in"), Signal(32, name="beats_out")
         m.d.comb += [
             regs.status.eq(frozen | (done << 1) | (error << 2)),
             regs.error_code.eq(error_code),
@@ -157,19 +159,22 @@ class Accelerator(wiring.Component):
         with m.If(frozen & (cycles != (1 << 32) - 1)):
             m.d.sync += cycles.eq(cycles + 1)
 
-        # Streams: only the selected PE, only while it runs.
-        running = Signal()
-        m.d.comb += running.eq(state == _State.BUSY)
+        # Streams: only the selected PE, only while it runs (BUSY). `active_*` and `start_*` are
+        # registers set with the state: a PE's stream handshakes and start come from a flip-flop
+        # through one gate, not from the state and OP decode.
+        active = {name: Signal(name=f"active_{name}") for name in pes}
+        launch = {name: Signal(name=f"start_{name}") for name in pes}
         in_fire = Signal()
         out_fire = Signal()
         for name, pe in pes.items():
-            active = running & selected[name]
+            m.d.sync += launch[name].eq(0)
             m.d.comb += [
+                pe.start.eq(launch[name]),
                 pe.s.payload.eq(self.s_axis.tdata),
-                pe.s.valid.eq(self.s_axis.tvalid & active),
-                pe.m.ready.eq(self.m_axis.tready & active),
+                pe.s.valid.eq(self.s_axis.tvalid & active[name]),
+                pe.m.ready.eq(self.m_axis.tready & active[name]),
             ]
-            with m.If(active):
+            with m.If(active[name]):
                 m.d.comb += [
                     self.s_axis.tready.eq(pe.s.ready),
                     self.m_axis.tdata.eq(pe.m.payload),
@@ -186,12 +191,13 @@ class Accelerator(wiring.Component):
         with m.If(out_fire):
             m.d.sync += beats_out.eq(beats_out + 1)
         # TLAST must come exactly on the op's last input beat (an AXI DMA transfer of IN_BEATS).
-        short, long = Signal(), Signal()
+        short, long = Signal(name="short"), Signal(name="long")
         m.d.comb += [short.eq(in_fire & self.s_axis.tlast & has_in & (beats_in < in_last)),
                      long.eq(in_fire & ~self.s_axis.tlast & (beats_in == in_last))]
 
         def fail(code):
             m.d.sync += [error.eq(1), error_code.eq(code), state.eq(_State.IDLE)]
+            m.d.sync += [active[name].eq(0) for name in pes]
 
         with m.Switch(state):
             with m.Case(_State.IDLE):
@@ -212,10 +218,11 @@ class Accelerator(wiring.Component):
                 with m.Else():
                     m.d.sync += [state.eq(_State.LAUNCH), has_in.eq(in_beats != 0),
                                  in_last.eq(in_beats - 1), out_last.eq(out_beats - 1)]
+                    m.d.sync += [launch[name].eq(selected[name]) for name in pes]
             with m.Case(_State.LAUNCH):
-                for name, pe in pes.items():
-                    m.d.comb += pe.start.eq(selected[name])
+                # (the selected PE's start is high in this cycle)
                 m.d.sync += state.eq(_State.BUSY)
+                m.d.sync += [active[name].eq(selected[name]) for name in pes]
             with m.Case(_State.BUSY):
                 with m.If(abort_cmd | short | long):
                     m.d.comb += pe_reset.eq(1)
@@ -223,6 +230,7 @@ class Accelerator(wiring.Component):
                              Mux(long, ErrorCode.STREAM_LONG, ErrorCode.ABORTED)))
                 with m.Elif(~pe_busy):
                     m.d.sync += [done.eq(1), state.eq(_State.IDLE)]
+                    m.d.sync += [active[name].eq(0) for name in pes]
         return m
 
 
