@@ -686,6 +686,15 @@ def analyze(netlist, family: str, *, budget_ns: float = CLOCK_PERIOD_NS, paths: 
 
     results.sort(key=lambda r: -r[0])
     over_budget = sum(r[0] > budget_ns for r in results)
+    # Where the endpoints over budget are: the worst path lists only the worst few groups.
+    modules = net.cell_modules()
+    by_module: dict[str, dict] = {}
+    for eq_ns, _node, ci, *_ in results:
+        entry = by_module.setdefault(modules[ci] if ci >= 0 else "top",
+                                     {"worst_ns": 0.0, "endpoints": 0, "over_budget_endpoints": 0})
+        entry["worst_ns"] = max(entry["worst_ns"], round(eq_ns, 3))
+        entry["endpoints"] += 1
+        entry["over_budget_endpoints"] += eq_ns > budget_ns
     over_clock = sum(r[0] > CLOCK_PERIOD_NS for r in results)
 
     # The N worst distinct paths by name: one per (end signal, pin kind, start signal), all bits.
@@ -712,6 +721,7 @@ def analyze(netlist, family: str, *, budget_ns: float = CLOCK_PERIOD_NS, paths: 
         "worst_ns": round(results[0][0], 3) if results else 0.0,
         "endpoints": len(results), "over_budget_endpoints": over_budget,
         "over_clock_endpoints": over_clock,
+        "by_module": dict(sorted(by_module.items())),
         "paths": list(groups.values()),
         "exceptions": [asdict(e) for e in exceptions],
         "unknown_cells": dict(unknown), "loop_nodes": loops,
@@ -781,6 +791,9 @@ def format_paths(part: str, t: dict) -> list[str]:
     lines = [f"{part}: worst {t['worst_ns']:.2f} ns (budget {t['budget_ns']:.1f} ns); "
              f"{t['over_budget_endpoints']} of {t['endpoints']} endpoints over budget, "
              f"{t['over_clock_endpoints']} over {t['clock_ns']:.0f} ns"]
+    for module, m in t.get("by_module", {}).items():
+        lines.append(f"  {module:<8} worst {m['worst_ns']:6.2f} ns, {m['over_budget_endpoints']} of "
+                     f"{m['endpoints']} endpoints over budget")
     for p in t["paths"]:
         mc = f" /{p['cycles']} cycles" if p.get("cycles", 1) > 1 else ""
         lines.append(f"  {p['ns']:6.2f} ns{mc} {p['levels']:3d} levels  {p['start']} -> {p['end']} "

@@ -170,6 +170,12 @@ def test_resources_by_submodule(netlist):
     assert by["chains"]["LUT"] >= sum(CHAINS)
     assert sum(m["FF"] for m in by.values()) == res["FF"]
     assert sum(m["LUT"] for m in by.values()) == res["LUT"]
+    # Endpoints over budget are counted per module: the 8-level chain (~5 ns) is over a 3 ns
+    # budget, every endpoint is in exactly one module.
+    r = _paths(netlist, budget_ns=3.0)
+    assert sum(m["endpoints"] for m in r["by_module"].values()) == r["endpoints"]
+    assert sum(m["over_budget_endpoints"] for m in r["by_module"].values()) == r["over_budget_endpoints"]
+    assert r["by_module"]["chains"]["over_budget_endpoints"] > 0
 
 
 def test_exception_removes_the_path_and_is_in_the_xdc(netlist):
