@@ -219,9 +219,8 @@ class PELRT(PE):
         ld_basis = Signal()
         rot_b = Signal(L)                        # ROTATE's lanes k < q
         app_en, rot_en = Signal(L), Signal(L)    # APPEND's lane r, ROTATE's lanes below r
-        out_last = Signal(signed(len(self.out_beats) + 1))
         m.d.sync += [ld_basis.eq(op == Op.LRT_LOAD_BASIS), app_en.eq(1 << r[:3]),
-                     rot_en.eq((1 << r[:4]) - 1), out_last.eq(out_beats - 1),
+                     rot_en.eq((1 << r[:4]) - 1),
                      rot_b.eq(Cat(*((op == Op.LRT_ROTATE) & (k < q) for k in range(L))))]
         q_reg = Signal.like(q)
         m.d.sync += [m_pass.eq(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT)), m_rot.eq(op == Op.LRT_ROTATE),
@@ -298,8 +297,7 @@ class PELRT(PE):
         in_left = Signal(signed(2 * SIZE_BITS + 1))
         # beat == in_beats as a flag set with the last beat (a compare off the stream handshake).
         in_done = Signal()
-        in_last = Signal(signed(len(self.in_beats) + 1))
-        m.d.sync += in_last.eq(in_beats - 1)   # with self.in_beats
+        beat1 = Signal.like(self.in_beats)       # beat + 1, kept as a register
         rd_left = Signal(signed(2 * SIZE_BITS + 1))
         rd_left1 = Signal(signed(2 * SIZE_BITS + 1))
 
@@ -371,18 +369,22 @@ class PELRT(PE):
             m.d.sync += [uvec[k].eq(prod[k]) for k in range(L)]
 
         # S3: the adder tree.
-        total = Signal(signed(sum_bits), reset_less=True)
-        m.d.sync += total.eq(sum(prod))
+        # The rounding term rides in the tree (prerounded), so that the rescale only shifts.
+        shift_src = Mux(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_ROTATE), frac, self.shift)
+        half = Signal(signed(sum_bits + 1))
+        m.d.sync += half.eq(RoundShiftSaturate.half_of(shift_src, sum_bits, P.shift_max))
+        total = Signal(signed(sum_bits + 1), reset_less=True)
+        m.d.sync += total.eq(sum(prod) + half)
 
         # S4-S5: rescale (round half up by 14 or SHIFT: S4 the rounding shift, S5 the
         # saturation into y). y keeps 18 bits: the MGS step round(c Q, 14) (|c Q| <= 2**30) must
         # not saturate before x - y is; for the others saturating to 18 and then to 16 (or W - y
         # to 8, see numerics.LRT_PE_DELTA_BITS) is saturating once.
-        m.submodules.rescale = rescale = RoundShiftSaturate(sum_bits, WB + 2, P.shift_max, P.shift_min,
-                                                            stages=1)
+        m.submodules.rescale = rescale = RoundShiftSaturate(sum_bits + 1, WB + 2, P.shift_max, P.shift_min,
+                                                            stages=1, prerounded=True)
         y = Signal(signed(WB + 2), reset_less=True)
         rshift = Signal.like(rescale.shift, reset_less=True)     # static during an op
-        m.d.sync += [rshift.eq(Mux(m_pass | m_rot, frac, self.shift)), y.eq(rescale.data_out)]
+        m.d.sync += [rshift.eq(shift_src), y.eq(rescale.data_out)]
         m.d.comb += [rescale.data_in.eq(total), rescale.shift.eq(rshift)]
 
         # S6: the differences and their saturation.
@@ -407,11 +409,13 @@ class PELRT(PE):
                      jsel.eq(1 << j_[WR - 1]), jlast.eq(j_[WR - 1] == r_m1)]
         # S7: the write back.
         x6, w6, n6, i6, j6, cell6 = x_[WR], w_[WR], n_[WR], i_[WR], j_[WR], cell_[WR]
-        x7 = Signal(word, reset_less=True)       # S8 (MGS): x'_i, and Q[i, p] or x'_i again
-        mac_b7 = Signal(word, reset_less=True)
+        # S7 (MGS) also multiplies x'_i by Q[i, p] (or by itself in the last pass); S8 adds.
+        mac7 = Signal(signed(2 * WB), reset_less=True)
+        last_pass = Signal()
+        m.d.sync += last_pass.eq(p == r)
         with m.If(v[WR] & m_pass):
             m.d.comb += res_wr.en.eq(1 << i6[:3])
-            m.d.sync += [x7.eq(new_word), mac_b7.eq(Mux(p == r, new_word, qc_[WR]))]
+            m.d.sync += mac7.eq(new_word * Mux(last_pass, new_word, qc_[WR]))
         with m.If(v[WR] & m_rot):
             for k in range(L):
                 with m.If(jsel[k]):
@@ -426,7 +430,7 @@ class PELRT(PE):
 
         # S8 (MGS passes): accumulate Q[i, p] x'_i, or x'_i^2 in the last pass.
         with m.If(v[ACC] & m_pass):
-            m.d.sync += acc.eq(acc + mac_b7 * x7)
+            m.d.sync += acc.eq(acc + mac7)
 
         m.submodules.c_round = c_round = RoundShiftSaturate(acc_bits, WB, frac)
         m.d.comb += [c_round.data_in.eq(acc), c_round.shift.eq(frac)]
@@ -476,7 +480,7 @@ class PELRT(PE):
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [beat.eq(0), i.eq(0), j.eq(0), p.eq(0), cell.eq(0), acc.eq(0),
+                    m.d.sync += [beat.eq(0), beat1.eq(1), i.eq(0), j.eq(0), p.eq(0), cell.eq(0), acc.eq(0),
                                  c_prev.eq(0), buf_full.eq(0), mk.eq(0), mj.eq(0),
                                  words_left.eq(qr3), rd_left.eq(cells_r), in_done.eq(self.in_beats == 0),
                                  in_left.eq(Mux(op == Op.LRT_LOAD_WEIGHTS, cells_r, rows))]
@@ -509,8 +513,8 @@ class PELRT(PE):
                 with m.Else():
                     m.d.comb += self.s.ready.eq(1)
                     with m.If(self.s.valid):
-                        m.d.sync += [beat.eq(beat + 1), in_left.eq(in_left - L),
-                                     in_done.eq(beat == in_last)]
+                        m.d.sync += [beat.eq(beat + 1), beat1.eq(beat1 + 1), in_left.eq(in_left - L),
+                                     in_done.eq(beat1 == self.in_beats)]
                         with m.Switch(op):
                             with m.Case(Op.LRT_LOAD_BASIS):
                                 m.d.comb += ld_accept.eq(1)
@@ -597,8 +601,8 @@ class PELRT(PE):
             # Reads towards the output stream, as the FIFO has room.
             with m.State("READ"):
                 with m.If(read_issue):
-                    m.d.sync += beat.eq(beat + 1)
-                    with m.If(beat == out_last):
+                    m.d.sync += [beat.eq(beat + 1), beat1.eq(beat1 + 1)]
+                    with m.If(beat1 == self.out_beats):
                         m.next = "FINISH"
 
             with m.State("FINISH"):
@@ -619,7 +623,7 @@ class PELRT(PE):
             qw_en.eq(Mux(ld_accept, (1 << L) - 1, 0) | Mux(v[WR] & m_app, app_en, 0)
                      | Mux(v[WR] & m_rot & jlast, rot_en, 0)),
         ]
-        m.d.comb += row_step.eq(fsm.ongoing("UROW2"))
+        m.d.sync += row_step.eq(fsm.ongoing("UROW"))          # UROW2 follows UROW
         m.d.comb += [
             q_addr.eq(Mux(rd_basis, beat, i)),
             ql_rd.addr.eq(q_addr), qr_rd.addr.eq(Mux(m_upd, j, q_addr)),
