@@ -371,8 +371,9 @@ class PELRT(PE):
         # S3: the adder tree.
         # The rounding term rides in the tree (prerounded), so that the rescale only shifts.
         shift_src = Mux(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_ROTATE), frac, self.shift)
+        rshift = Signal(range(P.shift_min, P.shift_max + 1), reset_less=True)   # static in an op
         half = Signal(signed(sum_bits + 1))
-        m.d.sync += half.eq(RoundShiftSaturate.half_of(shift_src, sum_bits, P.shift_max))
+        m.d.sync += half.eq(RoundShiftSaturate.half_of(rshift, sum_bits, P.shift_max))
         total = Signal(signed(sum_bits + 1), reset_less=True)
         m.d.sync += total.eq(sum(prod) + half)
 
@@ -383,7 +384,6 @@ class PELRT(PE):
         m.submodules.rescale = rescale = RoundShiftSaturate(sum_bits + 1, WB + 2, P.shift_max, P.shift_min,
                                                             stages=1, prerounded=True)
         y = Signal(signed(WB + 2), reset_less=True)
-        rshift = Signal.like(rescale.shift, reset_less=True)     # static during an op
         m.d.sync += [rshift.eq(shift_src), y.eq(rescale.data_out)]
         m.d.comb += [rescale.data_in.eq(total), rescale.shift.eq(rshift)]
 
@@ -516,8 +516,6 @@ class PELRT(PE):
                         m.d.sync += [beat.eq(beat + 1), beat1.eq(beat1 + 1), in_left.eq(in_left - L),
                                      in_done.eq(beat1 == self.in_beats)]
                         with m.Switch(op):
-                            with m.Case(Op.LRT_LOAD_BASIS):
-                                m.d.comb += ld_accept.eq(1)
                             with m.Case(Op.LRT_PROJECT):
                                 m.d.comb += res_wr.en.eq(in_lanes)
                             with m.Case(Op.LRT_UPDATE):
@@ -618,6 +616,7 @@ class PELRT(PE):
         # Memory addresses and write data from the op flags, outside the FSM (its priority
         # chains were the long paths); the write enables stay with the states.
         in_st = fsm.ongoing("IN")
+        m.d.comb += ld_accept.eq(in_st & ~in_done & self.s.valid & ld_basis)
         m.d.comb += [
             qw_addr.eq(Mux(ld_basis, beat, i6)),
             qw_en.eq(Mux(ld_accept, (1 << L) - 1, 0) | Mux(v[WR] & m_app, app_en, 0)
