@@ -412,18 +412,26 @@ class PE3(PE):
         # the sign beats instead of the rescaled ones.
         phase = Signal(range(PSG_ROW_BEATS))
         phase_on = Signal()
+        phase_next = Signal.like(phase)
+        m.d.comb += phase_next.eq(phase)
         with m.If(self.start):
             m.d.sync += phase_on.eq(0)
         with m.Elif(res_v):
-            m.d.sync += [phase.eq(1), phase_on.eq(1)]
+            m.d.comb += phase_next.eq(1)
+            m.d.sync += phase_on.eq(1)
         with m.Elif(phase_on):
             with m.If(phase == out_row_beats - 1):
                 m.d.sync += phase_on.eq(0)
             with m.Else():
-                m.d.sync += phase.eq(phase + 1)
+                m.d.comb += phase_next.eq(phase + 1)
+        m.d.sync += phase.eq(phase_next)
+        # The beat in hand (0 the cycle res_v is high, else phase) is a register formed from the
+        # next values: its bits select the lanes of all 16 x 2 sums (~1.3k loads), so no gate
+        # sits between the flip-flop and that fan-out.
         cur = Signal(range(PSG_ROW_BEATS))
         cur_v = Signal()
-        m.d.comb += [cur.eq(Mux(res_v, 0, phase)), cur_v.eq(res_v | phase_on)]
+        m.d.sync += cur.eq(Mux(v2 & last2 & ~self.start, 0, phase_next))
+        m.d.comb += cur_v.eq(res_v | phase_on)
         upper, sign_beat = cur[0], cur[1]
 
         # Three registered stages (each well under 8 ns at 100 MHz): the lane mux (o1), the
