@@ -340,17 +340,12 @@ class PELRT(PE):
         mul_b = [Signal(signed(LRT_RECIP_BITS + 1), name=f"mul_b{k}") for k in range(L)]
         opa = [Signal(signed(u_bits), name=f"opa{k}", reset_less=True) for k in range(L)]
         opb = [Signal(signed(LRT_RECIP_BITS + 1), name=f"opb{k}", reset_less=True) for k in range(L)]
-        # The 32 x 18 products as two registered 16 x 18 halves (one DSP each; a single 32 x 18
-        # multiply spans two DSPs and a LUT adder, too long for 5 ns), added in S3.
-        plo = [Signal(signed(16 + LRT_RECIP_BITS + 2), name=f"plo{k}", reset_less=True) for k in range(L)]
-        phi = [Signal(signed(16 + LRT_RECIP_BITS + 1), name=f"phi{k}", reset_less=True) for k in range(L)]
-        prod = [Signal(signed(u_bits + LRT_RECIP_BITS + 1), name=f"prod{k}") for k in range(L)]
-        m.d.comb += [prod[k].eq((phi[k] << 16) + plo[k]) for k in range(L)]
+        prod = [Signal(signed(u_bits + LRT_RECIP_BITS + 1), name=f"prod{k}", reset_less=True)
+                for k in range(L)]
         m.d.sync += [opa[k].eq(mul_a[k]) for k in range(L)]
         m.d.sync += [opb[k].eq(mul_b[k]) for k in range(L)]
         # S2: the multiplies.
-        m.d.sync += [plo[k].eq(opa[k][:16] * opb[k]) for k in range(L)]
-        m.d.sync += [phi[k].eq(opa[k][16:].as_signed() * opb[k]) for k in range(L)]
+        m.d.sync += [prod[k].eq(opa[k] * opb[k]) for k in range(L)]
         resword = res_rd.data[i1[:3]]
         row_step = Signal()                      # S1 of an LRT_UPDATE row step (u_k = Q_L s_k)
         # AND-OR selects (the op flags are static during an op), not an If/Elif priority chain.
