@@ -126,17 +126,26 @@ class Accelerator(wiring.Component):
             regs.psg_max.eq(pe3.psg_max),
         ]
 
-        # The selected PE's view (zeros when OP names no PE).
+        # The selected PE's view (zeros when OP names no PE), as AND-OR selects (one PE at most).
+        # CHECK's outcome is formed per PE from its own registers (settled and accepted, settled
+        # and refused); the select enters last, so OP's select fans out into one gate level.
         any_selected = Signal()
         cfg_error = Signal(8, name="cfg_error")
         in_beats, out_beats = Signal(32, name="in_beats"), Signal(32, name="out_beats")
-        pe_busy, cfg_ready = Signal(name="pe_busy"), Signal(name="cfg_ready")
+        pe_busy = Signal(name="pe_busy")
+        cfg_go, cfg_bad = Signal(name="cfg_go"), Signal(name="cfg_bad")
         m.d.comb += any_selected.eq(Cat(*selected.values()).any())
-        for name, pe in pes.items():
-            with m.If(selected[name]):
-                m.d.comb += [cfg_error.eq(pe.cfg_error), in_beats.eq(pe.in_beats),
-                             out_beats.eq(pe.out_beats), pe_busy.eq(pe.busy),
-                             cfg_ready.eq(pe.cfg_ready)]
+        m.d.comb += [
+            cfg_error.eq(_select(selected, {n: pe.cfg_error for n, pe in pes.items()})),
+            in_beats.eq(_select(selected, {n: pe.in_beats for n, pe in pes.items()})),
+            out_beats.eq(_select(selected, {n: pe.out_beats for n, pe in pes.items()})),
+            pe_busy.eq(_select(selected, {n: pe.busy for n, pe in pes.items()})),
+            cfg_go.eq(_select(selected, {n: pe.cfg_ready & (pe.cfg_error == 0)
+                                         for n, pe in pes.items()})),
+            cfg_bad.eq(_select(selected, {n: pe.cfg_ready & (pe.cfg_error != 0)
+                                          for n, pe in pes.items()})),
+        ]
+        # (Not registered: the driver reads IN_BEATS right after its configuration writes.)
         m.d.comb += [regs.in_beats.eq(in_beats), regs.out_beats.eq(out_beats)]
         # The op's last input / output beat index, latched at launch: the per-beat TLAST checks
         # compare the beat counters with registers, not with the PEs' beat arithmetic.
@@ -209,15 +218,15 @@ class Accelerator(wiring.Component):
                 # A PE that computes its checks over a few cycles holds CHECK until they have
                 # settled on the frozen configuration (at once when START follows the writes by
                 # more than that).
+                # (Latched in every CHECK cycle: the last one, the launch, keeps them.)
+                m.d.sync += [has_in.eq(in_beats != 0), in_last.eq(in_beats - 1),
+                             out_last.eq(out_beats - 1)]
                 with m.If(~any_selected):
                     fail(ErrorCode.BAD_OP)
-                with m.Elif(~cfg_ready):
-                    pass
-                with m.Elif(cfg_error != 0):
+                with m.Elif(cfg_bad):
                     fail(cfg_error)
-                with m.Else():
-                    m.d.sync += [state.eq(_State.LAUNCH), has_in.eq(in_beats != 0),
-                                 in_last.eq(in_beats - 1), out_last.eq(out_beats - 1)]
+                with m.Elif(cfg_go):
+                    m.d.sync += state.eq(_State.LAUNCH)
                     m.d.sync += [launch[name].eq(selected[name]) for name in pes]
             with m.Case(_State.LAUNCH):
                 # (the selected PE's start is high in this cycle)
@@ -232,6 +241,14 @@ class Accelerator(wiring.Component):
                     m.d.sync += [done.eq(1), state.eq(_State.IDLE)]
                     m.d.sync += [active[name].eq(0) for name in pes]
         return m
+
+
+def _select(selected: dict, values: dict):
+    """OR over the PEs of ``values[name]`` where ``selected[name]`` (at most one is high)."""
+    out = 0
+    for name, value in values.items():
+        out = out | Mux(selected[name], value, 0)
+    return out
 
 
 class AcceleratorTop(Elaboratable):
