@@ -293,8 +293,11 @@ class PE2(PE):
             ~(issue & last_b) & ~Cat(*s_last).any() & ~s5_load &
             (drain_next <= self.DRAIN_SLACK) &
             ((out.free >= drain_left) | (out.fire & (out.free + 1 == drain_left))))
-        m.d.sync += pending.eq(pending + Mux(issue & last_b, len(shadow) // STREAM_WORDS, 0)
-                               - out.fire)
+        # A group's beats count in pending a cycle after its last issue (added: the issue logic
+        # was in front of pending's adder); the end of the op waits for added too.
+        added = Signal()
+        m.d.sync += added.eq(issue & last_b)
+        m.d.sync += pending.eq(pending + Mux(added, len(shadow) // STREAM_WORDS, 0) - out.fire)
 
         # ---------------------------------------------------------------- start / busy
         with m.If(self.start):
@@ -304,6 +307,6 @@ class PE2(PE):
                 cc_b.eq(0), cc_g.eq(0), g_c.eq(0), computed.eq(0), comp_done.eq(0),
                 last_b.eq(one_b), last_g.eq(one_g), last_t.eq(one_t),
             ]
-        with m.Elif(busy & comp_done & ((pending == 0) | ((pending == 1) & out.fire))):
+        with m.Elif(busy & comp_done & ~added & ((pending == 0) | ((pending == 1) & out.fire))):
             m.d.sync += busy.eq(0)
         return m

@@ -173,12 +173,10 @@ class OutputStage:
             m.d.comb += [rss.data_in.eq(self.values[k]), rss.shift.eq(pe.shift)]
             outs.append(rss.data_out)
         w_data, w_en = Cat(*outs), self.write
-        inflight = 0
         if registered:
             # The rescalers hold the beat for a cycle; its write enable follows it.
             w_en = Signal(name=f"{prefix}_wen")
             m.d.sync += w_en.eq(self.write)
-            inflight = w_en
         m.d.comb += [
             fifo.w_data.eq(w_data),
             fifo.w_en.eq(w_en),
@@ -191,5 +189,8 @@ class OutputStage:
         m.d.comb += self.fire.eq(pe.m.valid & pe.m.ready)
         #: Entries that can still be written (a SyncFIFOBuffered of depth >= 3 accepts a write
         #: whenever its level is below its depth; a registered beat in flight counts as written).
-        self.free = Signal(range(depth + 1), name=f"{prefix}_free")
-        m.d.comb += self.free.eq(depth - fifo.level - inflight)
+        #: A register, not depth - level - inflight: the FIFO's level (its r_rdy plus the inner
+        #: level) was several LUT and carry levels in front of the PEs' credit checks. free
+        #: follows the same count: a write takes an entry, a beat sent on m gives one back.
+        self.free = Signal(range(depth + 1), name=f"{prefix}_free", init=depth)
+        m.d.sync += self.free.eq(self.free - self.write + self.fire)
