@@ -302,10 +302,12 @@ class PELRT(PE):
         rd_left1 = Signal(signed(2 * SIZE_BITS + 1))
 
         # ------------------------------------------------------------------ the pipeline
-        # Eight stages after the issue, each well under 8 ns at 100 MHz: S1 memory data and the
-        # operand muxes, S2 the multiplies (operand and product registers, DSP friendly), S3 the
-        # adder tree, S4 the rounding shift, S5 its saturation, S6 the differences and their
-        # saturation, S7 the write back (write-if-changed), S8 (MGS passes) the accumulation. Datapath registers have no reset (valid bits qualify them).
+        # Eight stages after the issue, for 100 MHz: S1 memory data and the operand muxes, S2 the
+        # multiplies (operand and product registers, DSP friendly), S3 the adder tree with the
+        # rounding term, S4 the shift, S5 its saturation, S6 the differences and their
+        # saturation, S7 the write back (write-if-changed) and the MGS product, S8 (MGS passes)
+        # the accumulation. Datapath registers have no reset (the reset valid bits qualify them);
+        # control (valid bits, flags, counters, bounds) is reset or registered from the registers.
         WR, ACC = 7, 8                            # the write-back and accumulate stages
         issue = Signal()                          # S0: an element enters this cycle
         v = [issue] + [Signal(name=f"v{k}") for k in range(1, ACC + 1)]
