@@ -43,6 +43,8 @@ PAPER_RESOURCES = {"LUT": 56131, "DSP": 278, "BRAM18": 77}
 #: The paper's FPGA time for one batch and its embedded-CPU time.
 PAPER_BATCH_SECONDS = {"fpga": 0.09, "cpu": 5.34}
 FAMILIES = {"xczu3eg": "xcup", "xc7z020": "xc7"}
+#: DSP48E1 a ZedBoard build may use (the xc7z020 has 220).
+ZEDBOARD_DSP_LIMIT = 200
 
 
 def network_ops(batch: int = 64, rank: int = 16):
@@ -251,5 +253,12 @@ def targets(rep: dict) -> dict:
     }
     if res is not None:
         t["xczu3eg_within_paper_table2"] = all(res[k] <= v for k, v in PAPER_RESOURCES.items())
+    zed = rep.get("resources", {}).get("xc7z020")
+    if zed is not None:
+        # The ZedBoard's xc7z020 has 220 DSP48E1: 200 leaves a margin for the block design.
+        t["xc7z020_dsp_le_200"] = zed["DSP"] <= ZEDBOARD_DSP_LIMIT
+    for part, est in rep.get("timing", {}).items():
+        t[f"{part}_worst_le_10ns"] = est["worst_ns"] <= 10.0
+        t[f"{part}_worst_le_{est['budget_ns']:g}ns_goal"] = est["worst_ns"] <= est["budget_ns"]
     return t
 

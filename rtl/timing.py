@@ -765,7 +765,7 @@ def part_timing(verilog: str, part: str, *, paths: int = 15, top: str = TOP_MODU
     if netlist_out:
         with open(netlist_out, "w") as f:
             json.dump(data, f)
-        with open(netlist_out.removesuffix(".json") + ".v", "w") as f:
+        with open(netlist_out.removesuffix(".json").removesuffix(".netlist") + ".v", "w") as f:
             f.write(verilog)            # the names' declarations (see Netlist)
     net = Netlist(data, top, verilog)
     res["per_module"] = resources_by_module(net)

@@ -139,7 +139,7 @@ def bench_cmd(simulators, min_seconds, as_json):
 @click.option("--paths", "n_paths", type=click.IntRange(1, 1000), default=15, show_default=True,
               help="Worst paths to list per part (one per start/end signal pair).")
 @click.option("--netlist-dir", type=click.Path(file_okay=False),
-              help="Also keep each part's Yosys JSON netlist there (<part>.json).")
+              help="Also keep each part's Yosys JSON netlist there (<part>.netlist.json, with the Verilog its names come from).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="Also write the JSON result to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def timing_cmd(part, n_paths, netlist_dir, out_path, as_json):
@@ -165,7 +165,7 @@ def timing_cmd(part, n_paths, netlist_dir, out_path, as_json):
         keep = None
         if netlist_dir:
             Path(netlist_dir).mkdir(parents=True, exist_ok=True)
-            keep = str(Path(netlist_dir) / f"{p}.json")
+            keep = str(Path(netlist_dir) / f"{p}.netlist.json")
         result[p] = part_timing(verilog, p, paths=n_paths, netlist_out=keep)
     if out_path:
         write_json(out_path, result, "timing estimate")

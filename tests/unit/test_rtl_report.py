@@ -56,6 +56,12 @@ def test_summary_and_targets():
     assert t["pe1_pe2_utilization_ge_0.90"] is False
     assert t["within_1.5x_of_mac_bound"] is True
     assert t["xczu3eg_within_paper_table2"] is False
+    t = report.targets({**s, "resources": {"xc7z020": {"LUT": 1, "DSP": 201, "BRAM18": 1}},
+                        "timing": {"xc7z020": {"worst_ns": 9.0, "budget_ns": 8.0},
+                                   "xczu3eg": {"worst_ns": 4.9, "budget_ns": 5.0}}})
+    assert t["xc7z020_dsp_le_200"] is False
+    assert t["xc7z020_worst_le_10ns"] is True and t["xc7z020_worst_le_8ns_goal"] is False
+    assert t["xczu3eg_worst_le_10ns"] is True and t["xczu3eg_worst_le_5ns_goal"] is True
 
 
 def test_resources_from_yosys_cells():
