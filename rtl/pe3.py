@@ -144,24 +144,24 @@ class PE3(PE):
         d_odd = Signal(16)
         m.d.comb += [d_odd.eq(d >> k), inv_rd.addr.eq(d_odd[1:8])]
         d1, a_odd1, x0 = Signal(16), Signal(16), Signal(8)
-        a_rows1 = Signal(32)
-        early_err = Signal(ERROR_BITS)
         block_due = Signal()                             # BLOCK decides unless an earlier check
-        with m.If((a == 0) | (b == 0) | (c == 0) | (d == 0)):
-            m.d.sync += early_err.eq(ErrorCode.ZERO_SIZE)
-        with m.Elif(c != L):
-            m.d.sync += early_err.eq(ErrorCode.C_LANES)
-        with m.Elif(b > bmax):
-            m.d.sync += early_err.eq(ErrorCode.TILE)
-        with m.Elif((self.shift < p.shift_min) | (self.shift > p.shift_max)):
-            m.d.sync += early_err.eq(ErrorCode.SHIFT)
-        with m.Elif((self.op == Op.PE3_PSG) & (self.psg_tau == 0)):
-            m.d.sync += early_err.eq(ErrorCode.PSG_TAU)
-        with m.Else():
-            m.d.sync += early_err.eq(ErrorCode.NONE)
+        # The checks registered one flag each, their priority in stage 2: the compares on the
+        # sizes feed plain D inputs, not an If chain that Yosys maps onto early_err's reset/CE.
+        zero1, clanes1, tile1, shift1, tau1 = (Signal(name=f"{n}_bad1")
+                                               for n in ("zero", "clanes", "tile", "shift", "tau"))
+        # a and row_beats registered, a * row_beats in stage 2 (the b adder not in front of it).
+        a1, row_beats1 = Signal(16), Signal(16)
+        m.d.sync += [
+            zero1.eq((a == 0) | (b == 0) | (c == 0) | (d == 0)),
+            clanes1.eq(c != L),
+            tile1.eq(b > bmax),
+            shift1.eq((self.shift < p.shift_min) | (self.shift > p.shift_max)),
+            tau1.eq((self.op == Op.PE3_PSG) & (self.psg_tau == 0)),
+            a1.eq(a), row_beats1.eq(row_beats),
+        ]
         m.d.sync += [
             block_due.eq((a != 0) & (b != 0) & (c != 0) & (d != 0) & (c == L)),
-            d1.eq(d), a_odd1.eq(a >> k), x0.eq(inv_rd.data), a_rows1.eq(a * row_beats),
+            d1.eq(d), a_odd1.eq(a >> k), x0.eq(inv_rd.data),
             self.out_beats.eq(a * Mux(self.op == Op.PE3_PSG, PSG_ROW_BEATS, ROW_BEATS)),
         ]
         # stage 2: e = 2 - d_odd x0 (the Newton step's factor), p = (a >> k) x0, mod 2**16
@@ -172,9 +172,21 @@ class PE3(PE):
         m.d.sync += d_odd1.eq(d_odd)
         m.d.sync += [
             e2.eq((2 - (d_odd1 * x0)[:16]) & M16), p2.eq((a_odd1 * x0)[:16]),
-            d2.eq(d1), a2.eq(a), b2.eq(b), a_rows2.eq(a_rows1), err2.eq(early_err),
+            d2.eq(d1), a2.eq(a), b2.eq(b), a_rows2.eq(a1 * row_beats1),
             due2.eq(block_due),
         ]
+        with m.If(zero1):
+            m.d.sync += err2.eq(ErrorCode.ZERO_SIZE)
+        with m.Elif(clanes1):
+            m.d.sync += err2.eq(ErrorCode.C_LANES)
+        with m.Elif(tile1):
+            m.d.sync += err2.eq(ErrorCode.TILE)
+        with m.Elif(shift1):
+            m.d.sync += err2.eq(ErrorCode.SHIFT)
+        with m.Elif(tau1):
+            m.d.sync += err2.eq(ErrorCode.PSG_TAU)
+        with m.Else():
+            m.d.sync += err2.eq(ErrorCode.NONE)
         # stage 3: the quotient
         q3 = Signal(16)
         d3, a3, b3 = Signal(16), Signal(16), Signal(16)

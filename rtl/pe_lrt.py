@@ -374,7 +374,9 @@ class PELRT(PE):
         # The rounding term rides in the tree (prerounded), so that the rescale only shifts.
         shift_src = Mux(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_ROTATE), frac, self.shift)
         rshift = Signal(range(P.shift_min, P.shift_max + 1), reset_less=True)   # static in an op
-        half = Signal(signed(sum_bits + 1))
+        # Written every cycle from rshift and read only by total (itself reset-less, gated by
+        # the valid bits): no reset, so aresetn does not drive its 52 resets.
+        half = Signal(signed(sum_bits + 1), reset_less=True)
         m.d.sync += half.eq(RoundShiftSaturate.half_of(rshift, sum_bits, P.shift_max))
         total = Signal(signed(sum_bits + 1), reset_less=True)
         m.d.sync += total.eq(sum(prod) + half)
@@ -479,9 +481,14 @@ class PELRT(PE):
         pipe_busy = Cat(*v[1:]).any() | inflight | (fifo.level != 0) | clr_active
 
         # ------------------------------------------------------------------ control
+        # busy as a register set and cleared with the IDLE transitions (the same cycles as
+        # ~ongoing("IDLE")): the top's done/error logic reads a flip-flop, not the state decode.
+        busy = Signal()
+        m.d.comb += self.busy.eq(busy)
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
+                    m.d.sync += busy.eq(1)
                     m.d.sync += [beat.eq(0), beat1.eq(1), i.eq(0), j.eq(0), p.eq(0), cell.eq(0), acc.eq(0),
                                  c_prev.eq(0), buf_full.eq(0), mk.eq(0), mj.eq(0),
                                  words_left.eq(qr3), rd_left.eq(cells_r), in_done.eq(self.in_beats == 0),
@@ -502,6 +509,8 @@ class PELRT(PE):
                             m.next = "PASS"
                         with m.Case(Op.LRT_APPEND):
                             m.next = "APPEND"
+                        with m.Default():
+                            m.d.sync += busy.eq(0)          # no op of this PE: stays IDLE
 
             with m.State("IN"):
                 with m.If(in_done):
@@ -607,6 +616,7 @@ class PELRT(PE):
 
             with m.State("FINISH"):
                 with m.If(~pipe_busy):
+                    m.d.sync += busy.eq(0)
                     m.next = "IDLE"
 
         # issue and read_issue decoded from the state outside the FSM's processes: assigned in them
@@ -614,7 +624,6 @@ class PELRT(PE):
         # process never wakes), and that X would run down the reset valid bits v1..v8.
         m.d.comb += issue.eq(Cat(*(fsm.ongoing(st) for st in ("PASS", "APPEND", "ROT", "UCELL"))).any())
         m.d.comb += read_issue.eq(fsm.ongoing("READ") & (fifo.level + inflight < _OUT_FIFO_DEPTH))
-        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         # Memory addresses and write data from the op flags, outside the FSM (its priority
         # chains were the long paths); the write enables stay with the states.
         in_st = fsm.ongoing("IN")
