@@ -27,6 +27,8 @@ from insitu.rtl.regmap import ErrorCode, Op
 from insitu.tt import pe_stream
 from insitu.tt.pe_stream import PEConfig
 
+from twin_ops import codes, random_tt_shapes, tt_operands  # the test folder is on sys.path
+
 pytestmark = pytest.mark.rtl
 
 BOARD = get_board("ultra96v2-sim")
@@ -42,14 +44,6 @@ def twins(tmp_path_factory):
     fast = open_board(BOARD, mode="rtl", bitstream=bit, timeout_s=120)
     print(f"\ncompiled twin opened in {time.monotonic() - t0:.1f} s")
     return fast, open_board(BOARD, mode="rtl-amaranth", bitstream=bit, timeout_s=300)
-
-
-def codes(rng, shape, bits=16):
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    x = rng.integers(lo, hi + 1, size=shape, dtype=np.int64)
-    if x.size >= 2:
-        x.reshape(-1)[:2] = [lo, hi]
-    return x
 
 
 def registers_of(acc) -> dict:
@@ -79,24 +73,12 @@ def run_both(twins, label, op, words=None, **registers):
 
 def test_random_tt_ops_agree(twins):
     rng = np.random.default_rng(5150)
-    shapes = [("PE1", 5, 3, 16, 4), ("PE2", 2, 4, 32, 5), ("PE3", 4, 3, 16, 2)]
-    while len(shapes) < 9:
-        kind = str(rng.choice(["PE1", "PE2", "PE3"]))
-        c = 16 if kind == "PE3" else 16 * int(rng.integers(1, 3))
-        d = int(rng.integers(1, 8))
-        a = d * int(rng.integers(1, 3)) if kind == "PE3" else int(rng.integers(1, 10))
-        cfg = PEConfig(kind, a, int(rng.integers(1, 6)), c, d)
-        if pe_stream.cfg_error(cfg) == ErrorCode.NONE and cfg.in_beats() + cfg.out_beats() <= 80:
-            shapes.append((kind, cfg.a, cfg.b, cfg.c, cfg.d))
+    fixed = [("PE1", 5, 3, 16, 4), ("PE2", 2, 4, 32, 5), ("PE3", 4, 3, 16, 2)]
+    shapes = random_tt_shapes(rng, fixed, 9, d_max=8, b_max=6, a_max=10, pe3_blocks_max=3, beats_max=80)
     for kind, a, b, c, d in shapes:
         shift = int(rng.choice([P.shift_min, -2, 0, 3, 12, P.shift_max]))
         cfg = PEConfig(kind, a, b, c, d, shift)
-        if kind == "PE1":
-            lhs, rhs = codes(rng, (a, b, c)), codes(rng, (b, d, c), bits=4)
-        elif kind == "PE2":
-            lhs, rhs = codes(rng, (a, b, c)), codes(rng, (b, d), bits=4)
-        else:
-            lhs, rhs = codes(rng, (a, b)), codes(rng, (a // d, b, 16))
+        lhs, rhs = tt_operands(rng, kind, a, b, c, d)
         out = run_both(twins, f"{kind} {a} {b} {c} {d} shift={shift}", Op(cfg.op),
                        pe_stream.stream_in(cfg, lhs, rhs),
                        SIZE_A=a, SIZE_B=b, SIZE_C=c, SIZE_D=d, SHIFT=shift)

@@ -21,6 +21,8 @@ from insitu.rtl.report import network_ops
 from insitu.tt import pe_stream
 from insitu.tt.pe_stream import PEConfig
 
+from twin_ops import codes, random_tt_shapes, tt_operands  # the test folder is on sys.path
+
 pytestmark = pytest.mark.rtl
 
 BOARD = get_board("ultra96v2-sim")
@@ -35,14 +37,6 @@ def twins(tmp_path_factory):
     rtl = open_board(BOARD, mode="rtl", bitstream=bit, timeout_s=120)
     print(f"\nRTL twin opened in {time.monotonic() - t0:.1f} s")
     return open_board(BOARD, mode="fast", bitstream=bit, timeout_s=5), rtl
-
-
-def codes(rng, shape, bits=16):
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    x = rng.integers(lo, hi + 1, size=shape, dtype=np.int64)
-    if x.size >= 2:
-        x.reshape(-1)[:2] = [lo, hi]
-    return x
 
 
 def pad(rng, values):
@@ -93,27 +87,15 @@ def test_random_ops_give_identical_results_on_both_twins(twins):
 
     # ---- TT ops with random shifts: a few fixed shapes (several row / d groups, c chunks),
     # then random small ones
-    shapes = [("PE1", 5, 3, 16, 4), ("PE2", 2, 4, 32, 5), ("PE3", 4, 3, 16, 2), ("PE1", 9, 2, 32, 3),
-              ("PE2", 1, 9, 16, 11), ("PE3", 3, 10, 16, 3)]
-    while len(shapes) < 14:
-        kind = str(rng.choice(["PE1", "PE2", "PE3"]))
-        c = 16 if kind == "PE3" else 16 * int(rng.integers(1, 3))
-        d = int(rng.integers(1, 10))
-        a = d * int(rng.integers(1, 4)) if kind == "PE3" else int(rng.integers(1, 12))
-        cfg = PEConfig(kind, a, int(rng.integers(1, 9)), c, d)
-        if pe_stream.cfg_error(cfg) == ErrorCode.NONE and cfg.in_beats() + cfg.out_beats() <= 120:
-            shapes.append((kind, cfg.a, cfg.b, cfg.c, cfg.d))
+    fixed = [("PE1", 5, 3, 16, 4), ("PE2", 2, 4, 32, 5), ("PE3", 4, 3, 16, 2), ("PE1", 9, 2, 32, 3),
+             ("PE2", 1, 9, 16, 11), ("PE3", 3, 10, 16, 3)]
+    shapes = random_tt_shapes(rng, fixed, 14, d_max=10, b_max=9, a_max=12, pe3_blocks_max=4, beats_max=120)
     rng.shuffle(shapes)
     for kind, a, b, c, d in shapes:
         shift = int(rng.choice([P.shift_min, -2, 0, 3, 7, 12, 20, P.shift_max]))
         cfg = PEConfig(kind, a, b, c, d, shift)
         assert pe_stream.cfg_error(cfg) == ErrorCode.NONE
-        if kind == "PE1":
-            lhs, rhs = codes(rng, (a, b, c)), codes(rng, (b, d, c), bits=4)
-        elif kind == "PE2":
-            lhs, rhs = codes(rng, (a, b, c)), codes(rng, (b, d), bits=4)
-        else:
-            lhs, rhs = codes(rng, (a, b)), codes(rng, (a // d, b, 16))
+        lhs, rhs = tt_operands(rng, kind, a, b, c, d)
         out = ls.run(f"{kind} a={a} b={b} c={c} d={d} shift={shift}", Op(cfg.op),
                      pe_stream.stream_in(cfg, lhs, rhs), pe_stream.estimated_cycles(cfg),
                      SIZE_A=a, SIZE_B=b, SIZE_C=c, SIZE_D=d, SHIFT=shift)
