@@ -160,7 +160,7 @@ _LUTRAM_WRITE_ADDR = {"RAM32M": "ADDRD", "RAM64M": "ADDRD", "RAM32M16": "ADDRH",
 _IGNORED = {"$scopeinfo", "VCC", "GND"}
 
 
-def _param(cell: dict, name: str, default=0):
+def _param(cell: dict, name: str, default: int | str = 0) -> int | str:
     value = cell.get("parameters", {}).get(name)
     if value is None:
         return default
@@ -289,7 +289,7 @@ class Netlist:
         """A readable name of a cell: its first named output, else its cleaned Yosys name."""
         c = self.cells[ci]
         if c.type.startswith("IBUF"):           # a top-level input: the port's name
-            return next((self.name(b) for bits in c.inputs.values() for b in bits if self.name(b)), c.name)
+            return next((n for bits in c.inputs.values() for b in bits if (n := self.name(b))), c.name)
         for pin in ("Q", "P", "O", *c.outputs):
             for b in c.outputs.get(pin, ()):
                 n = self.name(b)
@@ -415,7 +415,8 @@ def _lutram_timing(c: _Cell, m: DelayModel) -> _CellTiming:
     """Distributed RAM and SRLs: asynchronous reads through the LUT (plus F7/F8 muxes for the deep
     ones), synchronous writes (end points), outputs that change after a write (start points)."""
     t = _CellTiming()
-    depth = int(re.search(r"(\d+)", c.type).group(1)) if re.search(r"\d+", c.type) else 64
+    digits = re.search(r"\d+", c.type)
+    depth = int(digits.group(0)) if digits else 64
     read = m.lut + (m.muxf if depth >= 128 else 0) + (m.muxf if depth >= 256 else 0)
     write_addr = _LUTRAM_WRITE_ADDR.get(c.type)
     for pin in c.inputs:
