@@ -7,8 +7,8 @@ names Vivado's IP packager infers interfaces from (``aclk``, ``aresetn``, ``s_ax
 Control (registers of :mod:`insitu.rtl.regmap`):
 
 * while idle, the PEs see the live configuration registers (one cycle later), so IN_BEATS /
-  OUT_BEATS show what the configured op will move (PE3 settles them within 6 cycles of a
-  configuration write, the LRT PE within 2); CTRL.START freezes the configuration and checks it
+  OUT_BEATS show what the configured op will move (the PEs settle them within a few cycles of a
+  configuration write: PE1/PE2 5, PE3 6, the LRT PE 2); CTRL.START freezes the configuration and checks it
   one cycle later, or once the selected PE's ``cfg_ready`` says its checks have settled:
   an unknown OP or a PE's ``cfg_error`` ends the op at once with STATUS.ERROR and ERROR_CODE
   (nothing starts, nothing hangs); otherwise the PE starts and STATUS.BUSY is set;

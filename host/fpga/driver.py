@@ -286,7 +286,8 @@ def open_board(board, mode: str = "fast", bitstream=None, timeout_s: float | Non
 
     A real board needs ``bitstream`` (the .bit with its .hwh beside it) and a PYNQ image. A twin
     loads ``bitstream`` when given (a twin overlay), else one written for it; ``mode`` picks its
-    model of the PL (``fast``, ``rtl`` (compiled with Verilator) or ``rtl-amaranth``); ``fault`` injects a DMA fault (tests of the timeouts).
+    model of the PL (``fast``, ``rtl`` (compiled with Verilator) or ``rtl-amaranth``); ``fault``
+    injects a DMA fault (tests of the timeouts).
     """
     if board.kind != "fpga-soc":
         raise UsageError(f"{board.name} is not an FPGA board; the accelerator runs on "

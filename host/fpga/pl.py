@@ -16,8 +16,8 @@ Interchangeable models of the same hardware, behind one small interface (``axil_
 
 Both RTL models run in the driver's own process and are stepped from it (a register read
 advances the clock), so the twin needs no second process, socket or protocol between the driver
-and the simulator; cocotb + Icarus on the generated Verilog stays the RTL's own verification
-(``tests/rtl``).
+and the simulator; cocotb (on Verilator or Icarus) on the generated Verilog stays the RTL's own
+verification (``tests/rtl``).
 
 The streams meet the twin's AXI DMA model (:class:`insitu.fpga.twin.AxiDmaModel`) through
 ``dma.input_beats()`` / ``dma.pop_input(n)`` / ``dma.unpop_input(n)`` and ``dma.output_room()`` /
