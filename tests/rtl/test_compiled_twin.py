@@ -41,9 +41,9 @@ COMPARED = ("STATUS", "ERROR_CODE", "CYCLES", "BEATS_DONE_IN", "BEATS_DONE_OUT",
 def twins(tmp_path_factory):
     bit = write_twin_overlay(BOARD.twin_of, tmp_path_factory.mktemp("overlay"))
     t0 = time.monotonic()
-    fast = open_board(BOARD, mode="rtl", bitstream=bit, timeout_s=120)
+    compiled_twin = open_board(BOARD, mode="rtl", bitstream=bit, timeout_s=120)
     print(f"\ncompiled twin opened in {time.monotonic() - t0:.1f} s")
-    return fast, open_board(BOARD, mode="rtl-amaranth", bitstream=bit, timeout_s=300)
+    return compiled_twin, open_board(BOARD, mode="rtl-amaranth", bitstream=bit, timeout_s=300)
 
 
 def registers_of(acc) -> dict:
