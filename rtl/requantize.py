@@ -75,6 +75,8 @@ class RoundShiftSaturate(wiring.Component):
         right = control(Mux(self.shift > 0, self.shift, 0)[:max(1, self.max_shift.bit_length())],
                         "right")
         # Half an output LSB, 2**(shift-1), or 0 when shift <= 0; one extra bit for the carry.
+        # Staged, it is decoded from `shift` itself (not from the registered `right`), so that it
+        # is registered in the same cycle as `right`.
         half = control(Mux(self.shift > 0, (Const(1, self.max_shift + 1) << right) >> 1, 0)
                        if not self.stages else
                        Mux(self.shift > 0, (Const(1, self.max_shift + 1) << self.shift[:len(right)]) >> 1, 0),
