@@ -2,7 +2,7 @@
 
 In an installed wheel they are package data under ``insitu/boards`` and ``insitu/firmware``; in a
 source checkout (editable install, or tests) they are the top-level ``boards/`` and ``firmware/``
-folders beside ``host/``.
+folders of the checkout (``host/insitu`` is the package).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def package_dir(name: str) -> Path:
     installed = Path(str(resources.files("insitu"))) / name
     if installed.is_dir():
         return installed
-    source_tree = Path(__file__).resolve().parent.parent / name
+    source_tree = Path(__file__).resolve().parents[2] / name    # host/insitu/ -> the checkout
     if source_tree.is_dir():
         return source_tree
     raise FileNotFoundError(f"insitu's {name}/ folder is missing (looked in {installed} and "

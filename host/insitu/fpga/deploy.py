@@ -117,9 +117,9 @@ def project_root() -> Path | None:
     """The source tree insitu runs from (editable install or checkout), or None for a wheel."""
     import insitu
 
-    root = Path(insitu.__file__).resolve().parent.parent
+    root = Path(insitu.__file__).resolve().parents[2]      # host/insitu/__init__.py
     pyproject = root / "pyproject.toml"
-    if (root / "host" / "__init__.py").is_file() and pyproject.is_file() \
+    if (root / "host" / "insitu" / "__init__.py").is_file() and pyproject.is_file() \
             and re.search(r'^name\s*=\s*"insitu"', pyproject.read_text(), re.MULTILINE):
         return root
     return None
