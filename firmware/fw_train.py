@@ -16,7 +16,7 @@ from tte_abi import IO_STEP
 # import (or `mpremote run`) this module.
 M = None
 
-# Message types (host <-> device), in the link's frame type byte; host/mcu/device.py reads them
+# Message types (host <-> device), in the link's frame type byte; host/insitu/mcu/device.py reads them
 # from this file.
 MSG_HELLO = 1       # host: (empty)                  device: MSG_INFO
 MSG_INFO = 2        # device: model id, arena, samples done, checkpoint period, classes (text)

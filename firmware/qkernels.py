@@ -1,5 +1,5 @@
 # Integer kernels of the int8 real quantized graph (tiny-training eq. 1), for MicroPython.
-# Bit-exact with host/numerics.py: rounding is (v + 2**(shift-1)) >> shift (ties toward +inf),
+# Bit-exact with host/insitu/numerics.py: rounding is (v + 2**(shift-1)) >> shift (ties toward +inf),
 # results saturate, nothing wraps. Buffers are preallocated `array`s owned by the caller.
 
 

@@ -1,6 +1,6 @@
 """Benchmark (prints figures, asserts nothing timed): the heap model of `insitu train --algo sparse`
 on the 32-bit board. `predicted_heap_bytes = arena + RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL *
-calls` (host/mcu/train.py) is re-fitted on the Cortex-M7 twin (MicroPython 1.28 in QEMU, the
+calls` (host/insitu/mcu/train.py) is re-fitted on the Cortex-M7 twin (MicroPython 1.28 in QEMU, the
 firmware and the generated module flashed as armv7emsp .mpy): for each program the smallest heap
 it trains in is bisected (as `insitu mcu minheap --twin qemu`, 512 B granule), the runtime
 (measured minimum - planned arena) is fitted by least squares against the kernel calls over the

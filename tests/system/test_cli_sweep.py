@@ -41,7 +41,7 @@ scheme = ["lrt", "lrt-maxnorm"]
 
 def sweep_cli(*args, env=None, timeout=300):
     """`insitu sweep ...`; until the command is registered on the main group, the same group with
-    it added (the fallback goes once host/cli/__init__.py registers insitu.cli.sweep)."""
+    it added (the fallback goes once host/insitu/cli/__init__.py registers insitu.cli.sweep)."""
     from insitu.cli import main
 
     if "sweep" in main.commands:

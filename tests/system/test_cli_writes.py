@@ -152,7 +152,7 @@ def test_count_writes_script(runs):
     from insitu.cli import main
 
     if "writes" not in main.commands:
-        pytest.skip("`insitu writes` is not registered in host/cli/__init__.py yet")
+        pytest.skip("`insitu writes` is not registered in host/insitu/cli/__init__.py yet")
     run = subprocess.run([str(ROOT / "scripts" / "count_writes"), runs / "sgd.json", "--compare",
                           runs / "lrt.json", "--json"], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "INSITU_VENV": str(BIN.parent)})
