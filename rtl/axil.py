@@ -1,7 +1,7 @@
 """The accelerator's AXI4-Lite register file, generated from the register map (:mod:`.regmap`).
 
 :class:`AXILiteRegisters` is an AXI4-Lite slave with one port per register of
-:data:`~insitu.rtl.regmap.REGISTERS`, named after the register in lower case:
+:data:`~insitu.accel.regmap.REGISTERS`, named after the register in lower case:
 
 * ``rw``: ``Out(width)``, the stored value (signed where the map says so); byte strobes honoured;
 * ``ro``: ``In(width)``, the value the hardware drives, sampled when the read is accepted. ID,
@@ -28,8 +28,8 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .params import DEFAULT_PARAMS, AcceleratorParams
-from .regmap import ADDR_BITS, REGISTERS, Register, reset_value
+from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams
+from insitu.accel.regmap import ADDR_BITS, REGISTERS, Register, reset_value
 
 #: Width of the AXI4-Lite data bus.
 DATA_BITS = 32

@@ -2,7 +2,7 @@
 
 Runs inside the simulator (imported by cocotb test modules): an AXI-Lite master on
 ``s_axi_control`` and AXI-Stream source/sink on ``s_axis``/``m_axis`` (cocotbext-axi), register
-access by the names of :mod:`insitu.rtl.regmap`, and :meth:`AccelBench.run_op` that configures an
+access by the names of :mod:`insitu.accel.regmap`, and :meth:`AccelBench.run_op` that configures an
 op, streams its words in and collects the words out, as the PYNQ driver does with its DMA.
 """
 
@@ -18,9 +18,10 @@ from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
 from cocotbext.axi import (AxiLiteBus, AxiLiteMaster, AxiStreamBus, AxiStreamFrame, AxiStreamSink,
                            AxiStreamSource)
 
-from insitu.tt.pe_stream import STREAM_WORDS, beats, from_words, to_words
+from insitu.accel.params import STREAM_WORDS
+from insitu.accel.stream import beats, from_words, to_words
 
-from .regmap import OFFSETS, ErrorCode
+from insitu.accel.regmap import OFFSETS, ErrorCode
 
 CLOCK_NS = 10
 STATUS_BUSY, STATUS_DONE, STATUS_ERROR = 1, 2, 4

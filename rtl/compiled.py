@@ -35,7 +35,7 @@ import numpy as np
 
 from insitu.errors import InsituError
 
-from .params import DEFAULT_PARAMS, STREAM_WORDS, TOP_MODULE, AcceleratorParams
+from insitu.accel.params import DEFAULT_PARAMS, STREAM_WORDS, TOP_MODULE, AcceleratorParams
 
 HARNESS = Path(__file__).with_name("compiled_twin.cpp")
 LIBRARY_NAME = "libinsitu_twin.so"

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .params import (CLOCK_HZ, DEFAULT_PARAMS, IP_VLNV, STREAM_BITS, STREAM_WORDS, TOP_MODULE,
+from insitu.accel.params import (CLOCK_HZ, DEFAULT_PARAMS, IP_VLNV, STREAM_BITS, STREAM_WORDS, TOP_MODULE,
                      WORD_BITS, AcceleratorParams)
-from .regmap import ADDR_BITS, ID_VALUE, REGISTERS, VERSION, ErrorCode, Op, markdown, reset_value
+from insitu.accel.regmap import ADDR_BITS, ID_VALUE, REGISTERS, VERSION, ErrorCode, Op, markdown, reset_value
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,12 @@ from amaranth.lib.memory import Memory
 
 from insitu.numerics import accumulator_bits
 
-from .params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
+from insitu.accel.params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
 from .pe_common import (CODE_BITS, DATA_BITS, PACK_BIAS, PACK_BITS, PACKED_PRODUCT_BITS,
                         OutputStage, check_params, common_cfg_errors, delayed, drive_cfg_error,
                         pack_codes, payload_codes, pipelined_product, unpack_products, words)
 from .pe_interface import PE, settled
-from .regmap import ErrorCode
+from insitu.accel.regmap import ErrorCode
 
 
 class PE2(PE):

@@ -23,10 +23,10 @@ Datapath (16 multipliers along the last input mode, the paper's PE3; the X opera
   rounding term, shift, saturation) for a 100 MHz clock. A row may only start when its beats
   have room in that FIFO (a credit counter), so the pipeline after the issue stage never stalls.
 
-**PE3_PSG** (``op`` = :attr:`~insitu.rtl.regmap.Op.PE3_PSG`, E2-Train's predictive sign gradient,
+**PE3_PSG** (``op`` = :attr:`~insitu.accel.regmap.Op.PE3_PSG`, E2-Train's predictive sign gradient,
 spec :func:`insitu.numerics.psg_weight_gradient` / :func:`~insitu.numerics.psg_sign`, golden
 model :func:`insitu.tt.pe_stream.psg_run`): the same input stream, sizes and checks, plus
-``psg_tau`` >= 1 (else :attr:`~insitu.rtl.regmap.ErrorCode.PSG_TAU`, checked after SHIFT).
+``psg_tau`` >= 1 (else :attr:`~insitu.accel.regmap.ErrorCode.PSG_TAU`, checked after SHIFT).
 
 * Operands: an X word is an 8-bit activation code, taken as **its low 8 bits sign-extended** (the
   upper byte is ignored, so any 16-bit word has a defined result); dY words are 16-bit gradient
@@ -64,9 +64,9 @@ from amaranth.utils import ceil_log2
 from insitu.numerics import (PSG_ACTIVATION_BITS, PSG_ACTIVATION_MSB_BITS, PSG_GRADIENT_BITS,
                               PSG_GRADIENT_MSB_BITS, TT_PE_DATA_BITS, accumulator_bits)
 
-from .params import DEFAULT_PARAMS, STREAM_BITS, STREAM_WORDS, AcceleratorParams
+from insitu.accel.params import DEFAULT_PARAMS, STREAM_BITS, STREAM_WORDS, AcceleratorParams
 from .pe_interface import BEATS_BITS, ERROR_BITS, PE, settled
-from .regmap import ErrorCode, Op
+from insitu.accel.regmap import ErrorCode, Op
 from .requantize import RoundShiftSaturate
 
 #: Depth (beats) of the dY FIFO: how far the input may run ahead of the multipliers.

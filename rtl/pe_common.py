@@ -16,8 +16,8 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 
 from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS, product_bits
 
-from .params import STREAM_BITS, STREAM_WORDS, WORD_BITS, AcceleratorParams
-from .regmap import ErrorCode
+from insitu.accel.params import STREAM_BITS, STREAM_WORDS, WORD_BITS, AcceleratorParams
+from insitu.accel.regmap import ErrorCode
 from .requantize import RoundShiftSaturate
 
 #: Bits of one factor code inside the factor buffers (the low 4 bits of a stream word).

@@ -7,7 +7,7 @@ holds the PE in reset for a cycle. A PE therefore only does its datapath:
 
 * ``op``, ``a``, ``b``, ``c``, ``d`` (16-bit sizes), ``shift`` (signed): configuration, held
   stable by the top from ``start`` until ``busy`` falls;
-* ``cfg_error``: from the configuration, 0 or an :class:`~insitu.rtl.regmap.ErrorCode`; the top
+* ``cfg_error``: from the configuration, 0 or an :class:`~insitu.accel.regmap.ErrorCode`; the top
   never starts a PE whose ``cfg_error`` is not 0;
 * ``in_beats`` / ``out_beats``: the number of 128-bit beats the configured op consumes from ``s``
   and produces on ``m`` (the top latches them at launch for TLAST, and shows them as the DMA
@@ -30,7 +30,7 @@ from amaranth.hdl import Cat, Signal, signed
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .params import SIZE_BITS, STREAM_BITS
+from insitu.accel.params import SIZE_BITS, STREAM_BITS
 
 #: Width of the cfg_error port (ErrorCode values).
 ERROR_BITS = 8

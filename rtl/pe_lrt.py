@@ -76,9 +76,9 @@ from insitu.numerics import (
     product_bits,
 )
 
-from .params import DEFAULT_PARAMS, SIZE_BITS, STREAM_WORDS, AcceleratorParams
+from insitu.accel.params import DEFAULT_PARAMS, SIZE_BITS, STREAM_WORDS, AcceleratorParams
 from .pe_interface import PE, settled
-from .regmap import ErrorCode, Op, register
+from insitu.accel.regmap import ErrorCode, Op, register
 from .requantize import RoundShiftSaturate
 
 __all__ = ["PELRT"]

@@ -28,7 +28,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .params import DEFAULT_PARAMS, TOP_MODULE, AcceleratorParams
+from insitu.accel.params import DEFAULT_PARAMS, TOP_MODULE, AcceleratorParams
 
 #: Where builds are cached unless a directory is given.
 DEFAULT_BUILD_ROOT = Path(os.environ.get("INSITU_SIM_BUILD", Path.home() / ".cache" / "insitu" / "sim"))

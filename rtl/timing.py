@@ -28,7 +28,7 @@ import re
 from collections import Counter, defaultdict, deque
 from dataclasses import asdict, dataclass, field, replace
 
-from .params import CLOCK_HZ, DEFAULT_PARAMS, TOP_MODULE, AcceleratorParams
+from insitu.accel.params import CLOCK_HZ, DEFAULT_PARAMS, TOP_MODULE, AcceleratorParams
 
 #: Parts, their Yosys family and the clock-period goal the estimate is judged on (ns).
 PARTS = {"xc7z020": "xc7", "xczu3eg": "xcup"}
@@ -742,7 +742,7 @@ def _named(net: Netlist, nodes: list) -> list[str]:
 
 def resources_by_module(net: Netlist) -> dict[str, dict[str, int]]:
     """LUT / FF / DSP / BRAM18 per submodule of the top (`top` for the rest)."""
-    from .report import resources_from_cells
+    from .synth import resources_from_cells
 
     counts: dict[str, Counter] = defaultdict(Counter)
     for c, module in zip(net.cells, net.cell_modules()):
@@ -758,7 +758,7 @@ def part_timing(verilog: str, part: str, *, paths: int = 15, top: str = TOP_MODU
     the timing estimate."""
     import json
 
-    from .report import synthesize
+    from .synth import synthesize
 
     family = PARTS[part]
     res = synthesize(verilog, family, top, netlist=True)

@@ -4,7 +4,7 @@
 names Vivado's IP packager infers interfaces from (``aclk``, ``aresetn``, ``s_axi_control_*``,
 ``s_axis_*``, ``m_axis_*``).
 
-Control (registers of :mod:`insitu.rtl.regmap`):
+Control (registers of :mod:`insitu.accel.regmap`):
 
 * while idle, the PEs see the live configuration registers (one cycle later), so IN_BEATS /
   OUT_BEATS show what the configured op will move (the PEs settle them within a few cycles of a
@@ -29,12 +29,12 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out
 
 from .axil import AXILiteRegisters, AXILiteSignature
-from .params import DEFAULT_PARAMS, STREAM_BITS, AcceleratorParams
+from insitu.accel.params import DEFAULT_PARAMS, STREAM_BITS, AcceleratorParams
 from .pe1 import PE1
 from .pe2 import PE2
 from .pe3 import PE3
 from .pe_lrt import PELRT
-from .regmap import LRT_OPS, ErrorCode, Op
+from insitu.accel.regmap import LRT_OPS, ErrorCode, Op
 
 
 def axi_stream_signature(width: int = STREAM_BITS) -> wiring.Signature:

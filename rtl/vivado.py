@@ -5,12 +5,12 @@ them. In that folder::
 
     vivado -mode batch -source build_ultra96v2.tcl [-tclargs JOBS]
 
-packages ``insitu_accel.v`` as IP :data:`~insitu.rtl.params.IP_VLNV`, builds the board's block
+packages ``insitu_accel.v`` as IP :data:`~insitu.accel.params.IP_VLNV`, builds the board's block
 design (processing system, AXI DMA, the accelerator), runs synthesis, implementation and
 ``write_bitstream``, and leaves ``insitu_<board>.bit`` and ``insitu_<board>.hwh`` side by side:
 the pair ``pynq.Overlay`` loads. Utilization, timing and power reports land beside them.
 
-The Vivado-facing contract of the top level (:data:`~insitu.rtl.params.TOP_MODULE`) is
+The Vivado-facing contract of the top level (:data:`~insitu.accel.params.TOP_MODULE`) is
 :func:`top_ports`: ``aclk``, ``aresetn`` (active low), the AXI4-Lite slave ``s_axi_control_*``,
 the AXI4-Stream slave ``s_axis_*`` and master ``m_axis_*``. The Tcl declares exactly these
 ports as bus interfaces (nothing is left to Vivado's inference), and ``generate`` refuses a top
@@ -19,7 +19,7 @@ whose Verilog ports differ.
 Block design (both boards): PS master port -> SmartConnect -> accelerator ``s_axi_control`` and
 the DMA's ``S_AXI_LITE``; DMA ``M_AXI_MM2S``/``M_AXI_S2MM`` -> SmartConnect -> PS HP0 port; DMA
 ``M_AXIS_MM2S`` -> accelerator ``s_axis``; accelerator ``m_axis`` -> DMA ``S_AXIS_S2MM``; one
-PL clock at :data:`~insitu.rtl.params.CLOCK_HZ` and a ``proc_sys_reset``. The DMA runs in simple
+PL clock at :data:`~insitu.accel.params.CLOCK_HZ` and a ``proc_sys_reset``. The DMA runs in simple
 (register) mode with 128-bit streams. When the top level has an ``interrupt`` output, it and the
 DMA's two interrupts reach the PS through an AXI interrupt controller (``pynq.Interrupt``);
 otherwise nothing is wired and the driver polls STATUS.
@@ -29,31 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .params import (CLOCK_HZ, IP_LIBRARY, IP_VENDOR, IP_VERSION, IP_VLNV, STREAM_BITS,
+from insitu.accel.params import (CLOCK_HZ, IP_LIBRARY, IP_VENDOR, IP_VERSION, IP_VLNV, STREAM_BITS,
                      TOP_MODULE)
-from .regmap import ADDR_BITS, REGISTERS, VERSION, Field
-
-#: Bus interface names of the IP, which are also the prefixes of the top level's ports.
-AXIL_BUSIF = "s_axi_control"
-AXIS_SLAVE_BUSIF = "s_axis"
-AXIS_MASTER_BUSIF = "m_axis"
-CLOCK_PORT = "aclk"
-RESET_PORT = "aresetn"
-#: Optional level-high interrupt output of the top level ("op finished"). When the top has it,
-#: the IP declares an interrupt interface and the block design routes it, with the DMA's two
-#: interrupts, through an AXI interrupt controller to the PS (what pynq.Interrupt needs).
-INTERRUPT_PORT = "interrupt"
-#: Address block of ``s_axi_control`` (the BD segment is ``<cell>/s_axi_control/reg0``).
-ADDRESS_BLOCK = "reg0"
-ADDRESS_SPAN = 1 << ADDR_BITS
-#: Block design and cell names (a PYNQ overlay exposes the cells under these names).
-BD_NAME = "insitu"
-ACCEL_CELL = "insitu_accel_0"
-DMA_CELL = "axi_dma_0"
-INTC_CELL = "axi_intc_0"
-INTC_RANGE = 0x1_0000
-#: Largest DMA transfer: 2**26 - 1 bytes per simple-mode transfer.
-DMA_LENGTH_BITS = 26
+from insitu.accel.regmap import ADDR_BITS, REGISTERS, VERSION, Field
+from insitu.accel.ip import (ACCEL_CELL, ADDRESS_BLOCK, ADDRESS_SPAN, AXIL_BUSIF, AXIS_MASTER_BUSIF,
+                             AXIS_SLAVE_BUSIF, BD_NAME, CLOCK_PORT, DMA_CELL, DMA_LENGTH_BITS,
+                             INTC_CELL, INTC_RANGE, INTERRUPT_PORT, PS_PINS, RESET_PORT,
+                             bitstream_name)
 
 # AXI4-Lite channels seen from the slave: (logical name, direction, width).
 _AXIL = (
@@ -169,10 +151,6 @@ def address_map(key: str, interrupt: bool = False) -> dict:
     if interrupt:
         out.update({"intc_cell": INTC_CELL, "intc_base": b.intc_base, "intc_range": INTC_RANGE})
     return out
-
-
-def bitstream_name(key: str) -> str:
-    return f"insitu_{key}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,15 +361,6 @@ _PS_IRQ_CONFIG = {
                            "        CONFIG.PCW_IRQ_F2P_INTR {1} \\\n"),
 }
 
-_PS_PINS = {
-    # master port, HP slave port, PL clock, PL reset (active low), clock pins of the two ports
-    # and the PL-to-PS interrupt input.
-    "zynq_ultra_ps_e": ("M_AXI_HPM0_FPD", "S_AXI_HP0_FPD", "pl_clk0", "pl_resetn0",
-                        ("maxihpm0_fpd_aclk", "saxihp0_fpd_aclk"), "pl_ps_irq0"),
-    "processing_system7": ("M_AXI_GP0", "S_AXI_HP0", "FCLK_CLK0", "FCLK_RESET0_N",
-                           ("M_AXI_GP0_ACLK", "S_AXI_HP0_ACLK"), "IRQ_F2P"),
-}
-
 _BD_TEMPLATE = r"""#   source bd_@BOARD@.tcl
 #   insitu_build_@BOARD@ IP_REPO_DIR BUILD_DIR OUT_DIR JOBS
 #
@@ -574,7 +543,7 @@ _IRQ_ADDRESS = r"""    assign_bd_address -offset @INTC_BASE@ -range @INTC_RANGE@
 def block_design_tcl(key: str, interrupt: bool = False) -> str:
     """Tcl that builds one board's block design and bitstream (``bd_<board>.tcl``)."""
     b = board_design(key)
-    master, slave, clock, reset, port_clocks, ps_irq = _PS_PINS[b.ps]
+    master, slave, clock, reset, port_clocks, ps_irq = PS_PINS[b.ps]
     if CLOCK_HZ % 1_000_000:
         raise ValueError(f"CLOCK_HZ {CLOCK_HZ} is not a whole number of MHz")
     values = dict(

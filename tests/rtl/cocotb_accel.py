@@ -19,8 +19,9 @@ from cocotbext.axi import AxiStreamFrame
 from insitu.lrt.pe_ops import LRTPEModel, append_reciprocal
 from insitu.rtl.cocotb_bench import (STATUS_BUSY, STATUS_DONE, STATUS_ERROR, AccelBench,
                                      words_to_bytes)
-from insitu.rtl.params import DEFAULT_PARAMS as P
-from insitu.rtl.regmap import ID_VALUE, OFFSETS, REGISTERS, VERSION, ErrorCode, Op, reset_value
+from insitu.accel.params import DEFAULT_PARAMS as P
+from insitu.accel.stream import from_words
+from insitu.accel.regmap import ID_VALUE, OFFSETS, REGISTERS, VERSION, ErrorCode, Op, reset_value
 from insitu.tt import pe_stream as ps
 
 SEED = int(os.environ.get("INSITU_SEED", "1"))
@@ -199,7 +200,7 @@ async def start_while_busy_is_ignored(dut):
     await send
     out = await receive
     assert await tb.wait_idle() == STATUS_DONE
-    got = ps.from_words(np.frombuffer(bytes(out.tdata), dtype="<u2").astype(np.int64))
+    got = from_words(np.frombuffer(bytes(out.tdata), dtype="<u2").astype(np.int64))
     assert np.array_equal(got, ps.reference_stream_out(cfg, lhs, rhs))
 
 

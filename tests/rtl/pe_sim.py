@@ -4,7 +4,8 @@ input gaps and output stalls, checked against the golden stream model."""
 import numpy as np
 from amaranth.sim import Simulator
 
-from insitu.tt.pe_stream import beats, reference_stream_out, stream_in, words_of
+from insitu.accel.stream import beats, words_of
+from insitu.tt.pe_stream import reference_stream_out, stream_in
 
 
 def z_operand(cfg, rng, extremes=0.1):

@@ -14,11 +14,11 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from insitu.rtl import regmap
+from insitu.accel import regmap
 from insitu.rtl.axil import (AXILiteBusSignature, AXILiteRegisters, AXILiteSignature, is_constant,
                              port_name)
-from insitu.rtl.params import DEFAULT_PARAMS, AcceleratorParams
-from insitu.rtl.regmap import ADDR_BITS, REGISTERS
+from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams
+from insitu.accel.regmap import ADDR_BITS, REGISTERS
 
 pytestmark = pytest.mark.rtl
 

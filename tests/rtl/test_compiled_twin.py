@@ -21,9 +21,9 @@ from insitu.fpga.driver import AcceleratorError, open_board
 from insitu.fpga.twin import BEAT_BYTES, write_twin_overlay
 from insitu.lrt.pe_ops import LRTPEModel, append_reciprocal
 from insitu.rtl import compiled
-from insitu.rtl.params import DEFAULT_PARAMS as P
-from insitu.rtl.params import STREAM_WORDS
-from insitu.rtl.regmap import ErrorCode, Op
+from insitu.accel.params import DEFAULT_PARAMS as P
+from insitu.accel.params import STREAM_WORDS
+from insitu.accel.regmap import ErrorCode, Op
 from insitu.tt import pe_stream
 from insitu.tt.pe_stream import PEConfig
 

@@ -15,9 +15,9 @@ from insitu.boards import get_board
 from insitu.fpga.driver import AcceleratorError, open_board
 from insitu.fpga.twin import write_twin_overlay
 from insitu.lrt.pe_ops import LRTPEModel, append_reciprocal
-from insitu.rtl.params import DEFAULT_PARAMS as P
-from insitu.rtl.regmap import ErrorCode, Op
-from insitu.rtl.report import network_ops
+from insitu.accel.params import DEFAULT_PARAMS as P
+from insitu.accel.regmap import ErrorCode, Op
+from insitu.tt.hardware_report import network_ops
 from insitu.tt import pe_stream
 from insitu.tt.pe_stream import PEConfig
 

@@ -10,9 +10,9 @@ import pytest
 from amaranth.back import verilog
 from amaranth.sim import Simulator
 
-from insitu.rtl.params import DEFAULT_PARAMS, AcceleratorParams
+from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams
 from insitu.rtl.pe1 import PE1
-from insitu.rtl.regmap import ErrorCode
+from insitu.accel.regmap import ErrorCode
 from insitu.tt.pe_stream import PEConfig
 
 from pe_sim import check, check_configurations, z_operand  # the test folder is on sys.path (no __init__.py)

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from insitu.rtl.params import DEFAULT_PARAMS, AcceleratorParams
+from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams
 from insitu.rtl.pe3 import CFG_STAGES, PE3
-from insitu.rtl.regmap import ErrorCode
-from insitu.tt.pe_stream import PEConfig, beats, reference_stream_out, stream_in, words_of
+from insitu.accel.regmap import ErrorCode
+from insitu.accel.stream import beats, words_of
+from insitu.tt.pe_stream import PEConfig, reference_stream_out, stream_in
 
 pytestmark = pytest.mark.rtl
 

@@ -6,9 +6,9 @@ byte), random thresholds (1, tiny, around beta * max, exactly max, huge), gaps a
 import numpy as np
 import pytest
 
-from insitu.rtl.params import AcceleratorParams
+from insitu.accel.params import AcceleratorParams
 from insitu.rtl.pe3 import PE3
-from insitu.rtl.regmap import ErrorCode, Op
+from insitu.accel.regmap import ErrorCode, Op
 from insitu.tt import pe_stream as ps
 from insitu.tt.pe_stream import PEConfig, psg_config
 

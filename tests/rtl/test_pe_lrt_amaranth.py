@@ -9,10 +9,11 @@ import pytest
 from amaranth.back import verilog
 from amaranth.sim import Simulator
 
-from insitu.lrt.pe_ops import LRTPEModel, beats, pad_words, words_of
-from insitu.rtl.params import DEFAULT_PARAMS, AcceleratorParams
+from insitu.accel.stream import beats, pad_words, words_of
+from insitu.lrt.pe_ops import LRTPEModel
+from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams
 from insitu.rtl.pe_lrt import PELRT
-from insitu.rtl.regmap import ErrorCode, Op
+from insitu.accel.regmap import ErrorCode, Op
 
 pytestmark = pytest.mark.rtl
 

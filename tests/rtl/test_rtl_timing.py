@@ -5,7 +5,7 @@ from amaranth.hdl import Cat, Elaboratable, Instance, Module, ResetInserter, Sig
 from amaranth.back import verilog
 
 from insitu.rtl import timing
-from insitu.rtl.report import synthesize
+from insitu.rtl.synth import synthesize
 
 pytestmark = pytest.mark.rtl
 
@@ -197,7 +197,7 @@ def test_exception_removes_the_path_and_is_in_the_xdc(netlist):
 
 
 def test_default_xdc_has_the_clock_of_the_top():
-    from insitu.rtl.vivado import CLOCK_PORT
+    from insitu.accel.ip import CLOCK_PORT
 
     assert f"[get_ports {CLOCK_PORT}]" in timing.xdc_text()
 

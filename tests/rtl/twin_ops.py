@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from insitu.rtl.regmap import ErrorCode
+from insitu.accel.regmap import ErrorCode
 from insitu.tt import pe_stream
 from insitu.tt.pe_stream import PEConfig
 

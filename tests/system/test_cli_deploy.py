@@ -17,7 +17,7 @@ import pytest
 
 from insitu.errors import UsageError
 from insitu.fpga import deploy
-from insitu.rtl import regmap
+from insitu.accel import regmap
 
 pytestmark = pytest.mark.system
 
@@ -75,7 +75,7 @@ def test_bundle_holds_overlay_wheel_script_and_manifest(bundle):
     assert (out / "insitu_ultra96v2.hwh").read_text() == "<MODULES/>\n"
     with zipfile.ZipFile(out / manifest["wheel"]) as whl:
         names = set(whl.namelist())
-    assert {"insitu/fpga/deploy.py", "insitu/boards/ultra96v2.toml", "insitu/rtl/regmap.py"} <= names
+    assert {"insitu/fpga/deploy.py", "insitu/boards/ultra96v2.toml", "insitu/host/insitu/accel/regmap.py"} <= names
     script = (out / "run.sh").read_text()
     assert "source /etc/profile.d/pynq_venv.sh" in script and "if [ -f /etc/profile.d/pynq_venv.sh ]" in script
     assert "pip install --no-deps" in script

@@ -5,9 +5,10 @@ import re
 
 import pytest
 
-from insitu.rtl import regmap, vivado
+from insitu.accel import regmap
+from insitu.rtl import vivado
 from insitu.rtl.generate import RTL_SOURCES
-from insitu.rtl.params import STREAM_BITS, TOP_MODULE
+from insitu.accel.params import STREAM_BITS, TOP_MODULE
 
 pytestmark = pytest.mark.system
 

@@ -18,8 +18,8 @@ from insitu.errors import UsageError
 from insitu.fpga.driver import (AcceleratorError, AcceleratorTimeout, InsituAcceleratorIP,
                                 InsituOverlay, open_board, twin_overlay_dir)
 from insitu.fpga.twin import BitstreamError, TwinDevice, write_twin_overlay
-from insitu.rtl.params import IP_VLNV
-from insitu.rtl.regmap import ID_VALUE, VERSION, ErrorCode, Op
+from insitu.accel.params import IP_VLNV
+from insitu.accel.regmap import ID_VALUE, VERSION, ErrorCode, Op
 from insitu.tt import pe_stream
 from insitu.tt.pe_stream import PEConfig
 

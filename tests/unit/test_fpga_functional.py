@@ -27,9 +27,11 @@ from insitu.fpga import regs as regs_mod
 from insitu.fpga.driver import AcceleratorError, AcceleratorTimeout, open_board
 from insitu.fpga.twin import BEAT_BYTES, AxiDmaModel, DeviceMemory, write_twin_overlay
 from insitu.lrt.pe_ops import LRTPEModel, append_reciprocal
-from insitu.rtl.params import DEFAULT_PARAMS as P
-from insitu.rtl.regmap import ID_VALUE, VERSION, ErrorCode, Op, register
-from insitu.rtl.report import network_ops
+from insitu.accel import stream
+from insitu.accel.params import DEFAULT_PARAMS as P
+from insitu.accel.params import MAC_UNITS
+from insitu.accel.regmap import ID_VALUE, VERSION, ErrorCode, Op, register
+from insitu.tt.hardware_report import network_ops
 from insitu.tt import pe_stream
 from insitu.tt.pe_stream import PEConfig
 
@@ -132,7 +134,7 @@ def test_operands_from_stream_inverts_stream_in(kind):
         lhs, rhs = random_operands(rng, cfg)
         words = pe_stream.stream_in(cfg, lhs, rhs)
         assert words.size == cfg.in_words() and words.size % 8 == 0
-        for view in (words, pe_stream.to_words(words)):      # signed codes or the bus's u16 view
+        for view in (words, stream.to_words(words)):      # signed codes or the bus's u16 view
             got_lhs, got_rhs = pe_stream.operands_from_stream(cfg, view)
             np.testing.assert_array_equal(got_lhs, lhs, err_msg=str(cfg))
             np.testing.assert_array_equal(got_rhs, rhs, err_msg=str(cfg))
@@ -365,7 +367,7 @@ def test_estimated_cycles_is_at_least_the_stream_and_mac_bounds():
         for _ in range(30):
             cfg = random_config(rng, kind)
             est = pe_stream.estimated_cycles(cfg)
-            assert est >= max(cfg.in_beats(), cfg.out_beats(), cfg.macs() / pe_stream.MAC_UNITS[kind])
+            assert est >= max(cfg.in_beats(), cfg.out_beats(), cfg.macs() / MAC_UNITS[kind])
 
 
 # ------------------------------------------------------------------------------------ fast twin: TT ops

@@ -10,11 +10,13 @@ import re
 import pytest
 
 from insitu.fpga import hwh
+from insitu.accel import ip
 from insitu.rtl import vivado
-from insitu.rtl.params import CLOCK_HZ, IP_VLNV
-from insitu.rtl.regmap import ID_VALUE, REGISTERS
-from insitu.rtl.vivado import (ACCEL_CELL, ADDRESS_SPAN, DMA_CELL, DMA_LENGTH_BITS, INTC_CELL,
-                               address_map, bitstream_name, board_design)
+from insitu.accel.params import CLOCK_HZ, IP_VLNV
+from insitu.accel.regmap import ID_VALUE, REGISTERS
+from insitu.accel.ip import (ACCEL_CELL, ADDRESS_SPAN, DMA_CELL, DMA_LENGTH_BITS, INTC_CELL,
+                             bitstream_name)
+from insitu.rtl.vivado import address_map, board_design
 
 pytestmark = pytest.mark.unit
 
@@ -78,7 +80,7 @@ def test_ip_dict_has_the_accelerator_and_the_dma_at_the_tcl_addresses(board, par
     accel = parsed.ip_dict[ACCEL_CELL]
     assert accel["type"] == IP_VLNV
     assert (accel["phys_addr"], accel["addr_range"]) == (amap["accel_base"], ADDRESS_SPAN)
-    assert accel["interrupts"] == {} and accel["mem_id"] == vivado.AXIL_BUSIF
+    assert accel["interrupts"] == {} and accel["mem_id"] == ip.AXIL_BUSIF
     dma = parsed.ip_dict[DMA_CELL]
     assert dma["type"].startswith("xilinx.com:ip:axi_dma:")
     assert (dma["phys_addr"], dma["addr_range"]) == (amap["dma_base"], amap["dma_range"])

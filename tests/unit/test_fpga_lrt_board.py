@@ -9,12 +9,13 @@ from insitu.checkpoint import load_checkpoint, save_checkpoint
 from insitu.fpga.lrt_board import LRTBoardTrainer, PEKroneckerSum, run_board_adapt
 from insitu.lrt.adapt import pretrained_model
 from insitu.lrt.online import OnlineData
-from insitu.lrt.pe_ops import REGISTER_NAMES, LRTPEModel, pad_words
+from insitu.accel.stream import pad_words
+from insitu.lrt.pe_ops import REGISTER_NAMES, LRTPEModel
 from insitu.lrt.qnet import dense_net
 from insitu.lrt.sks import KroneckerSum
 from insitu.numerics import LRT_BASIS, LRT_WEIGHT, round_half_up
-from insitu.rtl.params import AcceleratorParams
-from insitu.rtl.regmap import Op
+from insitu.accel.params import AcceleratorParams
+from insitu.accel.regmap import Op
 
 pytestmark = pytest.mark.unit
 

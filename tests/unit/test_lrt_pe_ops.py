@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from insitu import numerics as nx
-from insitu.lrt.pe_ops import LRTConfigError, LRTPEModel, append_reciprocal, pad_words
+from insitu.accel.stream import pad_words
+from insitu.lrt.pe_ops import LRTConfigError, LRTPEModel, append_reciprocal
 from insitu.lrt.sks import mgs_project, rotate
-from insitu.rtl.params import AcceleratorParams
-from insitu.rtl.regmap import ErrorCode, Op
+from insitu.accel.params import AcceleratorParams
+from insitu.accel.regmap import ErrorCode, Op
 
 SMALL = AcceleratorParams(lrt_rows_max=64, lrt_cols_max=8, lrt_cells_max=1024)
 

@@ -19,11 +19,13 @@ from amaranth.lib.wiring import In, Out
 
 from insitu.boards import load_boards
 from insitu.errors import InsituError, UsageError
+from insitu.accel import ip
 from insitu.rtl import generate as gen
-from insitu.rtl import regmap, vivado
+from insitu.accel import regmap
+from insitu.rtl import vivado
 from insitu.rtl.axil import AXILiteRegisters, AXILiteSignature
-from insitu.rtl.params import CLOCK_HZ, DEFAULT_PARAMS, IP_VLNV, STREAM_BITS, TOP_MODULE
-from insitu.rtl.regmap import ADDR_BITS, REGISTERS, VERSION
+from insitu.accel.params import CLOCK_HZ, DEFAULT_PARAMS, IP_VLNV, STREAM_BITS, TOP_MODULE
+from insitu.accel.regmap import ADDR_BITS, REGISTERS, VERSION
 
 pytestmark = pytest.mark.unit
 
@@ -62,7 +64,7 @@ class StubTop(wiring.Component):
         m.submodules.regs = regs = AXILiteRegisters(params=self.params)
         members = self.signature.members
         for name, member in AXILiteSignature.members.items():
-            port = f"{vivado.AXIL_BUSIF}_{name}"
+            port = f"{ip.AXIL_BUSIF}_{name}"
             if port not in members:
                 continue
             outer, inner = getattr(self, port), getattr(regs.bus, name)
@@ -195,7 +197,7 @@ def test_tcl_maps_exactly_the_ports_of_the_top_verilog(generated, interrupt):
     # The block design uses the accelerator's interfaces by these names.
     for board in vivado.BOARD_DESIGNS:
         bd = (tmp_path / f"bd_{board}.tcl").read_text()
-        pins = set(re.findall(rf"{vivado.ACCEL_CELL}/(\w+)", bd))
+        pins = set(re.findall(rf"{ip.ACCEL_CELL}/(\w+)", bd))
         busifs = {"s_axi_control", "s_axis", "m_axis"}
         assert pins <= busifs | set(ports)
         assert ("interrupt" in pins) == interrupt

@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from insitu.rtl import report
+from insitu.rtl import synth
+from insitu.tt import hardware_report as report
 from insitu.tt.pe_stream import PEConfig
 
 pytestmark = pytest.mark.unit
@@ -67,7 +68,7 @@ def test_summary_and_targets():
 def test_resources_from_yosys_cells():
     cells = {"LUT3": 10, "LUT6": 5, "RAM32M16": 2, "FDRE": 7, "FDSE": 1, "DSP48E2": 3,
              "RAMB18E2": 2, "RAMB36E2": 4, "CARRY8": 9, "BUFG": 1}
-    assert report.resources_from_cells(cells) == {"LUT": 31, "FF": 8, "DSP": 3, "BRAM18": 10}
+    assert synth.resources_from_cells(cells) == {"LUT": 31, "FF": 8, "DSP": 3, "BRAM18": 10}
 
 
 def test_config_dataclass_replace_is_hashable():

@@ -65,7 +65,7 @@ def report_cmd(batch, no_synth, out_path, as_json):
     Takes a few minutes: the ops are simulated on the top level (large ops at reduced tile
     counts, extended affinely) and the design is synthesized for xczu3eg and xc7z020.
     """
-    from insitu.rtl.report import report
+    from insitu.tt.hardware_report import report
 
     def progress(msg):
         console.print(msg)
@@ -118,7 +118,7 @@ def bench_cmd(simulators, min_seconds, as_json):
       insitu rtl bench --json
       insitu rtl bench --simulators verilator
     """
-    from insitu.rtl.bench import bench
+    from insitu.fpga.twin_bench import bench
 
     names = tuple(s.strip() for s in simulators.split(",") if s.strip())
     result = bench(names, min_seconds, log=console.print)

@@ -80,7 +80,7 @@ def check_train_args(args) -> list[str]:
 
 
 def overlay_hint(board: str, search_dir: Path = OVERLAY_SEARCH_DIR) -> str:
-    from insitu.rtl.vivado import bitstream_name
+    from insitu.accel.ip import bitstream_name
 
     name = bitstream_name(board)
     return (f"no overlay for {board}: {search_dir / name}.bit/.hwh not found and no --bit/--hwh "
@@ -93,7 +93,7 @@ def find_overlay(board: str, bit=None, hwh=None,
     """The (.bit, .hwh) pair to ship: the given files, the partner beside a given one, or the
     pair in ``search_dir``; ``None`` when there is none at all. Half a pair is a usage error:
     ``pynq.Overlay`` loads the .hwh that sits beside the .bit."""
-    from insitu.rtl.vivado import bitstream_name
+    from insitu.accel.ip import bitstream_name
 
     if bit is None and hwh is None:
         bit = search_dir / f"{bitstream_name(board)}.bit"
@@ -205,7 +205,7 @@ echo "insitu: result in $here/result.json" >&2
 
 
 def run_script(board: str, wheel: str, overlay: bool, train_args, created: str, hint: str) -> str:
-    from insitu.rtl.vivado import bitstream_name
+    from insitu.accel.ip import bitstream_name
 
     values = {"BOARD": board, "CREATED": created, "HAVE_OVERLAY": "yes" if overlay else "no",
               "HINT": shlex.quote(hint), "WHEEL": wheel, "BIT": f"{bitstream_name(board)}.bit",
@@ -255,8 +255,8 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
     end, so a failure leaves the earlier bundle, or nothing, never half a bundle.
     """
     from insitu import __version__
-    from insitu.rtl import regmap
-    from insitu.rtl.vivado import bitstream_name
+    from insitu.accel import regmap
+    from insitu.accel.ip import bitstream_name
 
     check_board(board)
     train_args = check_train_args(train_args)

@@ -25,9 +25,9 @@ from pynq import DefaultIP, Overlay
 from pynq.bitstream import Bitstream
 
 from insitu.errors import InsituError, UsageError
-from insitu.rtl import vivado
-from insitu.rtl.params import CLOCK_HZ, IP_VLNV, STREAM_WORDS
-from insitu.rtl.regmap import ID_VALUE, VERSION, ErrorCode, Op
+from insitu.accel import ip
+from insitu.accel.params import CLOCK_HZ, IP_VLNV, STREAM_WORDS
+from insitu.accel.regmap import ID_VALUE, VERSION, ErrorCode, Op
 from insitu.tt import pe_stream
 
 from .regs import DONE, ERROR, Registers, format_dump
@@ -50,7 +50,7 @@ class AcceleratorTimeout(AcceleratorError):
 
 
 class InsituAcceleratorIP(DefaultIP):
-    """pynq's driver of the accelerator IP (bound to :data:`insitu.rtl.params.IP_VLNV`)."""
+    """pynq's driver of the accelerator IP (bound to :data:`insitu.accel.params.IP_VLNV`)."""
 
     bindto = [IP_VLNV]
 
@@ -86,10 +86,10 @@ class InsituOverlay(Overlay):
             Bitstream.download(self, self.parser)
         elif download:
             self.download()
-        self.accel = getattr(self, vivado.ACCEL_CELL)
-        self.dma = getattr(self, vivado.DMA_CELL)
+        self.accel = getattr(self, ip.ACCEL_CELL)
+        self.dma = getattr(self, ip.DMA_CELL)
         if not isinstance(self.accel, InsituAcceleratorIP):
-            raise BitstreamError(f"{bitfile}: {vivado.ACCEL_CELL} is not {IP_VLNV}")
+            raise BitstreamError(f"{bitfile}: {ip.ACCEL_CELL} is not {IP_VLNV}")
         self.accel.check_design(str(bitfile))
 
 

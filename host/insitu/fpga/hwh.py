@@ -27,12 +27,12 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from insitu.io import atomic_write
-from insitu.rtl.params import CLOCK_HZ, IP_VLNV, STREAM_BITS
-from insitu.rtl.regmap import REGISTERS, VERSION, Field
-from insitu.rtl.vivado import (_PS_PINS, ACCEL_CELL, ADDRESS_BLOCK, ADDRESS_SPAN, AXIL_BUSIF,
-                               AXIS_MASTER_BUSIF, AXIS_SLAVE_BUSIF, BD_NAME, CLOCK_PORT, DMA_CELL,
-                               DMA_LENGTH_BITS, INTC_CELL, INTERRUPT_PORT, RESET_PORT,
-                               address_map, board_design)
+from insitu.accel.params import CLOCK_HZ, IP_VLNV, STREAM_BITS
+from insitu.accel.regmap import REGISTERS, VERSION, Field
+from insitu.accel.ip import (ACCEL_CELL, ADDRESS_BLOCK, ADDRESS_SPAN, AXIL_BUSIF, AXIS_MASTER_BUSIF,
+                             AXIS_SLAVE_BUSIF, BD_NAME, CLOCK_PORT, DMA_CELL, DMA_LENGTH_BITS,
+                             INTC_CELL, INTERRUPT_PORT, PS_PINS, RESET_PORT)
+from insitu.rtl.vivado import address_map, board_design
 
 #: pynq.lib.dma.DMA binds to exactly this VLNV.
 DMA_VLNV = "xilinx.com:ip:axi_dma:7.1"
@@ -194,7 +194,7 @@ def hwh_xml(board: str, interrupt: bool = False) -> str:
     b = board_design(board)
     amap = address_map(board, interrupt)
     ps = b.ps_cell
-    master, hp_slave, pl_clk, pl_rst, ps_clock_pins, ps_irq = _PS_PINS[b.ps]
+    master, hp_slave, pl_clk, pl_rst, ps_clock_pins, ps_irq = PS_PINS[b.ps]
     d = _Design(BD_NAME, _PS_ARCH[b.ps], b.part,
                 f"block design {BD_NAME!r} of the insitu accelerator on {b.description}")
 

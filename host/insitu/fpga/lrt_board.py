@@ -63,13 +63,14 @@ import numpy as np
 from insitu import nn
 from insitu.lrt.adapt import EMA_DECAY, build_network, pretrained_model
 from insitu.lrt.online import OnlineData
-from insitu.lrt.pe_ops import append_reciprocal, pad_words
+from insitu.accel.stream import pad_words
+from insitu.lrt.pe_ops import append_reciprocal
 from insitu.lrt.qnet import QNet
 from insitu.lrt.sks import _random_orthonormal, core_rotation
 from insitu.lrt.trainer import LRTConfig, _loss_gradient, evaluate
 from insitu.numerics import LRT_BASIS, LRT_BIAS, LRT_PE_WORD_BITS, LRT_WEIGHT, max_abs_format
-from insitu.rtl.params import DEFAULT_PARAMS, AcceleratorParams
-from insitu.rtl.regmap import Op
+from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams
+from insitu.accel.regmap import Op
 
 from .regs import bitstream_params
 

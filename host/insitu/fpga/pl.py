@@ -32,14 +32,15 @@ import numpy as np
 
 from insitu.lrt.pe_ops import REGISTER_NAMES as LRT_ATTRS
 from insitu.lrt.pe_ops import LRTPEModel
-from insitu.rtl.params import CLOCK_HZ, DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
-from insitu.rtl.regmap import LRT_OPS, REGISTERS, ErrorCode, Op, reset_value
+from insitu.accel.params import CLOCK_HZ, DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
+from insitu.accel.regmap import LRT_OPS, PE_OPS, REGISTERS, ErrorCode, Op, reset_value
+from insitu.accel import stream
 from insitu.tt import pe_stream
 
 from .regs import ABORT, BUSY, DONE, ERROR, START, decode
 
 _BY_OFFSET = {r.offset: r for r in REGISTERS}
-_TT_KINDS = {Op.PE1: "PE1", Op.PE2: "PE2", Op.PE3: "PE3", Op.PE3_PSG: "PE3_PSG"}
+_TT_KINDS = {op: kind for kind, op in PE_OPS.items()}
 #: The ops of PE3: an op of these that ends in ERROR resets PE3, and with it the PSG registers.
 _PE3_OPS = (Op.PE3, Op.PE3_PSG)
 _U32 = (1 << 32) - 1
@@ -157,7 +158,7 @@ class FunctionalModel:
         else:
             self._configure_lrt(cfg)
             cycles = self.lrt.cycles(cfg["OP"])
-            self.outputs = self.lrt.execute(cfg["OP"], pe_stream.from_words(words))
+            self.outputs = self.lrt.execute(cfg["OP"], stream.from_words(words))
             self.regs.update(LRT_NORM2_LO=self.lrt.norm2 & _U32, LRT_NORM2_HI=self.lrt.norm2 >> 32,
                              LRT_WRITES_MAX=self.lrt.writes_max, LRT_WRITES_TOTAL=self.lrt.writes_total)
         self.regs["CYCLES"] = min(cycles, _U32)
@@ -307,7 +308,7 @@ class RTLModel:
                 break
             if not pending_in and dma.input_beats():
                 words, last = dma.pop_input(1)
-                pending_in.append((pe_stream.beats(words)[0], last))
+                pending_in.append((stream.beats(words)[0], last))
             if pending_in:
                 beat, last = pending_in[0]
                 ctx.set(s.tdata, beat)
@@ -318,7 +319,7 @@ class RTLModel:
             took = bool(pending_in) and ctx.get(s.tready)
             gave = room and ctx.get(m.tvalid)
             if gave:
-                dma.push_output(pe_stream.words_of([ctx.get(m.tdata)]), last=bool(ctx.get(m.tlast)))
+                dma.push_output(stream.words_of([ctx.get(m.tdata)]), last=bool(ctx.get(m.tlast)))
             starved = not pending_in and ctx.get(s.tready)
             blocked = not room and ctx.get(m.tvalid)
             await self._tick(ctx)

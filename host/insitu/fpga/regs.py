@@ -1,13 +1,16 @@
 """Named access to the accelerator's registers, generated from the register-map spec.
 
-Every name, offset, width and signedness comes from :data:`insitu.rtl.regmap.REGISTERS`; nothing
+Every name, offset, width and signedness comes from :data:`insitu.accel.regmap.REGISTERS`; nothing
 here restates an address. ``mmio`` is anything with ``read(offset) -> int`` and
 ``write(offset, value)``: a ``pynq.MMIO`` on a board or a twin, a ``DefaultIP`` too.
 """
 
 from __future__ import annotations
 
-from insitu.rtl.regmap import REGISTERS, ErrorCode, Register, register
+from dataclasses import replace
+
+from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams
+from insitu.accel.regmap import REGISTERS, ErrorCode, Register, register
 
 _BY_NAME = {r.name: r for r in REGISTERS}
 
@@ -80,14 +83,10 @@ class Registers:
         return {r.name: self.read(r.name) for r in REGISTERS if r.access != "wo"}
 
 
-def bitstream_params(read, prefix: str = "CAP_") -> "AcceleratorParams":
+def bitstream_params(read, prefix: str = "CAP_") -> AcceleratorParams:
     """The generate-time bounds of the bitstream behind ``read(name)``: its registers named
     ``prefix``... (all CAP_* registers, or e.g. only the LRT PE's ``CAP_LRT_``); the rest (and
     what no register reports: the shift range, PE rows and lanes) is the design's default."""
-    from dataclasses import replace
-
-    from insitu.rtl.params import DEFAULT_PARAMS
-
     return replace(DEFAULT_PARAMS, **{r.param: int(read(r.name)) for r in REGISTERS
                                       if r.param and r.name.startswith(prefix)})
 

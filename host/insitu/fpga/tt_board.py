@@ -25,7 +25,8 @@ import numpy as np
 
 from insitu.tt.execute import FixedExecutor, factor_operand
 from insitu.tt.model import PAPER_LAYERS, pad_images
-from insitu.tt.pe_stream import (PE_OPS, config_for, cfg_error, pe3_operands, stream_in,
+from insitu.accel.regmap import PE_OPS
+from insitu.tt.pe_stream import (config_for, cfg_error, pe3_operands, stream_in,
                                  unpack_out)
 from insitu.tt.schedule import layer_schedule
 

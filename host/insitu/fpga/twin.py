@@ -32,9 +32,9 @@ from pynq.buffer import PynqBuffer
 
 from insitu.errors import UsageError
 from insitu.io import atomic_write
-from insitu.rtl import vivado
-from insitu.rtl.params import DEFAULT_PARAMS, IP_VLNV, STREAM_WORDS, AcceleratorParams
-from insitu.rtl.regmap import VERSION
+from insitu.accel import ip
+from insitu.accel.params import DEFAULT_PARAMS, IP_VLNV, STREAM_WORDS, AcceleratorParams
+from insitu.accel.regmap import VERSION
 
 from .pl import CompiledRTLModel, FunctionalModel, RTLModel
 
@@ -61,7 +61,7 @@ def write_twin_overlay(board: str, folder, params: AcceleratorParams = DEFAULT_P
     from .hwh import write_hwh
 
     folder = Path(folder)
-    bit = folder / f"{vivado.bitstream_name(board)}.bit"
+    bit = folder / f"{ip.bitstream_name(board)}.bit"
     write_hwh(board, bit.with_suffix(".hwh"))
     atomic_write(bit, json.dumps({"format": TWIN_FORMAT, "board": board, "ip": IP_VLNV,
                                   "register_map_version": version, "params": asdict(params)}, indent=1))

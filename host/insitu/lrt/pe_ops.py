@@ -43,7 +43,7 @@ incremented (saturating at 2**16 − 1), WRITES_TOTAL += 1 (saturating 32-bit), 
 Cells whose code does not change are not written.
 
 A configuration the hardware refuses (:meth:`LRTPEModel.cfg_error`) raises :class:`LRTConfigError`
-with its :class:`~insitu.rtl.regmap.ErrorCode`; the state is then unchanged.
+with its :class:`~insitu.accel.regmap.ErrorCode`; the state is then unchanged.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ from insitu.numerics import (
     saturate,
     shift_round,
 )
-from insitu.rtl.params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
-from insitu.rtl.regmap import LRT_OPS, ErrorCode, Op, register
-from insitu.tt.pe_stream import beats, words_of
+from insitu.accel.params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
+from insitu.accel.regmap import LRT_OPS, ErrorCode, Op, register
+from insitu.accel.stream import beats, pad_words, words_of
 
 __all__ = [
     "LRT_OPS",
@@ -106,12 +106,6 @@ class LRTConfigError(ValueError):
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def pad_words(values) -> np.ndarray:
-    """A flat stream of int64 words padded with zeros to a multiple of 8 (one beat)."""
-    v = np.asarray(values, dtype=np.int64).ravel()
-    return np.concatenate([v, np.zeros(-v.size % STREAM_WORDS, np.int64)])
 
 
 def _sat16(v) -> np.ndarray:
@@ -276,7 +270,7 @@ class LRTPEModel:
         }[Op(op)]
 
     def execute(self, op: int, words=None) -> np.ndarray:
-        """Run ``op`` (an :class:`~insitu.rtl.regmap.Op` code) on its input stream; returns the
+        """Run ``op`` (an :class:`~insitu.accel.regmap.Op` code) on its input stream; returns the
         output stream (an empty array for ops without one)."""
         code = self.cfg_error(op)
         if code:

@@ -32,13 +32,14 @@ import numpy as np
 
 from insitu.numerics import (PSG_ACTIVATION_BITS, TT_FACTOR_BITS, TT_PE_DATA_BITS, code_range,
                               psg_sign, psg_weight_gradient, tt_pe_format)
-from insitu.rtl.params import DEFAULT_PARAMS, STREAM_WORDS
+from insitu.accel.params import DEFAULT_PARAMS, MAC_UNITS, STREAM_WORDS
+from insitu.accel.regmap import PE_OPS, ErrorCode
+from insitu.accel.stream import from_words, to_words
 
 from .schedule import C_LANES, Op
 
 #: Rows (PE1) and d outputs (PE2) computed at once (the generated design's).
 PE_ROWS = DEFAULT_PARAMS.pe_rows
-PE_OPS = {"PE1": 1, "PE2": 2, "PE3": 3, "PE3_PSG": 4}
 #: The kinds PE3 serves (one input layout).
 PE3_KINDS = ("PE3", "PE3_PSG")
 
@@ -311,29 +312,6 @@ def reference_stream_out(cfg: PEConfig, lhs, rhs) -> np.ndarray:
     return pack_out(cfg, result(cfg, lhs, rhs))
 
 
-def to_words(values) -> np.ndarray:
-    """Signed codes -> unsigned 16-bit words (the bus view)."""
-    return np.asarray(values, dtype=np.int64) & 0xFFFF
-
-
-def from_words(words) -> np.ndarray:
-    """Unsigned 16-bit words -> signed codes."""
-    w = np.asarray(words, dtype=np.int64) & 0xFFFF
-    return np.where(w >= 1 << 15, w - (1 << 16), w)
-
-
-def beats(words) -> list[int]:
-    """Words -> 128-bit beat integers (word 0 in the low bits)."""
-    w = to_words(words).reshape(-1, STREAM_WORDS)
-    return [sum(int(v) << (16 * k) for k, v in enumerate(row)) for row in w]
-
-
-def words_of(beat_values) -> np.ndarray:
-    """128-bit beat integers -> signed words."""
-    out = [(int(b) >> (16 * k)) & 0xFFFF for b in beat_values for k in range(STREAM_WORDS)]
-    return from_words(np.array(out, dtype=np.int64))
-
-
 # ------------------------------------------------------------------- PE3 from layer tensors
 
 def pe3_operands(dy, x, in_modes, out_modes) -> tuple[np.ndarray, np.ndarray]:
@@ -358,9 +336,8 @@ def pe3_operands(dy, x, in_modes, out_modes) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------- what the board's functional model needs
 
 def cfg_error(cfg: PEConfig, params=DEFAULT_PARAMS):
-    """The :class:`~insitu.rtl.regmap.ErrorCode` the PE reports at START for ``cfg`` (``NONE``: it
+    """The :class:`~insitu.accel.regmap.ErrorCode` the PE reports at START for ``cfg`` (``NONE``: it
     runs), checked in the RTL's order (``rtl/pe1.py``, ``pe2.py``, ``pe3.py``)."""
-    from insitu.rtl.regmap import ErrorCode
 
     a, b, c, d = cfg.a, cfg.b, cfg.c, cfg.d
     bad_shift = not params.shift_min <= cfg.shift <= params.shift_max
@@ -413,7 +390,6 @@ def operands_from_stream(cfg: PEConfig, words) -> tuple[np.ndarray, np.ndarray]:
 
 #: MAC units of each PE (PE1/PE2: 8 rows x 16 lanes; PE3: 16 lanes, PE3_PSG: the same 16 beside
 #: 16 narrow predictor MACs).
-MAC_UNITS = {"PE1": PE_ROWS * C_LANES, "PE2": PE_ROWS * C_LANES, "PE3": C_LANES, "PE3_PSG": C_LANES}
 
 
 def estimated_cycles(cfg: PEConfig) -> int:

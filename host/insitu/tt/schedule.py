@@ -33,25 +33,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from insitu.accel.params import C_LANES, PELimits
+
 PE_KINDS = ("PE1", "PE2", "PE3")
-PHASES = ("forward", "input-grad", "weight-grad", "factor-grad")
-#: Lanes along ``c`` of PE1/PE2 (and along ``i_d`` of PE3): the paper's 16-way parallelism.
-C_LANES = 16
-
-
-@dataclass(frozen=True)
-class PELimits:
-    """What the PEs accept: generate-time bounds of the RTL (run-time sizes live in registers).
-
-    ``size_max`` bounds each of a, b, c, d (16-bit size registers); ``factor_words`` is the depth of
-    the on-chip factor buffer that holds G (b*d*c words for PE1, b*d for PE2, the cached X row
-    block for PE3). The lane count along ``c`` is fixed by the design (:data:`C_LANES`).
-    """
-
-    size_max: int = (1 << 16) - 1
-    factor_words: int = 4096
-
-
 DEFAULT_LIMITS = PELimits()
 
 

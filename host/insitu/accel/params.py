@@ -1,7 +1,7 @@
-"""Generate-time parameters of the accelerator, and the stream word format.
+"""Generate-time parameters of the accelerator, its limits, the stream word format, its MAC units.
 
-Pure Python (no Amaranth): the golden stream layouts (:mod:`insitu.tt.pe_stream`), the register map
-and the board driver import it without elaborating hardware.
+Part of the accelerator contract (:mod:`insitu.accel`): the RTL, the golden models, the driver and
+the twins import it; it imports none of them.
 
 Run-time sizes live in registers; these bounds fix memory depths and accumulator widths at
 generate time. A configuration beyond them is refused by the hardware with an error code.
@@ -12,7 +12,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from insitu.numerics import TT_PE_DATA_BITS
-from insitu.tt.schedule import C_LANES, PELimits
+
+#: Lanes along ``c`` of PE1/PE2 (and along ``i_d`` of PE3): the TT paper's 16-way parallelism.
+C_LANES = 16
+
+
+@dataclass(frozen=True)
+class PELimits:
+    """What the TT PEs accept: generate-time bounds of the RTL (run-time sizes live in registers).
+
+    ``size_max`` bounds each of a, b, c, d (16-bit size registers); ``factor_words`` is the depth of
+    the on-chip factor buffer that holds G (b*d*c words for PE1, b*d for PE2, the cached X row
+    block for PE3). The lane count along ``c`` is fixed by the design (:data:`C_LANES`).
+    """
+
+    size_max: int = (1 << 16) - 1
+    factor_words: int = 4096
 
 #: Bits of one word on the AXI streams: a 16-bit PE operand (activation or gradient), a 4-bit TT
 #: factor code sign-extended, or an LRT code.
@@ -82,3 +97,7 @@ IP_VENDOR, IP_LIBRARY, IP_VERSION = "insitu.dev", "insitu", "1.0"
 IP_VLNV = f"{IP_VENDOR}:{IP_LIBRARY}:{TOP_MODULE}:{IP_VERSION}"
 #: Clock the figures and the block designs assume.
 CLOCK_HZ = 100_000_000
+
+#: Multipliers of each TT PE kind: 8 rows x 16 lanes (PE1, PE2), 16 lanes (PE3 and its PSG mode).
+MAC_UNITS = {"PE1": DEFAULT_PARAMS.pe_rows * C_LANES, "PE2": DEFAULT_PARAMS.pe_rows * C_LANES,
+             "PE3": C_LANES, "PE3_PSG": C_LANES}

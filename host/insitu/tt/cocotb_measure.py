@@ -15,9 +15,9 @@ import numpy as np
 
 import cocotb
 
-from insitu.tt import pe_stream as ps
+from insitu.rtl.cocotb_bench import AccelBench
 
-from .cocotb_bench import AccelBench
+from . import pe_stream as ps
 
 
 def _operands(rng, cfg: ps.PEConfig):

@@ -26,7 +26,7 @@ def bench_ops(seed: int = 2024):
     """``(label, op, words, registers)`` of the benchmark, in order (the LRT ops build on each
     other). Small: the Amaranth simulator runs them in seconds."""
     from insitu.lrt.pe_ops import LRTPEModel
-    from insitu.rtl.regmap import Op
+    from insitu.accel.regmap import Op
     from insitu.tt import pe_stream
     from insitu.tt.pe_stream import PEConfig
 

@@ -65,6 +65,8 @@ class ErrorCode(enum.IntEnum):
     PSG_TAU = 12             # PE3_PSG: PSG_TAU is 0 (the threshold must be >= 1)
 
 
+#: The TT schedule's PE kinds (:mod:`insitu.tt.schedule`) and the ops that run them.
+PE_OPS = {kind: Op[kind] for kind in ("PE1", "PE2", "PE3", "PE3_PSG")}
 #: The ops of the LRT PE.
 LRT_OPS = frozenset(op for op in Op if op.name.startswith("LRT_"))
 
