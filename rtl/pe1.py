@@ -38,7 +38,7 @@ from insitu.numerics import accumulator_bits
 
 from insitu.accel.params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
 from .pe_common import (CODE_BITS, DATA_BITS, PACK_BIAS, PACK_BITS, PACKED_PRODUCT_BITS,
-                        OutputStage, adder_tree, check_params, common_cfg_errors, delayed,
+                        OutputStage, TileSequencer, adder_tree, check_params, common_cfg_errors, delayed,
                         drive_cfg_error, lut_product, pack_codes, payload_codes,
                         pipelined_product, unpack_products, words)
 from .pe_interface import PE, settled
@@ -139,18 +139,15 @@ class PE1(PE):
             row_r.append(mem.read_port())
 
         busy = self.busy
-        full = Signal(2)                        # tile bank holds a complete group
 
         # ---------------------------------------------------------------- input: G then Z
-        g_phase, z_phase = Signal(), Signal()
-        lbank = Signal()
-        z_ready = Signal()
-        m.d.comb += [
-            z_ready.eq(z_phase & ~Mux(lbank, full[1], full[0])),
-            self.s.ready.eq(g_phase | z_ready),
-        ]
-        g_fire, z_fire = Signal(), Signal()
-        m.d.comb += [g_fire.eq(self.s.valid & g_phase), z_fire.eq(self.s.valid & z_ready)]
+        # A tile is a group of 8 rows.
+        m.submodules.tiles = tiles = TileSequencer(tile_count_bits=14)
+        lbank, cbank = tiles.load_bank, tiles.compute_bank
+        g_fire, z_fire = tiles.g_fire, tiles.z_fire
+        m.d.comb += [tiles.start.eq(self.start), tiles.s_valid.eq(self.s.valid),
+                     self.s.ready.eq(tiles.s_ready),
+                     tiles.tiles_m1.eq(gm1), tiles.tiles_m2.eq(gm2), tiles.one_tile.eq(one_group)]
 
         # G beats arrive in (b, d, chunk, half) order: half-entry e = 2*(b*C + chunk) + half of
         # pair d//2, slot d%2.
@@ -171,8 +168,7 @@ class PE1(PE):
                 with m.If(gw_d == dm1):
                     m.d.sync += [gw_d.eq(0), gw_b.eq(gw_b + 1), gw_pbase.eq(0),
                                  gw_ebase.eq(gw_ebase + (C << 1)), gw_e.eq(gw_ebase + (C << 1))]
-                    with m.If(gw_b == bm1):
-                        m.d.sync += [g_phase.eq(0), z_phase.eq(1)]
+                    m.d.comb += tiles.g_done.eq(gw_b == bm1)
                 with m.Else():
                     m.d.sync += [gw_d.eq(gw_d + 1), gw_e.eq(gw_ebase)]
                     with m.If(gw_d[0]):
@@ -185,7 +181,6 @@ class PE1(PE):
         # Z beats arrive per group in (row, k, half) order; row r goes to its own memory.
         tw_e = Signal(range(2 * R))
         tw_row = Signal(range(ROWS))
-        loaded = Signal(14)
         for r in range(ROWS):
             m.d.comb += [
                 row_w[r].addr.eq(Cat(tw_e, lbank) if (2 * R) & (2 * R - 1) == 0
@@ -197,13 +192,8 @@ class PE1(PE):
             with m.If(tw_e == Em1):
                 m.d.sync += tw_e.eq(0)
                 with m.If(tw_row == ROWS - 1):
-                    m.d.sync += [tw_row.eq(0), lbank.eq(~lbank), loaded.eq(loaded + 1)]
-                    with m.If(lbank):
-                        m.d.sync += full[1].eq(1)
-                    with m.Else():
-                        m.d.sync += full[0].eq(1)
-                    with m.If(loaded == gm1):
-                        m.d.sync += z_phase.eq(0)
+                    m.d.sync += tw_row.eq(0)
+                    m.d.comb += tiles.tile_loaded.eq(1)
                 with m.Else():
                     m.d.sync += tw_row.eq(tw_row + 1)
             with m.Else():
@@ -213,21 +203,18 @@ class PE1(PE):
         # Per group, per pair of d's, per half-entry e < 2K: 8 rows x 8 lanes x 2 d's.
         out = OutputStage(m, self, self.acc_bits, p, self.OUT_DEPTH, "out", registered=True)
         pending = Signal(range(self.OUT_DEPTH + 1))     # results issued, not yet sent on m
-        cbank = Signal()
         e_c = Signal(range(2 * R))
         p_c = Signal(16)
         g_c = Signal(range(FE + R))
-        computed = Signal(14)
-        comp_done = Signal()
         # Registered one cycle ahead (the issue logic was 9-10 LUT levels into pending and
-        # comp_done): last_e = (e_c == E-1), last_p = (p_c == P-1), last_g = (computed ==
-        # groups-1), and room = (pending <= OUT_DEPTH-2), the credit for a pair's two results.
-        last_e, last_p, last_g = Signal(), Signal(), Signal()
+        # comp_done): last_e = (e_c == E-1), last_p = (p_c == P-1), the sequencer's last_tile,
+        # and room = (pending <= OUT_DEPTH-2), the credit for a pair's two results.
+        last_e, last_p = Signal(), Signal()
         room = Signal(init=1)
         issue = Signal()
         m.d.comb += [
             # A pair's last cycle issues only if the output has room for both its results.
-            issue.eq(busy & ~comp_done & Mux(cbank, full[1], full[0]) & (~last_e | room)),
+            issue.eq(busy & ~tiles.done & tiles.compute_full & (~last_e | room)),
             g_r.addr.eq(g_c),
         ]
         for r in range(ROWS):
@@ -238,14 +225,8 @@ class PE1(PE):
             with m.If(last_e):
                 m.d.sync += [e_c.eq(0), last_e.eq(0)]          # E >= 2
                 with m.If(last_p):
-                    m.d.sync += [p_c.eq(0), g_c.eq(0), cbank.eq(~cbank), computed.eq(computed + 1),
-                                 last_p.eq(one_pair), last_g.eq(computed == gm2)]
-                    with m.If(cbank):
-                        m.d.sync += full[1].eq(0)
-                    with m.Else():
-                        m.d.sync += full[0].eq(0)
-                    with m.If(last_g):
-                        m.d.sync += comp_done.eq(1)
+                    m.d.sync += [p_c.eq(0), g_c.eq(0), last_p.eq(one_pair)]
+                    m.d.comb += tiles.tile_consumed.eq(1)
                 with m.Else():
                     m.d.sync += [p_c.eq(p_c + 1), last_p.eq(p_c == Pm2)]
             with m.Else():
@@ -331,14 +312,14 @@ class PE1(PE):
         # ---------------------------------------------------------------- start / busy
         with m.If(self.start):
             m.d.sync += [
-                busy.eq(1), g_phase.eq(1), z_phase.eq(0), full.eq(0), lbank.eq(0), cbank.eq(0),
+                busy.eq(1),
                 gw_half.eq(0), gw_chunk.eq(0), gw_d.eq(0), gw_b.eq(0), gw_e.eq(0),
                 gw_ebase.eq(0), gw_pbase.eq(0),
-                tw_e.eq(0), tw_row.eq(0), loaded.eq(0),
-                e_c.eq(0), p_c.eq(0), g_c.eq(0), computed.eq(0), comp_done.eq(0), added.eq(0),
-                last_e.eq(0), last_p.eq(one_pair), last_g.eq(one_group),
+                tw_e.eq(0), tw_row.eq(0),
+                e_c.eq(0), p_c.eq(0), g_c.eq(0), added.eq(0),
+                last_e.eq(0), last_p.eq(one_pair),
             ]
-        with m.Elif(busy & comp_done & (added == 0) &
+        with m.Elif(busy & tiles.done & (added == 0) &
                     ((pending == 0) | ((pending == 1) & out.fire))):
             m.d.sync += busy.eq(0)
         return m

@@ -36,7 +36,7 @@ from insitu.numerics import accumulator_bits
 
 from insitu.accel.params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
 from .pe_common import (CODE_BITS, DATA_BITS, PACK_BIAS, PACK_BITS, PACKED_PRODUCT_BITS,
-                        OutputStage, check_params, common_cfg_errors, delayed, drive_cfg_error,
+                        OutputStage, TileSequencer, check_params, common_cfg_errors, delayed, drive_cfg_error,
                         pack_codes, payload_codes, pipelined_product, unpack_products, words)
 from .pe_interface import PE, settled
 from insitu.accel.regmap import ErrorCode
@@ -130,18 +130,14 @@ class PE2(PE):
         t_r = tmem.read_port()
 
         busy = self.busy
-        full = Signal(2)                        # tile bank holds a complete tile
 
         # ---------------------------------------------------------------- input: G then Z
-        g_phase, z_phase = Signal(), Signal()
-        lbank = Signal()
-        z_ready = Signal()
-        m.d.comb += [
-            z_ready.eq(z_phase & ~Mux(lbank, full[1], full[0])),
-            self.s.ready.eq(g_phase | z_ready),
-        ]
-        g_fire, z_fire = Signal(), Signal()
-        m.d.comb += [g_fire.eq(self.s.valid & g_phase), z_fire.eq(self.s.valid & z_ready)]
+        m.submodules.tiles = tiles = TileSequencer(tile_count_bits=28)
+        lbank, cbank = tiles.load_bank, tiles.compute_bank
+        g_fire, z_fire = tiles.g_fire, tiles.z_fire
+        m.d.comb += [tiles.start.eq(self.start), tiles.s_valid.eq(self.s.valid),
+                     self.s.ready.eq(tiles.s_ready),
+                     tiles.tiles_m1.eq(tm1), tiles.tiles_m2.eq(tm2), tiles.one_tile.eq(one_t)]
 
         # G beats arrive in (b, group) order; entry address group*b + b.
         gw_g = Signal(13)
@@ -155,15 +151,13 @@ class PE2(PE):
         with m.If(g_fire):
             with m.If(gw_g == gm1):
                 m.d.sync += [gw_g.eq(0), gw_b.eq(gw_b + 1), gw_addr.eq(gw_b + 1)]
-                with m.If(gw_b == bm1):
-                    m.d.sync += [g_phase.eq(0), z_phase.eq(1)]
+                m.d.comb += tiles.g_done.eq(gw_b == bm1)
             with m.Else():
                 m.d.sync += [gw_g.eq(gw_g + 1), gw_addr.eq(gw_addr + b)]
 
         # Z beats arrive per tile in (b, half) order.
         tw_half = Signal()
         tw_k = Signal(range(B))
-        loaded = Signal(28)
         m.d.comb += [
             t_w.addr.eq(Mux(lbank, tw_k + B, tw_k)),
             t_w.data.eq(Cat(self.s.payload, self.s.payload)),
@@ -173,13 +167,8 @@ class PE2(PE):
             m.d.sync += tw_half.eq(~tw_half)
             with m.If(tw_half):
                 with m.If(tw_k == bm1):
-                    m.d.sync += [tw_k.eq(0), lbank.eq(~lbank), loaded.eq(loaded + 1)]
-                    with m.If(lbank):
-                        m.d.sync += full[1].eq(1)
-                    with m.Else():
-                        m.d.sync += full[0].eq(1)
-                    with m.If(loaded == tm1):
-                        m.d.sync += z_phase.eq(0)
+                    m.d.sync += tw_k.eq(0)
+                    m.d.comb += tiles.tile_loaded.eq(1)
                 with m.Else():
                     m.d.sync += tw_k.eq(tw_k + 1)
 
@@ -190,24 +179,21 @@ class PE2(PE):
         # Flags of the MAC pipeline (below): stage k holds a group's last b while sk_last.
         s_last = [Signal(name=f"s{k}_holds_last") for k in range(1, 5)]
         s5_load = Signal()
-        cbank = Signal()
         cc_b = Signal(range(B))
         cc_g = Signal(13)
         g_c = Signal(range(FE))
-        computed = Signal(28)
-        comp_done = Signal()
         # Registered one cycle ahead (the issue logic was 9-10 LUT levels into pending and
-        # comp_done): last_b = (cc_b == b-1), last_g = (cc_g == G8-1), last_t = (computed ==
-        # tiles-1), and shadow_ok, the shadow bank's check for a group's last cycle (below).
-        last_b, last_g, last_t = Signal(), Signal(), Signal()
+        # comp_done): last_b = (cc_b == b-1), last_g = (cc_g == G8-1), the sequencer's
+        # last_tile, and shadow_ok, the shadow bank's check for a group's last cycle (below).
+        last_b, last_g = Signal(), Signal()
         avail = Signal()
         shadow_ok = Signal()
         issue = Signal()
         m.d.comb += [
             # Entry cc_b is in the bank: the bank is full, or it is the one loading and the entry
             # is complete (the MAC loop chases the loader through a tile it is waiting for).
-            avail.eq(Mux(cbank, full[1], full[0]) | ((lbank == cbank) & (cc_b < tw_k))),
-            issue.eq(busy & ~comp_done & avail & (~last_b | shadow_ok)),
+            avail.eq(tiles.compute_full | ((lbank == cbank) & (cc_b < tw_k))),
+            issue.eq(busy & ~tiles.done & avail & (~last_b | shadow_ok)),
             t_r.addr.eq(Mux(cbank, cc_b + B, cc_b)),
             g_r.addr.eq(g_c),
         ]
@@ -215,14 +201,8 @@ class PE2(PE):
             with m.If(last_b):
                 m.d.sync += [cc_b.eq(0), last_b.eq(one_b)]
                 with m.If(last_g):
-                    m.d.sync += [cc_g.eq(0), g_c.eq(0), cbank.eq(~cbank), computed.eq(computed + 1),
-                                 last_g.eq(one_g), last_t.eq(computed == tm2)]
-                    with m.If(cbank):
-                        m.d.sync += full[1].eq(0)
-                    with m.Else():
-                        m.d.sync += full[0].eq(0)
-                    with m.If(last_t):
-                        m.d.sync += comp_done.eq(1)
+                    m.d.sync += [cc_g.eq(0), g_c.eq(0), last_g.eq(one_g)]
+                    m.d.comb += tiles.tile_consumed.eq(1)
                 with m.Else():
                     m.d.sync += [cc_g.eq(cc_g + 1), g_c.eq(g_c + 1), last_g.eq(cc_g == gm2)]
             with m.Else():
@@ -302,11 +282,11 @@ class PE2(PE):
         # ---------------------------------------------------------------- start / busy
         with m.If(self.start):
             m.d.sync += [
-                busy.eq(1), g_phase.eq(1), z_phase.eq(0), full.eq(0), lbank.eq(0), cbank.eq(0),
-                gw_g.eq(0), gw_b.eq(0), gw_addr.eq(0), tw_half.eq(0), tw_k.eq(0), loaded.eq(0),
-                cc_b.eq(0), cc_g.eq(0), g_c.eq(0), computed.eq(0), comp_done.eq(0),
-                last_b.eq(one_b), last_g.eq(one_g), last_t.eq(one_t),
+                busy.eq(1),
+                gw_g.eq(0), gw_b.eq(0), gw_addr.eq(0), tw_half.eq(0), tw_k.eq(0),
+                cc_b.eq(0), cc_g.eq(0), g_c.eq(0),
+                last_b.eq(one_b), last_g.eq(one_g),
             ]
-        with m.Elif(busy & comp_done & ~added & ((pending == 0) | ((pending == 1) & out.fire))):
+        with m.Elif(busy & tiles.done & ~added & ((pending == 0) | ((pending == 1) & out.fire))):
             m.d.sync += busy.eq(0)
         return m

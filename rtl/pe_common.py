@@ -3,7 +3,8 @@
 * word / lane slicing of the 128-bit stream payload and of the wide buffer entries;
 * the output stage: a bank of :class:`~insitu.rtl.requantize.RoundShiftSaturate` feeding an
   output FIFO (registered output, ``SyncFIFOBuffered``) that drives the ``m`` stream;
-* the configuration checks both PEs make (zero sizes, 16 lanes, SHIFT range).
+* the configuration checks both PEs make (zero sizes, 16 lanes, SHIFT range);
+* :class:`TileSequencer`: G first, then Z tiles into two ping-pong banks (load while computing).
 
 Both PEs issue a MAC cycle only when the output side is sure to take every result that can still
 be in flight (credits), so a full output never needs to stall the MAC pipeline itself.
@@ -12,7 +13,9 @@ be in flight (credits), so a full output never needs to stall the MAC pipeline i
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Module, Mux, Signal, Value, signed
+from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
 
 from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS, product_bits
 
@@ -194,3 +197,79 @@ class OutputStage:
         #: follows the same count: a write takes an entry, a beat sent on m gives one back.
         self.free = Signal(range(depth + 1), name=f"{prefix}_free", init=depth)
         m.d.sync += self.free.eq(self.free - self.write + self.fire)
+
+
+class TileSequencer(wiring.Component):
+    """The order of work PE1 and PE2 share: the factor G first, then tiles of Z into two banks
+    (ping-pong). A bank is full from its tile's last beat until the MAC loop has consumed that
+    tile; Z beats are taken only while the bank being loaded is not full, so the next tile loads
+    while the current one computes.
+
+    Separate from the PEs because only the tile shapes differ between them: the PE tells this
+    sequencer when G has ended (``g_done``), a tile has loaded (``tile_loaded``) or been consumed
+    (``tile_consumed``); the sequencer keeps the banks, counts the tiles at both ends and says when
+    the last one has been consumed (``done``). ``last_tile`` (the tile being consumed is the op's
+    last) is registered a tile ahead, from ``tiles_m2`` and ``one_tile``, so the PE's issue logic
+    has no compare in front of it.
+    """
+
+    def __init__(self, tile_count_bits: int):
+        super().__init__({
+            "start": In(1),
+            "s_valid": In(1),
+            "s_ready": Out(1),
+            "g_done": In(1),                     # with a G beat taken: it was G's last
+            "tile_loaded": In(1),                # with a Z beat taken: it completes the tile
+            "tile_consumed": In(1),              # the MAC loop issued the tile's last cycle
+            "tiles_m1": In(tile_count_bits),     # tiles - 1, tiles - 2, tiles == 1 (held sizes)
+            "tiles_m2": In(tile_count_bits),
+            "one_tile": In(1),
+            "g_fire": Out(1),                    # a G beat is taken
+            "z_fire": Out(1),                    # a Z beat is taken
+            "load_bank": Out(1),
+            "compute_bank": Out(1),
+            "full": Out(2),
+            "compute_full": Out(1),              # the compute bank holds a complete tile
+            "last_tile": Out(1),
+            "done": Out(1),                      # every tile has been consumed
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bits = len(self.tiles_m1)
+        g_phase, z_phase = Signal(), Signal()
+        lbank, cbank, full = self.load_bank, self.compute_bank, self.full
+        loaded, computed = Signal(bits), Signal(bits)
+        z_ready = Signal()
+        m.d.comb += [
+            z_ready.eq(z_phase & ~Mux(lbank, full[1], full[0])),
+            self.s_ready.eq(g_phase | z_ready),
+            self.g_fire.eq(self.s_valid & g_phase),
+            self.z_fire.eq(self.s_valid & z_ready),
+            self.compute_full.eq(Mux(cbank, full[1], full[0])),
+        ]
+        with m.If(self.g_done):
+            m.d.sync += [g_phase.eq(0), z_phase.eq(1)]
+        with m.If(self.tile_loaded):
+            m.d.sync += [lbank.eq(~lbank), loaded.eq(loaded + 1)]
+            with m.If(lbank):
+                m.d.sync += full[1].eq(1)
+            with m.Else():
+                m.d.sync += full[0].eq(1)
+            with m.If(loaded == self.tiles_m1):
+                m.d.sync += z_phase.eq(0)
+        # After the load side: a bank loaded and consumed in one cycle ends empty.
+        with m.If(self.tile_consumed):
+            m.d.sync += [cbank.eq(~cbank), computed.eq(computed + 1),
+                         self.last_tile.eq(computed == self.tiles_m2)]
+            with m.If(cbank):
+                m.d.sync += full[1].eq(0)
+            with m.Else():
+                m.d.sync += full[0].eq(0)
+            with m.If(self.last_tile):
+                m.d.sync += self.done.eq(1)
+        with m.If(self.start):
+            m.d.sync += [g_phase.eq(1), z_phase.eq(0), full.eq(0), lbank.eq(0), cbank.eq(0),
+                         loaded.eq(0), computed.eq(0), self.done.eq(0),
+                         self.last_tile.eq(self.one_tile)]
+        return m
