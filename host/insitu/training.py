@@ -12,19 +12,25 @@ budget, resumable checkpoints and the result record.
 
 from __future__ import annotations
 
-import time
+import logging
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from insitu import nn
 from insitu.boards import Board, get_board, load_boards
-from insitu.checkpoint import load_checkpoint, save_checkpoint
 from insitu.data import load_dataset
 from insitu.errors import InsituError, UsageError
-from insitu.io import check_writable
+from insitu.harness import RunPlan, run_training, sample_order
+from insitu.nn.networks import NETWORKS
+
+log = logging.getLogger(__name__)
+
+
+def say(text: str) -> None:
+    """Tell the user something about the run (a resume...): on stderr, never in --json output."""
+    log.warning("%s", text)
 
 
 @dataclass
@@ -120,100 +126,57 @@ def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None) 
 
 # --------------------------------------------------------------------------- the reference SGD
 
-def _mlp(sample_shape, classes, seed):
-    n_in = int(np.prod(sample_shape))
-    return nn.Sequential(nn.Flatten(), nn.Dense(n_in, 128, seed=seed, dtype=np.float32), nn.ReLU(),
-                         nn.Dense(128, classes, seed=seed + 1, dtype=np.float32))
-
-
-def _cnn(sample_shape, classes, seed, hidden: int | None = None):
-    """Two conv + pool stages and a classifier (with a hidden dense layer when ``hidden``)."""
-    h, w = sample_shape
-    flat = 16 * (h // 4) * (w // 4)
-    head = ([nn.Dense(flat, hidden, seed=seed + 2, dtype=np.float32), nn.ReLU(),
-             nn.Dense(hidden, classes, seed=seed + 3, dtype=np.float32)] if hidden
-            else [nn.Dense(flat, classes, seed=seed + 2, dtype=np.float32)])
-    return nn.Sequential(
-        nn.Conv2d(1, 8, 3, padding=1, seed=seed, dtype=np.float32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(8, 16, 3, padding=1, seed=seed + 1, dtype=np.float32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), *head)
-
-
-MODELS = {"mlp": _mlp, "cnn": _cnn}
-
-
-def sample_order(n_train: int, seed: int, start: int, count: int) -> np.ndarray:
-    """Indices of training samples ``start .. start+count`` of the stream for ``seed``.
-
-    The stream is a sequence of epochs, each a permutation drawn from ``(seed, epoch)``, so any
-    position of it can be regenerated after a resume without replaying what came before.
-    """
-    out = []
-    pos = start
-    while pos < start + count:
-        epoch, offset = divmod(pos, n_train)
-        perm = np.random.default_rng([seed, epoch]).permutation(n_train)
-        take = min(n_train - offset, start + count - pos)
-        out.append(perm[offset:offset + take])
-        pos += take
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
-
 def accuracy(model: nn.Sequential, x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.argmax(model.predict(x), axis=1) == y))
+
+
+def run_identity(config: TrainConfig, drop=()) -> dict:
+    """What makes two ``insitu train`` runs the same run (a checkpoint of one resumes the other):
+    not the sample budget, nor where the files are or how often they are written, nor ``drop``."""
+    skip = {"samples", "checkpoint", "checkpoint_every", "data_dir", *drop}
+    return {k: v for k, v in asdict(config).items() if k not in skip}
+
+
+class SGDLearner:
+    """Float SGD of the NumPy core on mini-batches of the dataset's sample stream."""
+
+    def __init__(self, model: nn.Sequential, lr: float, x: np.ndarray, y: np.ndarray, seed: int):
+        self.model, self.optimizer = model, nn.SGD(model, lr=lr)
+        self.x, self.y, self.seed = x, y, seed
+        self.hits = self.seen = 0                  # training accuracy of this session
+
+    def train(self, start: int, count: int) -> float:
+        batch = sample_order(len(self.x), self.seed, start, count)
+        xb, yb = self.x[batch], self.y[batch]
+        self.model.zero_grad()
+        logits = self.model.forward(xb, train=True)
+        loss, dlogits = nn.softmax_cross_entropy(logits, yb)
+        self.model.backward(dlogits)
+        self.optimizer.step()
+        self.hits += int(np.sum(np.argmax(logits, axis=1) == yb))
+        self.seen += len(batch)
+        return loss
+
+    def state(self) -> tuple[dict, dict]:
+        return self.model.state_dict(), {}
+
+    def load_state(self, arrays: dict, meta: dict) -> None:
+        try:
+            self.model.load_state_dict(arrays)
+        except (KeyError, ValueError) as exc:
+            raise InsituError(f"the checkpoint does not fit the model ({exc})") from None
 
 
 def _run_sgd(config: TrainConfig, board: Board, advance) -> dict:
     data = load_dataset(config.dataset, config.data_dir)
     x_train = data.float_images("train")[:, None]        # NCHW, one channel
     x_test = data.float_images("test")[:, None]
-    model = MODELS[config.model](data.sample_shape, data.num_classes, config.seed)
-    optimizer = nn.SGD(model, lr=config.lr)
-    # What makes two runs the same run (a checkpoint of one resumes the other): not the sample
-    # budget, nor where the files are or how often they are saved.
-    identity = {k: v for k, v in asdict(config).items()
-                if k not in ("samples", "checkpoint", "checkpoint_every", "data_dir")}
-    done, resumed_from = 0, None
-    if config.checkpoint:
-        check_writable(config.checkpoint, "checkpoint")
-    if config.checkpoint and Path(config.checkpoint).exists():
-        arrays, meta = load_checkpoint(config.checkpoint)
-        if meta.get("config") != identity or not isinstance(meta.get("samples_done"), int):
-            raise InsituError(f"checkpoint {config.checkpoint} was written by a different run "
-                              f"({meta.get('config')}); use another --checkpoint path or delete it")
-        try:
-            model.load_state_dict(arrays)
-        except (KeyError, ValueError) as exc:
-            raise InsituError(f"checkpoint {config.checkpoint} does not fit the model ({exc}); "
-                              "delete it to start over") from None
-        done = resumed_from = meta["samples_done"]
-        advance(min(done, config.samples))
-
-    def checkpoint():
-        save_checkpoint(config.checkpoint, model.state_dict(), {"config": identity, "samples_done": done})
-
-    started = time.perf_counter()
-    losses, hits, seen = [], 0, 0
-    next_checkpoint = (done // config.checkpoint_every + 1) * config.checkpoint_every
-    while done < config.samples:
-        batch = sample_order(len(x_train), config.seed, done, min(config.batch_size, config.samples - done))
-        xb, yb = x_train[batch], data.y_train[batch]
-        model.zero_grad()
-        logits = model.forward(xb, train=True)
-        loss, dlogits = nn.softmax_cross_entropy(logits, yb)
-        model.backward(dlogits)
-        optimizer.step()
-        losses.append(loss)
-        hits += int(np.sum(np.argmax(logits, axis=1) == yb))
-        seen += len(batch)
-        done += len(batch)
-        advance(len(batch))
-        if config.checkpoint and done >= next_checkpoint:
-            checkpoint()
-            next_checkpoint += config.checkpoint_every
-    if config.checkpoint:
-        checkpoint()
-    seconds = time.perf_counter() - started
+    model = NETWORKS[config.model](data.sample_shape, data.num_classes, config.seed)
+    learner = SGDLearner(model, config.lr, x_train, data.y_train, config.seed)
+    plan = RunPlan("insitu train --algo sgd", run_identity(config), config.samples,
+                   config.batch_size, config.checkpoint, config.checkpoint_every)
+    outcome = run_training(plan, learner, advance=advance, say=say,
+                           evaluate=lambda: {"accuracy": accuracy(model, x_test, data.y_test)})
     return {
         "board": board.name,
         "algo": config.algo,
@@ -222,18 +185,14 @@ def _run_sgd(config: TrainConfig, board: Board, advance) -> dict:
         "executor": "host-numpy" if board.is_twin else "board-cpu-numpy",
         "dataset": config.dataset,
         "model": config.model,
-        "samples": done,
-        "resumed_from": resumed_from,
-        "epochs": done / len(x_train),
+        **outcome.record(),
+        "epochs": outcome.samples / len(x_train),
         "batch_size": config.batch_size,
         "lr": config.lr,
         "seed": config.seed,
-        "accuracy": accuracy(model, x_test, data.y_test),
-        "train_accuracy": hits / seen if seen else None,
-        "final_loss": float(np.mean(losses[-50:])) if losses else None,
+        "accuracy": outcome.evaluation["accuracy"],
+        "train_accuracy": learner.hits / learner.seen if learner.seen else None,
         "parameters": int(sum(p.value.size for p in model.parameters())),
-        "seconds": seconds,
-        "samples_per_second": seen / seconds if seconds > 0 else None,
     }
 
 
@@ -243,7 +202,7 @@ register(Algorithm(
     board_kinds=("fpga-soc", "mcu"),
     twins_only=True,
     run=_run_sgd,
-    models=tuple(MODELS),
+    models=tuple(NETWORKS),
 ))
 
 

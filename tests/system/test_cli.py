@@ -72,7 +72,7 @@ def test_training_resumes_from_its_checkpoint_without_repeating_samples(run_cli,
     assert json.loads(second.stdout)["resumed_from"] == 512
     a, meta_a = load_checkpoint(straight)
     b, meta_b = load_checkpoint(resumed)
-    assert meta_a["samples_done"] == meta_b["samples_done"] == 1000
+    assert meta_a["run"]["samples_done"] == meta_b["run"]["samples_done"] == 1000
     for key in a:
         np.testing.assert_allclose(a[key], b[key], rtol=1e-6, atol=1e-7, err_msg=key)
 
@@ -81,7 +81,7 @@ def test_a_checkpoint_from_another_run_is_refused(run_cli, tmp_path):
     ckpt = tmp_path / "c.npz"
     assert run_cli("train", "--dataset", "digits", "--samples", "64", "--checkpoint", ckpt).returncode == 0
     run = run_cli("train", "--dataset", "digits", "--samples", "64", "--lr", "0.2", "--checkpoint", ckpt)
-    assert run.returncode == 1 and "different run" in run.stderr
+    assert run.returncode == 1 and "belongs to another run (lr 0.05 there, 0.2 here)" in run.stderr
     ckpt.write_bytes(b"PK\x03\x04garbage")
     run = run_cli("train", "--dataset", "digits", "--samples", "64", "--checkpoint", ckpt)
     assert run.returncode == 1 and "corrupt" in run.stderr

@@ -24,6 +24,10 @@ class _Group(click.Group):
         except InsituError as exc:
             click.secho(f"error: {exc}", fg="red", err=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            # A second Ctrl-C, or one outside a training loop (which stops at a step's end).
+            click.secho("interrupted", fg="red", err=True)
+            sys.exit(130)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

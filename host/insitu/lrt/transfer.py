@@ -71,7 +71,7 @@ from insitu.numerics import (
     LRT_WEIGHT,
     round_half_up,
 )
-from insitu.training import MODELS
+from insitu.nn.networks import cnn
 
 __all__ = [
     "ALGORITHMS",
@@ -268,7 +268,7 @@ def _prepare(data, samples, dataset, pretrain_samples, pretrain_epochs, seed, pr
     perm = np.random.default_rng([seed, 0]).permutation(len(x))
     pre_idx, online_idx = perm[:pretrain_samples], perm[pretrain_samples:pretrain_samples + samples]
 
-    model = MODELS["cnn"](data.sample_shape, classes, seed, hidden=HIDDEN)
+    model = cnn(data.sample_shape, classes, seed, hidden=HIDDEN)
     optimizer = nn.SGD(model, lr=0.05, momentum=0.9)
     for epoch in range(pretrain_epochs):
         order = np.random.default_rng([seed, 1, epoch]).permutation(pre_idx)

@@ -1,0 +1,285 @@
+"""One run harness for every training command: the sample stream, checkpoints, interrupts, phases.
+
+Every training command (``insitu train --algo sgd|tt|lrt|sparse``, ``insitu tt train``,
+``insitu lrt adapt``, ``insitu e2train run``) is a :class:`Learner` driven by :func:`run_training`.
+The learner supplies its training work, its state and its evaluation; the harness owns the rest,
+so that every command behaves the same way:
+
+* **the sample stream**: positions ``0 .. samples`` of an endless stream; the learner maps a
+  position to a sample (:func:`sample_order` for a dataset: a fresh permutation per epoch, which any
+  position regenerates, so a resumed run sees exactly the samples an uninterrupted one would);
+* **checkpoints**: the learner's state plus the harness's (position, recent losses, history,
+  the run's identity), written atomically every ``checkpoint_every`` positions, at epoch ends
+  and at the end; a rerun with the same identity resumes from it and says so; a checkpoint of
+  another run is refused naming the fields that differ;
+* **interrupts**: SIGINT (Ctrl-C) or SIGTERM stops the run after the step in progress, writes the
+  checkpoint when there is one, and exits 130 (:class:`Interrupted`);
+* **phases**: ``train`` spans the training steps only and ``test`` the evaluations (the markers a
+  power recorder aligns with its trace, :mod:`insitu.measure.phases`), and ``seconds`` counts the
+  training steps only;
+* **progress**: ``advance(n)`` as positions are consumed (a resume advances to where it stands);
+* **a divergence** (a NaN or infinite loss) stops the run with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager, Protocol
+
+import numpy as np
+
+from insitu.checkpoint import load_checkpoint, save_checkpoint
+from insitu.errors import InsituError
+from insitu.io import check_writable, to_jsonable
+from insitu.measure import phases
+
+#: Losses kept for the result's ``final_loss`` (their mean) and in checkpoints.
+LOSS_WINDOW = 20
+#: The checkpoint's format, in its metadata: a checkpoint without it was not written here.
+FORMAT = "insitu-run/1"
+
+
+class Interrupted(InsituError):
+    """The run was stopped by SIGINT or SIGTERM (after its checkpoint was written, if any)."""
+
+    exit_code = 130
+
+
+class Diverged(InsituError):
+    """The loss became NaN or infinite: the run cannot go on (a smaller learning rate may help)."""
+
+
+class Learner(Protocol):
+    """What a training method supplies to the harness."""
+
+    def train(self, start: int, count: int) -> float | None:
+        """Train on stream positions ``start .. start + count`` (one step); return its loss."""
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """``(arrays, meta)``: everything needed to go on from here (JSON-ready meta)."""
+
+    def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        """Go on from a :meth:`state` of a learner built the same way."""
+
+
+@dataclass
+class RunPlan:
+    """How to run a learner: the budget, the step, the checkpoint, the epochs and evaluations."""
+
+    #: The command, for messages (``insitu train --algo tt``).
+    command: str
+    #: What makes two runs the same run: a checkpoint of one resumes the other. Not the budget,
+    #: nor where files go or how often they are written.
+    identity: dict
+    #: Stream positions to train on (the sample budget).
+    samples: int
+    #: Positions per training step (the last step of the budget may be shorter).
+    step: int
+    checkpoint: str | Path | None = None
+    #: Positions between checkpoints (also written at every epoch end and at the end).
+    checkpoint_every: int = 10_000
+    #: Positions per epoch: ``end_of_epoch`` runs when the stream crosses a multiple of it.
+    epoch_size: int | None = None
+    #: Evaluate (``evaluate``) at every epoch end, recording the history, not only at the end.
+    evaluate_every_epoch: bool = False
+    #: Name of the option that sets ``samples`` (for the "already N samples in" message).
+    samples_option: str = "--samples"
+
+
+@dataclass
+class RunOutcome:
+    """What the harness measured; the command adds its learner's figures to make the result."""
+
+    samples: int
+    resumed_from: int | None
+    #: Seconds of training steps (this session plus those before a resume), no evaluation.
+    seconds: float
+    #: Positions trained per second of training in this session (None when none were).
+    samples_per_second: float | None
+    losses: list[float]
+    #: One record per epoch end when evaluating every epoch: ``{"epoch", "samples", "loss", ...}``.
+    history: list[dict] = field(default_factory=list)
+    #: The final evaluation (``evaluate()`` after the last step), {} without one.
+    evaluation: dict = field(default_factory=dict)
+
+    @property
+    def final_loss(self) -> float | None:
+        return float(np.mean(self.losses[-LOSS_WINDOW:])) if self.losses else None
+
+    def record(self) -> dict:
+        """The harness's part of a result record."""
+        return {"samples": self.samples, "resumed_from": self.resumed_from,
+                "final_loss": self.final_loss, "seconds": self.seconds,
+                "samples_per_second": self.samples_per_second}
+
+
+def sample_order(n_train: int, seed: int, start: int, count: int) -> np.ndarray:
+    """Indices of training samples ``start .. start+count`` of the stream for ``seed``.
+
+    The stream is a sequence of epochs, each a permutation drawn from ``(seed, epoch)``, so any
+    position of it can be regenerated after a resume without replaying what came before.
+    """
+    out = []
+    pos = start
+    while pos < start + count:
+        epoch, offset = divmod(pos, n_train)
+        perm = np.random.default_rng([seed, epoch]).permutation(n_train)
+        take = min(n_train - offset, start + count - pos)
+        out.append(perm[offset:offset + take])
+        pos += take
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def check_outputs(**paths) -> None:
+    """Fail before any work if an output (``name=path``; None skipped) cannot be written."""
+    for name, path in paths.items():
+        if path is not None:
+            check_writable(path, name)
+
+
+def _jsonable(value):
+    """``value`` as it reads back from a checkpoint's JSON metadata (tuples become lists...)."""
+    return json.loads(json.dumps(value, default=to_jsonable))
+
+
+def _differences(saved: dict, wanted: dict) -> str:
+    keys = sorted(set(saved) | set(wanted))
+    diff = [f"{k} {saved.get(k)!r} there, {wanted.get(k)!r} here" for k in keys
+            if saved.get(k) != wanted.get(k)]
+    return "; ".join(diff[:4]) + ("; ..." if len(diff) > 4 else "")
+
+
+class _StopSignals:
+    """SIGINT/SIGTERM set a flag the loop checks after each step (a second SIGINT stops at once)."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def run_training(plan: RunPlan, learner: Learner, *,
+                 evaluate: Callable[[], dict] | None = None,
+                 end_of_epoch: Callable[[int], dict | None] | None = None,
+                 advance: Callable[[int], None] = lambda n: None,
+                 say: Callable[[str], None] = lambda text: None,
+                 phase: Callable[[str], ContextManager] = phases.phase) -> RunOutcome:
+    """Run ``learner`` as ``plan`` says and return what the harness measured.
+
+    ``end_of_epoch(epoch)`` runs after the last step of every epoch (1-based; training work such as
+    pruning, timed as training) and may return figures for that epoch's history record;
+    ``evaluate()`` returns evaluation figures (timed as test, never as training); ``say`` reports
+    a resume; ``phase(name)`` marks the training and test phases.
+    """
+    if isinstance(plan.samples, bool) or not isinstance(plan.samples, int) or plan.samples < 1:
+        raise InsituError(f"{plan.samples_option} must be an integer >= 1, got {plan.samples!r}")
+    identity = _jsonable(plan.identity)
+    checkpoint = Path(plan.checkpoint) if plan.checkpoint else None
+    done, losses, history, seconds_before, resumed_from = 0, [], [], 0.0, None
+    if checkpoint is not None:
+        check_writable(checkpoint, "checkpoint")
+        if checkpoint.exists():
+            arrays, meta = load_checkpoint(checkpoint)
+            run = meta.get("run")
+            if meta.get("format") != FORMAT or not isinstance(run, dict):
+                raise InsituError(f"{checkpoint} is not a checkpoint of {plan.command} (it has no "
+                                  "run record): choose another --checkpoint path, or move it away")
+            if run["identity"] != identity:
+                raise InsituError(f"checkpoint {checkpoint} belongs to another run "
+                                  f"({_differences(run['identity'], identity)}): choose another "
+                                  "--checkpoint path, or delete it to start over")
+            if run["samples_done"] > plan.samples:
+                raise InsituError(f"checkpoint {checkpoint} is already {run['samples_done']} samples "
+                                  f"in: ask for {plan.samples_option} {run['samples_done']} or more")
+            learner.load_state(arrays, meta["learner"])
+            done = resumed_from = run["samples_done"]
+            losses, history, seconds_before = run["losses"], run["history"], run["seconds"]
+            say(f"resumed from {checkpoint} at {done} samples")
+            advance(done)
+
+    trained_seconds = 0.0
+
+    def save() -> None:
+        arrays, meta = learner.state()
+        save_checkpoint(checkpoint, arrays, {
+            "format": FORMAT, "learner": meta,
+            "run": {"command": plan.command, "identity": identity, "samples_done": done,
+                    "losses": losses[-LOSS_WINDOW:], "history": history,
+                    "seconds": seconds_before + trained_seconds}})
+
+    def run_evaluation() -> dict:
+        if evaluate is None:
+            return {}
+        with phase("test"):
+            return evaluate()
+
+    first = done
+    next_save = (done // plan.checkpoint_every + 1) * plan.checkpoint_every
+    window: list[float] = []
+    with _StopSignals() as stop:
+        while done < plan.samples:
+            epoch_end = None
+            count = min(plan.step, plan.samples - done)
+            if plan.epoch_size:
+                epoch_end = (done // plan.epoch_size + 1) * plan.epoch_size
+                count = min(count, epoch_end - done)        # a step never spans two epochs
+            with phase("train") as marked:
+                started = time.perf_counter()
+                loss = learner.train(done, count)
+                ended_epoch = epoch_end is not None and done + count == epoch_end
+                epoch_figures = end_of_epoch(epoch_end // plan.epoch_size) \
+                    if ended_epoch and end_of_epoch is not None else None
+                trained_seconds += time.perf_counter() - started
+                marked.samples = count
+            done += count
+            advance(count)
+            if loss is not None:
+                if not math.isfinite(loss):
+                    raise Diverged(f"the loss is {loss} after {done} samples: training diverged "
+                                   "(try a smaller --lr)")
+                losses.append(float(loss))
+                window.append(float(loss))
+            if ended_epoch and plan.evaluate_every_epoch:
+                history.append({"epoch": epoch_end // plan.epoch_size, "samples": done,
+                                "loss": float(np.mean(window)) if window else None,
+                                "seconds": seconds_before + trained_seconds,
+                                **(epoch_figures or {}), **run_evaluation()})
+                window = []
+            stopping = stop.received is not None and done < plan.samples
+            if checkpoint is not None and (done >= next_save or ended_epoch or done == plan.samples
+                                           or stopping):
+                save()
+                next_save = (done // plan.checkpoint_every + 1) * plan.checkpoint_every
+            if stopping:
+                where = (f"checkpoint {checkpoint} is written: run the same command again to resume"
+                         if checkpoint is not None else
+                         "no --checkpoint was given, so the work is lost (give one to keep it)")
+                raise Interrupted(f"{stop.received} after {done} of {plan.samples} samples; {where}")
+    evaluation = run_evaluation()          # Ctrl-C here stops at once: the checkpoint is written
+    if checkpoint is not None and done == first:
+        save()                     # a resumed run with nothing left still leaves its checkpoint
+    return RunOutcome(samples=done, resumed_from=resumed_from,
+                      seconds=seconds_before + trained_seconds,
+                      samples_per_second=(done - first) / trained_seconds if trained_seconds > 0 else None,
+                      losses=losses[-LOSS_WINDOW:], history=history, evaluation=evaluation)

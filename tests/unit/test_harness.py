@@ -1,0 +1,124 @@
+"""The run harness: resume, refusals, interrupts, divergence, phases and what `seconds` counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from insitu.checkpoint import load_checkpoint, save_checkpoint
+from insitu.errors import InsituError
+from insitu.harness import Diverged, Interrupted, RunPlan, run_training, sample_order
+from insitu.measure.phases import PHASE_ENV, read_markers
+
+pytestmark = pytest.mark.unit
+
+
+class Counter:
+    """A learner whose state is the positions it trained on; its loss is 1 / (1 + position)."""
+
+    def __init__(self, on_step=None, loss=None):
+        self.seen: list[int] = []
+        self.on_step, self.loss = on_step, loss
+
+    def train(self, start, count):
+        self.seen.extend(range(start, start + count))
+        if self.on_step:
+            self.on_step(start)
+        return self.loss(start) if self.loss else 1.0 / (1 + start)
+
+    def state(self):
+        return {"seen": np.array(self.seen, np.int64)}, {"n": len(self.seen)}
+
+    def load_state(self, arrays, meta):
+        assert meta["n"] == len(arrays["seen"])
+        self.seen = arrays["seen"].tolist()
+
+
+def plan(tmp_path=None, **kw):
+    args = dict(command="test", identity={"seed": 0, "lr": 0.1}, samples=100, step=8,
+                checkpoint=tmp_path / "c.npz" if tmp_path else None, checkpoint_every=24)
+    return RunPlan(**{**args, **kw})
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
+    straight = Counter()
+    whole = run_training(plan(), straight)
+    first = Counter()
+    run_training(plan(tmp_path, samples=40), first)
+    said = []
+    again = Counter()
+    out = run_training(plan(tmp_path), again, say=said.append)
+    assert again.seen == straight.seen == list(range(100))
+    assert (out.samples, out.resumed_from, whole.resumed_from) == (100, 40, None)
+    assert out.losses == whole.losses and said == [f"resumed from {tmp_path / 'c.npz'} at 40 samples"]
+
+
+def test_a_checkpoint_of_another_run_names_the_fields_that_differ(tmp_path):
+    run_training(plan(tmp_path, samples=16), Counter())
+    with pytest.raises(InsituError, match=r"belongs to another run \(lr 0.1 there, 0.2 here\)"):
+        run_training(plan(tmp_path, identity={"seed": 0, "lr": 0.2}), Counter())
+
+
+def test_a_budget_below_the_checkpoint_is_refused_not_reprinted(tmp_path):
+    run_training(plan(tmp_path, samples=48), Counter())
+    with pytest.raises(InsituError, match="already 48 samples in: ask for --epochs 48"):
+        run_training(plan(tmp_path, samples=40, samples_option="--epochs"), Counter())
+
+
+def test_a_file_that_is_not_a_run_checkpoint_is_named_as_such(tmp_path):
+    save_checkpoint(tmp_path / "c.npz", {"w": np.zeros(2)}, {"something": "else"})
+    with pytest.raises(InsituError, match="is not a checkpoint of test"):
+        run_training(plan(tmp_path), Counter())
+
+
+def test_sigint_writes_the_checkpoint_and_exits_130(tmp_path):
+    learner = Counter(on_step=lambda start: start == 32 and os.kill(os.getpid(), signal.SIGINT))
+    with pytest.raises(Interrupted, match="SIGINT after 40 of 100 samples; checkpoint") as info:
+        run_training(plan(tmp_path, checkpoint_every=1000), learner)
+    assert info.value.exit_code == 130
+    _, meta = load_checkpoint(tmp_path / "c.npz")
+    assert meta["run"]["samples_done"] == 40 and meta["learner"]["n"] == 40
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler     # restored
+
+
+def test_sigterm_without_a_checkpoint_says_the_work_is_lost():
+    learner = Counter(on_step=lambda start: start == 8 and os.kill(os.getpid(), signal.SIGTERM))
+    with pytest.raises(Interrupted, match="SIGTERM after 16 of 100 samples; no --checkpoint"):
+        run_training(plan(), learner)
+
+
+def test_a_nan_loss_stops_the_run():
+    with pytest.raises(Diverged, match="the loss is nan after 24 samples"):
+        run_training(plan(), Counter(loss=lambda start: np.nan if start == 16 else 1.0))
+
+
+def test_epochs_end_on_their_boundary_and_are_evaluated(tmp_path):
+    ends = []
+    out = run_training(plan(tmp_path, samples=50, step=16, epoch_size=20, evaluate_every_epoch=True),
+                       learner := Counter(), end_of_epoch=lambda e: ends.append(e) or {"pruned": e},
+                       evaluate=lambda: {"accuracy": 0.5})
+    assert ends == [1, 2] and learner.seen == list(range(50))
+    assert [(h["epoch"], h["samples"], h["pruned"], h["accuracy"]) for h in out.history] == \
+        [(1, 20, 1, 0.5), (2, 40, 2, 0.5)]
+    assert out.evaluation == {"accuracy": 0.5}
+
+
+def test_phases_mark_training_and_testing_only(tmp_path, monkeypatch):
+    markers = tmp_path / "phases.jsonl"
+    monkeypatch.setenv(PHASE_ENV, str(markers))
+    run_training(plan(samples=20), Counter(), evaluate=lambda: {})
+    got = read_markers(markers)
+    names = [(m["phase"], m["event"]) for m in got]
+    assert names[:2] == [("train", "start"), ("train", "stop")] and names[-2:] == [("test", "start"), ("test", "stop")]
+    assert sum(m["samples"] for m in got if m["phase"] == "train" and m["event"] == "stop") == 20
+    assert json.dumps(got)                                       # plain JSON records
+
+
+def test_the_sample_stream_regenerates_any_position():
+    whole = sample_order(50, 3, 0, 130)
+    assert np.array_equal(np.concatenate([sample_order(50, 3, 0, 77), sample_order(50, 3, 77, 53)]), whole)
+    assert sorted(whole[:50]) == list(range(50)) and not np.array_equal(whole[:50], whole[50:100])
