@@ -17,8 +17,10 @@ import pytest
 
 from insitu.boards import get_board
 from insitu.checkpoint import load_checkpoint
-from insitu.fpga.driver import AcceleratorError, open_board
-from insitu.fpga.twin import BEAT_BYTES, write_twin_overlay
+from insitu.fpga.boards import open_board
+from insitu.fpga.driver import BEAT_BYTES, AcceleratorError
+from insitu.fpga.psg_op import run_psg
+from insitu.fpga.twin import write_twin_overlay
 from insitu.lrt.pe_ops import LRTPEModel, append_reciprocal
 from insitu.rtl import compiled
 from insitu.accel.params import DEFAULT_PARAMS as P
@@ -91,7 +93,7 @@ def test_psg_ops_agree(twins):
         dy, x = codes(rng, (a, b)), codes(rng, (a // d, b, 16))
         peak = pe_stream.psg_run(pe_stream.psg_config(a, b, d), dy, x).peak
         cfg = pe_stream.psg_config(a, b, d, shift, tau=max(1, peak // 4))
-        got = [acc.run_psg(cfg, dy, x) for acc in twins]
+        got = [run_psg(acc, cfg, dy, x) for acc in twins]
         for field in ("g_msb", "sign"):
             np.testing.assert_array_equal(getattr(got[0], field), getattr(got[1], field))
         assert got[0][2:] == got[1][2:]

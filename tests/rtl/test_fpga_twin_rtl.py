@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from insitu.boards import get_board
-from insitu.fpga.driver import AcceleratorError, open_board
+from insitu.fpga.boards import open_board
+from insitu.fpga.driver import AcceleratorError
+from insitu.fpga.psg_op import run_psg
 from insitu.fpga.twin import write_twin_overlay
 from insitu.lrt.pe_ops import LRTPEModel, append_reciprocal
 from insitu.accel.params import DEFAULT_PARAMS as P
@@ -211,7 +213,7 @@ def test_psg_ops_agree(twins):
         cfg = pe_stream.psg_config(a, b, d, shift, tau=max(1, peak // 4))
         want = pe_stream.psg_run(cfg, dy, x)
         for acc in (fast, rtl):
-            got = acc.run_psg(cfg, dy, x)
+            got = run_psg(acc, cfg, dy, x)
             np.testing.assert_array_equal(got.g_msb, want.out[:, 0], err_msg=str(cfg))
             np.testing.assert_array_equal(got.sign, want.sign, err_msg=str(cfg))
             assert (got.predicted, got.peak) == (want.predicted_count, want.peak), cfg

@@ -8,7 +8,8 @@ import pytest
 from insitu import numerics as nx
 from insitu.boards import get_board
 from insitu.e2train.psg import PSGLayer, quantize_tensor
-from insitu.fpga.driver import open_board
+from insitu.fpga.boards import open_board
+from insitu.fpga.psg_op import run_psg
 from insitu.fpga.twin import write_twin_overlay
 from insitu.nn import Dense
 from insitu.tt import pe_stream
@@ -53,7 +54,7 @@ def test_psg_layer_signs_equal_the_pe3_psg_op(acc, beta, seed):
     tau = nx.psg_threshold(g_msb, beta)
 
     dy_rows, x_blocks, chunks = _pe3_operands(dy_codes, x_codes)
-    out = acc.run_psg(pe_stream.psg_config(chunks * n_out, batch, n_out, 0, tau), dy_rows, x_blocks)
+    out = run_psg(acc, pe_stream.psg_config(chunks * n_out, batch, n_out, 0, tau), dy_rows, x_blocks)
     # Row (chunk j, output o), lane l is weight (o, 16 j + l).
     hw_sign = out.sign.reshape(chunks, n_out, LANES).transpose(1, 0, 2).reshape(n_out, n_in)
     np.testing.assert_array_equal(hw_sign, layer.grads["weight"])

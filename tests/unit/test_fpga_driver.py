@@ -15,9 +15,10 @@ import pytest
 
 from insitu.boards import get_board
 from insitu.errors import UsageError
-from insitu.fpga.driver import (AcceleratorError, AcceleratorTimeout, InsituAcceleratorIP,
-                                InsituOverlay, open_board, twin_overlay_dir)
-from insitu.fpga.twin import BitstreamError, TwinDevice, write_twin_overlay
+from insitu.fpga.boards import open_board, twin_overlay_dir
+from insitu.fpga.driver import (AcceleratorError, AcceleratorTimeout, BitstreamError,
+                                InsituAcceleratorIP, InsituOverlay)
+from insitu.fpga.twin import TwinDevice, write_twin_overlay
 from insitu.accel.params import IP_VLNV
 from insitu.accel.regmap import ID_VALUE, VERSION, ErrorCode, Op
 from insitu.tt import pe_stream

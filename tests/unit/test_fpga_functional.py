@@ -1,4 +1,4 @@
-"""The fast twin's model of the PL (`insitu.fpga.pl.FunctionalModel`) and what it is built from.
+"""The fast twin's model of the PL (`insitu.fpga.twin_models.FunctionalModel`) and what it is built from.
 
 * the golden stream helpers it reads streams with (`pe_stream.operands_from_stream` inverts
   `stream_in`), its configuration checks (`pe_stream.cfg_error`, `LRTPEModel.cfg_error`: every
@@ -24,8 +24,10 @@ from pynq.buffer import PynqBuffer
 
 from insitu.boards import get_board
 from insitu.fpga import regs as regs_mod
-from insitu.fpga.driver import AcceleratorError, AcceleratorTimeout, open_board
-from insitu.fpga.twin import BEAT_BYTES, AxiDmaModel, DeviceMemory, write_twin_overlay
+from insitu.fpga.boards import open_board
+from insitu.fpga.driver import BEAT_BYTES, AcceleratorError, AcceleratorTimeout
+from insitu.fpga.psg_op import run_psg
+from insitu.fpga.twin import AxiDmaModel, DeviceMemory, write_twin_overlay
 from insitu.lrt.pe_ops import LRTPEModel, append_reciprocal
 from insitu.accel import stream
 from insitu.accel.params import DEFAULT_PARAMS as P
@@ -416,7 +418,7 @@ def test_fast_twin_large_op_grows_the_dma_buffers(acc):
 
 
 def test_fast_twin_psg_ops_match_the_golden_model(acc):
-    """PE3_PSG through the driver's run_psg: the rescaled g_msb, the signs and the PSG registers
+    """PE3_PSG through the driver (run_psg): the rescaled g_msb, the signs and the PSG registers
     equal the golden model (built on numerics.psg_*); a PE3 op leaves the registers, an aborted
     one clears them (PE3 is reset), as in the RTL."""
     rng = np.random.default_rng(31)
@@ -428,7 +430,7 @@ def test_fast_twin_psg_ops_match_the_golden_model(acc):
         probe = pe_stream.psg_run(pe_stream.psg_config(a, b, d), dy, x)
         tau = [1, probe.peak, probe.peak + 1, max(1, probe.peak // 10)][k % 4]
         cfg = pe_stream.psg_config(a, b, d, int(rng.integers(0, 8)), tau)
-        got = acc.run_psg(cfg, dy, x)
+        got = run_psg(acc, cfg, dy, x)
         want = pe_stream.psg_run(cfg, dy, x)
         np.testing.assert_array_equal(got.g_msb, want.out[:, 0], err_msg=str(cfg))
         np.testing.assert_array_equal(got.sign, want.sign, err_msg=str(cfg))

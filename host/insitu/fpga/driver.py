@@ -9,16 +9,16 @@
   ``pynq.lib.dma.DMA`` on buffers from ``pynq.allocate``, and a deadline on every wait (an
   :class:`AcceleratorTimeout` with a register dump, never an endless poll). It counts cycles and
   bytes for the figures. It is the *port* the training code programs against.
-* :func:`open_board` opens a real board (on its PYNQ image) or a simulated twin, the same way.
+
+The code here is what runs on a board: it knows pynq's devices, not which one it is given (a
+board's own, or a simulated twin's: :mod:`insitu.fpga.boards` chooses).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 from pynq import DefaultIP, Overlay
@@ -26,19 +26,20 @@ from pynq.bitstream import Bitstream
 
 from insitu.errors import InsituError, UsageError
 from insitu.accel import ip
-from insitu.accel.params import CLOCK_HZ, IP_VLNV, STREAM_WORDS
+from insitu.accel.params import CLOCK_HZ, IP_VLNV, STREAM_BITS, STREAM_WORDS
 from insitu.accel.regmap import ID_VALUE, VERSION, ErrorCode, Op
-from insitu.tt import pe_stream
 
 from .regs import DONE, ERROR, Registers, format_dump
-from .twin import BEAT_BYTES, MODES, BitstreamError, TwinDevice, write_twin_overlay
 
 #: Seconds any one wait may take on a board or a fast twin (an op of the TT network takes
-#: milliseconds). RTL twins wait longer: the compiled one simulates a few hundred thousand
-#: cycles a second (the network's largest op, under a million cycles, takes seconds; the margin
-#: is for a loaded machine), the Amaranth one about a thousand.
+#: milliseconds).
 DEFAULT_TIMEOUT_S = 10.0
-RTL_TIMEOUT_S = {"rtl": 300.0, "rtl-amaranth": 1800.0}
+#: Bytes of one stream beat: what the DMA moves per transfer unit.
+BEAT_BYTES = STREAM_BITS // 8
+
+
+class BitstreamError(UsageError):
+    """A bitstream or its .hwh is missing, of another design, or of another register map."""
 
 
 class AcceleratorError(InsituError):
@@ -71,36 +72,29 @@ class InsituAcceleratorIP(DefaultIP):
 
 
 class InsituOverlay(Overlay):
-    """The accelerator's overlay: ``insitu_accel_0`` and ``axi_dma_0``, checked at load."""
+    """The accelerator's overlay: ``insitu_accel_0`` and ``axi_dma_0``, checked at load.
 
-    def __init__(self, bitfile, device=None, download: bool = True):
+    ``set_pl_clocks=False`` loads the design without programming the PL clocks from the .hwh
+    (``pynq.Overlay.download`` does that through the board's processing system, which a device
+    without one, as a simulated twin, does not have: its clock is the board's).
+    """
+
+    def __init__(self, bitfile, device=None, download: bool = True, set_pl_clocks: bool = True):
         bitfile = Path(bitfile)
         for path in (bitfile, bitfile.with_suffix(".hwh")):
             if not path.is_file():
                 raise BitstreamError(f"{path} is missing: pynq.Overlay needs the .bit and its .hwh "
                                      "side by side (Vivado leaves both: see docs/rtl.md)")
         super().__init__(str(bitfile.resolve()), download=False, device=device)
-        if download and isinstance(self.device, TwinDevice):
-            # A twin has no processing system whose PL clock registers Overlay.download would set
-            # (its clock is the board's pl_clock_hz): load the design only.
-            Bitstream.download(self, self.parser)
-        elif download:
+        if download and set_pl_clocks:
             self.download()
+        elif download:
+            Bitstream.download(self, self.parser)
         self.accel = getattr(self, ip.ACCEL_CELL)
         self.dma = getattr(self, ip.DMA_CELL)
         if not isinstance(self.accel, InsituAcceleratorIP):
             raise BitstreamError(f"{bitfile}: {ip.ACCEL_CELL} is not {IP_VLNV}")
         self.accel.check_design(str(bitfile))
-
-
-class PSGOutput(NamedTuple):
-    """What :meth:`Accelerator.run_psg` returns: ``g_msb`` (``(a, 16)``, rescaled by SHIFT),
-    ``sign`` (``(a, 16)``, eq. 2), and the PSG_PREDICTED and PSG_MAX registers after the op."""
-
-    g_msb: np.ndarray
-    sign: np.ndarray
-    predicted: int
-    peak: int
 
 
 class Accelerator:
@@ -205,15 +199,6 @@ class Accelerator:
         self.dma_bytes += (in_beats + out_beats) * BEAT_BYTES
         return result
 
-    def run_psg(self, cfg: pe_stream.PSGConfig, dy_rows, x_blocks) -> PSGOutput:
-        """One PE3_PSG op (:func:`insitu.tt.pe_stream.psg_config`): ``dy_rows`` ``(a, b)`` 16-bit
-        gradient codes, ``x_blocks`` ``(a/d, b, 16)`` 8-bit activation codes (PE3's operands).
-        The next threshold: ``numerics.psg_threshold``'s rule on ``peak``."""
-        words = self.run(Op.PE3_PSG, pe_stream.stream_in(cfg, dy_rows, x_blocks), SIZE_A=cfg.a,
-                         SIZE_B=cfg.b, SIZE_C=cfg.c, SIZE_D=cfg.d, SHIFT=cfg.shift, PSG_TAU=cfg.tau)
-        out = pe_stream.unpack_out(cfg, words)
-        return PSGOutput(out[:, 0], out[:, 1], self.read("PSG_PREDICTED"), self.read("PSG_MAX"))
-
     def _check_dma(self, op: Op) -> None:
         """A DMA error (a bad address, a transfer the DMA cannot make) ends the op at once."""
         if self.dma.sendchannel.error or self.dma.recvchannel.error:
@@ -251,63 +236,3 @@ class Accelerator:
             channel._first_transfer = True
             channel.start()
         self.written.clear()
-
-
-# ---------------------------------------------------------------------------------- boards
-
-def _real_board_device():
-    """The PYNQ device of the board this runs on, or a UsageError within seconds."""
-    import warnings
-
-    import pynq
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            devices = pynq.Device.devices
-        except Exception as exc:                 # pynq's probes fail in many ways off a board
-            devices, why = [], f" ({exc})"
-        else:
-            why = ""
-    if not devices:
-        raise UsageError("no PYNQ board here" + why + ": run this on the board's PYNQ image "
-                         "(copy it there with `insitu deploy --board BOARD --host HOST`), or train "
-                         "on a simulated twin with --board BOARD-sim")
-    return devices[0]
-
-
-def twin_overlay_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "insitu" / "overlays"
-
-
-def open_board(board, mode: str = "fast", bitstream=None, timeout_s: float | None = None,
-               fault: str | None = None) -> Accelerator:
-    """The accelerator of ``board`` (an :class:`insitu.boards.Board`), ready to run ops.
-
-    A real board needs ``bitstream`` (the .bit with its .hwh beside it) and a PYNQ image. A twin
-    loads ``bitstream`` when given (a twin overlay), else one written for it; ``mode`` picks its
-    model of the PL (``fast``, ``rtl`` (compiled with Verilator) or ``rtl-amaranth``); ``fault``
-    injects a DMA fault (tests of the timeouts).
-    """
-    if board.kind != "fpga-soc":
-        raise UsageError(f"{board.name} is not an FPGA board; the accelerator runs on "
-                         "ultra96v2, zedboard and their -sim twins")
-    if not board.is_twin:
-        if bitstream is None:
-            raise UsageError(f"--board {board.name} needs --bitstream FILE.bit (with its .hwh beside "
-                             f"it; `insitu rtl generate` writes the Vivado scripts that build them)")
-        for path in (Path(bitstream), Path(bitstream).with_suffix(".hwh")):
-            if not path.is_file():
-                raise BitstreamError(f"{path} is missing: pynq.Overlay needs the .bit and its .hwh side by side")
-        device = _real_board_device()
-        overlay = InsituOverlay(bitstream, device=device)
-        return Accelerator(overlay, timeout_s or DEFAULT_TIMEOUT_S, board.fpga["pl_clock_hz"])
-    if mode not in MODES:
-        raise UsageError(f"unknown twin mode {mode!r}; choose one of {', '.join(MODES)}")
-    device = TwinDevice(board.twin_of, mode, fault=fault)
-    if bitstream is None:
-        # Rewritten at every start (atomically): it always matches this insitu version.
-        bitstream = write_twin_overlay(board.twin_of, twin_overlay_dir() / board.name)
-    overlay = InsituOverlay(bitstream, device=device)
-    default = RTL_TIMEOUT_S.get(mode, DEFAULT_TIMEOUT_S)
-    return Accelerator(overlay, timeout_s or default, board.fpga["pl_clock_hz"])

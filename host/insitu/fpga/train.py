@@ -23,7 +23,7 @@ from insitu.errors import InsituError, UsageError
 from insitu.io import check_writable
 
 from . import power
-from .driver import open_board
+from .boards import open_board
 from .regs import bitstream_params
 from .tt_board import NETWORKS, BoardExecutor, check_fits, mac_counters
 

@@ -1,11 +1,13 @@
 """Simulated boards: a ``pynq.Device`` whose registers and DMA buffers are served by a model of
-the programmable logic, so that the unchanged PYNQ driver (``pynq.Overlay``, ``DefaultIP``,
-``MMIO``, ``allocate``, ``pynq.lib.dma.DMA``) runs here as it runs on a board.
+the programmable logic, so that the unchanged PYNQ driver (:mod:`insitu.fpga.driver`:
+``pynq.Overlay``, ``DefaultIP``, ``MMIO``, ``allocate``, ``pynq.lib.dma.DMA``) runs here as it runs
+on a board. The driver is handed a :class:`TwinDevice` instead of the board's own device
+(:func:`insitu.fpga.boards.open_board`); it does not know the difference.
 
 * :class:`TwinDevice` has pynq's ``REGISTER_RW`` capability: ``pynq.MMIO`` sends every register
   access to :meth:`TwinDevice.read_registers` / :meth:`write_registers`, which route it by
   address, as the board's interconnect does, to the accelerator (served by a model of
-  :mod:`insitu.fpga.pl`: the functional model, or the RTL compiled with Verilator or in
+  :mod:`insitu.fpga.twin_models`: the functional model, or the RTL compiled with Verilator or in
   Amaranth's simulator) or to the AXI DMA.
 * :class:`AxiDmaModel` is the register interface of Xilinx's AXI DMA in simple mode (PG021:
   MM2S/S2MM control, status, address and length registers), moving bytes between the twin's
@@ -36,7 +38,9 @@ from insitu.accel import ip
 from insitu.accel.params import DEFAULT_PARAMS, IP_VLNV, STREAM_WORDS, AcceleratorParams
 from insitu.accel.regmap import VERSION
 
-from .pl import CompiledRTLModel, FunctionalModel, RTLModel
+from .driver import BEAT_BYTES, BitstreamError
+from .hwh import write_hwh
+from .twin_models import CompiledRTLModel, FunctionalModel, RTLModel
 
 #: A twin's models of the PL: the functional model (fast), the RTL compiled with Verilator (rtl),
 #: the RTL in Amaranth's simulator (rtl-amaranth: the reference, ~1000x slower than rtl).
@@ -44,12 +48,7 @@ MODES = ("fast", "rtl", "rtl-amaranth")
 RTL_MODELS = {"rtl": CompiledRTLModel, "rtl-amaranth": RTLModel}
 #: Where the twin's DDR hands out buffer addresses (inside the HP port's DDR window of both boards).
 DDR_BASE = 0x1000_0000
-BEAT_BYTES = 2 * STREAM_WORDS
 TWIN_FORMAT = "insitu-twin-bitstream"
-
-
-class BitstreamError(UsageError):
-    """A bitstream or its .hwh is missing, of another design, or of another register map."""
 
 
 # ------------------------------------------------------------------------------------ twin overlay
@@ -58,8 +57,6 @@ def write_twin_overlay(board: str, folder, params: AcceleratorParams = DEFAULT_P
                        version: int = VERSION) -> Path:
     """Write ``insitu_<board>.bit`` (the design's description) and ``.hwh`` into ``folder``;
     returns the .bit path. ``board`` is the real board the twin stands for (its block design)."""
-    from .hwh import write_hwh
-
     folder = Path(folder)
     bit = folder / f"{ip.bitstream_name(board)}.bit"
     write_hwh(board, bit.with_suffix(".hwh"))
@@ -329,7 +326,8 @@ class TwinDevice(pynq.Device):
     # --- the interconnect
     def _access(self, address: int, value: int | None = None) -> int:
         if self.pl is None:
-            raise BitstreamError(f"{self.name}: no overlay loaded; load one with insitu.fpga.open_board")
+            raise BitstreamError(f"{self.name}: no overlay loaded; load one with "
+                                 "insitu.fpga.boards.open_board")
         self.pl.advance(self.dma)
         for base, span, kind in self.windows:
             if base <= address < base + span:

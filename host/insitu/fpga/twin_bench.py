@@ -27,6 +27,7 @@ def bench_ops(seed: int = 2024):
     other). Small: the Amaranth simulator runs them in seconds."""
     from insitu.lrt.pe_ops import LRTPEModel
     from insitu.accel.regmap import Op
+    from insitu.accel.stream import pad_words
     from insitu.tt import pe_stream
     from insitu.tt.pe_stream import PEConfig
 
@@ -42,14 +43,10 @@ def bench_ops(seed: int = 2024):
             lhs, rhs = rng.integers(-2**15, 2**15, (a, b, c)), rng.integers(-8, 8, (b, d))
         else:
             lhs, rhs = rng.integers(-2**15, 2**15, (a, b)), rng.integers(-2**15, 2**15, (a // d, b, 16))
-        ops.append((f"{kind} a={a} b={b} c={c} d={d}", Op(cfg.op), pe_stream.stream_in(cfg, lhs, rhs),
+        ops.append((f"{kind} a={a} b={b} c={c} d={d}", cfg.op, pe_stream.stream_in(cfg, lhs, rhs),
                     dict(SIZE_A=a, SIZE_B=b, SIZE_C=c, SIZE_D=d, SHIFT=shift)))
     lrt = LRTPEModel()
     m, n = 12, 10
-
-    def pad(values):
-        v = np.asarray(values, np.int64).ravel()
-        return np.concatenate([v, np.zeros(-v.size % 8, np.int64)])
 
     def lrt_op(op, words=None, **regs):
         lrt.configure(**regs)
@@ -57,9 +54,10 @@ def bench_ops(seed: int = 2024):
             LRT_SIDE=lrt.side, LRT_ROWS_L=lrt.rows_l, LRT_ROWS_R=lrt.rows_r, LRT_COLS=lrt.cols,
             LRT_RECIP=lrt.recip, SHIFT=lrt.shift)))
 
-    lrt_op(Op.LRT_LOAD_WEIGHTS, pad(rng.integers(-128, 128, m * n)), rows_l=m, rows_r=n, cols=0)
-    lrt_op(Op.LRT_LOAD_BASIS, pad(rng.integers(-8000, 8000, (m, 8))), side=0)
-    lrt_op(Op.LRT_PROJECT, pad(rng.integers(-2**15, 2**15, m)), side=0, cols=2)
+    lrt_op(Op.LRT_LOAD_WEIGHTS, pad_words(rng.integers(-128, 128, m * n)), rows_l=m, rows_r=n,
+           cols=0)
+    lrt_op(Op.LRT_LOAD_BASIS, pad_words(rng.integers(-8000, 8000, (m, 8))), side=0)
+    lrt_op(Op.LRT_PROJECT, pad_words(rng.integers(-2**15, 2**15, m)), side=0, cols=2)
     lrt_op(Op.LRT_READ_WEIGHTS)
     return ops
 
@@ -78,7 +76,7 @@ def _compile_seconds() -> float | None:
 def run_one(name: str, ops, overlay: Path, min_seconds: float, log=lambda text: None) -> tuple[dict, list]:
     """One simulator's row and its outputs (of the first pass)."""
     from insitu.boards import get_board
-    from insitu.fpga.driver import open_board
+    from insitu.fpga.boards import open_board
 
     mode = SIMULATORS[name]
     started = time.perf_counter()

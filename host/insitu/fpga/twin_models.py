@@ -1,4 +1,4 @@
-"""What serves a twin's programmable logic: the accelerator's registers and its two AXI streams.
+"""The twin's models of the programmable logic: they serve the accelerator's registers and streams.
 
 Interchangeable models of the same hardware, behind one small interface (``axil_read``,
 ``axil_write``, ``advance``, ``cycles``, ``in_flight``):
@@ -33,7 +33,7 @@ import numpy as np
 from insitu.lrt.pe_ops import REGISTER_NAMES as LRT_ATTRS
 from insitu.lrt.pe_ops import LRTPEModel
 from insitu.accel.params import CLOCK_HZ, DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
-from insitu.accel.regmap import LRT_OPS, PE_OPS, REGISTERS, ErrorCode, Op, reset_value
+from insitu.accel.regmap import LRT_OPS, OFFSETS, PE_OPS, REGISTERS, ErrorCode, Op, reset_value
 from insitu.accel import stream
 from insitu.tt import pe_stream
 
@@ -44,6 +44,7 @@ _TT_KINDS = {op: kind for kind, op in PE_OPS.items()}
 #: The ops of PE3: an op of these that ends in ERROR resets PE3, and with it the PSG registers.
 _PE3_OPS = (Op.PE3, Op.PE3_PSG)
 _U32 = (1 << 32) - 1
+_CTRL_OFFSET = OFFSETS["CTRL"]
 
 
 class FunctionalModel:
@@ -332,9 +333,6 @@ class RTLModel:
         if pending_in:
             dma.unpop_input(len(pending_in))
         return True
-
-
-_CTRL_OFFSET = next(r.offset for r in REGISTERS if r.name == "CTRL")
 
 
 class CompiledRTLModel:
