@@ -3,7 +3,7 @@
 import pytest
 
 from insitu.e2train import energy
-from insitu.fpga.power import HOROWITZ_PJ
+from insitu.measure.energy import HOROWITZ_PJ
 
 pytestmark = pytest.mark.unit
 

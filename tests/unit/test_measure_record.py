@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from insitu.errors import InsituError, UsageError
+from insitu.measure.energy import integrate
 from insitu.measure.meters import Meter, MeterError, Sample, open_meter
 from insitu.measure.phases import PHASE_ENV, intervals, mark, phase, read_markers
-from insitu.measure.record import (exit_code_of, integrate, load_csv, measure_call, run_command,
+from insitu.measure.record import (exit_code_of, load_csv, measure_call, run_command,
                                    summarize, summarize_files)
 
 pytestmark = pytest.mark.unit

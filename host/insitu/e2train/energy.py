@@ -5,7 +5,7 @@ layer processed (SLU's skipped blocks report 0; SMD's dropped mini-batches repor
 so they cost nothing), and PSG reports, per layer, the fraction of weight-gradient signs its
 predictor decided. :class:`EnergyCounter` turns these into operation counts by kind and width,
 and prices them with Horowitz's 45 nm per-operation energies (ISSCC 2014, the table E²-Train
-cites as [59]; the figures and the multiplier interpolation are :mod:`insitu.fpga.power`'s).
+cites as [59]; the figures and the multiplier interpolation are :mod:`insitu.measure.energy`'s).
 
 Per weight layer (conv, dense) and executed sample, with ``M`` its forward MACs per sample:
 
@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from insitu.fpga.power import HOROWITZ_PJ, mult_pj
+from insitu.measure.energy import ACCUMULATE_PJ, HOROWITZ_PJ, mult_pj
 from insitu.numerics import (PSG_ACTIVATION_BITS, PSG_ACTIVATION_MSB_BITS, PSG_GRADIENT_BITS,
                              PSG_GRADIENT_MSB_BITS, PSG_OUTPUT_BITS, PSG_WEIGHT_BITS)
 
@@ -71,7 +71,7 @@ SIGN_BITS = 2
 
 def int_mac_pj(a_bits: int, b_bits: int) -> float:
     """An integer MAC: the a x b multiplier plus a 32-bit accumulator add."""
-    return mult_pj(a_bits, b_bits) + HOROWITZ_PJ["int32_add"]
+    return mult_pj(a_bits, b_bits) + ACCUMULATE_PJ
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Phase markers: how a run tells the power recorder what it is doing, and when.
 
-The protocol is one environment variable and one file. The recorder (``insitu power record``, or
-``insitu train --meter``) sets :data:`PHASE_ENV` to the path of a file; the measured run appends
-one JSON object per line to it::
+The protocol is one environment variable and one file per recorder. The recorder (``insitu power
+record``, ``insitu train --meter``, or a board's rails recording) adds the path of its file to
+:data:`PHASE_ENV` (``os.pathsep``-separated, so that recordings may nest); the measured run appends
+one JSON object per line to each::
 
     {"t": 1732370000.123456, "phase": "train", "event": "start", "samples": null}
     {"t": 1732370042.654321, "phase": "train", "event": "stop", "samples": 6000}
@@ -44,23 +45,39 @@ EVENTS = ("start", "stop")
 
 
 def mark(name: str, event: str, samples: int | None = None, t: float | None = None) -> None:
-    """Append one marker (``event`` is ``start`` or ``stop``) to the file :data:`PHASE_ENV` names."""
-    path = os.environ.get(PHASE_ENV)
-    if not path:
+    """Append one marker (``event`` is ``start`` or ``stop``) to each file :data:`PHASE_ENV` names."""
+    paths = [p for p in os.environ.get(PHASE_ENV, "").split(os.pathsep) if p]
+    if not paths:
         return
     if event not in EVENTS:
         raise ValueError(f"phase marker event must be one of {EVENTS}, got {event!r}")
     line = json.dumps({"t": time.time() if t is None else float(t), "phase": str(name),
                        "event": event, "samples": None if samples is None else int(samples)})
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    for path in paths:
         try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        warnings.warn(f"cannot write the phase marker to {path} ({PHASE_ENV}): {exc.strerror}",
-                      RuntimeWarning, stacklevel=2)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            warnings.warn(f"cannot write the phase marker to {path} ({PHASE_ENV}): {exc.strerror}",
+                          RuntimeWarning, stacklevel=2)
+
+
+@contextmanager
+def listening(path: str | Path):
+    """Add ``path`` to :data:`PHASE_ENV` for the ``with`` block (markers go to it as well as to
+    any recorder already listening); the variable is restored after."""
+    previous = os.environ.get(PHASE_ENV)
+    os.environ[PHASE_ENV] = os.pathsep.join(p for p in (previous, str(path)) if p)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(PHASE_ENV, None)
+        else:
+            os.environ[PHASE_ENV] = previous
 
 
 class PhaseHandle:

@@ -1,28 +1,77 @@
-"""PYNQ power rails as a streaming meter: ``pynq-rails[:RAIL,...][@HZ]``.
+"""PYNQ power rails: the one sampler of a board's rails, as a streaming meter
+(``--meter pynq-rails[:RAIL,...][@HZ]``) and as a recording of a training run on the board
+(:class:`RailsRecording`).
 
 The board's regulators as PYNQ reads them (``pynq.get_rails()``: PMBus through libsensors, e.g. on
-an Ultra96-V2). Which sensors make up the board's power is decided as
-:class:`insitu.fpga.power.RailRecorder` decides it (:func:`~insitu.fpga.power.select_power_sensors`:
-the input rail alone where there is one, else every rail's power, V x I where a rail has no power
-sensor); ``pynq-rails:VCCINT,VCC1V8`` sums the named rails instead. Where the recorder keeps
-``pynq.DataRecorder``'s pandas frame and integrates after the run, this meter streams: a thread
-reads the sensors every ``1/HZ`` s (default 20 Hz, the recorder's 0.05 s) the way
-``DataRecorder`` does (each sensor's parents first, as ``pynq.pmbus.MultiSensor``), host-timed,
-without pandas.
+an Ultra96-V2). The board's power is the input rail alone where there is one, else every rail's
+power, V x I where a rail has no power sensor (:func:`select_power_sensors`);
+``pynq-rails:VCCINT,VCC1V8`` sums the named rails instead. A thread reads the sensors every
+``1/HZ`` s (default 20 Hz) the way ``pynq.DataRecorder`` does (each sensor's parents first, as
+``pynq.pmbus.MultiSensor``), host-timed, without pandas.
 
-Off-board ``get_rails()`` is empty (no PMBus regulators to read): opening says so.
+Off-board ``get_rails()`` is empty (no PMBus regulators to read): the meter says so when opened,
+and :meth:`RailsRecording.open` returns None (the run's energy is then estimated).
 """
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
+import warnings
+from pathlib import Path
+
+import numpy as np
 
 from insitu.errors import UsageError
 from insitu.measure import meters
 from insitu.measure.meters import Meter, MeterError, Sample, SampleQueue
+from insitu.measure.phases import read_markers
+from insitu.measure.record import InProcessRecording, summarize
 
 NO_RAILS = "no PYNQ power rails on this machine (a board's PYNQ image has them)"
+
+#: Rail names under which a board reports its total input power (compared without case, "_"
+#: and "-"). Where one is present, it alone is the board's power: summing it with the rails it
+#: feeds would count them twice.
+INPUT_RAIL_NAMES = ("12v", "vin")
+
+
+def board_rails() -> dict | None:
+    """``pynq.get_rails()``: the board's rails (empty off-board), or None without pynq."""
+    try:
+        with warnings.catch_warnings():
+            # "Could not initialise libsensors library": the expected answer off-board.
+            warnings.simplefilter("ignore")
+            from pynq import get_rails
+            return get_rails()
+    except ImportError:
+        return None
+
+
+def select_power_sensors(rails: dict) -> list:
+    """The sensors whose sum is the board's power: the input rail's power sensor when PYNQ
+    exposes one (:data:`INPUT_RAIL_NAMES`), else every rail's power. A rail with voltage and
+    current but no power sensor gets PYNQ's ``DerivedPowerSensor`` (V x I).
+
+    The sum of the output rails leaves out regulator losses and unmonitored parts of the board, so
+    it is lower than the draw at the wall plug.
+    """
+    def power_of(rail):
+        if rail.power is not None:
+            return rail.power
+        if rail.voltage is not None and rail.current is not None:
+            from pynq.pmbus import DerivedPowerSensor
+            return DerivedPowerSensor(f"{rail.name}_power", rail.voltage, rail.current)
+        return None
+
+    def norm(name):
+        return name.lower().replace("_", "").replace("-", "")
+
+    for name, rail in rails.items():
+        if norm(name) in INPUT_RAIL_NAMES and power_of(rail) is not None:
+            return [power_of(rail)]
+    return [s for s in map(power_of, rails.values()) if s is not None]
 
 
 def _read_sensors(sensors) -> list[float]:
@@ -54,8 +103,6 @@ class RailsMeter(Meter):
         self._samples = SampleQueue()
 
     def open(self) -> None:
-        from insitu.fpga.power import board_rails, select_power_sensors
-
         rails = self._rails
         if rails is None:
             rails = board_rails()
@@ -144,3 +191,64 @@ def parse_spec(arg: str) -> RailsMeter:
 
 
 meters.KINDS["pynq-rails"] = parse_spec
+
+
+class RailsRecording:
+    """The board's rails recorded while a run works in the ``with`` block; the phases are the
+    run's :func:`~insitu.measure.phases.phase` markers. ::
+
+        recording = RailsRecording.open()       # None without rails (ZedBoard, twins, this machine)
+        if recording:
+            with recording:
+                with phase("train"):
+                    ...
+            print(recording.summary())
+
+    The trace goes through a temporary CSV (the recorder of ``insitu power record``), removed
+    when the recording ends.
+    """
+
+    def __init__(self, meter: RailsMeter):
+        self.meter = meter
+        self._live: InProcessRecording | None = None
+        self._folder: tempfile.TemporaryDirectory | None = None
+        self._summary: dict | None = None
+
+    @classmethod
+    def open(cls, rate_hz: float = 20.0, rails: dict | None = None) -> RailsRecording | None:
+        """A recording of the board's rails, not yet started; None where PYNQ finds none."""
+        if rails is None:
+            rails = board_rails()
+            if rails is None:
+                return None               # without pynq there are no rails to read either
+        if not select_power_sensors(rails):
+            return None
+        return cls(RailsMeter(rate_hz=rate_hz, rails=rails))
+
+    def __enter__(self) -> RailsRecording:
+        self._folder = tempfile.TemporaryDirectory(prefix="insitu-rails-")
+        self._live = InProcessRecording(self.meter, Path(self._folder.name) / "rails.csv")
+        self._live.start()
+        return self
+
+    def __exit__(self, exc_type, *exc) -> bool:
+        live, self._live = self._live, None
+        try:
+            live.stop()
+            rec = live.recorder
+            rec.drain(time.time(), max_s=2.0 / self.meter.rate_hz)
+            rec.finish(ended="exit" if exc_type is None else "error", message="the run's rails",
+                       command=[], exit_code=None)
+            self._summary = {
+                **summarize(np.frombuffer(rec.t, dtype=float), np.frombuffer(rec.w, dtype=float),
+                            read_markers(rec.phase_path), rec.started_at),
+                "rails": [getattr(s, "name", str(s)) for s in self.meter.sensors], "source": "rails"}
+        finally:
+            self._folder.cleanup()
+        return False
+
+    def summary(self) -> dict:
+        """Energy, mean power and duration of the recording and of each phase (after the with)."""
+        if self._summary is None:
+            raise RuntimeError("RailsRecording.summary(): record first, and leave the with block")
+        return self._summary

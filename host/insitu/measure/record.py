@@ -17,7 +17,7 @@ Files, for ``--out run.csv``:
 - ``run.phases.jsonl`` — the phase markers the run appended (the file :data:`PHASE_ENV` names).
 - ``run.json`` — the record (the summary ``--json`` prints), written atomically at the end.
 
-Energy is the trapezoidal integral of the samples (:func:`integrate`); a phase is clipped to its
+Energy is the trapezoidal integral of the samples (:func:`insitu.measure.energy.integrate`); a phase is clipped to its
 interval, the power at its edges interpolated between the samples around them. The samples are
 kept in memory for the summary (16 bytes each: an hour at 10 kHz is 0.6 GB).
 """
@@ -39,8 +39,9 @@ import numpy as np
 
 from insitu.errors import InsituError, UsageError
 from insitu.io import atomic_write_json
+from insitu.measure.energy import integrate
 from insitu.measure.meters import Meter, MeterError, Sample
-from insitu.measure.phases import PHASE_ENV, intervals, mark, read_markers
+from insitu.measure.phases import PHASE_ENV, intervals, listening, mark, read_markers
 
 CSV_COLUMNS = ("host_time", "t", "watts", "volts", "amps")
 
@@ -48,26 +49,6 @@ CSV_COLUMNS = ("host_time", "t", "watts", "volts", "amps")
 ENDED = ("exit", "interrupted", "meter-error", "error")
 
 _FSYNC_EVERY_S = 2.0
-
-
-def integrate(t, w, start: float | None = None, stop: float | None = None) -> float:
-    """Trapezoidal integral of ``w`` over ``t`` (sorted), clipped to ``[start, stop]``; the value
-    at a clipped edge is interpolated linearly between its neighbours. Joules for watts over
-    seconds. Fewer than two samples, or an interval outside the trace, integrate to 0."""
-    t = np.asarray(t, dtype=float)
-    w = np.asarray(w, dtype=float)
-    if t.shape != w.shape or t.ndim != 1:
-        raise ValueError(f"integrate: t and w must be 1-D and of one length, got {t.shape} and {w.shape}")
-    if t.size < 2:
-        return 0.0
-    a = t[0] if start is None else max(float(start), t[0])
-    b = t[-1] if stop is None else min(float(stop), t[-1])
-    if not b > a:
-        return 0.0
-    i0, i1 = np.searchsorted(t, a, side="right"), np.searchsorted(t, b, side="left")
-    tt = np.concatenate(([a], t[i0:i1], [b]))
-    ww = np.concatenate(([np.interp(a, t, w)], w[i0:i1], [np.interp(b, t, w)]))
-    return float(np.sum((ww[1:] + ww[:-1]) * np.diff(tt)) / 2)
 
 
 def sidecar_paths(out: str | Path) -> tuple[Path, Path]:
@@ -440,37 +421,65 @@ def exit_code_of(record: dict) -> int:
 
 # ------------------------------------------------------------------------ measure a function call
 
+class InProcessRecording:
+    """``meter`` recorded into ``out`` by a thread while this process works in the ``with`` block;
+    :func:`~insitu.measure.phases.phase` calls meanwhile (here and in subprocesses) mark phases in
+    it. After the block, :attr:`recorder` holds the trace: ``recorder.finish(...)`` writes the
+    record."""
+
+    def __init__(self, meter: Meter, out: str | Path, *, what: str = "--out", poll_s: float = 0.1,
+                 notify: Callable[[str], None] = lambda message: None):
+        self.recorder = Recorder(meter, out, what=what)
+        self.poll_s, self.notify = poll_s, notify
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, name="insitu-power-recorder", daemon=True)
+        self._listening = listening(self.recorder.phase_path)
+
+    def _pump(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.recorder.pump(self.poll_s)
+            except MeterError as exc:
+                self.notify(f"the meter failed: {exc}; the trace until then is in "
+                            f"{self.recorder.out}; the run goes on unmeasured")
+                return
+
+    def start(self) -> None:
+        self.recorder.start()
+        self._listening.__enter__()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop marking and pumping (the meter stays open for a last drain and ``finish``)."""
+        self._listening.__exit__(None, None, None)
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self) -> InProcessRecording:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.stop()
+        return False
+
+
 def measure_call(meter: Meter, out: str | Path, fn: Callable[[], object], *, phase: str = "train",
                  command=None, poll_s: float = 0.1, drain_s: float = 2.0,
                  notify: Callable[[str], None] = lambda message: None):
     """Run ``fn()`` in this process while a thread records ``meter`` into ``out``;
-    ``(fn's value, record)``. :data:`PHASE_ENV` is set meanwhile, so :func:`~insitu.measure.phases.phase`
-    calls inside ``fn`` (and in its subprocesses) mark phases; when ``fn`` marks none, the whole
-    call is one phase named ``phase`` (its samples: the value's ``samples`` when it is a dict).
-    When ``fn`` raises, the record is written (``ended``: interrupted or error) and the exception
-    goes on."""
+    ``(fn's value, record)``. Phases are marked as :class:`InProcessRecording` says; when ``fn``
+    marks none, the whole call is one phase named ``phase`` (its samples: the value's ``samples``
+    when it is a dict). When ``fn`` raises, the record is written (``ended``: interrupted or
+    error) and the exception goes on."""
     import sys
 
-    rec = Recorder(meter, out, what="--power-out")
-    rec.start()
-    stop = threading.Event()
-
-    def pump():
-        while not stop.is_set():
-            try:
-                rec.pump(poll_s)
-            except MeterError as exc:
-                notify(f"the meter failed: {exc}; the trace until then is in {rec.out}; "
-                       "the run goes on unmeasured")
-                return
-
-    thread = threading.Thread(target=pump, name="insitu-power-recorder", daemon=True)
-    previous = os.environ.get(PHASE_ENV)
-    os.environ[PHASE_ENV] = str(rec.phase_path)
+    live = InProcessRecording(meter, out, what="--power-out", poll_s=poll_s, notify=notify)
+    rec = live.recorder
+    live.start()
     ended, message, value = "error", "the measured call raised", None
     t0 = time.time()
     try:
-        thread.start()
         value = fn()
         ended, message = "exit", "the run finished"
     except KeyboardInterrupt:
@@ -481,27 +490,16 @@ def measure_call(meter: Meter, out: str | Path, fn: Callable[[], object], *, pha
         raise
     finally:
         t1 = time.time()
-        if previous is None:
-            os.environ.pop(PHASE_ENV, None)
-        else:
-            os.environ[PHASE_ENV] = previous
-        stop.set()
-        thread.join()
+        live.stop()
         if ended != "interrupted":
             rec.drain(t1, drain_s, poll_s)
         if not read_markers(rec.phase_path):
             samples = value.get("samples") if isinstance(value, dict) else None
             samples = samples if isinstance(samples, int) and not isinstance(samples, bool) else None
-            os.environ[PHASE_ENV] = str(rec.phase_path)
-            try:
+            with listening(rec.phase_path):
                 mark(phase, "start", t=t0)
                 if ended == "exit":
                     mark(phase, "stop", samples, t=t1)
-            finally:
-                if previous is None:
-                    os.environ.pop(PHASE_ENV, None)
-                else:
-                    os.environ[PHASE_ENV] = previous
         record = rec.finish(ended=ended, message=message,
                             command=list(sys.argv) if command is None else command,
                             exit_code=0 if ended == "exit" else None,
