@@ -56,6 +56,7 @@ refused with BLOCK (d does not divide a), ``in_beats`` means nothing.
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
+from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
@@ -64,8 +65,9 @@ from amaranth.utils import ceil_log2
 from insitu.numerics import (PSG_ACTIVATION_BITS, PSG_ACTIVATION_MSB_BITS, PSG_GRADIENT_BITS,
                               PSG_GRADIENT_MSB_BITS, TT_PE_DATA_BITS, accumulator_bits)
 
-from insitu.accel.params import DEFAULT_PARAMS, STREAM_BITS, STREAM_WORDS, AcceleratorParams
-from .pe_interface import BEATS_BITS, ERROR_BITS, PE, settled
+from insitu.accel.params import (DEFAULT_PARAMS, SIZE_BITS, STREAM_BITS, STREAM_WORDS,
+                                 AcceleratorParams)
+from .pe_interface import BEATS_BITS, ERROR_BITS, SHIFT_BITS, PE, settled
 from insitu.accel.regmap import ErrorCode, Op
 from .requantize import RoundShiftSaturate
 
@@ -117,93 +119,18 @@ class PE3(PE):
         bmax = p.pe3_b_max
         a, b, c, d = self.a, self.b, self.c, self.d
 
-        # ------------------------------------------------------------ configuration checks
-        # Registered over CFG_STAGES cycles (cfg_ready tells the top when they are settled):
-        # in_beats needs a / d, and a combinational divider is ~45 logic levels. A valid
-        # configuration has d | a, so a / d is an exact division, done with multiplies:
-        # a / d = (a >> k) * inverse(d >> k) mod 2**16 with k the trailing zeros of d, the
-        # inverse of the odd part from an 8-bit table and one Newton step; d | a exactly when
-        # the quotient times d gives a back (the BLOCK check).
         psg = Signal()
         out_row_beats = Signal(range(PSG_ROW_BEATS + 1))                   # output beats a row
         # Registered (op is a held configuration): the row issue logic depends on it.
         m.d.sync += psg.eq(self.op == Op.PE3_PSG)
         m.d.comb += out_row_beats.eq(Mux(psg, PSG_ROW_BEATS, ROW_BEATS))
-        row_beats = (b + STREAM_WORDS - 1) >> ceil_log2(STREAM_WORDS)     # dY beats a row
+        row_beats = dy_row_beats(b)
         m.d.comb += self.cfg_ready.eq(settled(
             m, [self.op, a, b, c, d, self.shift, self.psg_tau], CFG_STAGES))
-        M16 = (1 << 16) - 1
-        # stage 1: k, the odd parts, the table; a * row_beats; every check but BLOCK
-        k = Signal(range(16))
-        for bit in reversed(range(16)):                  # the lowest set bit wins
-            with m.If(d[bit]):
-                m.d.comb += k.eq(bit)
-        inv_table = Memory(shape=8, depth=128, init=[pow(2 * i + 1, -1, 256) for i in range(128)])
-        m.submodules.inv_table = inv_table
-        inv_rd = inv_table.read_port(domain="comb")
-        d_odd = Signal(16)
-        m.d.comb += [d_odd.eq(d >> k), inv_rd.addr.eq(d_odd[1:8])]
-        d1, a_odd1, x0 = Signal(16), Signal(16), Signal(8)
-        block_due = Signal()                             # BLOCK decides unless an earlier check
-        # The checks registered one flag each, their priority in stage 2: the compares on the
-        # sizes feed plain D inputs, not an If chain that Yosys maps onto early_err's reset/CE.
-        zero1, clanes1, tile1, shift1, tau1 = (Signal(name=f"{n}_bad1")
-                                               for n in ("zero", "clanes", "tile", "shift", "tau"))
-        # a and row_beats registered, a * row_beats in stage 2 (the b adder not in front of it).
-        a1, row_beats1 = Signal(16), Signal(16)
-        m.d.sync += [
-            zero1.eq((a == 0) | (b == 0) | (c == 0) | (d == 0)),
-            clanes1.eq(c != L),
-            tile1.eq(b > bmax),
-            shift1.eq((self.shift < p.shift_min) | (self.shift > p.shift_max)),
-            tau1.eq((self.op == Op.PE3_PSG) & (self.psg_tau == 0)),
-            a1.eq(a), row_beats1.eq(row_beats),
-        ]
-        m.d.sync += [
-            block_due.eq((a != 0) & (b != 0) & (c != 0) & (d != 0) & (c == L)),
-            d1.eq(d), a_odd1.eq(a >> k), x0.eq(inv_rd.data),
-            self.out_beats.eq(a * Mux(self.op == Op.PE3_PSG, PSG_ROW_BEATS, ROW_BEATS)),
-        ]
-        # stage 2: e = 2 - d_odd x0 (the Newton step's factor), p = (a >> k) x0, mod 2**16
-        e2, p2 = Signal(16), Signal(16)
-        d2, a2, b2 = Signal(16), Signal(16), Signal(16)
-        a_rows2, err2, due2 = Signal(32), Signal(ERROR_BITS), Signal()
-        d_odd1 = Signal(16)
-        m.d.sync += d_odd1.eq(d_odd)
-        m.d.sync += [
-            e2.eq((2 - (d_odd1 * x0)[:16]) & M16), p2.eq((a_odd1 * x0)[:16]),
-            d2.eq(d1), a2.eq(a), b2.eq(b), a_rows2.eq(a1 * row_beats1),
-            due2.eq(block_due),
-        ]
-        with m.If(zero1):
-            m.d.sync += err2.eq(ErrorCode.ZERO_SIZE)
-        with m.Elif(clanes1):
-            m.d.sync += err2.eq(ErrorCode.C_LANES)
-        with m.Elif(tile1):
-            m.d.sync += err2.eq(ErrorCode.TILE)
-        with m.Elif(shift1):
-            m.d.sync += err2.eq(ErrorCode.SHIFT)
-        with m.Elif(tau1):
-            m.d.sync += err2.eq(ErrorCode.PSG_TAU)
-        with m.Else():
-            m.d.sync += err2.eq(ErrorCode.NONE)
-        # stage 3: the quotient
-        q3 = Signal(16)
-        d3, a3, b3 = Signal(16), Signal(16), Signal(16)
-        a_rows3, err3, due3 = Signal(32), Signal(ERROR_BITS), Signal()
-        m.d.sync += [q3.eq((p2 * e2)[:16]), d3.eq(d2), a3.eq(a2), b3.eq(b2), a_rows3.eq(a_rows2),
-                     err3.eq(err2), due3.eq(due2)]
-        # stage 4: the products (a / d) * 2b and q d (all 32 bits: BLOCK needs them), registered (xcup: DSPs without registers)
-        qb4, qd4 = Signal(BEATS_BITS), Signal(32)
-        a4, a_rows4, err4, due4 = Signal(16), Signal(32), Signal(ERROR_BITS), Signal()
-        m.d.sync += [qb4.eq(q3 * (b3 << 1)), qd4.eq(q3 * d3), a4.eq(a3),
-                     a_rows4.eq(a_rows3), err4.eq(err3), due4.eq(due3)]
-        # stage 5: in_beats = (a / d) * 2b + a * row_beats; BLOCK where q d != a
-        m.d.sync += self.in_beats.eq((qb4 + a_rows4)[:BEATS_BITS])
-        with m.If(due4 & (qd4 != a4)):
-            m.d.sync += self.cfg_error.eq(ErrorCode.BLOCK)
-        with m.Else():
-            m.d.sync += self.cfg_error.eq(err4)
+        m.submodules.config = config = PE3Config(p)
+        m.d.comb += [getattr(config, name).eq(getattr(self, name)) for name in PE3Config.INPUTS]
+        m.d.comb += [self.cfg_error.eq(config.cfg_error), self.in_beats.eq(config.in_beats),
+                     self.out_beats.eq(config.out_beats)]
 
         # ------------------------------------------------------------ storage
         entry_bits = ceil_log2(bmax)
@@ -360,16 +287,184 @@ class PE3(PE):
             with m.Else():
                 m.d.sync += [s_idx.eq(s_idx + 1), w_idx.eq(w_idx + 1)]
 
-        # ------------------------------------------------------------ MAC pipeline
+        # ------------------------------------------------------------ MAC array and output
+        m.submodules.macs = macs = PE3MacArray(L, self.acc_bits, self.msb_acc_bits)
+        m.d.comb += [macs.start.eq(self.start), macs.issue.eq(issue), macs.first.eq(first),
+                     macs.last.eq(last), macs.dy_word.eq(dyf.r_data.word_select(w_idx, W)),
+                     macs.x_entry.eq(x_rd.data)]
+        m.submodules.rows_out = rows_out = PE3RowOutput(p, self.acc_bits, self.msb_acc_bits)
+        m.d.comb += [
+            rows_out.start.eq(self.start), rows_out.psg.eq(psg),
+            rows_out.out_row_beats.eq(out_row_beats), rows_out.shift.eq(self.shift),
+            rows_out.psg_tau.eq(self.psg_tau), rows_out.res.eq(macs.res),
+            rows_out.msb_res.eq(macs.msb_res), rows_out.res_due.eq(macs.res_due),
+            rows_out.res_valid.eq(macs.res_valid),
+            outf.w_data.eq(rows_out.beat),
+            outf.w_en.eq(rows_out.beat_valid),
+            self.m.payload.eq(outf.r_data),
+            self.m.valid.eq(outf.r_rdy),
+            outf.r_en.eq(self.m.ready),
+            self.psg_predicted.eq(rows_out.psg_predicted),
+            self.psg_max.eq(rows_out.psg_max),
+        ]
+
+        # ------------------------------------------------------------ busy
+        with m.If(self.start):
+            m.d.sync += [self.busy.eq(1), out_left.eq(self.out_beats)]
+        with m.Elif(m_fire & self.busy):
+            m.d.sync += out_left.eq(out_left - 1)
+            with m.If(out_left == 1):
+                m.d.sync += self.busy.eq(0)
+        return m
+
+
+class PE3Config(wiring.Component):
+    """PE3's configuration results, ``cfg_error``, ``in_beats`` and ``out_beats``, registered
+    ``CFG_STAGES`` cycles after the configuration (the PE's ``cfg_ready`` waits for them).
+
+    Separate from the datapath: it reads only the held configuration, and it is a pipeline of
+    its own (``a / d`` as an exact division by multiplies, see ``elaborate``).
+    """
+
+    #: The PE's configuration ports this reads (same names here).
+    INPUTS = ("op", "a", "b", "c", "d", "shift", "psg_tau")
+
+    def __init__(self, params: AcceleratorParams):
+        self.params = params
+        super().__init__({
+            "op": In(8),
+            "a": In(SIZE_BITS), "b": In(SIZE_BITS), "c": In(SIZE_BITS), "d": In(SIZE_BITS),
+            "shift": In(signed(SHIFT_BITS)),
+            "psg_tau": In(PSG_REG_BITS),
+            "cfg_error": Out(ERROR_BITS),
+            "in_beats": Out(BEATS_BITS),
+            "out_beats": Out(BEATS_BITS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        L = p.c_lanes
+        bmax = p.pe3_b_max
+        a, b, c, d = self.a, self.b, self.c, self.d
+        row_beats = dy_row_beats(b)
+        # in_beats needs a / d, and a combinational divider is ~45 logic levels. A valid
+        # configuration has d | a, so a / d is an exact division, done with multiplies:
+        # a / d = (a >> k) * inverse(d >> k) mod 2**16 with k the trailing zeros of d, the
+        # inverse of the odd part from an 8-bit table and one Newton step; d | a exactly when
+        # the quotient times d gives a back (the BLOCK check).
+        M16 = (1 << 16) - 1
+        # stage 1: k, the odd parts, the table; a * row_beats; every check but BLOCK
+        k = Signal(range(16))
+        for bit in reversed(range(16)):                  # the lowest set bit wins
+            with m.If(d[bit]):
+                m.d.comb += k.eq(bit)
+        inv_table = Memory(shape=8, depth=128, init=[pow(2 * i + 1, -1, 256) for i in range(128)])
+        m.submodules.inv_table = inv_table
+        inv_rd = inv_table.read_port(domain="comb")
+        d_odd = Signal(16)
+        m.d.comb += [d_odd.eq(d >> k), inv_rd.addr.eq(d_odd[1:8])]
+        d1, a_odd1, x0 = Signal(16), Signal(16), Signal(8)
+        block_due = Signal()                             # BLOCK decides unless an earlier check
+        # The checks registered one flag each, their priority in stage 2: the compares on the
+        # sizes feed plain D inputs, not an If chain that Yosys maps onto early_err's reset/CE.
+        zero1, clanes1, tile1, shift1, tau1 = (Signal(name=f"{n}_bad1")
+                                               for n in ("zero", "clanes", "tile", "shift", "tau"))
+        # a and row_beats registered, a * row_beats in stage 2 (the b adder not in front of it).
+        a1, row_beats1 = Signal(16), Signal(16)
+        m.d.sync += [
+            zero1.eq((a == 0) | (b == 0) | (c == 0) | (d == 0)),
+            clanes1.eq(c != L),
+            tile1.eq(b > bmax),
+            shift1.eq((self.shift < p.shift_min) | (self.shift > p.shift_max)),
+            tau1.eq((self.op == Op.PE3_PSG) & (self.psg_tau == 0)),
+            a1.eq(a), row_beats1.eq(row_beats),
+        ]
+        m.d.sync += [
+            block_due.eq((a != 0) & (b != 0) & (c != 0) & (d != 0) & (c == L)),
+            d1.eq(d), a_odd1.eq(a >> k), x0.eq(inv_rd.data),
+            self.out_beats.eq(a * Mux(self.op == Op.PE3_PSG, PSG_ROW_BEATS, ROW_BEATS)),
+        ]
+        # stage 2: e = 2 - d_odd x0 (the Newton step's factor), p = (a >> k) x0, mod 2**16
+        e2, p2 = Signal(16), Signal(16)
+        d2, a2, b2 = Signal(16), Signal(16), Signal(16)
+        a_rows2, err2, due2 = Signal(32), Signal(ERROR_BITS), Signal()
+        d_odd1 = Signal(16)
+        m.d.sync += d_odd1.eq(d_odd)
+        m.d.sync += [
+            e2.eq((2 - (d_odd1 * x0)[:16]) & M16), p2.eq((a_odd1 * x0)[:16]),
+            d2.eq(d1), a2.eq(a), b2.eq(b), a_rows2.eq(a1 * row_beats1),
+            due2.eq(block_due),
+        ]
+        with m.If(zero1):
+            m.d.sync += err2.eq(ErrorCode.ZERO_SIZE)
+        with m.Elif(clanes1):
+            m.d.sync += err2.eq(ErrorCode.C_LANES)
+        with m.Elif(tile1):
+            m.d.sync += err2.eq(ErrorCode.TILE)
+        with m.Elif(shift1):
+            m.d.sync += err2.eq(ErrorCode.SHIFT)
+        with m.Elif(tau1):
+            m.d.sync += err2.eq(ErrorCode.PSG_TAU)
+        with m.Else():
+            m.d.sync += err2.eq(ErrorCode.NONE)
+        # stage 3: the quotient
+        q3 = Signal(16)
+        d3, a3, b3 = Signal(16), Signal(16), Signal(16)
+        a_rows3, err3, due3 = Signal(32), Signal(ERROR_BITS), Signal()
+        m.d.sync += [q3.eq((p2 * e2)[:16]), d3.eq(d2), a3.eq(a2), b3.eq(b2), a_rows3.eq(a_rows2),
+                     err3.eq(err2), due3.eq(due2)]
+        # stage 4: the products (a / d) * 2b and q d (all 32 bits: BLOCK needs them), registered (xcup: DSPs without registers)
+        qb4, qd4 = Signal(BEATS_BITS), Signal(32)
+        a4, a_rows4, err4, due4 = Signal(16), Signal(32), Signal(ERROR_BITS), Signal()
+        m.d.sync += [qb4.eq(q3 * (b3 << 1)), qd4.eq(q3 * d3), a4.eq(a3),
+                     a_rows4.eq(a_rows3), err4.eq(err3), due4.eq(due3)]
+        # stage 5: in_beats = (a / d) * 2b + a * row_beats; BLOCK where q d != a
+        m.d.sync += self.in_beats.eq((qb4 + a_rows4)[:BEATS_BITS])
+        with m.If(due4 & (qd4 != a4)):
+            m.d.sync += self.cfg_error.eq(ErrorCode.BLOCK)
+        with m.Else():
+            m.d.sync += self.cfg_error.eq(err4)
+        return m
+
+
+class PE3MacArray(wiring.Component):
+    """PE3's multipliers: 16 multiply-accumulate lanes (dY word times X entry) and the PSG
+    predictor's 16 narrow ones, from an issued step to the row's sums in holding registers
+    (``res``, ``msb_res``; ``res_due`` the cycle before they land, ``res_valid`` the cycle after).
+
+    Separate because it is pure datapath: the issue logic decides when a step enters (``issue``,
+    with the row's ``first`` and ``last`` step) and nothing flows back to it.
+    """
+
+    def __init__(self, lanes: int, acc_bits: int, msb_acc_bits: int):
+        self.lanes, self.acc_bits, self.msb_acc_bits = lanes, acc_bits, msb_acc_bits
+        super().__init__({
+            "start": In(1),
+            "issue": In(1),
+            "first": In(1),
+            "last": In(1),
+            "dy_word": In(TT_PE_DATA_BITS),
+            "x_entry": In(lanes * TT_PE_DATA_BITS),
+            "res": Out(data.ArrayLayout(signed(acc_bits), lanes)),
+            "msb_res": Out(data.ArrayLayout(signed(msb_acc_bits), lanes)),
+            "res_due": Out(1),
+            "res_valid": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        W = TT_PE_DATA_BITS
+        L = self.lanes
         # Datapath registers have no reset (the valid bits qualify them): fewer flip-flops on
         # the reset net, and the DSPs can take the product registers.
         v1, first1, last1 = Signal(), Signal(), Signal()
         dy1 = Signal(signed(W), reset_less=True)
         m.d.sync += [
-            v1.eq(issue & ~self.start),
-            first1.eq(first),
-            last1.eq(last),
-            dy1.eq(dyf.r_data.word_select(w_idx, W)),
+            v1.eq(self.issue & ~self.start),
+            first1.eq(self.first),
+            last1.eq(self.last),
+            dy1.eq(self.dy_word),
         ]
         # Stage 1b: the X entry and the dY word registered once more before the multipliers. The
         # block RAM outputs (no output register) would otherwise run through the word select and
@@ -384,10 +479,10 @@ class PE3(PE):
         dy1b = Signal(signed(W), reset_less=True)
         dy1b_msb = Signal(signed(PSG_GRADIENT_MSB_BITS), reset_less=True)
         m.d.sync += [v1b.eq(v1 & ~self.start), first1b.eq(first1), last1b.eq(last1),
-                     x1b.eq(x_rd.data), dy1b.eq(dy1),
+                     x1b.eq(self.x_entry), dy1b.eq(dy1),
                      dy1b_msb.eq(msb_code(dy1, PSG_GRADIENT_BITS, PSG_GRADIENT_MSB_BITS))]
         for k in range(L):
-            x_word = x_rd.data.word_select(k, W)
+            x_word = self.x_entry.word_select(k, W)
             m.d.sync += x1b_msb[k].eq(msb_code(x_word[:PSG_ACTIVATION_BITS], PSG_ACTIVATION_BITS,
                                                PSG_ACTIVATION_MSB_BITS))
         v2, first2, last2 = Signal(), Signal(), Signal()
@@ -408,8 +503,9 @@ class PE3(PE):
                    for k in range(L)]
         msb_res = [Signal(signed(self.msb_acc_bits), name=f"msb_res{k}", reset_less=True)
                    for k in range(L)]
-        res_v = Signal()
-        m.d.sync += res_v.eq(v2 & last2 & ~self.start)
+        res_v = self.res_valid
+        m.d.comb += self.res_due.eq(v2 & last2 & ~self.start)
+        m.d.sync += res_v.eq(self.res_due)
         for k in range(L):
             total = Mux(first2, 0, acc[k]) + prod[k]
             msb_total = Mux(first2, 0, msb_acc[k]) + msb_prod[k]
@@ -418,8 +514,44 @@ class PE3(PE):
                 with m.If(last2):
                     m.d.sync += [res[k].eq(total), msb_res[k].eq(msb_total)]
 
-        # ------------------------------------------------------------ rescale and output
-        # One beat a cycle from the holding registers: phase 0 is the cycle res_v is high, then
+        m.d.comb += [self.res[k].eq(res[k]) for k in range(L)]
+        m.d.comb += [self.msb_res[k].eq(msb_res[k]) for k in range(L)]
+        return m
+
+
+class PE3RowOutput(wiring.Component):
+    """PE3's output side, one beat a cycle from a row's sums: the rounding shift and saturation
+    (PE3's beats and PE3_PSG's g_msb beats), the eq.-2 signs (PE3_PSG's sign beats), and the PSG
+    status registers (``psg_predicted``, ``psg_max``).
+
+    Separate from the MAC array because it runs at its own pace, ``out_row_beats`` cycles a row
+    through three registered stages, on the holding registers the MAC array fills once a row.
+    """
+
+    def __init__(self, params: AcceleratorParams, acc_bits: int, msb_acc_bits: int):
+        self.params, self.acc_bits, self.msb_acc_bits = params, acc_bits, msb_acc_bits
+        lanes = params.c_lanes
+        super().__init__({
+            "start": In(1),
+            "psg": In(1),
+            "out_row_beats": In(range(PSG_ROW_BEATS + 1)),
+            "shift": In(signed(SHIFT_BITS)),
+            "psg_tau": In(PSG_REG_BITS),
+            "res": In(data.ArrayLayout(signed(acc_bits), lanes)),
+            "msb_res": In(data.ArrayLayout(signed(msb_acc_bits), lanes)),
+            "res_due": In(1),
+            "res_valid": In(1),
+            "beat": Out(STREAM_BITS),
+            "beat_valid": Out(1),
+            "psg_predicted": Out(PSG_REG_BITS),
+            "psg_max": Out(PSG_REG_BITS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        W = TT_PE_DATA_BITS
+        # One beat a cycle from the holding registers: phase 0 is the cycle self.res_valid is high, then
         # 1 .. out_row_beats - 1. Bit 0 of the phase picks lanes 0-7 or 8-15; bit 1 (PE3_PSG)
         # the sign beats instead of the rescaled ones.
         phase = Signal(range(PSG_ROW_BEATS))
@@ -428,22 +560,22 @@ class PE3(PE):
         m.d.comb += phase_next.eq(phase)
         with m.If(self.start):
             m.d.sync += phase_on.eq(0)
-        with m.Elif(res_v):
+        with m.Elif(self.res_valid):
             m.d.comb += phase_next.eq(1)
             m.d.sync += phase_on.eq(1)
         with m.Elif(phase_on):
-            with m.If(phase == out_row_beats - 1):
+            with m.If(phase == self.out_row_beats - 1):
                 m.d.sync += phase_on.eq(0)
             with m.Else():
                 m.d.comb += phase_next.eq(phase + 1)
         m.d.sync += phase.eq(phase_next)
-        # The beat in hand (0 the cycle res_v is high, else phase) is a register formed from the
+        # The beat in hand (0 the cycle self.res_valid is high, else phase) is a register formed from the
         # next values: its bits select the lanes of all 16 x 2 sums (~1.3k loads), so no gate
         # sits between the flip-flop and that fan-out.
         cur = Signal(range(PSG_ROW_BEATS))
         cur_v = Signal()
-        m.d.sync += cur.eq(Mux(v2 & last2 & ~self.start, 0, phase_next))
-        m.d.comb += cur_v.eq(res_v | phase_on)
+        m.d.sync += cur.eq(Mux(self.res_due, 0, phase_next))
+        m.d.comb += cur_v.eq(self.res_valid | phase_on)
         upper, sign_beat = cur[0], cur[1]
 
         # Three registered stages (each well under 8 ns at 100 MHz): the lane mux (o1), the
@@ -463,9 +595,9 @@ class PE3(PE):
         o1_v, o1_sign = Signal(), Signal()
         m.d.sync += [o1_v.eq(cur_v & ~self.start), o1_sign.eq(sign_beat)]
         for k in range(R):
-            full_k = Mux(upper, res[k + R], res[k])
-            pred_k = Mux(upper, msb_res[k + R], msb_res[k])
-            m.d.sync += [sel_in[k].eq(Mux(psg, pred_k, full_k) + half), sel_pred[k].eq(pred_k),
+            full_k = Mux(upper, self.res[k + R], self.res[k])
+            pred_k = Mux(upper, self.msb_res[k + R], self.msb_res[k])
+            m.d.sync += [sel_in[k].eq(Mux(self.psg, pred_k, full_k) + half), sel_pred[k].eq(pred_k),
                          full_neg[k].eq(full_k < 0), full_nz[k].eq(full_k != 0)]
 
         words, signs_r, predicted, mags = [], [], [], []
@@ -490,13 +622,7 @@ class PE3(PE):
         beat, beat_v = Signal(STREAM_BITS, reset_less=True), Signal()
         m.d.sync += [beat.eq(Mux(o2_sign, Cat(*signs_r), Cat(*words))),
                      beat_v.eq(o2_v & ~self.start)]
-        m.d.comb += [
-            outf.w_data.eq(beat),
-            outf.w_en.eq(beat_v),
-            self.m.payload.eq(outf.r_data),
-            self.m.valid.eq(outf.r_rdy),
-            outf.r_en.eq(self.m.ready),
-        ]
+        m.d.comb += [self.beat.eq(beat), self.beat_valid.eq(beat_v)]
 
         # ------------------------------------------------------------ PSG status
         # Registered in stages off the beat path: the 8 |g_msb| of a g_msb beat, their max, then
@@ -508,8 +634,8 @@ class PE3(PE):
         peak2 = [Signal(self.msb_acc_bits, name=f"psg_peak2_{k}") for k in range(R // 2)]
         peak2_v = Signal()
         m.d.sync += [
-            mag_v.eq(o1_v & ~o1_sign & psg & ~self.start),
-            hits_v.eq(o1_v & o1_sign & psg & ~self.start),
+            mag_v.eq(o1_v & ~o1_sign & self.psg & ~self.start),
+            hits_v.eq(o1_v & o1_sign & self.psg & ~self.start),
             hits_r.eq(Cat(*predicted)),
             *(peak2[k].eq(_max_tree(mag_r[2 * k:2 * k + 2])) for k in range(R // 2)),
             peak2_v.eq(mag_v & ~self.start),
@@ -517,7 +643,7 @@ class PE3(PE):
             peak8_v.eq(peak2_v & ~self.start),
         ]
         m.d.sync += [mag_r[k].eq(mags[k]) for k in range(R)]
-        with m.If(self.start & psg):
+        with m.If(self.start & self.psg):
             m.d.sync += [self.psg_predicted.eq(0), self.psg_max.eq(0)]
         with m.Else():
             with m.If(hits_v):
@@ -525,14 +651,12 @@ class PE3(PE):
             with m.If(peak8_v & (peak8 > self.psg_max)):
                 m.d.sync += self.psg_max.eq(peak8)
 
-        # ------------------------------------------------------------ busy
-        with m.If(self.start):
-            m.d.sync += [self.busy.eq(1), out_left.eq(self.out_beats)]
-        with m.Elif(m_fire & self.busy):
-            m.d.sync += out_left.eq(out_left - 1)
-            with m.If(out_left == 1):
-                m.d.sync += self.busy.eq(0)
         return m
+
+
+def dy_row_beats(b):
+    """The dY beats of a row: its ``b`` words zero-padded to whole beats."""
+    return (b + STREAM_WORDS - 1) >> ceil_log2(STREAM_WORDS)
 
 
 def msb_code(code, bits: int, keep: int):
