@@ -7,6 +7,7 @@ ssh/scp/rsync are scripts in tmp_path.
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -16,18 +17,32 @@ from pathlib import Path
 import pytest
 
 from insitu.errors import UsageError
-from insitu.fpga import deploy
+from insitu.fpga import deploy, hwh as hwh_mod
 from insitu.accel import regmap
+from insitu.accel.ip import ACCEL_CELL
+from insitu.accel.params import IP_VLNV
 
 pytestmark = pytest.mark.system
 
 
-def _overlay(folder: Path, name="insitu_ultra96v2", bit=True, hwh=True):
+def xilinx_bit(data=bytes(range(256)) * 4, design="insitu_ultra96v2;UserID=0XFFFFFFFF;Version=2024.1",
+               part="xczu3eg-sbva484-1-i") -> bytes:
+    """A .bit as Vivado's write_bitstream lays it out: the header fields, then the data."""
+    def field(key: bytes, text: str) -> bytes:
+        raw = text.encode() + b"\0"
+        return key + len(raw).to_bytes(2, "big") + raw
+
+    return (deploy.BIT_MAGIC + field(b"a", design) + field(b"b", part) + field(b"c", "2026/01/02")
+            + field(b"d", "12:34:56") + b"e" + len(data).to_bytes(4, "big") + data)
+
+
+def _overlay(folder: Path, name="insitu_ultra96v2", bit=True, hwh=True, board="ultra96v2"):
+    """A .bit with a Xilinx header and the .hwh of ``board``'s block design (the twin's)."""
     folder.mkdir(parents=True, exist_ok=True)
     if bit:
-        (folder / f"{name}.bit").write_bytes(b"\x00\x09bitstream" * 100)
+        (folder / f"{name}.bit").write_bytes(xilinx_bit())
     if hwh:
-        (folder / f"{name}.hwh").write_text("<MODULES/>\n")
+        hwh_mod.write_hwh(board, folder / f"{name}.hwh")
     return folder / f"{name}.bit", folder / f"{name}.hwh"
 
 
@@ -72,10 +87,11 @@ def test_bundle_holds_overlay_wheel_script_and_manifest(bundle):
     for name, meta in manifest["files"].items():
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() == meta["sha256"], name
     assert json.loads((out / "manifest.json").read_text())["files"] == manifest["files"]
-    assert (out / "insitu_ultra96v2.hwh").read_text() == "<MODULES/>\n"
+    assert (out / "insitu_ultra96v2.hwh").read_text() == hwh_mod.hwh_xml("ultra96v2")
+    assert (out / "insitu_ultra96v2.bit").read_bytes() == xilinx_bit()
     with zipfile.ZipFile(out / manifest["wheel"]) as whl:
         names = set(whl.namelist())
-    assert {"insitu/fpga/deploy.py", "insitu/boards/ultra96v2.toml", "insitu/host/insitu/accel/regmap.py"} <= names
+    assert {"insitu/fpga/deploy.py", "insitu/boards/ultra96v2.toml", "insitu/accel/regmap.py"} <= names
     script = (out / "run.sh").read_text()
     assert "source /etc/profile.d/pynq_venv.sh" in script and "if [ -f /etc/profile.d/pynq_venv.sh ]" in script
     assert "pip install --no-deps" in script
@@ -112,7 +128,7 @@ def test_run_sh_installs_and_trains_with_a_stand_in_python(bundle, tmp_path):
 
 
 def test_overlay_from_build_rtl_and_existing_bundle_replaced(run_cli, tmp_path, wheel):
-    _overlay(tmp_path / "build" / "rtl", name="insitu_zedboard")
+    _overlay(tmp_path / "build" / "rtl", name="insitu_zedboard", board="zedboard")
     out = tmp_path / "b"
     first = run_cli("deploy", "--board", "zedboard", "--out", out, "--wheel", wheel, "--json", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -151,6 +167,71 @@ def test_half_an_overlay_is_a_usage_error(run_cli, tmp_path, wheel, given):
     assert run.returncode == 2, run.stderr
     assert "pynq.Overlay needs both" in run.stderr and "Traceback" not in run.stderr
     assert not out.exists()
+
+
+def test_the_bitstream_header_is_read(tmp_path):
+    path = tmp_path / "ok.bit"
+    path.write_bytes(xilinx_bit())
+    assert deploy.check_bitstream(path) == {
+        "design": "insitu_ultra96v2;UserID=0XFFFFFFFF;Version=2024.1", "part": "xczu3eg-sbva484-1-i",
+        "date": "2026/01/02", "time": "12:34:56"}
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"not a bitstream\n", r"bogus.bit has no Xilinx bitstream header: it is 16 bytes that are not "
+                           r"a Vivado \.bit; give the \.bit that Vivado's write_bitstream made"),
+    (b'{"format": "insitu-twin-bitstream"}', r"no Xilinx bitstream header: it is a simulated "
+                                             r"board's twin overlay, which runs only on a -sim board"),
+    (deploy.BIT_MAGIC + b"a\x00\x02x\x00z", r"bogus.bit: its Xilinx bitstream header is damaged "
+                                            r"\(it has the fields design, then no configuration data\)"),
+    (xilinx_bit()[:-10], r"bogus.bit is not whole: its header announces 1024 bytes of configuration "
+                         r"data, the file holds 1014"),
+])
+def test_deploy_refuses_a_bit_that_is_not_a_vivado_bitstream(run_cli, tmp_path, content, message):
+    """Checked before any work: no wheel is built (none is given), no bundle is left."""
+    bit, _ = _overlay(tmp_path / "v", name="bogus")
+    bit.write_bytes(content)
+    out = tmp_path / "b"
+    run = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--bit", bit, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert re.search(message, " ".join(run.stderr.split())), run.stderr
+    assert "Traceback" not in run.stderr and "building the insitu wheel" not in run.stdout
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (lambda xml: "<junk", r"bogus.hwh is not a hardware handoff \(\.hwh\): its XML does not parse"),
+    (lambda xml: "<MODULES/>\n", r"bogus.hwh is not a hardware handoff \(\.hwh\): its root element "
+                                 r"is <MODULES>, not <EDKSYSTEM>"),
+    (lambda xml: xml.replace(f'INSTANCE="{ACCEL_CELL}"', 'INSTANCE="other_0"'),
+     rf"bogus.hwh has no {ACCEL_CELL} cell: it is not the block design of the insitu accelerator; "
+     r"build the overlay from this insitu version \(`insitu rtl generate`, then its Vivado script\)"),
+    (lambda xml: xml.replace(f'VLNV="{IP_VLNV}"', 'VLNV="insitu.dev:insitu:insitu_accel:0.9"'),
+     rf"bogus.hwh: its {ACCEL_CELL} is the IP insitu.dev:insitu:insitu_accel:0.9, not {IP_VLNV}"),
+    (lambda xml: xml.replace('<REGISTER NAME="PSG_TAU">', '<REGISTER NAME="PSG_TAU_OLD">'),
+     rf"bogus.hwh: the registers of {ACCEL_CELL} are not this insitu's register map \(VERSION "
+     rf"{regmap.VERSION:#010x}\): no register PSG_TAU; register PSG_TAU_OLD is not in this map"),
+    (lambda xml: xml.replace('VALUE="0x1c"', 'VALUE="0x1d"'),
+     rf"are not this insitu's register map \(VERSION {regmap.VERSION:#010x}\): register SHIFT "
+     r"differs; build the overlay"),
+    (lambda xml: hwh_mod.hwh_xml("zedboard"),
+     r"bogus.hwh is a block design for a zynq device; ultra96v2 is Avnet Ultra96-V2 \(Zynq "
+     r"UltraScale\+ ZU3EG\), a zynquplus device: give ultra96v2's overlay"),
+])
+def test_deploy_refuses_a_hwh_of_another_design(run_cli, tmp_path, break_it, message):
+    bit, hwh = _overlay(tmp_path / "v", name="bogus")
+    hwh.write_text(break_it(hwh.read_text()))
+    out = tmp_path / "b"
+    run = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--bit", bit, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert re.search(message, " ".join(run.stderr.split())), run.stderr
+    assert "Traceback" not in run.stderr and not out.exists()
+
+
+def test_the_twins_hwh_and_a_vivado_header_pass_for_both_boards(tmp_path):
+    for board in ("ultra96v2", "zedboard"):
+        bit, hwh = _overlay(tmp_path / board, board=board)
+        deploy.check_overlay(board, bit, hwh)
 
 
 @pytest.mark.parametrize("board", ["ultra96v2-sim", "stm32f746-disco", "nope"])

@@ -33,11 +33,17 @@ from pathlib import Path
 
 from insitu.errors import InsituError, UsageError
 
+from .hwh import check_hwh
+
 #: ``format`` of manifest.json; an existing folder holding it may be replaced by a new bundle.
 BUNDLE_FORMAT = "insitu-deploy-bundle"
 BUNDLE_FORMAT_VERSION = 1
 #: Where ``insitu rtl generate --out build/rtl`` and its Vivado script leave the overlay.
 OVERLAY_SEARCH_DIR = Path("build") / "rtl"
+#: How every Xilinx .bit begins: a 9-byte field of 0x0ff0 words, then a field count of 1.
+BIT_MAGIC = bytes.fromhex("0009" "0ff00ff00ff00ff000" "0001")
+#: The .bit header's text fields, by key, before the configuration data (key ``e``).
+BIT_FIELDS = {b"a": "design", b"b": "part", b"c": "date", b"d": "time"}
 #: Relative to the login's home directory on the board.
 DEFAULT_REMOTE_DIR = "insitu-bundle"
 #: Fail rather than prompt (no key), and fail fast (no route). Host keys stay checked.
@@ -111,6 +117,40 @@ def find_overlay(board: str, bit=None, hwh=None,
     if not bit.is_file():
         raise UsageError(f"overlay files {bit} and {hwh} do not exist")
     return bit, hwh
+
+
+def check_bitstream(path) -> dict[str, str]:
+    """The header fields (design, part, date, time) of a Vivado .bit; a UsageError naming
+    ``path`` when it is not one (a twin overlay, a text file, a copy cut short)."""
+    path = Path(path)
+    with path.open("rb") as fh:
+        head = fh.read(4096)
+    size = path.stat().st_size
+    if not head.startswith(BIT_MAGIC):
+        what = ("a simulated board's twin overlay, which runs only on a -sim board"
+                if head.lstrip().startswith(b"{") else f"{size} bytes that are not a Vivado .bit")
+        raise UsageError(f"{path} has no Xilinx bitstream header: it is {what}; give the .bit "
+                         "that Vivado's write_bitstream made for the board")
+    fields, pos = {}, len(BIT_MAGIC)
+    while head[pos:pos + 1] in BIT_FIELDS:
+        length = int.from_bytes(head[pos + 1:pos + 3], "big")
+        text = head[pos + 3:pos + 3 + length].rstrip(b"\0")
+        fields[BIT_FIELDS[head[pos:pos + 1]]] = text.decode("ascii", "replace")
+        pos += 3 + length
+    if head[pos:pos + 1] != b"e" or len(fields) != len(BIT_FIELDS):
+        raise UsageError(f"{path}: its Xilinx bitstream header is damaged (it has the fields "
+                         f"{', '.join(fields) or 'none'}, then no configuration data)")
+    data = int.from_bytes(head[pos + 1:pos + 5], "big")
+    if size != pos + 5 + data:
+        raise UsageError(f"{path} is not whole: its header announces {data} bytes of configuration "
+                         f"data, the file holds {size - pos - 5}")
+    return fields
+
+
+def check_overlay(board: str, bit: Path, hwh: Path) -> None:
+    """Refuse an overlay that cannot run this insitu on ``board`` before building anything."""
+    check_bitstream(bit)
+    check_hwh(hwh, board)
 
 
 def project_root() -> Path | None:
@@ -262,6 +302,8 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
     train_args = check_train_args(train_args)
     out = check_out_dir(Path(out))
     overlay = find_overlay(board, bit, hwh, search_dir)
+    if overlay:
+        check_overlay(board, *overlay)
     root = None
     if wheel is not None:
         wheel = check_wheel(wheel)

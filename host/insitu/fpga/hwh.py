@@ -19,6 +19,9 @@ It is written for pynq 4's own parsers and carries what they read:
 
 ``mem_dict`` stays empty under both, as for a Vivado build: the DDR the DMA reaches is the PS's
 own (it appears in the DMA's ``MEMORYMAP``, not the PS's), and pynq allocates it as ``PSDDR``.
+
+:func:`check_hwh` reads a handoff back (a Vivado build's or a twin's) and refuses one that is not
+this accelerator's block design, before ``insitu deploy`` ships it to a board.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from __future__ import annotations
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+from insitu.errors import UsageError
 from insitu.io import atomic_write
-from insitu.accel.params import CLOCK_HZ, IP_VLNV, STREAM_BITS
+from insitu.accel.params import CLOCK_HZ, IP_VLNV, STREAM_BITS, TOP_MODULE
 from insitu.accel.regmap import REGISTERS, VERSION, Field
 from insitu.accel.ip import (ACCEL_CELL, ADDRESS_BLOCK, ADDRESS_SPAN, AXIL_BUSIF, AXIS_MASTER_BUSIF,
                              AXIS_SLAVE_BUSIF, BD_NAME, CLOCK_PORT, DMA_CELL, DMA_LENGTH_BITS,
@@ -200,7 +204,7 @@ def hwh_xml(board: str, interrupt: bool = False) -> str:
 
     d.cell(ps, _PS_VLNV[b.ps], b.ps, _ps_parameters(b.ps, b.hp_bits, interrupt),
            modclass="PROCESSOR")
-    accel = d.cell(ACCEL_CELL, IP_VLNV, IP_VLNV.split(":")[2], {})
+    accel = d.cell(ACCEL_CELL, IP_VLNV, TOP_MODULE, {})
     _register_block(accel)
     # The DMA's user parameters (lower case, what pynq's DMA reads) and the HDL generics they set
     # (upper case), as Vivado lists both; c_micro_dma keeps the IP's default, which the Tcl does.
@@ -268,3 +272,74 @@ def write_hwh(board: str, path: str | Path, interrupt: bool = False) -> Path:
     """Write :func:`hwh_xml` to ``path`` atomically (next to a ``.bit`` of the same name for
     ``pynq.Overlay``); returns the path."""
     return atomic_write(path, hwh_xml(board, interrupt))
+
+
+def _property(el: ET.Element, name: str, convert=str):
+    """The VALUE of the PROPERTY ``name`` of a handoff element (None when it has none)."""
+    found = el.find(f"./PROPERTY[@NAME='{name}']")
+    return None if found is None else convert(found.get("VALUE"))
+
+
+def _number(text: str) -> int:
+    return int(text, 0)
+
+
+def register_map_differences(cell: ET.Element) -> list[str]:
+    """How the accelerator cell's registers in a handoff differ from this register map (what
+    VERSION sums up), compared as package_ip.tcl declares them: offsets and fields with their
+    bits and access; empty when they agree."""
+    found = {reg.get("NAME"): (_property(reg, "ADDRESS_OFFSET", _number),
+                               {f.get("NAME"): (_property(f, "BIT_OFFSET", _number),
+                                                _property(f, "BIT_WIDTH", _number),
+                                                _property(f, "ACCESS"))
+                                for f in reg.iterfind("./FIELDS/FIELD")})
+             for reg in cell.iterfind(".//ADDRESSBLOCK/REGISTERS/REGISTER")}
+    differences = []
+    for reg in REGISTERS:
+        access = _IPXACT_ACCESS[reg.access]
+        fields = {f.name: (f.lsb, f.width, access)
+                  for f in reg.fields or (Field(reg.name, 0, reg.width, reg.doc),)}
+        if reg.name not in found:
+            differences.append(f"no register {reg.name}")
+        elif found[reg.name] != (reg.offset, fields):
+            differences.append(f"register {reg.name} differs")
+    differences += [f"register {name} is not in this map"
+                    for name in found if name not in {r.name for r in REGISTERS}]
+    return differences
+
+
+def check_hwh(path, board: str) -> None:
+    """Refuse (a UsageError naming ``path``) a .hwh that is not this insitu's accelerator on
+    ``board``'s block design: it must parse, describe ``board``'s processing system, and hold
+    the accelerator cell (:data:`~insitu.accel.params.IP_VLNV`) with this register map (the
+    driver also reads VERSION from the hardware when it loads the overlay)."""
+    path = Path(path)
+    try:
+        root = ET.parse(path).getroot()
+    except (ET.ParseError, OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not a hardware handoff (.hwh): its XML does not parse "
+                         f"({exc})") from None
+    if root.tag != "EDKSYSTEM":
+        raise UsageError(f"{path} is not a hardware handoff (.hwh): its root element is "
+                         f"<{root.tag}>, not <EDKSYSTEM>")
+    rebuild = ("build the overlay from this insitu version (`insitu rtl generate`, then its "
+               "Vivado script)")
+    design = board_design(board)
+    info = root.find("SYSTEMINFO")
+    arch = info.get("ARCH") if info is not None else None
+    if arch is not None and arch != _PS_ARCH[design.ps]:
+        raise UsageError(f"{path} is a block design for a {arch} device; {board} is "
+                         f"{design.description}, a {_PS_ARCH[design.ps]} device: give {board}'s "
+                         "overlay")
+    cell = root.find(f"./MODULES/MODULE[@INSTANCE='{ACCEL_CELL}']")
+    if cell is None:
+        raise UsageError(f"{path} has no {ACCEL_CELL} cell: it is not the block design of the "
+                         f"insitu accelerator; {rebuild}")
+    if cell.get("VLNV") != IP_VLNV:
+        raise UsageError(f"{path}: its {ACCEL_CELL} is the IP {cell.get('VLNV')}, not {IP_VLNV}; "
+                         f"{rebuild}")
+    differences = register_map_differences(cell)
+    if differences:
+        raise UsageError(f"{path}: the registers of {ACCEL_CELL} are not this insitu's register "
+                         f"map (VERSION {VERSION:#010x}): {'; '.join(differences[:3])}"
+                         f"{' ...' if len(differences) > 3 else ''}; {rebuild}")
