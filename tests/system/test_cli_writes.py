@@ -115,7 +115,7 @@ def test_board_run_from_train_algo_lrt_against_sgd(runs):
     ("corrupt-counts", "is not a readable .npz"),
     ("foreign-counts", "does not match run"),
     ("stray-option", "--compare-counts goes with --compare OTHER"),
-    ("bad-endurance", "endurance must be a positive number"),
+    ("bad-endurance", "endurance must be a positive finite number"),
 ])
 def test_bad_input_is_exit_2_naming_the_file(runs, tmp_path, case, message):
     good = runs / "sgd.json"

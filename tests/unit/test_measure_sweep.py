@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+import insitu.lrt.sweep_points  # noqa: F401 - registers lrt.adapt, the experiment most configs here name
 from insitu.errors import InsituError, UsageError
 from insitu.measure import sweep
 from insitu.measure.sweep import grid_points, load_config, parse_config, run_sweep

@@ -41,6 +41,7 @@ def command(config_path, out, workers, ray_address, as_json):
       insitu sweep examples/sweeps/lrt_fig6.toml --out fig6
       insitu sweep examples/sweeps/lrt_fig6.toml --out fig6 --ray-address HEAD:6379 --json
     """
+    import insitu.lrt.sweep_points  # noqa: F401 - registers lrt.adapt, the experiment configs name
     from insitu.measure.sweep import grid_points, load_config, run_sweep
 
     config = load_config(config_path)

@@ -67,7 +67,7 @@ def report(run, counts, scheme, other, compare_counts, compare_scheme, samples, 
     (endurance / max writes per cell x samples, and in time at the run's rate or --rate) and the
     NVM write energy (writes x bits per cell x pJ per bit).
     """
-    from insitu.measure.writes import format_report, load_run, plot_histograms, report_payload
+    from insitu.lrt.write_report import format_report, load_run, plot_histograms, report_payload
 
     if other is None:
         for name, value in (("--compare-counts", compare_counts), ("--compare-scheme", compare_scheme)):

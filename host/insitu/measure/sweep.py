@@ -3,7 +3,7 @@
 A sweep is described by a TOML file (see ``examples/sweeps/lrt_fig6.toml``)::
 
     [sweep]
-    run = "lrt.adapt"              # a registered experiment, or "package.module:function"
+    run = "lrt.adapt"              # a registered experiment (register), or "package.module:function"
     seeds = [0, 1]                 # or a count: seeds = 2 means [0, 1]
     metrics = ["online_accuracy", "max_writes_per_cell"]   # keys of the run's result
     heatmap = ["lr", "dense_batch"]   # rows, columns (default: the first two grid axes)
@@ -34,8 +34,6 @@ mean over seeds of each metric per grid point) and ``heatmap-<metric>[-<axis>=<v
 from __future__ import annotations
 
 import csv
-import dataclasses
-import functools
 import hashlib
 import importlib
 import inspect
@@ -55,7 +53,7 @@ from typing import Callable
 from insitu.errors import InsituError, UsageError
 from insitu.io import atomic_write, atomic_write_json, to_jsonable
 
-__all__ = ["EXPERIMENTS", "Experiment", "SweepConfig", "Point", "load_config", "parse_config",
+__all__ = ["EXPERIMENTS", "Experiment", "register", "SweepConfig", "Point", "load_config", "parse_config",
            "grid_points", "run_sweep", "run_point", "tabulate", "RAY_HINT"]
 
 RAY_HINT = "pip install 'insitu[ray]'"
@@ -103,82 +101,16 @@ def _resolve(target: str) -> Callable:
     return fn
 
 
-# -- lrt.adapt: the LRT paper's adaptation experiment (figure 2), one scheme and configuration --
-
-_ADAPT_EXCLUDED = ("seed", "config", "counts_out", "checkpoint", "checkpoint_every", "advance")
-
-
-def _lrt_config_fields() -> tuple[str, ...]:
-    from insitu.lrt.trainer import LRTConfig
-
-    return tuple(f.name for f in dataclasses.fields(LRTConfig))
+#: The experiments a config names with ``run = "..."`` (anything else must be
+#: "module:function"): each method registers its own (``insitu.lrt.sweep_points`` registers
+#: ``lrt.adapt`` when imported; ``insitu sweep`` imports it).
+EXPERIMENTS: dict[str, Experiment] = {}
 
 
-def _adapt_parameters() -> tuple[str, ...]:
-    from insitu.lrt.adapt import run_adapt
-
-    names = [p for p in inspect.signature(run_adapt).parameters if p not in _ADAPT_EXCLUDED]
-    return tuple(names) + _lrt_config_fields()
-
-
-def _adapt_split(params: dict):
-    """``params`` as ``run_adapt`` keyword arguments and an LRTConfig (0 means None, as on the
-    command line, for kappa_th and factor_bits: TOML has no null)."""
-    from insitu.lrt.trainer import LRTConfig
-
-    fields = _lrt_config_fields()
-    config = {k: v for k, v in params.items() if k in fields}
-    for name in ("kappa_th", "factor_bits"):
-        if config.get(name, 1) == 0:
-            config[name] = None
-    return {k: v for k, v in params.items() if k not in fields}, LRTConfig(**config)
-
-
-def lrt_adapt(seed: int = 0, **params) -> dict:
-    """One run of :func:`insitu.lrt.adapt.run_adapt`, in this process."""
-    from insitu.lrt.adapt import run_adapt
-
-    kwargs, config = _adapt_split(params)
-    return run_adapt(seed=seed, config=config, **kwargs)
-
-
-@functools.lru_cache(maxsize=4)
-def _online_data(dataset: str, data_dir):
-    from insitu.lrt.online import OnlineData
-
-    return OnlineData(dataset, data_dir)
-
-
-def _validate_adapt(params: dict) -> None:
-    from insitu.lrt.adapt import check_adapt
-    from insitu.lrt.online import ENVS
-    from insitu.lrt.trainer import SCHEMES
-
-    if params["env"] not in ENVS:
-        raise UsageError(f"env must be one of {', '.join(ENVS)}; got {params['env']!r}")
-    if params["scheme"] not in SCHEMES:
-        raise UsageError(f"scheme must be one of {', '.join(SCHEMES)}; got {params['scheme']!r}")
-    for name in ("samples", "offline_samples", "segment", "pretrain_epochs", "curve_points"):
-        low = 0 if name == "offline_samples" else 1
-        value = params.get(name, low)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise UsageError(f"{name} must be an integer >= {low}, got {value!r}")
-    kwargs, config = _adapt_split(params)
-    check_adapt(kwargs.get("arch", "cnn"),
-                _online_data(kwargs.get("dataset", "fashion-mnist"), kwargs.get("data_dir")), config)
-
-
-_ADAPT_METRICS = ("online_accuracy", "online_accuracy_mean", "pretrained_validation_accuracy",
-                  "max_writes_per_cell", "total_writes", "max_update_ops_per_cell", "samples",
-                  "seconds", "nvm", "layers", "lrt")
-
-#: The experiments a config names with ``run = "..."``; anything else must be "module:function".
-EXPERIMENTS: dict[str, Experiment] = {
-    "lrt.adapt": Experiment(
-        "lrt.adapt", "insitu.measure.sweep:lrt_adapt", parameters=_adapt_parameters,
-        required=("env", "scheme", "samples"), paths=("data_dir", "cache_dir"),
-        key_ignore=("cache_dir",), metrics=_ADAPT_METRICS, validate=_validate_adapt),
-}
+def register(experiment: Experiment) -> Experiment:
+    """Make ``experiment`` nameable by its name in a config's ``run``."""
+    EXPERIMENTS[experiment.name] = experiment
+    return experiment
 
 
 def experiment(run: str) -> Experiment:
@@ -385,19 +317,21 @@ def validate_points(config: SweepConfig, points: list[Point]) -> None:
             raise UsageError(f"{config.source}: point {where}: {exc}") from None
 
 
-def run_point(run: str, params: dict, seed: int) -> dict:
-    """Run one point (in a worker process, a Ray task or here) with single-threaded BLAS.
+def run_point(target: str, params: dict, seed: int) -> dict:
+    """Run one point of the experiment function ``target`` ("module:function") in a worker
+    process, a Ray task or here, with single-threaded BLAS. The target, not the experiment's
+    name, travels: a worker knows no registered name.
 
     Returns ``{"result": ..., "wall_s": ...}`` with the result as it reads back from JSON.
     """
     from threadpoolctl import threadpool_limits
 
-    fn = _resolve(experiment(run).target)
+    fn = _resolve(target)
     start = time.perf_counter()
     with threadpool_limits(limits=1):
         result = fn(seed=seed, **params)
     if not isinstance(result, dict):
-        raise TypeError(f"the sweep function of {run!r} returned {type(result).__name__}, not a dict")
+        raise TypeError(f"the sweep function {target!r} returned {type(result).__name__}, not a dict")
     return {"result": json.loads(json.dumps(result, default=to_jsonable)),
             "wall_s": round(time.perf_counter() - start, 3)}
 
@@ -469,7 +403,7 @@ class _Local:
         if self.pool is None:
             for p in todo:
                 try:
-                    yield p, run_point(config.run, p.params, p.seed), None
+                    yield p, run_point(config.experiment.target, p.params, p.seed), None
                 except Exception as exc:                       # noqa: BLE001 - reported per point
                     yield p, None, exc
                     return
@@ -482,7 +416,7 @@ class _Local:
         while pending or running:
             while pending and not failed and len(running) < self.workers:
                 p = pending.pop()
-                running[self.pool.submit(run_point, config.run, p.params, p.seed)] = p
+                running[self.pool.submit(run_point, config.experiment.target, p.params, p.seed)] = p
             if not running:
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -550,7 +484,7 @@ class _Ray:
         while pending or running:
             while pending and not failed and len(running) < limit:
                 p = pending.pop()
-                running[task.remote(config.run, p.params, p.seed)] = p
+                running[task.remote(config.experiment.target, p.params, p.seed)] = p
             if not running:
                 break
             done, _ = ray.wait(list(running), num_returns=1)

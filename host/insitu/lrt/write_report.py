@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from insitu.checks import check_int, check_number
 from insitu.errors import UsageError
 from insitu.lrt.nvm import NVMModel, write_histogram
 from insitu.numerics import LRT_WEIGHT, LRT_WRITE_COUNT_BITS
@@ -84,13 +85,6 @@ def default_technology() -> Technology:
     return Technology(nvm.write_pj_per_bit, nvm.endurance, LRT_WEIGHT.bits,
                       {"write_pj_per_bit": "default", "endurance": "default",
                        "bits_per_cell": "default"})
-
-
-def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
-        raise UsageError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
 
 
 # --------------------------------------------------------------------------- the math
@@ -481,17 +475,15 @@ def run_report(run: Run, *, endurance: float | None = None, write_pj_per_bit: fl
     count; ``edges`` (per layer name, and ``total``) puts histograms on given power-of-two edges
     (for a comparison)."""
     if endurance is not None:
-        endurance = _positive("endurance", endurance)
+        endurance = check_number("endurance", endurance)
     if write_pj_per_bit is not None:
-        write_pj_per_bit = _positive("write energy (pJ per bit)", write_pj_per_bit)
-    if bits_per_cell is not None and (isinstance(bits_per_cell, bool) or
-                                      not isinstance(bits_per_cell, int) or bits_per_cell < 1):
-        raise UsageError(f"bits per cell must be an integer >= 1, got {bits_per_cell!r}")
+        write_pj_per_bit = check_number("write energy (pJ per bit)", write_pj_per_bit)
+    if bits_per_cell is not None:
+        check_int("bits per cell", bits_per_cell)
     if rate is not None:
-        rate = _positive("rate (samples per second)", rate)
+        rate = check_number("rate (samples per second)", rate)
     if samples is not None:
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-            raise UsageError(f"samples must be an integer >= 1, got {samples!r}")
+        check_int("samples", samples)
         if run.samples is not None and run.samples != samples:
             raise UsageError(f"run {run.file} says it took {run.samples} samples; --samples is for a "
                              "counts .npz given alone")

@@ -1,4 +1,4 @@
-"""Write-count reports (insitu.measure.writes): histograms, lifetime and energy on synthetic
+"""Write-count reports (insitu.lrt.write_report): histograms, lifetime and energy on synthetic
 counts, agreement with the NVM model's own report, comparisons, and bad input."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from insitu.errors import UsageError
 from insitu.lrt.nvm import NVMArray, NVMModel
-from insitu.measure.writes import (PE_COUNT_MAX, Layer, compare_reports, default_technology,
+from insitu.lrt.write_report import (PE_COUNT_MAX, Layer, compare_reports, default_technology,
                                    format_report, histogram_labels, lifetime, load_counts,
                                    load_run, plot_histograms, rebin, report_payload, run_report,
                                    write_energy_j)
@@ -310,8 +310,8 @@ def test_counts_that_do_not_belong_to_the_run(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"endurance": 0}, "endurance must be a positive number"),
-    ({"endurance": math.inf}, "endurance must be a positive number"),
+    ({"endurance": 0}, "endurance must be a positive finite number"),
+    ({"endurance": math.inf}, "endurance must be a positive finite number"),
     ({"write_pj_per_bit": -1.0}, "pJ per bit"),
     ({"bits_per_cell": 0}, "bits per cell must be an integer >= 1"),
     ({"rate": 0.0}, "rate"),
