@@ -58,8 +58,8 @@ cleared; a partial UPDATE: some cells written).
 from __future__ import annotations
 
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data
+from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -77,8 +77,12 @@ from insitu.numerics import (
 )
 
 from insitu.accel.params import DEFAULT_PARAMS, SIZE_BITS, STREAM_WORDS, AcceleratorParams
-from .pe_interface import PE, settled
+from .pe_interface import BEATS_BITS, ERROR_BITS, SHIFT_BITS, PE, settled
 from insitu.accel.regmap import ErrorCode, Op, register
+from .lrt_lanes import LrtLanes
+from .lrt_project import LrtProjection
+from .lrt_rotate import LrtRotation
+from .lrt_update import LrtWeightUpdate
 from .requantize import RoundShiftSaturate
 
 __all__ = ["PELRT"]
@@ -96,6 +100,108 @@ def _or_all(pairs):
 
 def _ceil8(v):
     return (v + (STREAM_WORDS - 1)) >> 3
+
+
+def _is_op(op, *ops):
+    return Cat(*(op == o for o in ops)).any()
+
+
+class LrtConfig(wiring.Component):
+    """The LRT PE's configuration results: ``cfg_error``, ``in_beats`` and ``out_beats``,
+    registered two cycles after the configuration (``cfg_ready``), and the sizes the PE's
+    control uses (the side's ``rows``, ``q = r + 1``, ``q r``, and ``m n`` registered).
+
+    Separate from the PE's datapath and control: it reads only the held configuration, and the
+    ops' checks and stream lengths are a table of their own (see the module docstring).
+    """
+
+    #: The PE's configuration ports this reads (same names here).
+    INPUTS = ("op", "cols", "side", "rows_l", "rows_r", "shift")
+
+    def __init__(self, params: AcceleratorParams):
+        self.params = params
+        L = params.lrt_cols_max
+        super().__init__({
+            "op": In(8),
+            "cols": In(register("LRT_COLS").width),
+            "side": In(register("LRT_SIDE").width),
+            "rows_l": In(SIZE_BITS),
+            "rows_r": In(SIZE_BITS),
+            "shift": In(signed(SHIFT_BITS)),
+            "cfg_error": Out(ERROR_BITS),
+            "cfg_ready": Out(1),
+            "in_beats": Out(BEATS_BITS),
+            "out_beats": Out(BEATS_BITS),
+            "rows": Out(SIZE_BITS),
+            "q": Out(range(256 + 1)),
+            "qr": Out(range(L * L + 1)),
+            "cells": Out(2 * SIZE_BITS),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        P = self.params
+        L = P.lrt_cols_max
+        rows_max, cells_max = P.lrt_rows_max, P.lrt_cells_max
+        op, r, q, rows = self.op, self.cols, self.q, self.rows
+        cells = Signal(2 * SIZE_BITS)
+        # q r on r's low 3 bits: an op runs only with r < 8 (LRT_SIZE otherwise), and a 9 x 8
+        # multiply would be a long path from the register file.
+        qr3 = self.qr
+        m.d.comb += qr3.eq((r[:3] + 1) * r[:3])
+        m.d.comb += [q.eq(r + 1), rows.eq(Mux(self.side, self.rows_r, self.rows_l)),
+                     cells.eq(self.rows_l * self.rows_r)]
+        cells_r = self.cells
+        m.d.sync += cells_r.eq(cells)
+
+        def is_op(*ops):
+            return _is_op(op, *ops)
+
+        lrt = (op >= Op.LRT_LOAD_BASIS) & (op <= Op.LRT_READ_COUNTS)
+        basis_op = is_op(Op.LRT_LOAD_BASIS, Op.LRT_READ_BASIS, Op.LRT_PROJECT, Op.LRT_REPROJECT,
+                         Op.LRT_APPEND, Op.LRT_ROTATE)
+        cols_op = is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_APPEND, Op.LRT_ROTATE, Op.LRT_UPDATE)
+        shift_op = is_op(Op.LRT_APPEND, Op.LRT_UPDATE)
+        zero = Mux(basis_op, rows == 0, (self.rows_l == 0) | (self.rows_r == 0))
+        too_big = (Mux(basis_op, rows > rows_max,
+                       (self.rows_l > rows_max) | (self.rows_r > rows_max) | (cells_r > cells_max))
+                   | (cols_op & (r >= L)))
+        bad_shift = shift_op & ((self.shift < P.shift_min) | (self.shift > P.shift_max))
+        # cfg_error, in_beats and out_beats are registered, two cycles after the configuration
+        # (cfg_ready says when): m n is a DSP multiply, registered first (cells_r).
+        m.d.comb += self.cfg_ready.eq(settled(
+            m, [op, r, self.side, self.rows_l, self.rows_r, self.shift], 2))
+        with m.If(~lrt):
+            m.d.sync += self.cfg_error.eq(ErrorCode.BAD_OP)
+        with m.Elif(zero):
+            m.d.sync += self.cfg_error.eq(ErrorCode.ZERO_SIZE)
+        with m.Elif(too_big):
+            m.d.sync += self.cfg_error.eq(ErrorCode.LRT_SIZE)
+        with m.Elif(bad_shift):
+            m.d.sync += self.cfg_error.eq(ErrorCode.SHIFT)
+        with m.Else():
+            m.d.sync += self.cfg_error.eq(ErrorCode.NONE)
+
+        in_beats, out_beats = Signal(BEATS_BITS), Signal(BEATS_BITS)
+        m.d.sync += [self.in_beats.eq(in_beats), self.out_beats.eq(out_beats)]
+        with m.Switch(op):
+            with m.Case(Op.LRT_LOAD_BASIS):
+                m.d.comb += in_beats.eq(rows)                            # L words = one beat a row
+            with m.Case(Op.LRT_READ_BASIS):
+                m.d.comb += out_beats.eq(rows)
+            with m.Case(Op.LRT_PROJECT):
+                m.d.comb += [in_beats.eq(_ceil8(rows)), out_beats.eq(_ceil8(r))]
+            with m.Case(Op.LRT_REPROJECT):
+                m.d.comb += out_beats.eq(_ceil8(r))
+            with m.Case(Op.LRT_ROTATE):
+                m.d.comb += in_beats.eq(_ceil8(qr3))
+            with m.Case(Op.LRT_UPDATE):
+                m.d.comb += in_beats.eq(_ceil8(r))
+            with m.Case(Op.LRT_LOAD_WEIGHTS):
+                m.d.comb += in_beats.eq(_ceil8(cells_r))
+            with m.Case(Op.LRT_READ_WEIGHTS, Op.LRT_READ_COUNTS):
+                m.d.comb += out_beats.eq(_ceil8(cells_r))
+        return m
 
 
 class PELRT(PE):
@@ -138,75 +244,21 @@ class PELRT(PE):
         wbits = LRT_WEIGHT.bits
         rows_max, cells_max = P.lrt_rows_max, P.lrt_cells_max
         cell_depth = self._cnt_mem.depth
-        # Exact widths: the MGS accumulator (rows_max products of words), the 32-bit u_k, the
-        # lane sums (at most L products of u_k and a word).
+        # Exact widths: the MGS accumulator (rows_max products of words), the 32-bit u_k.
         acc_bits = accumulator_bits(WB, WB, rows_max)
         u_bits = product_bits(WB, WB)
-        sum_bits = accumulator_bits(u_bits, WB, L)
         frac = LRT_BASIS.frac
 
         # ------------------------------------------------------------------ configuration
-        op = self.op
-        r = self.cols
-        q = Signal(range(256 + 1))
-        rows = Signal(SIZE_BITS)
-        cells = Signal(2 * SIZE_BITS)
-        # q r on r's low 3 bits: an op runs only with r < 8 (LRT_SIZE otherwise), and a 9 x 8
-        # multiply would be a long path from the register file.
-        qr3 = Signal(range(L * L + 1))
-        m.d.comb += qr3.eq((r[:3] + 1) * r[:3])
-        m.d.comb += [q.eq(r + 1), rows.eq(Mux(self.side, self.rows_r, self.rows_l)),
-                     cells.eq(self.rows_l * self.rows_r)]
-        cells_r = Signal.like(cells)
-        m.d.sync += cells_r.eq(cells)
+        op, r = self.op, self.cols
+        m.submodules.config = config = LrtConfig(P)
+        m.d.comb += [getattr(config, name).eq(getattr(self, name)) for name in LrtConfig.INPUTS]
+        m.d.comb += [self.cfg_error.eq(config.cfg_error), self.cfg_ready.eq(config.cfg_ready),
+                     self.in_beats.eq(config.in_beats), self.out_beats.eq(config.out_beats)]
+        q, rows, qr3, cells_r = config.q, config.rows, config.qr, config.cells
 
         def is_op(*ops):
-            return Cat(*(op == o for o in ops)).any()
-
-        lrt = (op >= Op.LRT_LOAD_BASIS) & (op <= Op.LRT_READ_COUNTS)
-        basis_op = is_op(Op.LRT_LOAD_BASIS, Op.LRT_READ_BASIS, Op.LRT_PROJECT, Op.LRT_REPROJECT,
-                         Op.LRT_APPEND, Op.LRT_ROTATE)
-        cols_op = is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_APPEND, Op.LRT_ROTATE, Op.LRT_UPDATE)
-        shift_op = is_op(Op.LRT_APPEND, Op.LRT_UPDATE)
-        zero = Mux(basis_op, rows == 0, (self.rows_l == 0) | (self.rows_r == 0))
-        too_big = (Mux(basis_op, rows > rows_max,
-                       (self.rows_l > rows_max) | (self.rows_r > rows_max) | (cells_r > cells_max))
-                   | (cols_op & (r >= L)))
-        bad_shift = shift_op & ((self.shift < P.shift_min) | (self.shift > P.shift_max))
-        # cfg_error, in_beats and out_beats are registered, two cycles after the configuration
-        # (cfg_ready says when): m n is a DSP multiply, registered first (cells_r).
-        m.d.comb += self.cfg_ready.eq(settled(
-            m, [op, r, self.side, self.rows_l, self.rows_r, self.shift], 2))
-        with m.If(~lrt):
-            m.d.sync += self.cfg_error.eq(ErrorCode.BAD_OP)
-        with m.Elif(zero):
-            m.d.sync += self.cfg_error.eq(ErrorCode.ZERO_SIZE)
-        with m.Elif(too_big):
-            m.d.sync += self.cfg_error.eq(ErrorCode.LRT_SIZE)
-        with m.Elif(bad_shift):
-            m.d.sync += self.cfg_error.eq(ErrorCode.SHIFT)
-        with m.Else():
-            m.d.sync += self.cfg_error.eq(ErrorCode.NONE)
-
-        in_beats, out_beats = Signal.like(self.in_beats), Signal.like(self.out_beats)
-        m.d.sync += [self.in_beats.eq(in_beats), self.out_beats.eq(out_beats)]
-        with m.Switch(op):
-            with m.Case(Op.LRT_LOAD_BASIS):
-                m.d.comb += in_beats.eq(rows)                            # L words = one beat a row
-            with m.Case(Op.LRT_READ_BASIS):
-                m.d.comb += out_beats.eq(rows)
-            with m.Case(Op.LRT_PROJECT):
-                m.d.comb += [in_beats.eq(_ceil8(rows)), out_beats.eq(_ceil8(r))]
-            with m.Case(Op.LRT_REPROJECT):
-                m.d.comb += out_beats.eq(_ceil8(r))
-            with m.Case(Op.LRT_ROTATE):
-                m.d.comb += in_beats.eq(_ceil8(qr3))
-            with m.Case(Op.LRT_UPDATE):
-                m.d.comb += in_beats.eq(_ceil8(r))
-            with m.Case(Op.LRT_LOAD_WEIGHTS):
-                m.d.comb += in_beats.eq(_ceil8(cells_r))
-            with m.Case(Op.LRT_READ_WEIGHTS, Op.LRT_READ_COUNTS):
-                m.d.comb += out_beats.eq(_ceil8(cells_r))
+            return _is_op(op, *ops)
 
         # The op decodes and the bounds the control compares against, registered like cfg_error
         # (the configuration is frozen while an op runs and cfg_ready waits for them): the
@@ -222,12 +274,11 @@ class PELRT(PE):
         m.d.sync += [ld_basis.eq(op == Op.LRT_LOAD_BASIS), app_en.eq(1 << r[:3]),
                      rot_en.eq((1 << r[:4]) - 1),
                      rot_b.eq(Cat(*((op == Op.LRT_ROTATE) & (k < q) for k in range(L))))]
-        q_reg = Signal.like(q)
         m.d.sync += [m_pass.eq(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT)), m_rot.eq(op == Op.LRT_ROTATE),
                      m_app.eq(op == Op.LRT_APPEND), m_upd.eq(op == Op.LRT_UPDATE),
                      rd_basis.eq(op == Op.LRT_READ_BASIS), rd_wts.eq(op == Op.LRT_READ_WEIGHTS),
                      rows_m1.eq(rows - 1), rows_l_m1.eq(self.rows_l - 1),
-                     rows_r_m1.eq(self.rows_r - 1), r_m1.eq(r - 1), q_reg.eq(q)]
+                     rows_r_m1.eq(self.rows_r - 1), r_m1.eq(r - 1)]
 
         # ------------------------------------------------------------------ memories
         row_layout = self._q_l_mem.shape
@@ -263,33 +314,15 @@ class PELRT(PE):
         i = Signal(SIZE_BITS)                    # row (issue stage)
         j = Signal(SIZE_BITS)                    # column (ROTATE) or weight column (UPDATE)
         cell = Signal(range(cells_max + 1))      # i * n + j (UPDATE)
-        p = Signal(range(L + 1))                 # MGS pass
-        acc = Signal(signed(acc_bits))           # MGS dot product / squared norm
-        cvec = Array(Signal(word, name=f"c{k}") for k in range(L))
-        c_prev = Signal(word)                    # c_{p-1}
-        norm2 = Signal(LRT_NORM2_BITS)
-        writes_max = Signal(LRT_WRITES_TOTAL_BITS)
-        writes_total = Signal(LRT_WRITES_TOTAL_BITS)
-        m.d.comb += [self.norm2.eq(norm2), self.writes_max.eq(writes_max),
-                     self.writes_total.eq(writes_total)]
-        # LRT_ROTATE: M[k][j] by lane k; the word deserializer of its input.
-        mreg = [Array(Signal(word, name=f"m{k}_{jj}") for jj in range(L)) for k in range(L)]
-        mk = Signal(range(L + 1))
-        mj = Signal(range(L + 1))
-        words_left = Signal(range(L * L + 1))
-        buf = Signal(row_layout)
-        buf_full = Signal()
-        buf_w = Signal(range(L))
-        rot_out = Array(Signal(word, name=f"rot{k}") for k in range(L))
-        # LRT_UPDATE: s (lanes >= r hold 0) and u_k = Q_L[i, k] s_k of the current row.
-        svec = [Signal(word, name=f"s{k}") for k in range(L)]
-        uvec = [Signal(signed(u_bits), name=f"u{k}") for k in range(L)]
-        u_load = Signal()
-        u_fwd = Signal()                         # u_k is in prod this cycle, not yet in uvec
-        m.d.sync += u_fwd.eq(u_load)
-        # LRT_LOAD_WEIGHTS: the counter clear.
-        clr_active = Signal()
-        clr_addr = Signal(range(cell_depth))
+        # The ops' own state: the MGS passes, LRT_ROTATE's M and row buffer, the weight update
+        # and counters (their data come from the lanes' write-back stages, below).
+        m.submodules.projection = mgs = LrtProjection(L, acc_bits, len(r))
+        m.submodules.rotation = rot = LrtRotation(L, len(r))
+        m.submodules.update = upd = LrtWeightUpdate(
+            L, u_bits, u_bits + LRT_RECIP_BITS + 1, len(cell), cell_depth, WB + 2)
+        p, c_prev, u_fwd = mgs.p, mgs.c_prev, upd.u_fwd
+        m.d.comb += [self.norm2.eq(mgs.norm2), self.writes_max.eq(upd.writes_max),
+                     self.writes_total.eq(upd.writes_total)]
         # Reads in flight towards the output FIFO.
         inflight = Signal()
         # Words still to come in (write enables: lane k while k < in_left) and to read out (the
@@ -336,18 +369,11 @@ class PELRT(PE):
         w_ = delay(w2, range(2, WR + 1), signed(wbits), "w")
         n_ = delay(n2, range(2, WR + 1), LRT_WRITE_COUNT_BITS, "n")
 
-        # S1: memory data arrive; the operand muxes, into registers.
+        # S1: memory data arrive; the operand muxes, into the lanes' operand registers.
         # a: a word or u_k (32 bits); b: a word or the unsigned LRT_RECIP (17 bits signed).
-        mul_a = [Signal(signed(u_bits), name=f"mul_a{k}") for k in range(L)]
-        mul_b = [Signal(signed(LRT_RECIP_BITS + 1), name=f"mul_b{k}") for k in range(L)]
-        opa = [Signal(signed(u_bits), name=f"opa{k}", reset_less=True) for k in range(L)]
-        opb = [Signal(signed(LRT_RECIP_BITS + 1), name=f"opb{k}", reset_less=True) for k in range(L)]
-        prod = [Signal(signed(u_bits + LRT_RECIP_BITS + 1), name=f"prod{k}", reset_less=True)
-                for k in range(L)]
-        m.d.sync += [opa[k].eq(mul_a[k]) for k in range(L)]
-        m.d.sync += [opb[k].eq(mul_b[k]) for k in range(L)]
-        # S2: the multiplies.
-        m.d.sync += [prod[k].eq(opa[k] * opb[k]) for k in range(L)]
+        # S2-S5: the lanes' products, their sum and its rescale by 14 or SHIFT into y.
+        m.submodules.lanes = lanes = LrtLanes(P, L, u_bits)
+        prod = lanes.products
         resword = res_rd.data[i1[:3]]
         row_step = Signal()                      # S1 of an LRT_UPDATE row step (u_k = Q_L s_k)
         # AND-OR selects (the op flags are static during an op), not an If/Elif priority chain.
@@ -358,92 +384,56 @@ class PELRT(PE):
         m.d.comb += [sel_ql.eq(m_upd & row_step), sel_prod.eq(m_upd & ~row_step & u_fwd),
                      sel_u.eq(m_upd & ~row_step & ~u_fwd), sel_qr.eq(m_upd & ~row_step)]
         for k in range(L):
-            a_terms = [(m_rot, qrow[k]), (sel_ql, ql_rd.data[k]), (sel_prod, prod[k]), (sel_u, uvec[k])]
-            b_terms = [(rot_b[k], mreg[k][j1]), (sel_ql, svec[k]), (sel_qr, qr_rd.data[k])]
+            a_terms = [(m_rot, qrow[k]), (sel_ql, ql_rd.data[k]), (sel_prod, prod[k]),
+                       (sel_u, upd.u[k])]
+            b_terms = [(rot_b[k], rot.m_col[k]), (sel_ql, upd.s[k]), (sel_qr, qr_rd.data[k])]
             if k == 0:
                 a_terms += [(m_pass, c_prev), (m_app, resword)]
                 b_terms += [(m_pass, qrow[(p - 1)[:3]]), (m_app, self.recip)]
-            m.d.comb += [mul_a[k].eq(_or_all(a_terms)),
-                         mul_b[k].eq(_or_all(b_terms))]
+            m.d.comb += [lanes.a[k].eq(_or_all(a_terms)),
+                         lanes.b[k].eq(_or_all(b_terms))]
         m.d.sync += [x2.eq(resword), qc2.eq(qrow[p[:3]]),
                      w2.eq(w_rd.data[cell1[:3]]), n2.eq(c_rd.data[cell1[:3]])]
-        with m.If(u_fwd):
-            m.d.sync += [uvec[k].eq(prod[k]) for k in range(L)]
-
-        # S3: the adder tree.
-        # The rounding term rides in the tree (prerounded), so that the rescale only shifts.
-        shift_src = Mux(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_ROTATE), frac, self.shift)
-        rshift = Signal(range(P.shift_min, P.shift_max + 1), reset_less=True)   # static in an op
-        # Written every cycle from rshift and read only by total (itself reset-less, gated by
-        # the valid bits): no reset, so aresetn does not drive its 52 resets.
-        half = Signal(signed(sum_bits + 1), reset_less=True)
-        m.d.sync += half.eq(RoundShiftSaturate.half_of(rshift, sum_bits, P.shift_max))
-        total = Signal(signed(sum_bits + 1), reset_less=True)
-        m.d.sync += total.eq(sum(prod) + half)
-
-        # S4-S5: rescale (round half up by 14 or SHIFT: S4 the rounding shift, S5 the
-        # saturation into y). y keeps 18 bits: the MGS step round(c Q, 14) (|c Q| <= 2**30) must
-        # not saturate before x - y is; for the others saturating to 18 and then to 16 (or W - y
-        # to 8, see numerics.LRT_PE_DELTA_BITS) is saturating once.
-        m.submodules.rescale = rescale = RoundShiftSaturate(sum_bits + 1, WB + 2, P.shift_max, P.shift_min,
-                                                            stages=1, prerounded=True)
-        y = Signal(signed(WB + 2), reset_less=True)
-        m.d.sync += [rshift.eq(shift_src), y.eq(rescale.data_out)]
-        m.d.comb += [rescale.data_in.eq(total), rescale.shift.eq(rshift)]
+        m.d.comb += [upd.row_step.eq(row_step), rot.j_operand.eq(j1)]
+        m.d.comb += upd.products.eq(prod)
+        m.d.comb += lanes.shift.eq(
+            Mux(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_ROTATE), frac, self.shift))
+        # y keeps 18 bits (|c Q| <= 2**30 in the MGS step); for the other ops saturating to 18
+        # and then to 16 (or W - y to 8, see numerics.LRT_PE_DELTA_BITS) is saturating once.
+        y = lanes.y
 
         # S6: the differences and their saturation.
+        # (The weight update saturates W - y itself.)
         m.submodules.sat_word = sat_word = RoundShiftSaturate(WB + 3, WB, 0)
-        m.submodules.sat_weight = sat_weight = RoundShiftSaturate(WB + 3, wbits, 0)
         m.d.comb += [
             sat_word.data_in.eq(Mux(m_pass, x_[WR - 1] - y, y)),
             sat_word.shift.eq(0),
-            sat_weight.data_in.eq(w_[WR - 1] - y),
-            sat_weight.shift.eq(0),
         ]
         new_word = Signal(word)
-        new_w = Signal(signed(wbits))
-        m.d.sync += [new_word.eq(sat_word.data_out), new_w.eq(sat_weight.data_out)]
-        # Also in S6, what the write back decides on: the counter's next value and ROTATE's
-        # output lane (one-hot) and last output of the row.
-        bumped = Signal(LRT_WRITE_COUNT_BITS, reset_less=True)
-        jsel = Signal(L, reset_less=True)
-        jlast = Signal(reset_less=True)
-        n5 = n_[WR - 1]
-        m.d.sync += [bumped.eq(Mux(n5 == (1 << LRT_WRITE_COUNT_BITS) - 1, n5, n5 + 1)),
-                     jsel.eq(1 << j_[WR - 1]), jlast.eq(j_[WR - 1] == r_m1)]
-        # S7: the write back.
-        x6, w6, n6, i6, j6, cell6 = x_[WR], w_[WR], n_[WR], i_[WR], j_[WR], cell_[WR]
-        # S7 (MGS) also multiplies x'_i by Q[i, p] (or by itself in the last pass); S8 adds.
-        mac7 = Signal(signed(2 * WB), reset_less=True)
-        last_pass = Signal()
-        m.d.sync += last_pass.eq(p == r)
+        m.d.sync += new_word.eq(sat_word.data_out)
+        # Also in S6, what the write back decides on (in the op parts): the counter's next value
+        # and ROTATE's output lane (one-hot) and last output of the row.
+        m.d.comb += [upd.y.eq(y), upd.w5.eq(w_[WR - 1]), upd.n5.eq(n_[WR - 1]),
+                     rot.j_wb.eq(j_[WR - 1]), rot.r_m1.eq(r_m1)]
+        jsel = rot.jsel
+        # S7: the write back; S7 (MGS) also multiplies x'_i by Q[i, p], S8 accumulates.
+        i6, cell6 = i_[WR], cell_[WR]
         with m.If(v[WR] & m_pass):
             m.d.comb += res_wr.en.eq(1 << i6[:3])
-            m.d.sync += mac7.eq(new_word * Mux(last_pass, new_word, qc_[WR]))
-        with m.If(v[WR] & m_rot):
-            for k in range(L):
-                with m.If(jsel[k]):
-                    m.d.sync += rot_out[k].eq(new_word)
-        with m.If(v[WR] & m_upd):
-            with m.If(new_w != w6):
-                m.d.comb += [w_wr.en.eq(1 << cell6[:3]), c_wr.en.eq(1 << cell6[:3])]
-                m.d.sync += writes_total.eq(Mux(writes_total == (1 << LRT_WRITES_TOTAL_BITS) - 1,
-                                                writes_total, writes_total + 1))
-                with m.If(bumped > writes_max):
-                    m.d.sync += writes_max.eq(bumped)
-
-        # S8 (MGS passes): accumulate Q[i, p] x'_i, or x'_i^2 in the last pass.
-        with m.If(v[ACC] & m_pass):
-            m.d.sync += acc.eq(acc + mac7)
-
-        m.submodules.c_round = c_round = RoundShiftSaturate(acc_bits, WB, frac)
-        m.d.comb += [c_round.data_in.eq(acc), c_round.shift.eq(frac)]
+        m.d.comb += [
+            mgs.r.eq(r), mgs.wb_valid.eq(v[WR] & m_pass), mgs.new_word.eq(new_word),
+            mgs.q_col.eq(qc_[WR]), mgs.acc_valid.eq(v[ACC] & m_pass),
+            rot.wb_valid.eq(v[WR] & m_rot), rot.new_word.eq(new_word),
+            upd.wb_valid.eq(v[WR] & m_upd), upd.w6.eq(w_[WR]), upd.cell6.eq(cell6),
+            w_wr.en.eq(upd.w_write),
+        ]
 
         # ------------------------------------------------------------------ streams in
         pay = data.View(row_layout, self.s.payload)
         # The basis write data without the FSM's priority chain: the stream (LOAD_BASIS) or the
         # write back (the enables pick the lanes).
-        m.d.comb += [qw_data[k].eq(Mux(ld_basis, pay[k], Mux(m_rot & ~jsel[k], rot_out[k], new_word)))
+        m.d.comb += [qw_data[k].eq(Mux(ld_basis, pay[k],
+                                       Mux(m_rot & ~jsel[k], rot.rot_row[k], new_word)))
                      for k in range(L)]
         in_lanes = Cat(*(in_left > k for k in range(L)))
         sat_in = []
@@ -471,14 +461,7 @@ class PELRT(PE):
                              for k in range(L)]
             m.d.comb += fifo.w_data.eq(out_row)
 
-        # ------------------------------------------------------------------ counter clear
-        with m.If(clr_active):
-            m.d.comb += c_wr.en.eq((1 << L) - 1)
-            m.d.sync += clr_addr.eq(clr_addr + 1)
-            with m.If(clr_addr == cell_depth - 1):
-                m.d.sync += clr_active.eq(0)
-
-        pipe_busy = Cat(*v[1:]).any() | inflight | (fifo.level != 0) | clr_active
+        pipe_busy = Cat(*v[1:]).any() | inflight | (fifo.level != 0) | upd.clearing
 
         # ------------------------------------------------------------------ control
         # busy as a register set and cleared with the IDLE transitions (the same cycles as
@@ -489,17 +472,13 @@ class PELRT(PE):
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.sync += busy.eq(1)
-                    m.d.sync += [beat.eq(0), beat1.eq(1), i.eq(0), j.eq(0), p.eq(0), cell.eq(0), acc.eq(0),
-                                 c_prev.eq(0), buf_full.eq(0), mk.eq(0), mj.eq(0),
-                                 words_left.eq(qr3), rd_left.eq(cells_r), in_done.eq(self.in_beats == 0),
+                    m.d.sync += [beat.eq(0), beat1.eq(1), i.eq(0), j.eq(0), cell.eq(0),
+                                 rd_left.eq(cells_r), in_done.eq(self.in_beats == 0),
                                  in_left.eq(Mux(op == Op.LRT_LOAD_WEIGHTS, cells_r, rows))]
-                    m.d.sync += [s.eq(0) for s in svec]
                     with m.Switch(op):
                         with m.Case(Op.LRT_LOAD_BASIS, Op.LRT_PROJECT, Op.LRT_UPDATE):
                             m.next = "IN"
                         with m.Case(Op.LRT_LOAD_WEIGHTS):
-                            m.d.sync += [clr_active.eq(1), clr_addr.eq(0),
-                                         writes_total.eq(0), writes_max.eq(0)]
                             m.next = "IN"
                         with m.Case(Op.LRT_ROTATE):
                             m.next = "ROT_IN"
@@ -529,8 +508,6 @@ class PELRT(PE):
                         with m.Switch(op):
                             with m.Case(Op.LRT_PROJECT):
                                 m.d.comb += res_wr.en.eq(in_lanes)
-                            with m.Case(Op.LRT_UPDATE):
-                                m.d.sync += [svec[k].eq(Mux(k < r, pay[k], 0)) for k in range(L)]
                             with m.Case(Op.LRT_LOAD_WEIGHTS):
                                 m.d.comb += w_wr.en.eq(in_lanes)
 
@@ -542,20 +519,16 @@ class PELRT(PE):
                     m.next = "PASS_END"
             with m.State("PASS_END"):
                 with m.If(~Cat(*v[1:]).any()):
-                    m.d.sync += acc.eq(0)
-                    with m.If(p == r):
-                        m.d.sync += norm2.eq(acc)
+                    with m.If(mgs.last):
                         with m.If(r != 0):
                             m.next = "C_OUT"
                         with m.Else():
                             m.next = "FINISH"
                     with m.Else():
-                        m.d.sync += [cvec[p].eq(c_round.data_out), c_prev.eq(c_round.data_out),
-                                     p.eq(p + 1)]
                         m.next = "PASS"
             with m.State("C_OUT"):
                 m.d.comb += fifo.w_en.eq(1)
-                m.d.comb += fifo.w_data.eq(Cat(*(Mux(k < r, cvec[k], 0) for k in range(L))))
+                m.d.comb += fifo.w_data.eq(mgs.c_beat)
                 m.next = "FINISH"
 
             with m.State("APPEND"):
@@ -565,26 +538,13 @@ class PELRT(PE):
 
             # LRT_ROTATE: deserialize M into mreg[k][j], then one output (i, j) per cycle.
             with m.State("ROT_IN"):
-                with m.If(words_left == 0):
+                with m.If(rot.loaded):
                     with m.If(r == 0):
                         m.next = "FINISH"
                     with m.Else():
                         m.next = "ROT"
-                with m.Elif(~buf_full):
-                    m.d.comb += self.s.ready.eq(1)
-                    with m.If(self.s.valid):
-                        m.d.sync += [buf.eq(pay), buf_full.eq(1), buf_w.eq(0)]
                 with m.Else():
-                    for k in range(L):
-                        with m.If(mk == k):
-                            m.d.sync += mreg[k][mj].eq(buf[buf_w])
-                    m.d.sync += [words_left.eq(words_left - 1), buf_w.eq(buf_w + 1)]
-                    with m.If(mj == r_m1):
-                        m.d.sync += [mj.eq(0), mk.eq(mk + 1)]
-                    with m.Else():
-                        m.d.sync += mj.eq(mj + 1)
-                    with m.If(buf_w == L - 1):
-                        m.d.sync += buf_full.eq(0)
+                    m.d.comb += self.s.ready.eq(rot.s_ready)
             with m.State("ROT"):
                 m.d.sync += [i1.eq(i), j1.eq(j), j.eq(j + 1)]
                 with m.If(j == r_m1):
@@ -596,10 +556,9 @@ class PELRT(PE):
             with m.State("UROW"):
                 m.next = "UROW2"
             with m.State("UROW2"):
-                m.d.sync += u_load.eq(1)
                 m.next = "UCELL"
             with m.State("UCELL"):
-                m.d.sync += [u_load.eq(0), cell1.eq(cell), cell.eq(cell + 1), j.eq(j + 1)]
+                m.d.sync += [cell1.eq(cell), cell.eq(cell + 1), j.eq(j + 1)]
                 with m.If(j == rows_r_m1):
                     m.d.sync += [j.eq(0), i.eq(i + 1)]
                     with m.If(i == rows_l_m1):
@@ -627,11 +586,21 @@ class PELRT(PE):
         # Memory addresses and write data from the op flags, outside the FSM (its priority
         # chains were the long paths); the write enables stay with the states.
         in_st = fsm.ongoing("IN")
-        m.d.comb += ld_accept.eq(in_st & ~in_done & self.s.valid & ld_basis)
+        op_start = fsm.ongoing("IDLE") & self.start
+        in_beat = in_st & ~in_done & self.s.valid
+        m.d.comb += [
+            mgs.start.eq(op_start),
+            mgs.pass_done.eq(fsm.ongoing("PASS_END") & ~Cat(*v[1:]).any()),
+            rot.start.eq(op_start), rot.qr.eq(qr3), rot.loading.eq(fsm.ongoing("ROT_IN")),
+            rot.s_valid.eq(self.s.valid), rot.payload.eq(pay),
+            upd.start.eq(op_start), upd.clear_start.eq(op_start & (op == Op.LRT_LOAD_WEIGHTS)),
+            upd.r.eq(r), upd.s_load.eq(in_beat & (op == Op.LRT_UPDATE)), upd.payload.eq(pay),
+        ]
+        m.d.comb += ld_accept.eq(in_beat & ld_basis)
         m.d.comb += [
             qw_addr.eq(Mux(ld_basis, beat, i6)),
             qw_en.eq(Mux(ld_accept, (1 << L) - 1, 0) | Mux(v[WR] & m_app, app_en, 0)
-                     | Mux(v[WR] & m_rot & jlast, rot_en, 0)),
+                     | Mux(v[WR] & m_rot & rot.jlast, rot_en, 0)),
         ]
         m.d.sync += row_step.eq(fsm.ongoing("UROW"))          # UROW2 follows UROW
         m.d.comb += [
@@ -641,9 +610,9 @@ class PELRT(PE):
             w_rd.addr.eq(Mux(m_upd, cell >> 3, beat)), c_rd.addr.eq(Mux(m_upd, cell >> 3, beat)),
             res_wr.addr.eq(Mux(in_st, beat, i6 >> 3)),
             w_wr.addr.eq(Mux(in_st, beat, cell6 >> 3)),
-            c_wr.addr.eq(Mux(clr_active, clr_addr, cell6 >> 3)),
+            c_wr.addr.eq(upd.cnt_addr), c_wr.en.eq(upd.cnt_en),
         ]
         m.d.comb += [res_wr.data[k].eq(Mux(in_st, pay[k], new_word)) for k in range(L)]
-        m.d.comb += [w_wr.data[k].eq(Mux(in_st, sat_in[k], new_w)) for k in range(L)]
-        m.d.comb += [c_wr.data[k].eq(Mux(clr_active, 0, bumped)) for k in range(L)]
+        m.d.comb += [w_wr.data[k].eq(Mux(in_st, sat_in[k], upd.new_w)) for k in range(L)]
+        m.d.comb += [c_wr.data[k].eq(upd.cnt_data) for k in range(L)]
         return m
