@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
+from insitu.checks import ArgumentError
 from insitu.lrt.maxnorm import MaxNorm
 from insitu.lrt.transfer import (
     ALGORITHMS,
-    LrtArgumentError,
     UoroSum,
     _MaxNormBank,
     format_table,
@@ -188,5 +188,5 @@ def test_bad_arguments_name_the_argument(kwargs, name):
 
 def test_rank_must_be_below_the_class_count():
     # digits has 10 classes: KroneckerSum needs rank < min(10, 512); refused before pre-training.
-    with pytest.raises(LrtArgumentError, match="ranks must be < 10"):
+    with pytest.raises(ArgumentError, match="ranks must be < 10"):
         run_transfer(ranks=(10,), **TINY)

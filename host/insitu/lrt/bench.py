@@ -36,7 +36,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from insitu.lrt.args import LrtArgumentError, check_int
+from insitu.checks import ArgumentError, check_int
 from insitu.lrt.sks import KroneckerSum
 
 # Imported here, not when first timed: threadpoolctl can only limit the threads of a BLAS that is
@@ -167,19 +167,19 @@ def run_bench(sizes: Sequence[int] = DEFAULT_SIZES, rank: int = 4, pairs: int = 
     """Time LRT against dense accumulation for each ``n`` in ``sizes``; a JSON-ready dict.
 
     ``progress(1)`` is called after each size (the calls add up to ``len(sizes)``). Bad
-    arguments raise :class:`~insitu.lrt.args.LrtArgumentError` (a ValueError).
+    arguments raise :class:`~insitu.checks.ArgumentError` (a ValueError).
     """
     try:
         sizes = tuple(sizes)
     except TypeError:
-        raise LrtArgumentError(f"sizes must be a list of integers, got {sizes!r}") from None
+        raise ArgumentError(f"sizes must be a list of integers, got {sizes!r}") from None
     if not sizes:
-        raise LrtArgumentError("sizes must not be empty")
+        raise ArgumentError("sizes must not be empty")
     rank = check_int("rank", rank, 1)
     for n in sizes:
         check_int("each of sizes", n, 2)
         if rank >= n:
-            raise LrtArgumentError(f"sizes: n = {n} must be > rank ({rank}); a full-rank estimate "
+            raise ArgumentError(f"sizes: n = {n} must be > rank ({rank}); a full-rank estimate "
                                    "needs no low-rank method")
     pairs = check_int("pairs", pairs, 1)
     repeats = check_int("repeats", repeats, 1)

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from numbers import Integral, Real
 
 import numpy as np
 
+from insitu.checks import check_int, check_number
 from insitu.lrt import ENVS
 
 from ..numerics import CODE_DTYPE, FixedPoint
@@ -45,24 +45,6 @@ __all__ = [
 ]
 
 _PJ = 1e-12
-
-
-def _positive_finite(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
-def _nonnegative_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    return int(value)
 
 
 # --------------------------------------------------------------------------- one array
@@ -230,9 +212,9 @@ class NVMModel:
 
     def __init__(self, write_pj_per_bit: float = 10.9, read_pj_per_bit: float = 1.76,
                  endurance: float = 1_000_000):
-        self.write_pj_per_bit = _positive_finite("write_pj_per_bit", write_pj_per_bit)
-        self.read_pj_per_bit = _positive_finite("read_pj_per_bit", read_pj_per_bit)
-        self.endurance = _positive_finite("endurance", endurance)
+        self.write_pj_per_bit = check_number("write_pj_per_bit", write_pj_per_bit)
+        self.read_pj_per_bit = check_number("read_pj_per_bit", read_pj_per_bit)
+        self.endurance = check_number("endurance", endurance)
         self._arrays: dict[str, NVMArray] = {}
 
     def add(self, array: NVMArray) -> NVMArray:
@@ -291,7 +273,7 @@ class NVMModel:
 
     def report(self, samples: int) -> dict:
         """A JSON-ready report after ``samples`` training samples: per array and in total."""
-        samples = _nonnegative_int("samples", samples)
+        samples = check_int("samples", samples, low=0)
         arrays = {}
         for name, a in self._arrays.items():
             entry = self._summary(a.cells, a.cells * a.fmt.bits, a.writes,
@@ -342,7 +324,7 @@ class Drift:
     every: int = 1
 
     def due(self, step_index: int) -> bool:
-        step_index = _nonnegative_int("step_index", step_index)
+        step_index = check_int("step_index", step_index, low=0)
         return step_index % self.every == self.every - 1
 
     def step(self, arrays, step_index: int) -> dict[str, int]:
@@ -364,7 +346,7 @@ class NoDrift(Drift):
 
     def step(self, arrays, step_index: int) -> dict[str, int]:
         _as_arrays(arrays)
-        _nonnegative_int("step_index", step_index)
+        check_int("step_index", step_index, low=0)
         return {}
 
     def __repr__(self) -> str:
@@ -381,9 +363,9 @@ class AnalogDrift(Drift):
     """
 
     def __init__(self, sigma0: float = 10.0, every: int = 10, horizon: float = 1_000_000, seed=None):
-        self.sigma0 = _positive_finite("sigma0", sigma0)
-        self.every = _positive_int("every", every)
-        self.horizon = _positive_finite("horizon", horizon)
+        self.sigma0 = check_number("sigma0", sigma0)
+        self.every = check_int("every", every)
+        self.horizon = check_number("horizon", horizon)
         self.sigma = self.sigma0 / math.sqrt(self.horizon / self.every)
         self.rng = np.random.default_rng(seed)
 
@@ -406,9 +388,9 @@ class DigitalDrift(Drift):
     """
 
     def __init__(self, p0: float = 10.0, every: int = 10, horizon: float = 1_000_000, seed=None):
-        self.p0 = _positive_finite("p0", p0)
-        self.every = _positive_int("every", every)
-        self.horizon = _positive_finite("horizon", horizon)
+        self.p0 = check_number("p0", p0)
+        self.every = check_int("every", every)
+        self.horizon = check_number("horizon", horizon)
         self.p = self.p0 / (self.horizon / self.every)
         if self.p > 1:
             raise ValueError(f"p0 * every / horizon is a flip probability and must be <= 1, got {self.p}")

@@ -59,8 +59,8 @@ from numbers import Integral, Real
 
 import numpy as np
 from insitu import nn
+from insitu.checks import ArgumentError, check_int
 from insitu.data import load_dataset
-from insitu.lrt.args import LrtArgumentError, check_int
 from insitu.lrt.sks import KroneckerSum, LowRankSum
 from insitu.numerics import (
     LRT_ACCUMULATOR,
@@ -75,7 +75,6 @@ from insitu.nn.networks import cnn
 
 __all__ = [
     "ALGORITHMS",
-    "LrtArgumentError",
     "UoroSum",
     "format_table",
     "progress_total",
@@ -185,11 +184,11 @@ def _check_list(name, values) -> tuple:
     try:
         values = tuple(values)
     except TypeError:
-        raise LrtArgumentError(f"{name} must be a list, got {values!r}") from None
+        raise ArgumentError(f"{name} must be a list, got {values!r}") from None
     if not values:
-        raise LrtArgumentError(f"{name} must not be empty")
+        raise ArgumentError(f"{name} must not be empty")
     if len(set(values)) != len(values):
-        raise LrtArgumentError(f"{name} has repeated values: {list(values)}")
+        raise ArgumentError(f"{name} has repeated values: {list(values)}")
     return values
 
 
@@ -198,30 +197,30 @@ def _check_args(ranks, lrs, seeds, samples, batch, algorithms, pretrain_samples,
     algorithms = _check_list("algorithms", algorithms)
     unknown = [a for a in algorithms if a not in ALGORITHMS]
     if unknown:
-        raise LrtArgumentError(f"algorithms: unknown {unknown}; known: {', '.join(ALGORITHMS)}")
+        raise ArgumentError(f"algorithms: unknown {unknown}; known: {', '.join(ALGORITHMS)}")
     ranks = _check_list("ranks", ranks)
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, Integral) or r < 1:
-            raise LrtArgumentError(f"ranks must be integers >= 1, got {r!r}")
+            raise ArgumentError(f"ranks must be integers >= 1, got {r!r}")
         if r >= HIDDEN:
-            raise LrtArgumentError(f"ranks: rank {r} must be < the feature count {HIDDEN}")
+            raise ArgumentError(f"ranks: rank {r} must be < the feature count {HIDDEN}")
     lrs = _check_list("lrs", lrs)
     for lr in lrs:
         if isinstance(lr, bool) or not isinstance(lr, Real) or not (math.isfinite(lr) and lr > 0):
-            raise LrtArgumentError(f"lrs must be positive finite numbers, got {lr!r}")
+            raise ArgumentError(f"lrs must be positive finite numbers, got {lr!r}")
     seeds = _check_list("seeds", seeds)
     for s in seeds:
         check_int("each of seeds", s, 0)
     batch = check_int("batch", batch, 1)
     samples = check_int("samples", samples, 1)
     if samples < batch:
-        raise LrtArgumentError(f"samples ({samples}) must be >= batch ({batch}): no update would happen")
+        raise ArgumentError(f"samples ({samples}) must be >= batch ({batch}): no update would happen")
     check_int("pretrain_samples", pretrain_samples, 1)
     check_int("pretrain_epochs", pretrain_epochs, 1)
     if isinstance(damage_ratio, bool) or not isinstance(damage_ratio, Real) or not 0 < damage_ratio < 1:
-        raise LrtArgumentError(f"damage_ratio must be in (0, 1), got {damage_ratio!r}")
+        raise ArgumentError(f"damage_ratio must be in (0, 1), got {damage_ratio!r}")
     if kappa_th is not None and not (isinstance(kappa_th, Real) and math.isfinite(kappa_th) and kappa_th > 0):
-        raise LrtArgumentError(f"kappa_th must be a positive number or None, got {kappa_th!r}")
+        raise ArgumentError(f"kappa_th must be a positive number or None, got {kappa_th!r}")
     return (tuple(int(r) for r in ranks), tuple(float(x) for x in lrs), tuple(int(s) for s in seeds),
             samples, batch, algorithms)
 
@@ -260,9 +259,9 @@ def _prepare(data, samples, dataset, pretrain_samples, pretrain_epochs, seed, pr
     x = data.float_images("train")[:, None]
     y = np.asarray(data.y_train, dtype=np.int64)
     if x.ndim != 4:
-        raise LrtArgumentError(f"dataset {dataset!r} has no 2-D images; the CNN needs them")
+        raise ArgumentError(f"dataset {dataset!r} has no 2-D images; the CNN needs them")
     if pretrain_samples + samples > len(x):
-        raise LrtArgumentError(f"samples ({samples}) + pretrain_samples ({pretrain_samples}) exceed "
+        raise ArgumentError(f"samples ({samples}) + pretrain_samples ({pretrain_samples}) exceed "
                                f"the {len(x)} training images of {dataset}")
     classes = int(data.num_classes)
     perm = np.random.default_rng([seed, 0]).permutation(len(x))
@@ -443,7 +442,7 @@ def run_transfer(ranks: Sequence[int] = DEFAULT_RANKS, lrs: Sequence[float] = DE
 
     ``progress(n)`` is called as samples are consumed; the calls add up to
     :func:`progress_total` of the same arguments. Accuracies and recoveries are fractions
-    (0.065 = 6.5 points). Bad arguments raise :class:`LrtArgumentError` (a ValueError).
+    (0.065 = 6.5 points). Bad arguments raise :class:`ArgumentError` (a ValueError).
     """
     ranks, lrs, seeds, samples, batch, algorithms = _check_args(
         ranks, lrs, seeds, samples, batch, algorithms, pretrain_samples, pretrain_epochs,
@@ -454,7 +453,7 @@ def run_transfer(ranks: Sequence[int] = DEFAULT_RANKS, lrs: Sequence[float] = DE
     # KroneckerSum needs rank < min(n_out, n_in): checked before the minutes of pre-training.
     limit = min(int(data.num_classes), HIDDEN)
     if any(r >= limit for r in ranks) and {"SVD", "LRT"} & set(algorithms):
-        raise LrtArgumentError(f"ranks must be < {limit} (the smaller of {data.num_classes} classes "
+        raise ArgumentError(f"ranks must be < {limit} (the smaller of {data.num_classes} classes "
                                f"and {HIDDEN} features), got {list(ranks)}")
     problem = _prepare(data, samples, dataset, pretrain_samples, pretrain_epochs, pretrain_seed,
                        progress)
