@@ -1,4 +1,4 @@
-# generated from insitu.mcu.abi: opcodes of the compiled training program
+# generated from insitu.sparse.abi: opcodes of the compiled training program
 from micropython import const
 OP_CONV_FWD = const(1)
 OP_ADD_FWD = const(2)

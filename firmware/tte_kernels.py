@@ -1,11 +1,11 @@
-# Kernels of the compiled training program (the kernel ABI, insitu.mcu.abi) for MicroPython.
+# Kernels of the compiled training program (the kernel ABI, insitu.sparse.abi) for MicroPython.
 #
 # Every public function is one opcode, called as kernel(A, P, o): A is the arena (a bytearray),
 # P the parameter table (an array('i'), or the arena itself: P is only ever read as 32-bit words
-# by viper code), P[o] the opcode and P[o+1:] its fields, in the order of insitu.mcu.abi.OPS
+# by viper code), P[o] the opcode and P[o+1:] its fields, in the order of insitu.sparse.abi.OPS
 # (restated as "# fields(op):" above each kernel; tests/unit checks them against the ABI).
 # run(A, P, o, f) dispatches by opcode; load also takes the open weight blob f.
-# Bit-exact with the golden model insitu.mcu.kernels: tests/firmware runs both on random calls.
+# Bit-exact with the golden model insitu.sparse.golden: tests/firmware runs both on random calls.
 #
 # Viper notes. ptr8/ptr16 loads are unsigned, and so are ptr32 loads on a 64-bit port: values are
 # sign-extended by hand. No integer literal reaches 2**30, not even negated (-0x40000000 is a

@@ -28,10 +28,17 @@ import pytest
 
 from insitu.io import atomic_write, atomic_write_json
 from insitu.mcu.compare import METHODS, format_text, plot_compare, run_compare
+from insitu.mcu.train import Prepared
+from insitu.sparse.contributions import Bundle
+from insitu.training import sample_order
 
 pytestmark = pytest.mark.benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _search_bundle(model: str, task: str, lr: float, seed: int) -> Bundle:
+    return Bundle.from_prepared(Prepared(model, task, "classifier", lr, seed), lr, sample_order)
 
 
 def _env_int(name: str, default):
@@ -46,7 +53,7 @@ def test_fig9_sparse_update_vs_baselines_at_equal_memory():
     out = Path(os.environ.get("INSITU_MCU_BENCH_OUT") or ROOT / "docs" / "results" / "mcu")
     started = time.perf_counter()
     print()
-    result = run_compare(model, task, budgets, train_samples=_env_int("INSITU_MCU_BENCH_SAMPLES", 500),
+    result = run_compare(model, task, budgets, prepare=_search_bundle, train_samples=_env_int("INSITU_MCU_BENCH_SAMPLES", 500),
                          eval_samples=_env_int("INSITU_MCU_BENCH_EVAL_SAMPLES", None), lr=0.05, seed=0,
                          evaluations=_env_int("INSITU_MCU_BENCH_EVALUATIONS", 2000),
                          workers=max(1, os.cpu_count() or 1), measure_heap=True,

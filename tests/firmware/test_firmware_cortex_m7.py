@@ -21,11 +21,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from insitu.mcu import abi, kernels
+from insitu.sparse import abi, golden
 from insitu.mcu.device import TrainingDevice
 from insitu.mcu.flash import firmware_files as runtime_files
 from insitu.mcu.flash import flash
-from insitu.mcu.simulate import Simulator
+from insitu.sparse.simulate import Simulator
 from insitu.mcu.train import Prepared
 from insitu.mcu.twin import McuTwin, find_tool
 from insitu.resources import package_dir
@@ -156,15 +156,15 @@ class _Watched(Simulator):
         for o in self.c.calls[segment]:
             op, f = abi.fields(self.P, o)
             if op in ("bias_upd", "apply_b"):
-                m = kernels.view(self.A, f["um_off"], "i32", f["O"]).astype(np.int64)
-                sh = kernels.view(self.A, f["ush_off"], "i32", f["O"]).astype(np.int64)
+                m = golden.view(self.A, f["um_off"], "i32", f["O"]).astype(np.int64)
+                sh = golden.view(self.A, f["ush_off"], "i32", f["O"]).astype(np.int64)
                 if op == "apply_b":
-                    g = kernels.view(self.A, f["gb_off"], "i32", f["O"]).astype(np.int64)
+                    g = golden.view(self.A, f["gb_off"], "i32", f["O"]).astype(np.int64)
                 else:
-                    g = kernels.view(self.A, f["gy_off"], "i16", f["O"] * f["HW"]).astype(np.int64)
+                    g = golden.view(self.A, f["gy_off"], "i16", f["O"] * f["HW"]).astype(np.int64)
                     g = g.reshape(f["O"], -1).sum(axis=1)
                 self.wide += int(((sh <= 15) & (np.abs((g * m) >> 15) > 1 << 16)).sum())
-            kernels.run(self.A, self.P, o, self.blob)
+            golden.run(self.A, self.P, o, self.blob)
 
 
 @pytest.mark.parametrize("scheme, lr, accumulate, samples", [

@@ -1,9 +1,9 @@
 """The firmware kernels (firmware/tte_kernels.py) in the real MicroPython interpreter, bit for bit
-against the golden model (insitu.mcu.kernels), on random calls of every opcode, on both twins:
+against the golden model (insitu.sparse.golden), on random calls of every opcode, on both twins:
 
 - ``unix``: the MicroPython unix port (x86-64, 64-bit words), from the source files. All calls of a
   test run in one `micropython -X heapsize=256K` process through tte_kernels.run, which writes each
-  resulting arena to a file; each is compared with kernels.run's whole arena.
+  resulting arena to a file; each is compared with golden.run's whole arena.
 - ``qemu``: the Cortex-M7 twin (MicroPython v1.28.0 in QEMU, 32-bit words, Thumb-2 viper code),
   from .mpy files cross-compiled with `mpy-cross -march=armv7emsp` as the board gets them. Its
   UART is far too slow for the calls (~8 KB/s in), so every test's calls go at once into the
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from insitu.mcu import abi, kernels
+from insitu.sparse import abi, golden
 from insitu.resources import package_dir
 from psram_batch import cross_compile, run_on_twin
 
@@ -89,7 +89,7 @@ class Call:
 
     def put(self, name: str, dtype: str, values) -> int:
         """Place ``values`` (any integer array) as ``dtype`` and return its byte offset."""
-        data = np.asarray(values).astype(kernels.DTYPES[dtype]).tobytes()
+        data = np.asarray(values).astype(golden.DTYPES[dtype]).tobytes()
         off = self.size
         self.chunks.append(data + bytes(-len(data) % 4))
         self.size += len(self.chunks[-1])
@@ -393,7 +393,7 @@ def build(calls) -> list[Case]:
     for i, (c, f) in enumerate(calls):
         arena, table = c.build(**f)
         A = np.frombuffer(arena, dtype=np.uint8).copy()
-        kernels.run(A, table, c.o, BLOB)
+        golden.run(A, table, c.o, BLOB)
         cases.append(Case(c, f, arena, i % 2, A.tobytes()))
     return cases
 
@@ -623,7 +623,7 @@ def test_conv_fwd_speed_in_the_interpreter(tmp_path, capsys):
                  sh_off=c.put("sh", "i32", sh), y_off=c.rand("y", "i8", g["O"] * 196), **g, lo=-128, hi=127)
         arena, table = c.build(**f)
         A = np.frombuffer(arena, dtype=np.uint8).copy()
-        kernels.run(A, table, c.o, b"")
+        golden.run(A, table, c.o, b"")
         expected[name] = A.tobytes().hex()
         macs = g["O"] * 196 * Cg * g["K"] ** 2
         script += [f"A = bytearray(bytes.fromhex({arena.hex()!r}))",

@@ -62,8 +62,8 @@ def test_every_method_is_trained_within_each_budget(compared):
 
 
 def test_reported_plans_are_the_compilers_and_k_is_the_largest_that_fits(compared):
-    from insitu.mcu.compiler import Options, compile_training
-    from insitu.mcu.scheme import Scheme, bias_only, last_k_layers
+    from insitu.sparse.compiler import Options, compile_training
+    from insitu.sparse.scheme import Scheme, bias_only, last_k_layers
     from insitu.mcu.train import Prepared
 
     result = compared[0]
@@ -159,7 +159,7 @@ def test_a_kind_without_a_scheme_in_the_budget_is_reported(run_cli, compared):
     (("--budgets", "8K", "--task", "no-such-task"), "unknown task"),
     (("--budgets", "8K", "--train-samples", "0"), "--train-samples"),
     (("--budgets", "8K", "--eval-samples", "-3"), "--eval-samples"),
-    (("--budgets", "8K", "--eval-samples", "1000000"), "eval samples must be in"),
+    (("--budgets", "8K", "--eval-samples", "1000000"), "eval samples must be an integer in [1,"),
     (("--budgets", "8K", "--evaluations", "0"), "--evaluations"),
     (("--budgets", "8K", "--measure-heap", "--board", "stm32f746-disco"), "not a simulated microcontroller"),
 ])

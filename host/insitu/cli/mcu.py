@@ -22,6 +22,16 @@ def default_flash_dir(board: str) -> Path:
     return cache / "insitu" / board / "flash"
 
 
+
+def _search_bundle(model: str, task: str, lr: float, seed: int):
+    """What the scheme search and the comparison train on: the model's new head for the task and
+    its samples, prepared as `insitu train --algo sparse` prepares them, in its sample order."""
+    from insitu.mcu.train import Prepared
+    from insitu.sparse.contributions import Bundle
+    from insitu.training import sample_order
+
+    return Bundle.from_prepared(Prepared(model, task, "classifier", lr, seed), lr, sample_order)
+
 @click.group("mcu")
 def command():
     """Microcontroller (MicroPython) boards: simulated twins and tools.
@@ -64,7 +74,8 @@ def emulate(board, flash_dir, heap, twin_kind, as_json):
       mpremote connect PORT exec "import sys; print(sys.implementation._machine)"
     """
     from insitu.boards import get_board
-    from insitu.mcu.twin import McuTwin, parse_size
+    from insitu.checks import parse_size
+    from insitu.mcu.twin import McuTwin
 
     spec = get_board(board)
     if not spec.is_twin or spec.mcu is None:
@@ -176,18 +187,22 @@ def search(model, task, budget, evaluations, train_samples, eval_samples, lr, se
       insitu mcu search --budget 128K --out scheme.json --plot curve.png
       insitu train --board stm32f746-disco-sim --algo sparse --scheme "$(cat scheme.json)"
     """
+    from insitu.checks import format_size, parse_size
     from insitu.cli.output import emit_json, progress, report, write_json
     from insitu.io import check_writable
-    from insitu.mcu.search import SearchResult, format_size, parse_size, plot_curves, run_search
-    from insitu.mcu.scheme import Scheme
+    from insitu.sparse.curves import plot_curves
+    from insitu.sparse.objective import SearchResult
+    from insitu.sparse.scheme import Scheme
+    from insitu.sparse.search import run_search
 
     budget_bytes = parse_size(budget)
     for path, what in ((out, "--out"), (plot, "--plot")):
         if path:
             check_writable(path, what)
     workers = workers if workers is not None else max(1, os.cpu_count() or 1)
-    result = run_search(model, task, budget_bytes, evaluations=evaluations, train_samples=train_samples,
-                        eval_samples=eval_samples, lr=lr, seed=seed, workers=workers, refresh=refresh,
+    result = run_search(model, task, budget_bytes, prepare=_search_bundle, evaluations=evaluations,
+                        train_samples=train_samples, eval_samples=eval_samples, lr=lr, seed=seed,
+                        workers=workers, refresh=refresh,
                         validate=validate, progress_factory=lambda what, total: progress(what, total),
                         say=lambda msg: console.print(msg))
     if out:
@@ -273,8 +288,8 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
     from insitu.boards import get_board
     from insitu.cli.output import emit_json, report
     from insitu.mcu.minheap import find_min_heap
+    from insitu.checks import parse_size
     from insitu.mcu.train import Prepared, firmware_files, predicted_heap_bytes
-    from insitu.mcu.twin import parse_size
 
     spec = get_board(board)
     if not spec.is_twin or spec.mcu is None:
@@ -366,8 +381,8 @@ def compare(model, task, budgets, train_samples, eval_samples, lr, seed, evaluat
     if measure_heap:
         _twin_ready("qemu")          # before minutes of training, not after them
     workers = workers if workers is not None else max(1, os.cpu_count() or 1)
-    result = run_compare(model, task, budget_list, train_samples=train_samples, eval_samples=eval_samples, lr=lr,
-                         seed=seed, evaluations=evaluations, workers=workers, measure_heap=measure_heap, board=board,
+    result = run_compare(model, task, budget_list, prepare=_search_bundle, train_samples=train_samples,
+                         eval_samples=eval_samples, lr=lr, seed=seed, evaluations=evaluations, workers=workers, measure_heap=measure_heap, board=board,
                          progress_factory=lambda what, total: progress(what, total),
                          say=(lambda msg: None) if as_json else (lambda msg: console.print(msg)))
     if out:

@@ -88,7 +88,7 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
       insitu train --board stm32f746-disco --port /dev/ttyACM0 --algo sparse --scheme bias-6
     """
     if heap is not None:
-        from insitu.mcu.twin import parse_size
+        from insitu.checks import parse_size
 
         heap = parse_size(heap)
     config = TrainConfig(board=board, algo=algo, dataset=dataset, data_dir=data_dir, model=model,

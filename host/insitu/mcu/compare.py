@@ -3,14 +3,14 @@ Figure 9 and §4, "Sparse update obtains better accuracy at lower memory").
 
 For each memory budget (bytes of the compiler's planned arena) four kinds of scheme are trained
 on the host simulator (bit-exact with the firmware), each on the same samples in the same order
-and scored on the same test samples (:func:`insitu.mcu.search.score_schemes`):
+and scored on the same test samples (:func:`insitu.sparse.contributions.score_schemes`):
 
 * **last layer**: the classifier alone (``classifier``);
 * **bias + last layer**: ``bias-K``, the biases of the last K layers and the classifier, with the
   largest K whose plan fits the budget;
 * **last k layers**: ``last-K``, weights and biases of the last K layers, the largest K that fits;
 * **sparse (searched)**: the scheme the search of eq. 5 finds under the budget
-  (:func:`insitu.mcu.search.run_search`; its contribution analysis is cached).
+  (:func:`insitu.sparse.search.run_search`; its contribution analysis is cached).
 
 A kind that has no scheme within the budget is reported as such (``fits: false`` and why), never
 dropped. Beside them, the memory table of the paper's Figure 10(a): the planned arena of the full
@@ -27,13 +27,24 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from typing import Callable
 
 import numpy as np
 
+from insitu.checks import check_int, check_number, format_size, parse_size
 from insitu.errors import InsituError, UsageError
+from insitu.mcu.train import predicted_heap_bytes
+from insitu.sparse.compiler import Options, compile_training
+from insitu.sparse.contributions import Bundle, score_schemes
+from insitu.sparse.memory import MemoryModel, canonical, scheme_key
+from insitu.sparse.models import model_config
+from insitu.sparse.scheme import Scheme, bias_only, classifier_only, full_update, last_k_layers
+from insitu.sparse.search import DEFAULT_EVAL_SAMPLES, run_search
+from insitu.sparse.tasks import TASKS
 
-__all__ = ["METHODS", "TARGET_RATIO", "HEAP_SAMPLES", "parse_budgets", "budget_label", "measure_heap_of", "largest_fitting", "run_compare",
-           "tables", "scheme_lines", "format_text", "plot_compare"]
+__all__ = ["METHODS", "TARGET_RATIO", "HEAP_SAMPLES", "parse_budgets", "budget_label",
+           "measure_heap_of", "largest_fitting", "run_compare", "tables", "scheme_lines", "format_text",
+           "plot_compare"]
 
 #: The methods of Figure 9, in the order they are reported: (key, label).
 METHODS = (("classifier", "last layer"), ("bias", "bias + last layer"), ("last", "last k layers"),
@@ -50,8 +61,6 @@ DEFAULT_BOARD = "stm32f746-disco-sim"
 
 def parse_budgets(text) -> list[int]:
     """``"48K,64K,96K"`` (or a list of sizes) -> sorted distinct byte counts; empty is an error."""
-    from insitu.mcu.search import parse_size
-
     items = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
     if not items or all(p == "" for p in items):
         raise UsageError("budgets: give at least one memory budget (e.g. 48K,64K,96K)")
@@ -62,8 +71,6 @@ def parse_budgets(text) -> list[int]:
 
 def budget_label(budget: int) -> str:
     """``48.0 KiB`` for whole KiB, else the bytes (two budgets never print alike)."""
-    from insitu.mcu.search import format_size
-
     return format_size(budget) if budget % 1024 == 0 else f"{budget:,} B"
 
 
@@ -88,9 +95,6 @@ def _init_scorer(bundle) -> None:
 
 
 def _score_one(scheme_json: dict, train_samples: int, eval_samples: int, seed: int) -> tuple[float, int]:
-    from insitu.mcu.scheme import Scheme
-    from insitu.mcu.search import score_schemes
-
     return score_schemes(_BUNDLE["bundle"], [Scheme.from_json(scheme_json)], train_samples=train_samples,
                          eval_samples=eval_samples, seed=seed)[0]
 
@@ -99,8 +103,6 @@ def _score_all(bundle, schemes: dict, train_samples: int, eval_samples: int, see
                advance) -> dict:
     """``{key: (accuracy, arena)}`` of ``schemes`` (``{key: Scheme}``), each trained by
     :func:`score_schemes` on the same samples; ``workers`` processes (the deepest first)."""
-    from insitu.mcu.search import score_schemes
-
     keys = sorted(schemes, key=lambda k: -k[0])
     out: dict = {}
     if workers <= 1 or len(keys) <= 1:
@@ -123,39 +125,27 @@ def _score_all(bundle, schemes: dict, train_samples: int, eval_samples: int, see
 
 # --------------------------------------------------------------------------- the comparison
 
-def _check_int(name: str, value, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise UsageError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def _ratio(a, b):
     return float(a) / float(b) if a and b else None
 
 
-def run_compare(model: str, task: str, budgets, *, train_samples: int = 500, eval_samples: int | None = None,
-                lr: float = 0.05, seed: int = 0, evaluations: int = 2000, workers: int = 1,
-                measure_heap: bool = False, board: str = DEFAULT_BOARD, progress_factory=None, say=None) -> dict:
+def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, float, int], Bundle],
+                train_samples: int = 500, eval_samples: int | None = None, lr: float = 0.05, seed: int = 0,
+                evaluations: int = 2000, workers: int = 1, measure_heap: bool = False, board: str = DEFAULT_BOARD,
+                progress_factory=None, say=None) -> dict:
     """The comparison of Figure 9 at each of ``budgets`` (bytes, or sizes as ``parse_budgets``
-    takes them) and the memory table; returns a JSON-serializable dict (see the module doc)."""
-    from insitu.mcu.compiler import Options, compile_training
-    from insitu.mcu.models import model_config
-    from insitu.mcu.scheme import bias_only, classifier_only, full_update, last_k_layers
-    from insitu.mcu.search import (DEFAULT_EVAL_SAMPLES, Bundle, MemoryModel, canonical, format_size,
-                                   run_search, scheme_key)
-    from insitu.mcu.tasks import TASKS
-    from insitu.mcu.train import Prepared, predicted_heap_bytes
-
+    takes them) and the memory table; returns a JSON-serializable dict (see the module doc).
+    ``prepare(model, task, lr, seed)``: what every scheme trains on (as for
+    :func:`insitu.sparse.search.run_search`), called once the arguments are checked."""
     started = time.perf_counter()
     budgets = parse_budgets(budgets)
     model_config(model)                                   # unknown model: UsageError before any work
     if task not in TASKS:
         raise UsageError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
-    train_samples = _check_int("train samples", train_samples)
-    evaluations = _check_int("evaluations", evaluations)
-    workers = _check_int("workers", workers)
-    if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise UsageError(f"lr must be a positive number, got {lr!r}")
+    train_samples = check_int("train samples", train_samples)
+    evaluations = check_int("evaluations", evaluations)
+    workers = check_int("workers", workers)
+    lr = check_number("lr", lr)
     if measure_heap:
         from insitu.boards import get_board
 
@@ -166,15 +156,12 @@ def run_compare(model: str, task: str, budgets, *, train_samples: int = 500, eva
     say = say or (lambda msg: None)
     progress_factory = progress_factory or (lambda what, total: contextlib.nullcontext(lambda n=1: None))
 
-    prep = Prepared(model, task, "classifier", lr, seed)
-    graph = prep.graph
-    n_test = len(prep.y_test)
+    bundle = prepare(model, task, lr, seed)
+    graph = bundle.graph
+    n_test = len(bundle.y_test)
     eval_samples = min(DEFAULT_EVAL_SAMPLES, n_test) if eval_samples is None else eval_samples
-    if isinstance(eval_samples, bool) or not isinstance(eval_samples, (int, np.integer)) \
-            or not 1 <= eval_samples <= n_test:
-        raise UsageError(f"eval samples must be in [1, {n_test}] ({task}'s test samples), got {eval_samples!r}")
-    eval_samples = int(eval_samples)
-    memory = MemoryModel(graph, prep.grad_scales, lr)
+    eval_samples = check_int("eval samples", eval_samples, 1, n_test, f"{task}'s test samples")
+    memory = MemoryModel(graph, bundle.grad_scales, lr)
     floor = memory(classifier_only(graph))
     if budgets[0] < floor:
         raise UsageError(f"budget {budgets[0]:,} B ({format_size(budgets[0])}) is below what any scheme needs: "
@@ -203,16 +190,14 @@ def run_compare(model: str, task: str, budgets, *, train_samples: int = 500, eva
         say(f"search under {format_size(budget)} ({budget:,} B)")
         search = None
         try:
-            search = run_search(model, task, budget, evaluations=evaluations, train_samples=train_samples,
-                                eval_samples=eval_samples, lr=lr, seed=seed, workers=workers, validate=False,
-                                progress_factory=progress_factory, say=say)
+            search = run_search(model, task, budget, prepare=lambda *_: bundle, evaluations=evaluations,
+                                train_samples=train_samples, eval_samples=eval_samples, lr=lr, seed=seed,
+                                workers=workers, validate=False, progress_factory=progress_factory, say=say)
         except UsageError:
             raise
         except InsituError as exc:                       # e.g. no sampled scheme fits a tight budget
             entries["sparse"] = {"why": f"the search found no scheme within the budget: {exc}"}
         if search is not None:
-            from insitu.mcu.scheme import Scheme
-
             entries["sparse"] = {"preset": None, "key": add(Scheme.from_json(search["scheme"])),
                                  "search": {"scheme_from": search["scheme_from"],
                                             "objective": float(search["objective"]),
@@ -224,11 +209,11 @@ def run_compare(model: str, task: str, budgets, *, train_samples: int = 500, eva
         per_budget.append((budget, entries))
 
     # Compile each scheme for real: its arena (the plan) and the heap predicted for it.
-    compiled = {key: compile_training(graph, s, prep.grad_scales, Options(lr=lr)) for key, s in schemes.items()}
-    full_plain = compile_training(graph, full, prep.grad_scales, Options(lr=lr, reorder=False))
+    compiled = {key: compile_training(graph, s, bundle.grad_scales, Options(lr=lr)) for key, s in schemes.items()}
+    full_plain = compile_training(graph, full, bundle.grad_scales, Options(lr=lr, reorder=False))
     say(f"training {len(schemes)} schemes on {train_samples} samples (test: {eval_samples})")
     with progress_factory(f"training {len(schemes)} schemes", len(schemes)) as advance:
-        scored = _score_all(Bundle.from_prepared(prep, lr), schemes, train_samples, eval_samples, seed, workers,
+        scored = _score_all(bundle, schemes, train_samples, eval_samples, seed, workers,
                             advance)
     for key, (_, arena) in scored.items():
         if arena != compiled[key].arena_bytes:
@@ -278,7 +263,7 @@ def run_compare(model: str, task: str, budgets, *, train_samples: int = 500, eva
         programs.append(compiled[entries["sparse"]["key"]])
 
     if measure_heap:
-        x, y = prep.x_train[:HEAP_SAMPLES], prep.y_train[:HEAP_SAMPLES]
+        x, y = bundle.x_train[:HEAP_SAMPLES], bundle.y_train[:HEAP_SAMPLES]
         measured: dict = {}
         for r, c in zip(mem_rows, programs):
             key = (scheme_key(canonical(graph, c.scheme)), c.arena_bytes, c.model_id)
@@ -316,7 +301,7 @@ def measure_heap_of(compiled, x_codes, labels, board: str = DEFAULT_BOARD, say=N
     refusal. When no probe of that bracket fails, its low end was not below the minimum, and the
     bisection is redone from the arena."""
     from insitu.mcu.minheap import find_min_heap
-    from insitu.mcu.train import firmware_files, predicted_heap_bytes
+    from insitu.mcu.train import firmware_files
 
     say = say or (lambda msg: None)
     arena, predicted = int(compiled.arena_bytes), int(predicted_heap_bytes(compiled))

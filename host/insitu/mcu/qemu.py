@@ -106,7 +106,7 @@ def check_heap(heap_bytes: int) -> None:
 
 
 def _cache_root() -> Path:
-    from insitu.mcu.quantize import cache_root
+    from insitu.sparse.quantize import cache_root
 
     return cache_root() / "mcu-twin"
 

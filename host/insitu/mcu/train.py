@@ -19,11 +19,11 @@ import numpy as np
 
 from insitu.boards import Board
 from insitu.errors import InsituError, UsageError
-from insitu.mcu.calibrate import calibrate_gradients
-from insitu.mcu.compiler import Compiled, Options, compile_training
-from insitu.mcu.graph import input_codes
-from insitu.mcu.scheme import preset
-from insitu.mcu.simulate import Simulator
+from insitu.sparse.calibrate import calibrate_gradients
+from insitu.sparse.compiler import Compiled, Options, compile_training
+from insitu.sparse.graph import input_codes
+from insitu.sparse.scheme import preset
+from insitu.sparse.simulate import Simulator
 
 DEFAULT_MODEL = "mbv2-28"
 DEFAULT_TASK = "digits"
@@ -52,9 +52,9 @@ class Prepared:
 
     def __init__(self, model: str, task: str, scheme: str, lr: float, seed: int, reorder: bool = True,
                  accumulate: int = 1):
-        from insitu.mcu.models import model_config
-        from insitu.mcu.quantize import new_head, pretrained
-        from insitu.mcu.tasks import load_task
+        from insitu.sparse.models import model_config
+        from insitu.sparse.quantize import new_head, pretrained
+        from insitu.sparse.tasks import load_task
 
         size = model_config(model).input_size
         x_train, self.y_train, x_test, self.y_test, classes = load_task(task, size)

@@ -27,7 +27,6 @@ import atexit
 import logging
 import os
 import queue
-import re
 import select
 import shutil
 import signal
@@ -41,6 +40,7 @@ import tty
 from pathlib import Path
 
 from insitu.boards import get_board
+from insitu.checks import parse_size
 from insitu.errors import InsituError, UsageError
 from insitu.mcu import qemu
 
@@ -74,20 +74,6 @@ def find_tool(name: str) -> str:
     if not Path(found).exists():
         raise InsituError(f"{name} is missing: pip install 'insitu[mcu]' (or bash scripts/setup.sh)")
     return found
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from ``262144``, ``256K`` or ``1M`` (binary units, as ``micropython -X heapsize``)."""
-    if isinstance(text, int):
-        value = text
-    else:
-        match = re.fullmatch(r"\s*(\d+)\s*([kKmM]?)\s*", str(text))
-        if not match:
-            raise UsageError(f"bad size {text!r}: give bytes, e.g. 262144, 256K or 1M")
-        value = int(match[1]) << {"": 0, "k": 10, "m": 20}[match[2].lower()]
-    if value <= 0:
-        raise UsageError(f"bad size {text!r}: it must be positive")
-    return value
 
 
 class McuTwin:

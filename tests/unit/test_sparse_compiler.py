@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from insitu.errors import InsituError, UsageError
-from insitu.mcu import abi
-from insitu.mcu import scheme as S
-from insitu.mcu.calibrate import calibrate_gradients
-from insitu.mcu.compiler import Options, compile_training, reads, writes
-from insitu.mcu.graph import random_graph
+from insitu.sparse import abi
+from insitu.sparse import scheme as S
+from insitu.sparse.calibrate import calibrate_gradients
+from insitu.sparse.compiler import Options, compile_training, reads, writes
+from insitu.sparse.graph import random_graph
 from insitu.resources import package_dir
 
 pytestmark = pytest.mark.unit
@@ -148,7 +148,7 @@ def test_a_conv_wider_than_the_firmware_row_buffer_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_accumulated_gradients_update_once_every_n_samples(seed):
-    from insitu.mcu.simulate import Simulator
+    from insitu.sparse.simulate import Simulator
 
     g, gs = _setup(seed)
     n = 3

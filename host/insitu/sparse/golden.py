@@ -1,13 +1,13 @@
-"""The golden model of the MCU kernels: every opcode of :mod:`insitu.mcu.abi` in NumPy integers.
+"""The golden model of the MCU kernels: every opcode of :mod:`insitu.sparse.abi` in NumPy integers.
 
-The comments of :data:`insitu.mcu.abi.OPS` are the spec; this module is its executable form, and
+The comments of :data:`insitu.sparse.abi.OPS` are the spec; this module is its executable form, and
 the firmware (``firmware/tte_kernels.py``) is tested against it bit for bit. Two layers:
 
 - one array function per opcode (:func:`conv_fwd`, :func:`conv_bwd_x`, ...) on NumPy arrays of
   any integer dtype. They compute exactly in int64 (the sums of conv_fwd's int8 products in
   floats where those are exact integers, to use BLAS) and return the destination's dtype. The
   forward ones (:func:`conv_fwd`, :func:`add_fwd`, :func:`gap_fwd`) also take a batch of maps
-  (a leading axis): :func:`insitu.mcu.quantize.int8_forward` runs a whole test set through
+  (a leading axis): :func:`insitu.sparse.quantize.int8_forward` runs a whole test set through
   them, so the accuracy of a quantized model is measured with this very code;
 - :func:`run` executes one call of a compiled program on an arena (a uint8 array, modified in
   place): it decodes ``P[o]``, takes typed views of the arena (:func:`view`) and calls the array
@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from insitu import numerics as nx
-from insitu.mcu import abi
-from insitu.mcu.graph import conv_out
+from insitu.sparse import abi
+from insitu.sparse.graph import conv_out
 
 __all__ = ["view", "run", "conv_fwd", "add_fwd", "gap_fwd", "loss_grad", "argmax", "act_bwd",
            "grad_scale_ch", "conv_bwd_x", "conv_grad_w", "conv_upd_w", "apply_w", "bias_grad",

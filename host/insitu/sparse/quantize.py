@@ -1,10 +1,10 @@
 """Post-training quantization of the float models into the int8 graph IR, and the pretrained models.
 
-:func:`quantize_model` turns a trained :class:`insitu.mcu.models.MobileNetV2` into a
-:class:`insitu.mcu.graph.Graph` (tiny-training section 3.1: "pre-trained ... and perform
+:func:`quantize_model` turns a trained :class:`insitu.sparse.models.MobileNetV2` into a
+:class:`insitu.sparse.graph.Graph` (tiny-training section 3.1: "pre-trained ... and perform
 post-training quantization"; eq. 1 for every layer):
 
-* BatchNorm is folded into the preceding conv (:func:`insitu.mcu.models.fold_bn`);
+* BatchNorm is folded into the preceding conv (:func:`insitu.sparse.models.fold_bn`);
 * weights become per-output-channel symmetric int8 (:func:`graph.quantize_weight`), biases int32
   at scale ``w_scale[o] * x_scale`` (:func:`graph.quantize_bias`);
 * every activation tensor gets one symmetric scale, calibrated on :data:`CALIBRATION_SAMPLES`
@@ -27,7 +27,7 @@ except the classifier's, ``logits`` (the graph's output); the input tensor is ``
 
 :func:`int8_forward` runs a graph on int8 input codes by walking its nodes with the functional
 ops of eq. 1 (``conv_fwd``, ``add_fwd``, ``gap_fwd``, with the requantization parameters that
-:mod:`insitu.mcu.graph` derives): by default the golden kernels of :mod:`insitu.mcu.kernels` on
+:mod:`insitu.sparse.graph` derives): by default the golden kernels of :mod:`insitu.sparse.golden` on
 many samples at once (:data:`REFERENCE_OPS`), the very integer code the host simulator runs
 on the arena and the firmware is tested against.
 
@@ -49,9 +49,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from insitu.errors import InsituError, UsageError
-from insitu.mcu import graph as g
-from insitu.mcu import kernels
-from insitu.mcu.models import (MobileNetV2, Unit, build_model, float_accuracy, folded_forward,
+from insitu.sparse import graph as g
+from insitu.sparse import golden
+from insitu.sparse.models import (MobileNetV2, Unit, build_model, float_accuracy, folded_forward,
                                folded_units, model_config, train_float)
 
 __all__ = ["quantize_model", "calibrate_scales", "build_graph", "int8_forward", "int8_accuracy",
@@ -129,7 +129,7 @@ def build_graph(units: list[Unit], scales: dict[str, float], input_size: int, me
 def quantize_model(model: MobileNetV2, calib_images: np.ndarray,
                    percentile: float = CALIBRATION_PERCENTILE, meta: dict | None = None) -> g.Graph:
     """Post-training quantization of ``model`` calibrated on uint8 images ``(N, H, W)``."""
-    from insitu.mcu.tasks import float_inputs
+    from insitu.sparse.tasks import float_inputs
 
     units = folded_units(model)
     scales = calibrate_scales(units, float_inputs(calib_images, np.float64), percentile)
@@ -141,9 +141,9 @@ def quantize_model(model: MobileNetV2, calib_images: np.ndarray,
 # --------------------------------------------------------------------------- int8 forward
 
 
-#: The ops of :func:`int8_forward`: the golden kernels (:mod:`insitu.mcu.kernels`), which take a
+#: The ops of :func:`int8_forward`: the golden kernels (:mod:`insitu.sparse.golden`), which take a
 #: batch (a leading axis), so :data:`FORWARD_CHUNK` samples go through every node at once.
-REFERENCE_OPS = SimpleNamespace(conv_fwd=kernels.conv_fwd, add_fwd=kernels.add_fwd, gap_fwd=kernels.gap_fwd,
+REFERENCE_OPS = SimpleNamespace(conv_fwd=golden.conv_fwd, add_fwd=golden.add_fwd, gap_fwd=golden.gap_fwd,
                                 batched=True)
 
 
@@ -157,7 +157,7 @@ FORWARD_CHUNK = 256
 
 def _node_calls(graph: g.Graph) -> list[tuple]:
     """``(output, op name, input tensors, parameters)`` of every node, with the requantization
-    parameters that :mod:`insitu.mcu.graph` derives (once per graph, not per sample)."""
+    parameters that :mod:`insitu.sparse.graph` derives (once per graph, not per sample)."""
     T = graph.tensors
     calls = []
     for n in graph.nodes:
@@ -195,7 +195,7 @@ def int8_forward(graph: g.Graph, x_codes: np.ndarray, ops=None, record: dict | N
 
     ``ops`` provides ``conv_fwd``, ``add_fwd``, ``gap_fwd`` (default :data:`REFERENCE_OPS`, the
     golden kernels, given :data:`FORWARD_CHUNK` samples at a time); ops without a true
-    ``batched`` attribute (e.g. the module ``insitu.mcu.kernels`` itself) get one sample at a
+    ``batched`` attribute (e.g. the module ``insitu.sparse.golden`` itself) get one sample at a
     time. ``record`` (a dict) receives every tensor's codes by name.
     """
     x = np.asarray(x_codes)
@@ -347,14 +347,14 @@ def pretrained(model_name: str, cache_dir=None, samples: int | None = None, epoc
             return g.Graph.load(path)
         except InsituError:
             pass                                  # unreadable: rebuild it below
-    from insitu.mcu.tasks import pretrain_task
+    from insitu.sparse.tasks import pretrain_task
 
     settings = _settings(model_name, samples, epochs, seed)
     config = model_config(model_name)
     x_train, y_train, x_test, y_test, _ = pretrain_task(config.input_size)
     n = min(settings["samples"], len(x_train))
     if verbose is None:
-        from insitu.mcu.models import model_summary
+        from insitu.sparse.models import model_summary
 
         verbose = model_summary(config)["macs"] * n * settings["epochs"] > 5e9
 

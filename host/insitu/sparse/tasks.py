@@ -23,7 +23,7 @@ centres when enlarging, then rounding to uint8. Equal sizes pass through untouch
 
 :func:`load_task` returns ``(x_train, y_train, x_test, y_test, num_classes)`` with uint8 images
 ``(N, size, size)`` and int64 labels; feed them to the int8 graph through
-:func:`insitu.mcu.graph.input_codes`, to the float model through :func:`float_inputs`.
+:func:`insitu.sparse.graph.input_codes`, to the float model through :func:`float_inputs`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The golden model of the MCU kernels (insitu.mcu.kernels) against straightforward references of
+"""The golden model of the MCU kernels (insitu.sparse.golden) against straightforward references of
 the ABI's formulas, its arena interpreter, and the 32-bit arithmetic of the firmware's rounding."""
 
 import math
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from insitu import numerics as nx
-from insitu.mcu import abi, kernels
+from insitu.sparse import abi, golden
 from insitu.resources import package_dir
 
 pytestmark = pytest.mark.unit
@@ -129,7 +129,7 @@ def test_conv_fwd_matches_the_formula(kind):
         b = rng.integers(-int(2 * typical), int(2 * typical) + 1, O)
         m, sh = random_scale(rng, O, typical)
         lo, hi = sorted(int(v) for v in rng.integers(-128, 128, 2)) if rng.random() < 0.5 else (-128, 127)
-        y = kernels.conv_fwd(x, w, b, m, sh, s, pad, groups, lo, hi)
+        y = golden.conv_fwd(x, w, b, m, sh, s, pad, groups, lo, hi)
         assert y.dtype == np.int8
         np.testing.assert_array_equal(y, conv_fwd_ref(x, w, b, m, sh, s, pad, groups, lo, hi))
 
@@ -147,17 +147,17 @@ def test_a_batch_of_maps_is_its_samples_one_by_one(kind):
         typical = 74 * 74 * (C // groups * K * K) ** 0.5
         b = rng.integers(-int(2 * typical), int(2 * typical) + 1, O)
         m, sh = random_scale(rng, O, typical)
-        y = kernels.conv_fwd(x, w, b, m, sh, s, pad, groups, -100, 90)
+        y = golden.conv_fwd(x, w, b, m, sh, s, pad, groups, -100, 90)
         OH, OW = (H + 2 * pad - K) // s + 1, (W + 2 * pad - K) // s + 1
         assert y.dtype == np.int8 and y.shape == (N, O, OH, OW) and y.flags.c_contiguous
         for n in range(N):
             np.testing.assert_array_equal(y[n], conv_fwd_ref(x[n], w, b, m, sh, s, pad, groups, -100, 90))
         (ma, mb), (sh2, _) = random_scale(rng, 2, 104)
         a = rng.integers(-128, 128, x.shape).astype(np.int8)
-        np.testing.assert_array_equal(kernels.add_fwd(x, a, ma, mb, sh2),
-                                      [kernels.add_fwd(x[n], a[n], ma, mb, sh2) for n in range(N)] or np.zeros(x.shape))
+        np.testing.assert_array_equal(golden.add_fwd(x, a, ma, mb, sh2),
+                                      [golden.add_fwd(x[n], a[n], ma, mb, sh2) for n in range(N)] or np.zeros(x.shape))
         (mg, _), (sg, _) = random_scale(rng, 2, 74 * (H * W) ** 0.5)
-        pooled = kernels.gap_fwd(x, mg, sg)
+        pooled = golden.gap_fwd(x, mg, sg)
         assert pooled.dtype == np.int8 and pooled.shape == (N, C)
         for n in range(N):
             np.testing.assert_array_equal(pooled[n], [sat(rq_ref(int(x[n, c].sum()), mg, sg), 8) for c in range(C)])
@@ -172,11 +172,11 @@ def test_conv_sums_are_exact_beyond_float32():
     x[5, 1, 1] = w[0, 5, 1, 1] = 127                     # sum = 1151 * 2**14 + 127**2, odd, > 2**24
     total = 1151 * 2**14 + 127**2
     for v in (5, -7, 100):
-        y = kernels.conv_fwd(x, w, [v - total], [1 << 14], [14])          # rq(acc) = acc
+        y = golden.conv_fwd(x, w, [v - total], [1 << 14], [14])          # rq(acc) = acc
         assert y.tolist() == [[[v]]]
     # grouped (neither full nor depthwise) on the same path: two groups of 1152 products
     x2, w2 = np.concatenate([x, x]), np.concatenate([w, w])
-    y = kernels.conv_fwd(x2, w2, [3 - total, -2 - total], [1 << 14] * 2, [14] * 2, groups=2)
+    y = golden.conv_fwd(x2, w2, [3 - total, -2 - total], [1 << 14] * 2, [14] * 2, groups=2)
     assert y.reshape(-1).tolist() == [3, -2]
 
 
@@ -189,7 +189,7 @@ def test_conv_bwd_x_matches_the_formula(kind):
         gy = rng.integers(-2**15, 2**15, (O, OH, OW))
         w = rng.integers(-128, 128, (O, C // groups, K, K))
         (m,), (sh,) = random_scale(rng, 1, 74 * 2**14 * (O // groups * K * K) ** 0.5, 16)
-        gx = kernels.conv_bwd_x(gy, w, (C, H, W), s, pad, groups, int(m), int(sh))
+        gx = golden.conv_bwd_x(gy, w, (C, H, W), s, pad, groups, int(m), int(sh))
         assert gx.dtype == np.int16
         np.testing.assert_array_equal(gx, conv_bwd_x_ref(gy, w, (C, H, W), s, pad, groups, m, sh))
 
@@ -203,14 +203,14 @@ def test_weight_gradient_and_update_match_the_formula(kind):
         gy = rng.integers(-2**15, 2**15, (O, OH, OW))
         x = rng.integers(-128, 128, (C, H, W))
         idx = rng.permutation(O)[:int(rng.integers(0, O + 1))]
-        G = kernels.conv_grad_w(gy, x, idx, K, s, pad, groups)
+        G = golden.conv_grad_w(gy, x, idx, K, s, pad, groups)
         assert G.dtype == np.int32
         ref = conv_grad_w_ref(gy, x, idx, K, s, pad, groups)
         np.testing.assert_array_equal(G, ref)
         w = rng.integers(-128, 128, ref.shape)
         um, ush = random_scale(rng, len(idx), 74 * 2**14 * (OH * OW) ** 0.5, 5 + abi.SR_BITS)
         step, salt = int(rng.integers(0, 2**32)), int(rng.integers(0, 100))
-        new = kernels.conv_upd_w(w, gy, x, idx, um, ush, s, pad, groups, step=step, salt=salt)
+        new = golden.conv_upd_w(w, gy, x, idx, um, ush, s, pad, groups, step=step, salt=salt)
         row = ref[0].size if len(idx) else 0
         expect = [sat(int(wv) - sr_ref(g, um[j], ush[j], step, salt, j * row + i), 8)
                   for j in range(len(idx)) for i, (wv, g) in enumerate(zip(w[j].ravel(), ref[j].ravel()))]
@@ -227,24 +227,24 @@ def test_apply_w_and_biases_match_the_formula():
         step, salt = int(rng.choice([0, 2**32 - 1, int(rng.integers(0, 2**32))])), int(rng.integers(0, 100))
         expect = [[sat(int(w[j, i]) - sr_ref(gw[j, i], um[j], ush[j], step, salt, j * row + i), 8)
                    for i in range(row)] for j in range(n)]
-        np.testing.assert_array_equal(kernels.apply_w(w, gw, um, ush, step=step, salt=salt), expect)
+        np.testing.assert_array_equal(golden.apply_w(w, gw, um, ush, step=step, salt=salt), expect)
         O, HW = int(rng.integers(1, 10)), int(rng.integers(1, 50))
         gy = rng.integers(-2**15, 2**15, (O, HW))
         b = rng.choice([-2**31, 2**31 - 1, *rng.integers(-2**31, 2**31, 4)], O)
         um, ush = random_scale(rng, O, 2**14 * HW ** 0.5, 12)
         gb = [sum(int(v) for v in gy[o]) for o in range(O)]
-        np.testing.assert_array_equal(kernels.bias_grad(gy), gb)
+        np.testing.assert_array_equal(golden.bias_grad(gy), gb)
         expect = [sat(int(b[o]) - rq_ref(gb[o], um[o], ush[o]), 32) for o in range(O)]
-        np.testing.assert_array_equal(kernels.bias_upd(b, gy, um, ush), expect)
-        np.testing.assert_array_equal(kernels.apply_b(b, gb, um, ush), expect)
-        assert kernels.apply_b(b, gb, um, ush).dtype == np.int32
+        np.testing.assert_array_equal(golden.bias_upd(b, gy, um, ush), expect)
+        np.testing.assert_array_equal(golden.apply_b(b, gb, um, ush), expect)
+        assert golden.apply_b(b, gb, um, ush).dtype == np.int32
 
 
 def test_the_update_step_is_not_saturated_before_the_subtraction():
     # rq(2**30, 4, 1) = 2**31: b = 0 goes to -2**31 (a step clipped to int32 first would give -2**31 + 1).
-    assert kernels.apply_b([0], [2**30], [4], [1]).tolist() == [-2**31]
-    assert kernels.apply_b([2**31 - 1], [2**30], [4], [1]).tolist() == [-1]
-    assert kernels.apply_w([[127]], [[2**31 - 1]], [2**15 - 1], [1], step=0, salt=0).tolist() == [[-128]]
+    assert golden.apply_b([0], [2**30], [4], [1]).tolist() == [-2**31]
+    assert golden.apply_b([2**31 - 1], [2**30], [4], [1]).tolist() == [-1]
+    assert golden.apply_w([[127]], [[2**31 - 1]], [2**15 - 1], [1], step=0, salt=0).tolist() == [[-128]]
 
 
 def sr_ref(g, m, sh, step, salt, e) -> int:
@@ -265,17 +265,17 @@ def test_stochastic_rounding_keeps_steps_smaller_than_half_a_code():
     n = 200_000
     w = np.zeros((1, n), np.int64)
     gw = np.full((1, n), 77)                          # rq(77, 1, 0) = 77 = 0.30 * 2**SR_BITS
-    new = kernels.apply_w(w, gw, [1 << 14], [14], step=5, salt=3)
+    new = golden.apply_w(w, gw, [1 << 14], [14], step=5, salt=3)
     assert set(np.unique(new).tolist()) == {-1, 0}
     assert abs(-new.mean() - 77 / 2**abi.SR_BITS) < 0.005
     # negative steps too (floor of a negative sum), and the noise is uniform over its range
-    new = kernels.apply_w(w, -gw, [1 << 14], [14], step=6, salt=3)
+    new = golden.apply_w(w, -gw, [1 << 14], [14], step=6, salt=3)
     assert abs(new.mean() - 77 / 2**abi.SR_BITS) < 0.005
-    counts = np.bincount(kernels.sr_noise(7, 1, n), minlength=2**abi.SR_BITS)
+    counts = np.bincount(golden.sr_noise(7, 1, n), minlength=2**abi.SR_BITS)
     assert counts.size == 2**abi.SR_BITS and counts.min() > 0.8 * n / 2**abi.SR_BITS
     # a different step or layer (salt) draws different noise
-    assert (kernels.sr_noise(7, 1, 1000) != kernels.sr_noise(8, 1, 1000)).mean() > 0.9
-    assert (kernels.sr_noise(7, 1, 1000) != kernels.sr_noise(7, 2, 1000)).mean() > 0.9
+    assert (golden.sr_noise(7, 1, 1000) != golden.sr_noise(8, 1, 1000)).mean() > 0.9
+    assert (golden.sr_noise(7, 1, 1000) != golden.sr_noise(7, 2, 1000)).mean() > 0.9
 
 
 def test_elementwise_and_pooling_match_the_formula():
@@ -285,25 +285,25 @@ def test_elementwise_and_pooling_match_the_formula():
         (ma, mb), (sh, _) = random_scale(rng, 2, 104)
         lo, hi = sorted(int(v) for v in rng.integers(-128, 128, 2))
         a8, b8 = rng.integers(-128, 128, n), rng.integers(-128, 128, n)
-        np.testing.assert_array_equal(kernels.add_fwd(a8, b8, ma, mb, sh, lo, hi),
+        np.testing.assert_array_equal(golden.add_fwd(a8, b8, ma, mb, sh, lo, hi),
                                       [clamp(rq_ref(int(a) * ma + int(b) * mb, 1, sh), lo, hi) for a, b in zip(a8, b8)])
         a16, b16 = rng.integers(-2**15, 2**15, n), rng.integers(-2**15, 2**15, n)
-        np.testing.assert_array_equal(kernels.grad_add(a16, b16, ma, mb, sh),
+        np.testing.assert_array_equal(golden.grad_add(a16, b16, ma, mb, sh),
                                       [sat(rq_ref(int(a) * ma + int(b) * mb, 1, sh), 16) for a, b in zip(a16, b16)])
         C, H, W = (int(v) for v in rng.integers(1, 9, 3))
         (m, _), (s, _) = random_scale(rng, 2, 74 * (H * W) ** 0.5)
         x = rng.integers(-128, 128, (C, H, W))
-        np.testing.assert_array_equal(kernels.gap_fwd(x, m, s),
+        np.testing.assert_array_equal(golden.gap_fwd(x, m, s),
                                       [sat(rq_ref(int(x[c].sum()), m, s), 8) for c in range(C)])
         gy = rng.integers(-2**15, 2**15, C)
-        np.testing.assert_array_equal(kernels.gap_bwd(gy, H * W, m, s),
+        np.testing.assert_array_equal(golden.gap_bwd(gy, H * W, m, s),
                                       [[sat(rq_ref(g, m, s), 16)] * (H * W) for g in gy])
         g = rng.integers(-2**15, 2**15, (C, H * W))
         ms, ss = random_scale(rng, C, 2**14, 16)
-        np.testing.assert_array_equal(kernels.grad_scale_ch(g, ms, ss),
+        np.testing.assert_array_equal(golden.grad_scale_ch(g, ms, ss),
                                       [[sat(rq_ref(v, ms[c], ss[c]), 16) for v in g[c]] for c in range(C)])
         y, g16 = rng.integers(-128, 128, n), rng.integers(-2**15, 2**15, n)
-        np.testing.assert_array_equal(kernels.act_bwd(y, g16, lo, hi),
+        np.testing.assert_array_equal(golden.act_bwd(y, g16, lo, hi),
                                       [gv if lo < yv < hi else 0 for yv, gv in zip(y, g16)])
 
 
@@ -320,12 +320,12 @@ def test_loss_grad_is_the_rounded_softmax_gradient():
         z[rng.integers(0, n)] = z.max()
         label = int(rng.integers(0, n))
         table = exp_table(s_z)
-        g, predicted, p_label = kernels.loss_grad(z, table, label)
+        g, predicted, p_label = golden.loss_grad(z, table, label)
         e = [int(table[z.max() - v]) for v in z]
         q = [math.floor(Fraction(ek * one, sum(e)) + Fraction(1, 2)) for ek in e]
         assert g.dtype == np.int16
         assert g.tolist() == [qk - one * (k == label) for k, qk in enumerate(q)]
-        assert predicted == list(z).index(max(z)) == kernels.argmax(z)
+        assert predicted == list(z).index(max(z)) == golden.argmax(z)
         assert p_label == q[label]
         # ... and close to the float softmax it stands for: each e is off by 1/2 in S >= 2**16.
         p = np.exp((z - z.max()) * s_z)
@@ -337,40 +337,40 @@ def test_loss_grad_is_the_rounded_softmax_gradient():
 def test_results_outside_the_devices_domain_are_refused():
     x, w = np.full((1, 1, 1), 127), np.full((1, 1, 1, 1), 127)
     with pytest.raises(ValueError, match="b \\+ sum .* outside int32"):
-        kernels.conv_fwd(x, w, [2**31 - 1], [1 << 14], [20])
+        golden.conv_fwd(x, w, [2**31 - 1], [1 << 14], [20])
     with pytest.raises(ValueError, match="multipliers"):
-        kernels.conv_fwd(x, w, [0], [1 << 15], [20])
+        golden.conv_fwd(x, w, [0], [1 << 15], [20])
     with pytest.raises(ValueError, match="shifts"):
-        kernels.gap_fwd(x, 100, 0)
+        golden.gap_fwd(x, 100, 0)
     with pytest.raises(ValueError, match="shifts"):
-        kernels.add_fwd([1], [1], 1, 1, 63)
+        golden.add_fwd([1], [1], 1, 1, 63)
     with pytest.raises(ValueError, match="clamp"):
-        kernels.conv_fwd(x, w, [0], [1 << 14], [20], lo=5, hi=4)
+        golden.conv_fwd(x, w, [0], [1 << 14], [20], lo=5, hi=4)
     with pytest.raises(ValueError, match="x must be int8 codes"):
-        kernels.conv_fwd(x + 1, w, [0], [1 << 14], [20])
+        golden.conv_fwd(x + 1, w, [0], [1 << 14], [20])
     with pytest.raises(ValueError, match="w must be int8 codes"):
-        kernels.conv_fwd(x, -w - 2, [0], [1 << 14], [20])
+        golden.conv_fwd(x, -w - 2, [0], [1 << 14], [20])
     with pytest.raises(ValueError, match="weight gradient .* outside int32"):
-        kernels.conv_grad_w(np.full((1, 23, 23), -2**15), np.full((1, 23, 23), -128), [0], 1)   # 529 * 2**22
+        golden.conv_grad_w(np.full((1, 23, 23), -2**15), np.full((1, 23, 23), -128), [0], 1)   # 529 * 2**22
     with pytest.raises(ValueError, match="label"):
-        kernels.loss_grad([1, 2], exp_table(0.1), 2)
+        golden.loss_grad([1, 2], exp_table(0.1), 2)
     with pytest.raises(ValueError, match="exp table"):
-        kernels.loss_grad([1, 2], np.zeros(10), 0)
+        golden.loss_grad([1, 2], np.zeros(10), 0)
     with pytest.raises(ValueError, match="weights must be"):
-        kernels.conv_fwd(np.zeros((1, 4, 4)), np.zeros((1, 1, 3, 2)), [0], [1], [1])
+        golden.conv_fwd(np.zeros((1, 4, 4)), np.zeros((1, 1, 3, 2)), [0], [1], [1])
     with pytest.raises(ValueError, match="groups"):
-        kernels.conv_fwd(np.zeros((3, 4, 4)), np.zeros((2, 1, 3, 3)), [0, 0], [1, 1], [1, 1], groups=2)
+        golden.conv_fwd(np.zeros((3, 4, 4)), np.zeros((2, 1, 3, 3)), [0, 0], [1, 1], [1, 1], groups=2)
 
 
 # --------------------------------------------------------------------------- arena views and run
 
 def test_view_is_a_typed_little_endian_window_of_the_arena():
     A = np.zeros(16, np.uint8)
-    v = kernels.view(A, 4, "i16", 3)
+    v = golden.view(A, 4, "i16", 3)
     v[:] = [-2, 1, 0x1234]
     assert A[4:10].tolist() == [0xFE, 0xFF, 1, 0, 0x34, 0x12]
-    assert kernels.view(A, 8, np.int32, 2).dtype == np.dtype("<i4")
-    assert kernels.view(A, 16, "i8", 0).size == 0
+    assert golden.view(A, 8, np.int32, 2).dtype == np.dtype("<i4")
+    assert golden.view(A, 16, "i8", 0).size == 0
 
 
 @pytest.mark.parametrize("off, dtype, n, message", [
@@ -383,12 +383,12 @@ def test_view_is_a_typed_little_endian_window_of_the_arena():
 ])
 def test_view_refuses_misaligned_or_outside_tensors(off, dtype, n, message):
     with pytest.raises(ValueError, match=message):
-        kernels.view(np.zeros(16, np.uint8), off, dtype, n)
+        golden.view(np.zeros(16, np.uint8), off, dtype, n)
 
 
 def test_view_needs_a_byte_arena():
     with pytest.raises(ValueError, match="uint8"):
-        kernels.view(np.zeros(4, np.int32), 0, "i8", 1)
+        golden.view(np.zeros(4, np.int32), 0, "i8", 1)
 
 
 class Arena:
@@ -400,12 +400,12 @@ class Arena:
     def put(self, dtype, values):
         values = np.asarray(values)
         off = self.top
-        kernels.view(self.A, off, dtype, values.size)[:] = values.reshape(-1)
-        self.top += -(-values.size * kernels.DTYPES[dtype].itemsize // 4) * 4
+        golden.view(self.A, off, dtype, values.size)[:] = values.reshape(-1)
+        self.top += -(-values.size * golden.DTYPES[dtype].itemsize // 4) * 4
         return off
 
     def get(self, off, dtype, n):
-        return kernels.view(self.A, off, dtype, n).copy()
+        return golden.view(self.A, off, dtype, n).copy()
 
 
 def test_run_executes_a_conv_call_on_the_arena():
@@ -420,7 +420,7 @@ def test_run_executes_a_conv_call_on_the_arena():
              C=C, H=H, W=W, O=O, OH=OH, OW=OW, K=K, stride=s, pad=pad, groups=groups, lo=0, hi=100)
     P = np.array([7, 7, *abi.record("conv_fwd", **f)], np.int32)
     before = ar.A.copy()
-    kernels.run(ar.A, P, 2)
+    golden.run(ar.A, P, 2)
     y = ar.get(f["y_off"], "i8", O * OH * OW).reshape(O, OH, OW)
     np.testing.assert_array_equal(y, conv_fwd_ref(x, w, b, m, sh, s, pad, groups, 0, 100))
     changed = np.flatnonzero(ar.A != before)
@@ -432,11 +432,11 @@ def test_run_loss_grad_reads_the_label_and_writes_the_io_block():
     z = [3, -5, 9, 9, 0]
     f = dict(z_off=ar.put("i8", z), g_off=ar.put("i16", np.zeros(5)), n=5,
              exp_off=ar.put("i32", exp_table(0.05)), io_off=ar.put("i32", [1, -1, -1, 77]))
-    kernels.run(ar.A, np.array(abi.record("loss_grad", **f), np.int32), 0)
-    g, predicted, p_label = kernels.loss_grad(z, exp_table(0.05), 1)
+    golden.run(ar.A, np.array(abi.record("loss_grad", **f), np.int32), 0)
+    g, predicted, p_label = golden.loss_grad(z, exp_table(0.05), 1)
     assert ar.get(f["io_off"], "i32", 4).tolist() == [1, predicted, p_label, 78]     # one more step
     ar.A[f["io_off"] + 12:f["io_off"] + 16] = np.frombuffer(np.int32(-1).tobytes(), np.uint8)
-    kernels.run(ar.A, np.array(abi.record("loss_grad", **f), np.int32), 0)
+    golden.run(ar.A, np.array(abi.record("loss_grad", **f), np.int32), 0)
     assert ar.get(f["io_off"], "i32", 4).tolist()[abi.IO_STEP] == 0                      # mod 2**32
     assert predicted == 2
     np.testing.assert_array_equal(ar.get(f["g_off"], "i16", 5), g)
@@ -446,13 +446,13 @@ def test_run_load_and_patch_copy_bytes():
     ar = Arena()
     blob = bytes(range(200))
     dst = ar.put("u8", np.zeros(12))
-    kernels.run(ar.A, np.array(abi.record("load", blob_off=50, dst_off=dst, n=12), np.int32), 0, blob)
+    golden.run(ar.A, np.array(abi.record("load", blob_off=50, dst_off=dst, n=12), np.int32), 0, blob)
     assert ar.get(dst, "u8", 12).tolist() == list(range(50, 62))
     with pytest.raises(ValueError, match="outside the blob"):
-        kernels.run(ar.A, np.array(abi.record("load", blob_off=190, dst_off=dst, n=12), np.int32), 0, blob)
+        golden.run(ar.A, np.array(abi.record("load", blob_off=190, dst_off=dst, n=12), np.int32), 0, blob)
     src, rows = ar.put("u8", [1, 2, 3, 4, 5, 6]), ar.put("u8", np.zeros(4 * 3))
     idx = ar.put("i32", [3, 0, 3])          # a repeated row keeps the last source row
-    kernels.run(ar.A, np.array(abi.record("patch", src_off=src, dst_off=rows, idx_off=idx, n_sel=3, row_bytes=2),
+    golden.run(ar.A, np.array(abi.record("patch", src_off=src, dst_off=rows, idx_off=idx, n_sel=3, row_bytes=2),
                                np.int32), 0)
     assert ar.get(rows, "u8", 8).tolist() == [3, 4, 0, 0, 0, 0, 5, 6]
 
@@ -460,34 +460,34 @@ def test_run_load_and_patch_copy_bytes():
 def test_run_refuses_bad_calls():
     ar = Arena(64)
     with pytest.raises(ValueError, match="not an opcode"):
-        kernels.run(ar.A, np.array([0, 1, 2], np.int32), 0)
+        golden.run(ar.A, np.array([0, 1, 2], np.int32), 0)
     with pytest.raises(ValueError, match=r"act_bwd.g_off: offset 3 .* not aligned"):
-        kernels.run(ar.A, np.array(abi.record("act_bwd", y_off=0, g_off=3, n=2, lo=0, hi=9), np.int32), 0)
+        golden.run(ar.A, np.array(abi.record("act_bwd", y_off=0, g_off=3, n=2, lo=0, hi=9), np.int32), 0)
     with pytest.raises(ValueError, match="act_bwd.g_off: .* outside the arena"):
-        kernels.run(ar.A, np.array(abi.record("act_bwd", y_off=0, g_off=60, n=4, lo=0, hi=9), np.int32), 0)
+        golden.run(ar.A, np.array(abi.record("act_bwd", y_off=0, g_off=60, n=4, lo=0, hi=9), np.int32), 0)
     with pytest.raises(ValueError, match="y_off .* overlaps g_off"):
-        kernels.run(ar.A, np.array(abi.record("act_bwd", y_off=4, g_off=0, n=4, lo=0, hi=9), np.int32), 0)
+        golden.run(ar.A, np.array(abi.record("act_bwd", y_off=4, g_off=0, n=4, lo=0, hi=9), np.int32), 0)
     geometry = dict(C=1, H=3, W=3, O=1, OH=2, OW=3, K=3, stride=1, pad=1, groups=1)
     with pytest.raises(ValueError, match="OH, OW = 2, 3"):
-        kernels.run(ar.A, np.array(abi.record("conv_bwd_x", gy_off=0, w_off=0, gx_off=0, **geometry, m=1, sh=1),
+        golden.run(ar.A, np.array(abi.record("conv_bwd_x", gy_off=0, w_off=0, gx_off=0, **geometry, m=1, sh=1),
                                    np.int32), 0)
 
 
 def test_an_elementwise_op_may_write_over_its_input_and_nothing_else_may():
     ar = Arena(64)
     a = ar.put("i8", [10, -20, 30, 127])
-    kernels.run(ar.A, np.array(abi.record("add_fwd", a_off=a, b_off=a, y_off=a, n=4, ma=1 << 14, mb=1 << 14,
+    golden.run(ar.A, np.array(abi.record("add_fwd", a_off=a, b_off=a, y_off=a, n=4, ma=1 << 14, mb=1 << 14,
                                           sh=15, lo=-128, hi=127), np.int32), 0)
     assert ar.get(a, "i8", 4).tolist() == [10, -20, 30, 127]
     with pytest.raises(ValueError, match="overlaps"):
-        kernels.run(ar.A, np.array(abi.record("add_fwd", a_off=a, b_off=a, y_off=a + 1, n=4, ma=1, mb=1,
+        golden.run(ar.A, np.array(abi.record("add_fwd", a_off=a, b_off=a, y_off=a + 1, n=4, ma=1, mb=1,
                                               sh=1, lo=-128, hi=127), np.int32), 0)
     with pytest.raises(ValueError, match="overlaps"):
-        kernels.run(ar.A, np.array(abi.record("gap_fwd", x_off=a, y_off=a, C=1, HW=4, m=1, sh=1), np.int32), 0)
+        golden.run(ar.A, np.array(abi.record("gap_fwd", x_off=a, y_off=a, C=1, HW=4, m=1, sh=1), np.int32), 0)
 
 
 def test_every_opcode_has_a_golden_kernel():
-    assert set(kernels._RUNNERS) == set(abi.OPS)
+    assert set(golden._RUNNERS) == set(abi.OPS)
 
 
 # --------------------------------------------------------------------------- the firmware's side
@@ -495,7 +495,7 @@ def test_every_opcode_has_a_golden_kernel():
 def test_firmware_abi_module_is_generated_from_the_abi():
     committed = (FIRMWARE / "tte_abi.py").read_text()
     assert committed == abi.firmware_constants(), (
-        "firmware/tte_abi.py is stale; regenerate it with: .venv/bin/python -c \"from insitu.mcu.abi import "
+        "firmware/tte_abi.py is stale; regenerate it with: .venv/bin/python -c \"from insitu.sparse.abi import "
         "firmware_constants as f; open('firmware/tte_abi.py', 'w').write(f())\"")
 
 

@@ -12,7 +12,7 @@ spec's ``shift_round(v * m, sh)`` (``insitu.numerics``: add ``2**(sh-1)``, arith
 toward +inf), followed by saturation to the destination type. Where a field says "per channel" it
 is the offset of an i32 array in the arena.
 
-The host simulator (:mod:`insitu.mcu.kernels`) and the firmware (``firmware/tte_kernels.py``)
+The host simulator (:mod:`insitu.sparse.golden`) and the firmware (``firmware/tte_kernels.py``)
 implement each opcode; ``tests/firmware`` checks them bit for bit on random shapes and values.
 """
 
@@ -137,7 +137,7 @@ def fields(P, o: int) -> tuple[str, dict[str, int]]:
 def firmware_constants() -> str:
     """MicroPython source defining the opcodes and field offsets (generated into the firmware
     build, so the device never restates this table by hand)."""
-    lines = ["# generated from insitu.mcu.abi: opcodes of the compiled training program",
+    lines = ["# generated from insitu.sparse.abi: opcodes of the compiled training program",
              "from micropython import const"]
     for name, code in OPCODES.items():
         lines.append(f"OP_{name.upper()} = const({code})")

@@ -1,7 +1,7 @@
 """The host simulator of the MCU path: the compiled program run by the golden kernels.
 
 It executes the very program table the device runs, on an arena with the very layout of the
-memory plan, with :mod:`insitu.mcu.kernels` (the NumPy golden model of the firmware kernels), so
+memory plan, with :mod:`insitu.sparse.golden` (the NumPy golden model of the firmware kernels), so
 its results are bit-exact with the device's. Used to search schemes and to predict what the device
 will report.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from insitu.mcu import abi, kernels
-from insitu.mcu.compiler import Compiled
+from insitu.sparse import abi, golden
+from insitu.sparse.compiler import Compiled
 
 
 class Simulator:
@@ -26,7 +26,7 @@ class Simulator:
 
     def _run(self, segment: str) -> None:
         for o in self.c.calls[segment]:
-            kernels.run(self.A, self.P, o, self.blob)
+            golden.run(self.A, self.P, o, self.blob)
 
     def _io(self, word: int) -> int:
         return int(self.A[self.c.io_off + 4 * word:self.c.io_off + 4 * word + 4].view("<i4")[0])

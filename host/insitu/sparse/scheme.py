@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from insitu.errors import UsageError
-from insitu.mcu.graph import Conv, Graph
+from insitu.sparse.graph import Conv, Graph
 
 RATIOS = (0.125, 0.25, 0.5, 1.0)
 

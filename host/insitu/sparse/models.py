@@ -5,9 +5,9 @@ A :class:`MobileNetV2` is a :class:`insitu.nn.Sequential` (so ``parameters()``, 
 :class:`InvertedResidual` blocks (MobileNetV2's ``(t, c, n, s)`` rows: expansion, output channels,
 repeats, stride of the first repeat), a 1x1 head conv + BN + ReLU6, global average pooling and a
 dense classifier. Inputs are ``(N, 1, H, W)`` floats ``(pixel - 128) / 128``, the int8 graph's
-input convention (:data:`insitu.mcu.graph.INPUT_SCALE`).
+input convention (:data:`insitu.sparse.graph.INPUT_SCALE`).
 
-BatchNorm follows every conv during training (the convs have no bias); :mod:`insitu.mcu.quantize`
+BatchNorm follows every conv during training (the convs have no bias); :mod:`insitu.sparse.quantize`
 folds it into the conv weights and biases (:func:`folded_units`) before quantizing. Without BN the
 same networks train poorly from scratch with plain SGD at the depths used here, so BN is the
 default; ``batchnorm=False`` builds the BN-free variant (biased convs) for comparison.
@@ -16,20 +16,20 @@ The named configurations are in :data:`MODELS`:
 
 * ``"mbv2-28"``: the experiment's model, 28x28 input, 2.20 M MACs per forward and 86.4 K
   parameters after BN folding (88.4 K float parameters with BN); ``python -m
-  insitu.mcu.models`` prints the figures (:func:`model_summary`);
+  insitu.sparse.models`` prints the figures (:func:`model_summary`);
 * ``"mbv2-tiny"``: the tests' model, 12x12 input, a few thousand parameters, with a stride-2
   stem and block, depthwise and pointwise convs and residual adds.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 import insitu.nn as nn
 from insitu.errors import UsageError
-from insitu.mcu.graph import conv_out
+from insitu.sparse.graph import conv_out
 
 __all__ = ["ModelConfig", "MODELS", "model_config", "InvertedResidual", "MobileNetV2",
            "build_model", "model_summary", "Unit", "folded_units", "folded_forward", "fold_bn",
@@ -431,7 +431,7 @@ def model_summary(name_or_config: str | ModelConfig) -> dict:
 
 def float_accuracy(model: MobileNetV2, images: np.ndarray, labels: np.ndarray, batch_size: int = 500) -> float:
     """Top-1 accuracy (eval mode) on uint8 images ``(N, H, W)``."""
-    from insitu.mcu.tasks import float_inputs
+    from insitu.sparse.tasks import float_inputs
 
     correct = 0
     for i in range(0, len(images), batch_size):
@@ -446,7 +446,7 @@ def train_float(model: MobileNetV2, images: np.ndarray, labels: np.ndarray, *, e
     """SGD with momentum, a linear warm-up over the first 3 % of steps and cosine decay to 0,
     L2 decay on the conv/dense weights only; uint8 images ``(N, H, W)``. Returns the mean loss
     of each epoch. ``log(step, steps, loss)`` is called every ~2 % of the steps."""
-    from insitu.mcu.tasks import float_inputs
+    from insitu.sparse.tasks import float_inputs
 
     rng = np.random.default_rng(seed)
     params = list(model.parameters())

@@ -6,16 +6,21 @@ import json
 import numpy as np
 import pytest
 
+from insitu.checks import parse_size
 from insitu.errors import InsituError, UsageError
-from insitu.mcu import scheme as S
-from insitu.mcu.calibrate import calibrate_gradients
-from insitu.mcu.compiler import Options, compile_training
-from insitu.mcu.graph import random_graph
-from insitu.mcu.scheme import RATIOS, Scheme
-from insitu.mcu.search import (CHOICES, Bundle, ContributionTable, Contributions, MemoryModel,
-                               analyze_contributions, brute_force, canonical, contribution_configs,
-                               evolutionary_search, memory_of, parse_size, plot_curves, random_search,
-                               score_schemes)
+from insitu.sparse import scheme as S
+from insitu.sparse.baselines import brute_force, random_search
+from insitu.sparse.calibrate import calibrate_gradients
+from insitu.sparse.compiler import Options, compile_training
+from insitu.sparse.graph import random_graph
+from insitu.sparse.scheme import RATIOS, Scheme
+from insitu.sparse.contributions import (Bundle, Contributions, analyze_contributions, contribution_configs,
+                                         score_schemes)
+from insitu.sparse.curves import plot_curves
+from insitu.sparse.evolution import evolutionary_search
+from insitu.sparse.memory import MemoryModel, canonical, memory_of
+from insitu.sparse.objective import CHOICES, ContributionTable
+from insitu.training import sample_order
 
 pytestmark = pytest.mark.unit
 
@@ -188,10 +193,10 @@ def test_memory_is_memoized_by_the_canonical_scheme():
 
 
 def test_a_drifted_fast_plan_falls_back_to_the_compiler(monkeypatch):
-    from insitu.mcu import search
+    from insitu.sparse import memory
 
     g, gs, _, _ = _setup(2)
-    monkeypatch.setattr(search, "_plan_arena", lambda *a: 12)
+    monkeypatch.setattr(memory, "plan_arena", lambda *a: 12)
     model = MemoryModel(g, gs, 0.05, verify=1)
     s = S.classifier_only(g)
     assert model(s) == compile_training(g, s, gs, Options(lr=0.05)).arena_bytes
@@ -219,13 +224,13 @@ def test_adding_a_layers_weights_or_a_bias_never_plans_less(seed):
 # --------------------------------------------------------------------------- contribution analysis
 
 def test_contribution_analysis_on_a_random_graph():
-    from insitu.mcu.quantize import new_head
+    from insitu.sparse.quantize import new_head
 
     g, _, x, _ = _setup(3)
     g = new_head(g, 3)
     y = (x.reshape(len(x), -1).astype(int).sum(axis=1) > 0).astype(int) + (x[:, 0, 0, 0] > 60)
     gs = calibrate_gradients(g, x[:12], y[:12])
-    bundle = Bundle(g, gs, x[:30], y[:30], x[30:], y[30:], lr=0.05)
+    bundle = Bundle(g, gs, x[:30], y[:30], x[30:], y[30:], sample_order, lr=0.05)
     c = analyze_contributions(bundle, train_samples=8, eval_samples=10, seed=1,
                               settings={"model": "random-3"})
     names = [n.name for n in g.convs]
@@ -257,7 +262,7 @@ def test_contribution_analysis_on_a_random_graph():
 
 def test_contribution_analysis_refuses_bad_sample_counts():
     g, gs, x, y = _setup(0)
-    bundle = Bundle(g, gs, x[:30], y[:30], x[30:], y[30:], lr=0.05)
+    bundle = Bundle(g, gs, x[:30], y[:30], x[30:], y[30:], sample_order, lr=0.05)
     with pytest.raises(UsageError):
         analyze_contributions(bundle, train_samples=0, eval_samples=5)
     with pytest.raises(UsageError):
@@ -281,7 +286,7 @@ def test_plot_of_the_two_curves(tmp_path):
     (["--budget", "0"], "must be positive"),
     (["--budget", "128K", "--model", "resnet"], "unknown model 'resnet'"),
     (["--budget", "128K", "--task", "cifar"], "unknown task 'cifar'"),
-    (["--budget", "128K", "--evaluations", "0"], "evaluations must be a positive integer"),
+    (["--budget", "128K", "--evaluations", "0"], "evaluations must be an integer >= 1"),
 ])
 def test_search_command_refuses_bad_input_before_any_work(args, message):
     from click.testing import CliRunner

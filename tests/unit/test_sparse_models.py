@@ -7,15 +7,15 @@ import pytest
 
 import insitu.nn as nn
 from insitu.errors import UsageError
-from insitu.mcu import graph as g
-from insitu.mcu import kernels
-from insitu.mcu import models as M
-from insitu.mcu import quantize as Q
-from insitu.mcu import tasks as T
-from insitu.mcu.calibrate import calibrate_gradients
-from insitu.mcu.compiler import compile_training
-from insitu.mcu.scheme import bias_only
-from insitu.mcu.simulate import Simulator
+from insitu.sparse import graph as g
+from insitu.sparse import golden
+from insitu.sparse import models as M
+from insitu.sparse import quantize as Q
+from insitu.sparse import tasks as T
+from insitu.sparse.calibrate import calibrate_gradients
+from insitu.sparse.compiler import compile_training
+from insitu.sparse.scheme import bias_only
+from insitu.sparse.simulate import Simulator
 from insitu.nn.gradcheck import layer_gradient_errors
 
 pytestmark = pytest.mark.unit
@@ -148,9 +148,9 @@ def test_int8_forward_one_sample_equals_batch(tiny, monkeypatch):
     assert set(recs) == set(rec) and all(recs[k].shape == (5, *rec[k].shape) for k in rec)
     for k in rec:
         np.testing.assert_array_equal(recs[k][3], rec[k])
-    # ops without the `batched` flag (the kernels module itself) get one sample at a time
-    np.testing.assert_array_equal(Q.int8_forward(graph, codes, ops=kernels), batch)
-    assert Q.REFERENCE_OPS.conv_fwd is kernels.conv_fwd           # one implementation of eq. 1
+    # ops without the `batched` flag (the golden model itself) get one sample at a time
+    np.testing.assert_array_equal(Q.int8_forward(graph, codes, ops=golden), batch)
+    assert Q.REFERENCE_OPS.conv_fwd is golden.conv_fwd           # one implementation of eq. 1
     with pytest.raises(ValueError, match="int8"):
         Q.int8_forward(graph, codes.astype(np.int16))
 

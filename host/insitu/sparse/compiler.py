@@ -1,8 +1,8 @@
 """The training compiler of the MCU path (the paper's Tiny Training Engine, for MicroPython).
 
-From an int8 :class:`~insitu.mcu.graph.Graph`, a sparse-update :class:`~insitu.mcu.scheme.Scheme`
+From an int8 :class:`~insitu.sparse.graph.Graph`, a sparse-update :class:`~insitu.sparse.scheme.Scheme`
 and gradient scales, :func:`compile_training` derives at compile time everything the device does
-per sample, as a straight-line program of kernel calls (:mod:`insitu.mcu.abi`):
+per sample, as a straight-line program of kernel calls (:mod:`insitu.sparse.abi`):
 
 1. **autodiff**: the backward graph of the whole network (input gradients, weight and bias
    gradients of every layer, each weight gradient materialized in an int32 buffer and applied at
@@ -22,27 +22,30 @@ per sample, as a straight-line program of kernel calls (:mod:`insitu.mcu.abi`):
    layer's pack (weights, bias, requantization) that stays in flash and is loaded into a scratch
    buffer when a kernel needs it. Only trained tensors live in RAM.
 
-The host simulator (:mod:`insitu.mcu.simulate`) runs the same program on the same arena layout.
+The host simulator (:mod:`insitu.sparse.simulate`) runs the same program on the same arena layout.
+
+For callers that plan many schemes of one graph (the scheme search), :class:`LayerTables` holds
+what no scheme changes and :func:`plan_arena` runs the passes up to the memory plan on it, without
+the blob and the code generation: the arena of ``compile_training`` for a fraction of its time.
 """
 
 from __future__ import annotations
 
 import binascii
+import copy
 import hashlib
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from insitu import numerics as nx
 from insitu.errors import InsituError, UsageError
-from insitu.mcu import abi
-from insitu.mcu.graph import (Add, Conv, GlobalAvgPool, Graph, act_bounds, add_requant, conv_requant, grad_bounds,
+from insitu.sparse import abi
+from insitu.sparse.graph import (Add, Conv, GlobalAvgPool, Graph, act_bounds, add_requant, conv_requant, grad_bounds,
                               gap_requant)
-from insitu.mcu.scheme import Scheme
+from insitu.sparse.scheme import Scheme
 
 ALIGN = 4
-ITEM = {"i8": 1, "i16": 2, "i32": 4}
 LOSS_GRAD_SCALE = 2.0 ** -abi.LOSS_GRAD_FRAC
 
 
@@ -195,14 +198,103 @@ class _Layer:
         return self.w_ram is not None and len(self.idx) == self.conv.out_channels
 
 
-class _Builder:
-    def __init__(self, graph: Graph, scheme: Scheme, grad_scales: dict[str, float], options: Options):
-        self.g, self.scheme, self.opts = graph, scheme, options
+class LayerTables:
+    """What every compile of one (graph, gradient scales, learning rate) computes alike, whatever
+    the scheme: each layer's requantization and blob pack (:meth:`layer`) and the scale tables of
+    its backward ops. The compiler's extension point for planning many schemes of one graph: make
+    one and pass it to :func:`plan_arena` for each scheme; every table is computed on first use,
+    as :func:`compile_training` computes it, and kept. A table that cannot be computed (a scale
+    out of the integer range) fails each plan that uses it, with the compiler's message.
+
+    ``lr`` is the rate of one update (``Options.lr / Options.accumulate``). The graph must not
+    change while the tables are used."""
+
+    def __init__(self, graph: Graph, grad_scales: dict[str, float], lr: float):
+        self.graph, self.lr = graph, float(lr)
         self.grad_scales = dict(grad_scales)
         self.grad_scales[graph.output] = LOSS_GRAD_SCALE
+        self._layers: dict[str, _Layer] = {}
+        self._s_max: dict[str, float] = {}
+        self._ratios: dict[str, tuple[bytes, bytes]] = {}
+        self._updates: dict[str, tuple[list, np.ndarray | None, np.ndarray | None]] = {}
+        self._biases: dict[str, tuple[bytes, bytes]] = {}
+        self._input_grads: dict[str, nx.RequantScale] = {}
+
+    def layer(self, n: Conv) -> _Layer:
+        """The layer's pack and requantization, a fresh copy (a compile places its RAM copies)."""
+        if n.name not in self._layers:
+            T = self.graph.tensors
+            self._layers[n.name] = _Layer(n, T[n.x].scale, T[n.y].scale)
+        return copy.copy(self._layers[n.name])
+
+    def _largest_weight_scale(self, n: Conv) -> float:
+        """max s_w over the live output channels (all of them when every row is zero)."""
+        if n.name not in self._s_max:
+            o = n.out_channels
+            live = [s for s, row in zip(n.w_scale, n.weight.reshape(o, -1)) if row.any()] or list(n.w_scale)
+            self._s_max[n.name] = float(max(live))
+        return self._s_max[n.name]
+
+    def gradient_scale(self, n: Conv) -> float:
+        """s_g: real g[o] = code * s_g / s_w[o], one scale across the output channels."""
+        return self.grad_scales[n.y] * self._largest_weight_scale(n)
+
+    def channel_ratios(self, n: Conv) -> tuple[bytes, bytes]:
+        """The multipliers of g~[o] = g[o] * s_w[o] / max s_w."""
+        if n.name not in self._ratios:
+            s_max = self._largest_weight_scale(n)
+            self._ratios[n.name] = _rq_arrays([_rq(min(1.0, s / s_max), f"the channel scales of {n.name}")
+                                               for s in n.w_scale])
+        return self._ratios[n.name]
+
+    def update_scales(self, n: Conv, idx: np.ndarray) -> tuple[bytes, bytes]:
+        """The weight-update multipliers (QAS, eq. 4) of the output channels ``idx``."""
+        if n.name not in self._updates:
+            s_g, s_x = self.gradient_scale(n), self.graph.tensors[n.x].scale
+            per_channel = []
+            for s_w in n.w_scale:
+                try:
+                    per_channel.append(_rq(weight_update_scale(self.lr, s_g, s_x, float(s_w)),
+                                           f"the weight update of {n.name}"))
+                except InsituError as exc:     # fails the schemes that select this channel only
+                    per_channel.append(exc)
+            whole = all(isinstance(v, nx.RequantScale) for v in per_channel)
+            self._updates[n.name] = (per_channel,
+                                     np.array([v.multiplier for v in per_channel], np.int32) if whole else None,
+                                     np.array([v.shift for v in per_channel], np.int32) if whole else None)
+        per_channel, m, sh = self._updates[n.name]
+        if m is None:
+            chosen = [per_channel[i] for i in idx]
+            for v in chosen:
+                if isinstance(v, InsituError):
+                    raise v
+            return _rq_arrays(chosen)
+        return _codes(m[idx], np.int32), _codes(sh[idx], np.int32)
+
+    def bias_scales(self, n: Conv) -> tuple[bytes, bytes]:
+        """b_code -= lr * G_b_real / (s_w s_x) = rq(sum gy, lr * s_g / (s_w^2 s_x))."""
+        if n.name not in self._biases:
+            s_g, s_x = self.gradient_scale(n), self.graph.tensors[n.x].scale
+            self._biases[n.name] = _rq_arrays([_rq(self.lr * s_g / (float(s) ** 2 * s_x),
+                                                   f"the bias update of {n.name}") for s in n.w_scale])
+        return self._biases[n.name]
+
+    def input_gradient_scale(self, n: Conv) -> nx.RequantScale:
+        if n.name not in self._input_grads:
+            self._input_grads[n.name] = _rq(self.gradient_scale(n) / self.grad_scales[n.x],
+                                            f"the input gradient of {n.name}")
+        return self._input_grads[n.name]
+
+
+class _Builder:
+    def __init__(self, tables: LayerTables, scheme: Scheme, options: Options):
+        graph = tables.graph
+        self.tables = tables
+        self.g, self.scheme, self.opts = graph, scheme, options
+        self.grad_scales = tables.grad_scales
         self.buffers: list[Buf] = []
         self.consts: dict[bytes, Buf] = {}
-        self.layers = {c.name: _Layer(c, graph.tensors[c.x].scale, graph.tensors[c.y].scale) for c in graph.convs}
+        self.layers = {c.name: tables.layer(c) for c in graph.convs}
         self.acts = {name: self.buf(f"act:{name}", t.size, "act") for name, t in graph.tensors.items()}
         self.acts[graph.input].kind = "input"
         self.io = self.buf("io", 4 * abi.IO_WORDS, "io", persistent=True)
@@ -366,20 +458,13 @@ class _Builder:
             ops.append(Op("act_bwd", {"y_off": Ref(self.acts[n.y]), "g_off": Ref(gy), "n": o * oh * ow,
                                   "lo": passes[0], "hi": passes[1]}, n.name, "bwd"))
         # One scale for the gradient across output channels: g~[o] = g[o] * s_w[o] / max s_w.
-        live = [s for s, row in zip(n.w_scale, n.weight.reshape(o, -1)) if row.any()] or list(n.w_scale)
-        s_max = float(max(live))
-        ratios = [_rq(min(1.0, s / s_max), f"the channel scales of {n.name}") for s in n.w_scale]
-        m, sh = _rq_arrays(ratios)
+        m, sh = self.tables.channel_ratios(n)
         ops.append(Op("grad_scale_ch", {"g_off": Ref(gy), "C": o, "HW": oh * ow,
                                         "m_off": Ref(self.const(f"gm:{n.name}", m)),
                                         "sh_off": Ref(self.const(f"gsh:{n.name}", sh))}, n.name, "bwd"))
-        s_g = s_gy * s_max            # real g[o] = code * s_g / s_w[o]
-        s_x = T[n.x].scale
-        lr = self.opts.lr / self.opts.accumulate
         # Weight gradient of every channel (pruned later to the scheme's channels), QAS (eq. 4).
         idx = L.idx if L.idx is not None else np.arange(o)
-        um, ush = _rq_arrays([_rq(weight_update_scale(lr, s_g, s_x, float(n.w_scale[i])),
-                                  f"the weight update of {n.name}") for i in idx])
+        um, ush = self.tables.update_scales(n, idx)
         gw = self.buf(f"gw:{n.name}", 4 * len(idx) * L.row_bytes, "gradbuf")
         wr = Ref(L.w_ram) if L.w_ram else None
         sel = Ref(L.idx_buf) if L.idx_buf else None
@@ -390,9 +475,7 @@ class _Builder:
                                       "ush_off": Ref(self.const(f"ush:{n.name}", ush)),
                                       "io_off": Ref(self.io), "salt": self.salt(n)},
                           n.name, "update", (n.name, "w"), sink=True))
-        # Bias gradient: b_code -= lr * G_b_real / (s_w s_x) = rq(sum gy, lr * s_g / (s_w^2 s_x)).
-        bm, bsh = _rq_arrays([_rq(lr * s_g / (float(s) ** 2 * s_x), f"the bias update of {n.name}")
-                              for s in n.w_scale])
+        bm, bsh = self.tables.bias_scales(n)
         gb = self.buf(f"gb:{n.name}", 4 * o, "gradbuf")
         ops.append(Op("bias_grad", {"gy_off": Ref(gy), "gb_off": Ref(gb), "O": o, "HW": oh * ow},
                       n.name, "bwd", (n.name, "b")))
@@ -404,7 +487,7 @@ class _Builder:
         if n.x == self.g.input:
             return
         gx = self.buf(f"grad:{n.x}@{n.name}", 2 * c * h * w, "grad")
-        s = _rq(s_g / self.grad_scales[n.x], f"the input gradient of {n.name}")
+        s = self.tables.input_gradient_scale(n)
         ops.append(Op("conv_bwd_x", {"gy_off": Ref(gy), "w_off": ("weights", L), "gx_off": Ref(gx), **geom,
                                      "m": s.multiplier, "sh": s.shift}, n.name, "bwd"))
         contribute(n.x, gx, self.grad_scales[n.x], n.name)
@@ -568,7 +651,29 @@ def compile_training(graph: Graph, scheme: Scheme, grad_scales: dict[str, float]
         if widest > abi.MAX_ROW:
             raise InsituError(f"compile: conv {n.name} has rows of {widest} pixels; the firmware's kernels "
                               f"take at most {abi.MAX_ROW} (firmware/tte_kernels.py _CHUNK)")
-    b = _Builder(graph, scheme, grad_scales, options)
+    tables = LayerTables(graph, grad_scales, options.lr / options.accumulate)
+    b = _Builder(tables, scheme, options)
+    fwd, train_ops, argmax, apply_ops = _build(b, options)
+    return _lower(b, graph, scheme, options, fwd, train_ops, argmax, apply_ops)
+
+
+def plan_arena(tables: LayerTables, scheme: Scheme, options: Options | None = None) -> int:
+    """``compile_training(...).arena_bytes`` of ``scheme`` on the tables' graph and gradient
+    scales, by the same passes and planner, without the blob, the records and the module."""
+    options = options or Options()
+    if tables.lr != options.lr / options.accumulate:
+        raise ValueError(f"plan_arena: the tables are for lr {tables.lr}, the options say "
+                         f"{options.lr} / {options.accumulate}")
+    scheme.validate(tables.graph)
+    b = _Builder(tables, scheme, options)
+    fwd, train_ops, argmax, apply_ops = _build(b, options)
+    timeline, _, all_ops = _timeline(b, fwd, train_ops, argmax, apply_ops)
+    return plan_memory(b.buffers, timeline, first_offset=4 * _program_words(all_ops))
+
+
+def _build(b: _Builder, options: Options) -> tuple[list[Op], list[Op], Op, list[Op]]:
+    """The passes from the graph to the ops: (forward, train, argmax, apply ops)."""
+    scheme, graph = b.scheme, b.g
     b.place_trained()
     fwd = b.forward()
     loss, argmax, g_out = b.loss()
@@ -588,14 +693,13 @@ def compile_training(graph: Graph, scheme: Scheme, grad_scales: dict[str, float]
     else:
         body = reorder_in_place(bwd, applies, b) if options.reorder else bwd + applies
     body = materialize_weights(body, b)
-    train_ops = fwd + [loss] + body
-    return _lower(b, graph, scheme, options, fwd, train_ops, argmax, apply_ops)
+    return fwd, fwd + [loss] + body, argmax, apply_ops
 
 
-def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax, apply_ops=()) -> Compiled:
+def _timeline(b: _Builder, fwd, train_ops, argmax, apply_ops) -> tuple[list[Op], list[Op], list[Op]]:
+    """(the memory-plan timeline, the init loads, every record in program order)."""
     # The memory-plan timeline: argmax (inference) right after the forward pass; the updates of
     # accumulated gradients (a segment of their own) after the training step.
-    apply_ops = list(apply_ops)
     timeline = fwd + [argmax] + train_ops[len(fwd):] + apply_ops
     used = set().union(*(reads(op) | writes(op) for op in timeline))
     init_bufs = [x for x in b.buffers if x.persistent and x.init is not None and (x in used or x.kind == "param")]
@@ -603,8 +707,18 @@ def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax, apply_op
     # program), then argmax. The program table sits at arena offset 0.
     init_ops = [Op("load", {"blob_off": ("init", x), "dst_off": Ref(x), "n": x.nbytes}, x.name, "init")
                 for x in init_bufs]
-    all_ops = init_ops + train_ops + [argmax] + apply_ops
-    words = sum(1 + len(abi.OPS[op.kind]) for op in all_ops)
+    return timeline, init_ops, init_ops + train_ops + [argmax] + apply_ops
+
+
+def _program_words(all_ops: list[Op]) -> int:
+    return sum(1 + len(abi.OPS[op.kind]) for op in all_ops)
+
+
+def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax, apply_ops=()) -> Compiled:
+    apply_ops = list(apply_ops)
+    timeline, init_ops, all_ops = _timeline(b, fwd, train_ops, argmax, apply_ops)
+    init_bufs = [op.fields["dst_off"].buf for op in init_ops]
+    words = _program_words(all_ops)
     program_buf = Buf("program", 4 * words, "program", persistent=True, offset=0)
     arena = plan_memory(b.buffers, timeline, first_offset=program_buf.nbytes)
     b.buffers.insert(0, program_buf)
@@ -643,7 +757,7 @@ def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax, apply_op
     compiled = Compiled(graph, scheme, options, arena, b.buffers, train_ops, table, calls, bytes(blob), "",
                         b.acts[graph.input].offset, graph.tensors[graph.input].size, b.io.offset, trained,
                         model_id, _stats(b, timeline, arena))
-    from insitu.mcu.codegen import generate_module
+    from insitu.sparse.codegen import generate_module
     compiled.module = generate_module(compiled, all_ops)
     return compiled
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from insitu import nn
 from insitu.errors import InsituError
-from insitu.mcu.graph import Add, Conv, GlobalAvgPool, Graph
+from insitu.sparse.graph import Add, Conv, GlobalAvgPool, Graph
 
 #: The largest calibration gradient lands at 1/HEADROOM of the int16 range: gradients grow when
 #: the task shifts or the loss spikes, and a saturated gradient is worse than a coarse one.

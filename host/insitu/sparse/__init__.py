@@ -1,0 +1,7 @@
+"""Sparse update with quantization-aware scaling (Tiny Training): the int8 graph IR, models,
+quantization and tasks, update schemes, the training compiler and its code generation, gradient
+calibration, the NumPy golden model of every kernel, the host simulator, and the scheme search.
+
+It runs on no board: the microcontroller platform (:mod:`insitu.mcu`) flashes, links and trains
+what this package compiles, and imports it; this package imports no platform.
+"""

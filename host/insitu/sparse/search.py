@@ -1,0 +1,130 @@
+"""`insitu mcu search`: the sparse-update scheme search (tiny-training §2.2, eq. 5, appendix D).
+
+Four parts, one module each:
+
+1. **Memory** (:mod:`insitu.sparse.memory`): the planned peak of a scheme, the compiler's arena.
+2. **Contribution analysis** (:mod:`insitu.sparse.contributions`): the accuracy each layer's bias
+   and weights at each ratio add, measured on the host simulator.
+3. **Search** (:mod:`insitu.sparse.objective`, :mod:`insitu.sparse.evolution`,
+   :mod:`insitu.sparse.baselines`): maximize the summed contributions within the memory budget.
+4. **Curves** (:mod:`insitu.sparse.curves`): best objective against schemes sampled (Fig. 13).
+
+This module runs them in order for a model and a task (:func:`run_search`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable
+
+from insitu.checks import check_int, check_number, format_size, parse_size
+from insitu.errors import InsituError, UsageError
+from insitu.sparse.baselines import random_search
+from insitu.sparse.contributions import Bundle, contribution_configs, load_or_analyze, ratio_label, score_schemes
+from insitu.sparse.evolution import evolutionary_search
+from insitu.sparse.memory import MemoryModel, min_memory, scheme_key
+from insitu.sparse.models import model_config
+from insitu.sparse.objective import SearchResult
+from insitu.sparse.quantize import cache_root
+from insitu.sparse.scheme import RATIOS
+from insitu.sparse.tasks import TASKS
+
+__all__ = ["DEFAULT_EVALUATIONS", "DEFAULT_TRAIN_SAMPLES", "DEFAULT_EVAL_SAMPLES", "compare", "run_search"]
+
+DEFAULT_EVALUATIONS = 5000
+DEFAULT_TRAIN_SAMPLES = 500
+DEFAULT_EVAL_SAMPLES = 500
+
+
+def compare(contrib, memory_fn, budget: int, evaluations: int, seed: int = 0,
+            progress=None) -> dict[str, SearchResult]:
+    """Both searches with the same number of evaluations (and seed)."""
+    return {"evolutionary": evolutionary_search(contrib, memory_fn, budget, evaluations, seed, progress=progress),
+            "random": random_search(contrib, memory_fn, budget, evaluations, seed, progress=progress)}
+
+
+def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, float, int], Bundle],
+               evaluations: int = DEFAULT_EVALUATIONS,
+               train_samples: int = DEFAULT_TRAIN_SAMPLES, eval_samples: int | None = None, lr: float = 0.05,
+               seed: int = 0, workers: int = 1, cache_dir=None, refresh: bool = False, validate: bool = True,
+               progress_factory=None, say=None) -> dict:
+    """`insitu mcu search`: contribution analysis of ``model`` on ``task`` (cached), then the
+    evolutionary and random searches of eq. 5 under ``budget`` bytes with the same number of
+    evaluations. Returns the report as a dict (``scheme`` holds the searched scheme's JSON); with
+    ``validate``, ``validation`` holds the accuracy each search's scheme really reaches when
+    trained as the analysis's configurations were (the sum of contributions only predicts it).
+
+    ``prepare(model, task, lr, seed)``: the :class:`Bundle` the analysis trains on (the platform
+    prepares the model's new head and the task's samples as its training loop would), called once
+    the arguments are checked."""
+    budget = parse_size(budget)
+    model_config(model)                                # unknown model: UsageError before any work
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+    evaluations = check_int("evaluations", evaluations)
+    train_samples = check_int("train samples", train_samples)
+    workers = check_int("workers", workers)
+    lr = check_number("lr", lr)
+    say = say or (lambda msg: None)
+    progress_factory = progress_factory or (lambda what, total: contextlib.nullcontext(lambda n=1: None))
+
+    started = time.perf_counter()
+    bundle = prepare(model, task, lr, seed)
+    memory = MemoryModel(bundle.graph, bundle.grad_scales, lr)
+    floor = min_memory(bundle.graph, memory)
+    if budget < floor:
+        raise UsageError(f"budget {budget:,} B is below what any scheme needs: training the classifier of "
+                         f"{model} alone plans {floor:,} B ({format_size(floor)})")
+    n_test = len(bundle.y_test)
+    eval_samples = min(DEFAULT_EVAL_SAMPLES, n_test) if eval_samples is None else eval_samples
+    eval_samples = check_int("eval samples", eval_samples, 1, n_test, f"{task}'s test samples")
+    folder = cache_dir if cache_dir is not None else cache_root() / "mcu" / "contributions"
+    configs = len({scheme_key(s) for _, s in contribution_configs(bundle.graph)})
+    with progress_factory(f"contribution analysis ({configs} trainings)", configs) as advance:
+        contrib, path, cached = load_or_analyze(bundle, model, task, train_samples, eval_samples, seed, workers,
+                                                folder, refresh, advance)
+    say(f"contributions {'from the cache' if cached else 'measured'}: {path}")
+    table = contrib.table()
+    results = {}
+    for name, fn in (("evolutionary", evolutionary_search), ("random", random_search)):
+        with progress_factory(f"{name} search", evaluations) as advance:
+            results[name] = fn(table, memory, budget, evaluations, seed, progress=advance)
+    # The winners compiled by the real compiler (the plans the search used are its own passes).
+    checked = {name: memory.compile(r.scheme) for name, r in results.items()}
+    for name, r in results.items():
+        if checked[name] != r.memory:
+            raise InsituError(f"{name} search: the compiler plans {checked[name]:,} B for {r.scheme.describe()}, "
+                              f"the search's plan said {r.memory:,} B; rerun (the fast plan is now off)")
+    best = max(results.values(), key=lambda r: (r.objective, r.method == "evolutionary"))
+    validation = None
+    if validate:
+        # Eq. 5 assumes contributions add up; train the winners as the analysis trained each
+        # configuration and report what they really reach.
+        say("training the searched schemes to check the sum of contributions")
+        scored = score_schemes(bundle, [r.scheme for r in results.values()],
+                               train_samples=train_samples, eval_samples=eval_samples, seed=seed)
+        validation = {name: {"accuracy": acc, "predicted": contrib.reference_accuracy + r.objective,
+                             "reference_accuracy": contrib.reference_accuracy}
+                      for (name, r), (acc, _) in zip(results.items(), scored)}
+    L = len(contrib.layers)
+    return {
+        "model": model, "task": task, "budget_bytes": budget, "lr": float(lr), "seed": int(seed),
+        "min_memory_bytes": floor,
+        "contributions": {"path": path, "cached": cached, "reference_accuracy": contrib.reference_accuracy,
+                          "delta_bias": {str(k): contrib.delta_bias(k) for k in range(1, L + 1)},
+                          "delta_weight": {n: {ratio_label(r): contrib.delta_weight(n, r) for r in RATIOS}
+                                           for n in contrib.layers[:-1]},
+                          "memory": contrib.memory, "seconds": contrib.seconds,
+                          "train_samples": int(train_samples), "eval_samples": int(eval_samples)},
+        "searches": {name: r.to_json() for name, r in results.items()},
+        "validation": validation,
+        "scheme": best.scheme.to_json(),
+        "scheme_text": best.scheme.describe(),
+        "scheme_from": best.method,
+        "objective": best.objective,
+        "memory_bytes": best.memory,
+        "memory": {"plans": memory.compiles, "queries": memory.queries, "plan_seconds": memory.compile_seconds,
+                   "fast_plan": memory.fallback is None, "fallback": memory.fallback},
+        "seconds": time.perf_counter() - started,
+    }
