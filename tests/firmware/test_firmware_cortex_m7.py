@@ -73,7 +73,7 @@ def deploy_model(port, prep) -> None:
 
 def test_every_firmware_source_compiles_and_runs_on_the_board(board):
     sources = sorted(FIRMWARE.glob("*.py"))
-    assert {p.name for p in sources} >= {"fw_train.py", "link.py", "tte_abi.py", "tte_kernels.py", "qkernels.py"}
+    assert {p.name for p in sources} >= {"fw_train.py", "link.py", "tte_abi.py", "tte_kernels.py"}
     # A board flashed with the runtime but no model yet (a test before may have added one).
     mpremote(board.port, "exec", "import os\nfor n in os.listdir():\n    if n.startswith('tte_model'):\n"
                                  "        os.remove(n)")

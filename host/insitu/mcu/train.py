@@ -25,8 +25,6 @@ from insitu.sparse.graph import input_codes
 from insitu.sparse.scheme import preset
 from insitu.sparse.simulate import Simulator
 
-DEFAULT_MODEL = "mbv2-28"
-DEFAULT_TASK = "digits"
 DEFAULT_SCHEME = "bias-6"
 CALIBRATION_SAMPLES = 64
 #: Heap the firmware needs besides the arena: the interpreter's state, the imported firmware
