@@ -34,7 +34,7 @@ _TO_I8 = const(1)            # y[i] = clamp(r, lo, hi), i8 at dst
 _TO_I16 = const(2)           # the same, i16
 _SUB_I8 = const(3)           # w[i] = clamp(w[i] - r, lo, hi), i8 at dst
 _SUB_I32 = const(4)          # b[i] = sat32(b[i] - r), i32 at dst
-_SUB_I8_SR = const(5)        # _SUB_I8 after r = (r + rnd) >> SR_BITS, rnd keyed by S[7] + i (abi.SR_BITS)
+_SUB_I8_SR = const(5)        # _SUB_I8 after r = (r + rnd) >> SR_BITS, rnd keyed by S[7] + i (insitu.numerics.sr_noise)
 _BIG = const(0x3FFFFFFF)     # stands for an r beyond +-2**16 (see _requant)
 _B_GRAD = const(0)           # _bias kinds: bias_grad, bias_upd, apply_b
 _B_UPD = const(1)
@@ -95,7 +95,7 @@ def _requant(A: ptr8, S: ptr32):
         else:
             r = (t << (15 - sh)) + (((vl & 0x7FFF) + half) >> sh)
         if mode == _SUB_I8_SR:
-            # rnd = the top SR_BITS bits of mix(key), mix as abi.SR_BITS says, in int32 words
+            # rnd = the top SR_BITS bits of mix(key), mix as insitu.numerics.sr_noise says, in int32 words
             # (h: sign-extend the low 32 bits, the same on 32- and 64-bit words).
             x = S[7] + i
             h = (x >> 16) & 0xFFFF
@@ -667,7 +667,7 @@ def _grad_w(A: ptr8, P: ptr32, o: int, upd: int):
     S[6] = 127
     key = 0
     if upd:
-        # The rounding key of element 0 (abi.SR_BITS): step * SR_K_STEP + salt * SR_K_SALT, kept
+        # The rounding key of element 0 (insitu.numerics.sr_noise): step * SR_K_STEP + salt * SR_K_SALT, kept
         # in the word, never returned (a viper int return >= 2**30 is a boxed object on 32 bits);
         # only its low 32 bits matter (_requant sign-extends S[7] + i).
         io = ptr32(uint(A) + P[f + 11])

@@ -11,6 +11,9 @@ Conventions (read these before touching a kernel):
 * **Rounding** is to the nearest code, **ties toward +infinity** ("round half up"):
   ``round(x) = floor(x + 1/2)``. In integer hardware this is the add-half-then-arithmetic-shift
   ``(v + 2**(s-1)) >> s``, which is why this tie rule was chosen: it is what a shifter does for free.
+* **Stochastic rounding** (tiny training's int8 weight updates, :func:`sr_shift`): a step in
+  ``2**-SR_BITS`` codes moves the weight by ``floor((u + rnd) / 2**SR_BITS)``, ``rnd`` a
+  deterministic hash of the training step, the op and the element (:func:`sr_noise`).
 * **Saturation**: a code that does not fit is clamped to the format's ``[qmin, qmax]``.
   Nothing wraps around, anywhere.
 * **Products and sums** of codes are exact integers; :func:`product_bits` and
@@ -44,6 +47,13 @@ __all__ = [
     "FixedPoint",
     "round_half_up",
     "shift_round",
+    "SR_BITS",
+    "SR_K_STEP",
+    "SR_K_SALT",
+    "SR_M1",
+    "SR_M2",
+    "sr_noise",
+    "sr_shift",
     "saturate",
     "code_range",
     "product_bits",
@@ -135,6 +145,48 @@ def shift_round(v, shift: int):
         raise ValueError("shift_round: an array of shifts (one per channel) must be >= 1")
     # |v| < 2**62: from a shift of 63 on, every result is 0 (and the hardware shifter agrees).
     return np.where(shift >= 63, 0, (v + (np.int64(1) << np.minimum(shift, 62) - 1)) >> np.minimum(shift, 62))
+
+
+# --------------------------------------------------------------------------- stochastic rounding
+#
+# Tiny training's weight updates round stochastically at 2**-SR_BITS of a code. Round-to-nearest
+# loses every step smaller than half a code, and which steps those are is not random: the softmax
+# spreads the wrong classes' small negative steps over many rows while the label's row gets one
+# large positive step, so the rows drift up together until the logits saturate (measured: a
+# classifier-only scheme collapsed to one class after ~450 samples at lr 0.05, docs/mcu.md).
+# A step u in 2**-SR_BITS codes moves the weight by floor((u + rnd) / 2**SR_BITS), rnd uniform in
+# [0, 2**SR_BITS): unbiased. rnd is a hash, not a generator, so that the device (MicroPython
+# viper, 32-bit words) and the host draw the same numbers without sharing state: rnd of element e
+# (its index in the op's trained rows) of the op with salt `salt` in step `step` is the top
+# SR_BITS bits of mix(step*SR_K_STEP + salt*SR_K_SALT + e), mix(x) = x ^= x >> 16; x *= SR_M1;
+# x ^= x >> 15; x *= SR_M2; x ^= x >> 16, all mod 2**32 with logical shifts (constants below
+# 2**30: small ints on a 32-bit MicroPython).
+
+SR_BITS = 8
+SR_K_STEP = 0x2545F491
+SR_K_SALT = 0x1B873593
+SR_M1 = 0x2C1B3C6D
+SR_M2 = 0x297A2D39
+
+
+def sr_noise(step: int, salt: int, n: int) -> np.ndarray:
+    """``rnd`` of elements 0..n-1 of a weight update in training step ``step`` of the op with
+    ``salt``: uniform in [0, 2**SR_BITS), the hash above (uint32 arithmetic)."""
+    mask = np.uint64(0xFFFFFFFF)
+    key = (int(step) * SR_K_STEP + int(salt) * SR_K_SALT) & 0xFFFFFFFF
+    x = (np.uint64(key) + np.arange(n, dtype=np.uint64)) & mask
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(SR_M1)) & mask
+    x ^= x >> np.uint64(15)
+    x = (x * np.uint64(SR_M2)) & mask
+    x ^= x >> np.uint64(16)
+    return (x >> np.uint64(32 - SR_BITS)).astype(CODE_DTYPE)
+
+
+def sr_shift(u, rnd):
+    """A step ``u`` in ``2**-SR_BITS`` codes, rounded stochastically to whole codes with the noise
+    ``rnd`` of :func:`sr_noise`: ``floor((u + rnd) / 2**SR_BITS)``."""
+    return (np.asarray(u, dtype=CODE_DTYPE) + np.asarray(rnd, dtype=CODE_DTYPE)) >> SR_BITS
 
 
 def saturate(v, bits: int, signed: bool = True):

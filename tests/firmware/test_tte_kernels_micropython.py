@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from insitu import numerics as nx
 from insitu.sparse import abi, golden
 from insitu.resources import package_dir
 from psram_batch import cross_compile, run_on_twin
@@ -270,7 +271,7 @@ def _rounding_key(c, rng):
 
 
 # Weight steps are in 2**-SR_BITS codes (stochastic rounding): a few codes, some saturating.
-_STEP_BITS = 5 + abi.SR_BITS
+_STEP_BITS = 5 + nx.SR_BITS
 
 
 def gen_conv_upd_w(rng):

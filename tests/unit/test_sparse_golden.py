@@ -208,7 +208,7 @@ def test_weight_gradient_and_update_match_the_formula(kind):
         ref = conv_grad_w_ref(gy, x, idx, K, s, pad, groups)
         np.testing.assert_array_equal(G, ref)
         w = rng.integers(-128, 128, ref.shape)
-        um, ush = random_scale(rng, len(idx), 74 * 2**14 * (OH * OW) ** 0.5, 5 + abi.SR_BITS)
+        um, ush = random_scale(rng, len(idx), 74 * 2**14 * (OH * OW) ** 0.5, 5 + nx.SR_BITS)
         step, salt = int(rng.integers(0, 2**32)), int(rng.integers(0, 100))
         new = golden.conv_upd_w(w, gy, x, idx, um, ush, s, pad, groups, step=step, salt=salt)
         row = ref[0].size if len(idx) else 0
@@ -223,7 +223,7 @@ def test_apply_w_and_biases_match_the_formula():
     for _ in range(20):
         n, row = int(rng.integers(1, 6)), int(rng.integers(1, 30))
         w, gw = rng.integers(-128, 128, (n, row)), rng.integers(-2**31, 2**31, (n, row))
-        um, ush = random_scale(rng, n, 2**30, 5 + abi.SR_BITS)
+        um, ush = random_scale(rng, n, 2**30, 5 + nx.SR_BITS)
         step, salt = int(rng.choice([0, 2**32 - 1, int(rng.integers(0, 2**32))])), int(rng.integers(0, 100))
         expect = [[sat(int(w[j, i]) - sr_ref(gw[j, i], um[j], ush[j], step, salt, j * row + i), 8)
                    for i in range(row)] for j in range(n)]
@@ -248,15 +248,15 @@ def test_the_update_step_is_not_saturated_before_the_subtraction():
 
 
 def sr_ref(g, m, sh, step, salt, e) -> int:
-    """The stochastically rounded weight step of abi.SR_BITS, in Python ints."""
+    """The stochastically rounded weight step of nx.SR_BITS, in Python ints."""
     M = 0xFFFFFFFF
-    x = (step * abi.SR_K_STEP + salt * abi.SR_K_SALT + e) & M
+    x = (step * nx.SR_K_STEP + salt * nx.SR_K_SALT + e) & M
     x ^= x >> 16
-    x = (x * abi.SR_M1) & M
+    x = (x * nx.SR_M1) & M
     x ^= x >> 15
-    x = (x * abi.SR_M2) & M
+    x = (x * nx.SR_M2) & M
     x ^= x >> 16
-    return (rq_ref(g, m, sh) + (x >> (32 - abi.SR_BITS))) >> abi.SR_BITS
+    return (rq_ref(g, m, sh) + (x >> (32 - nx.SR_BITS))) >> nx.SR_BITS
 
 
 def test_stochastic_rounding_keeps_steps_smaller_than_half_a_code():
@@ -267,15 +267,15 @@ def test_stochastic_rounding_keeps_steps_smaller_than_half_a_code():
     gw = np.full((1, n), 77)                          # rq(77, 1, 0) = 77 = 0.30 * 2**SR_BITS
     new = golden.apply_w(w, gw, [1 << 14], [14], step=5, salt=3)
     assert set(np.unique(new).tolist()) == {-1, 0}
-    assert abs(-new.mean() - 77 / 2**abi.SR_BITS) < 0.005
+    assert abs(-new.mean() - 77 / 2**nx.SR_BITS) < 0.005
     # negative steps too (floor of a negative sum), and the noise is uniform over its range
     new = golden.apply_w(w, -gw, [1 << 14], [14], step=6, salt=3)
-    assert abs(new.mean() - 77 / 2**abi.SR_BITS) < 0.005
-    counts = np.bincount(golden.sr_noise(7, 1, n), minlength=2**abi.SR_BITS)
-    assert counts.size == 2**abi.SR_BITS and counts.min() > 0.8 * n / 2**abi.SR_BITS
+    assert abs(new.mean() - 77 / 2**nx.SR_BITS) < 0.005
+    counts = np.bincount(nx.sr_noise(7, 1, n), minlength=2**nx.SR_BITS)
+    assert counts.size == 2**nx.SR_BITS and counts.min() > 0.8 * n / 2**nx.SR_BITS
     # a different step or layer (salt) draws different noise
-    assert (golden.sr_noise(7, 1, 1000) != golden.sr_noise(8, 1, 1000)).mean() > 0.9
-    assert (golden.sr_noise(7, 1, 1000) != golden.sr_noise(7, 2, 1000)).mean() > 0.9
+    assert (nx.sr_noise(7, 1, 1000) != nx.sr_noise(8, 1, 1000)).mean() > 0.9
+    assert (nx.sr_noise(7, 1, 1000) != nx.sr_noise(7, 2, 1000)).mean() > 0.9
 
 
 def test_elementwise_and_pooling_match_the_formula():

@@ -18,6 +18,8 @@ implement each opcode; ``tests/firmware`` checks them bit for bit on random shap
 
 from __future__ import annotations
 
+from insitu import numerics as nx
+
 #: Gradients of the logits are codes of p - onehot with this many fraction bits (int16).
 LOSS_GRAD_FRAC = 14
 #: exp table of the integer softmax: EXP[d] = round(2**EXP_FRAC * exp(-d * s_logits)), d = 0..255.
@@ -28,23 +30,6 @@ EXP_ENTRIES = 256
 IO_LABEL, IO_PREDICTED, IO_P_LABEL, IO_STEP = 0, 1, 2, 3
 IO_WORDS = 4
 
-#: Weight updates are rounded stochastically at 2**-SR_BITS of a code. Round-to-nearest loses
-#: every step smaller than half a code, and which steps those are is not random: the softmax
-#: spreads the wrong classes' small negative steps over many rows while the label's row gets one
-#: large positive step, so the rows drift up together until the logits saturate (measured: a
-#: classifier-only scheme collapsed to one class after ~450 samples at lr 0.05, docs/mcu.md).
-#: The update's multiplier carries the 2**SR_BITS (the compiler's), so u = rq(G, um, ush) is the
-#: step in 2**-SR_BITS codes and the weight moves by floor((u + rnd) / 2**SR_BITS), rnd uniform
-#: in [0, 2**SR_BITS): unbiased, and the same on the device and the host.
-SR_BITS = 8
-#: rnd of weight element e (its index in the op's trained rows, j * row_len + i) of the op with
-#: salt `salt` in step `step` = the top SR_BITS bits of mix(step*SR_K_STEP + salt*SR_K_SALT + e),
-#: mix(x) = x ^= x >> 16; x *= SR_M1; x ^= x >> 15; x *= SR_M2; x ^= x >> 16, all mod 2**32 with
-#: logical shifts (constants below 2**30: small ints on a 32-bit MicroPython).
-SR_K_STEP = 0x2545F491
-SR_K_SALT = 0x1B873593
-SR_M1 = 0x2C1B3C6D
-SR_M2 = 0x297A2D39
 
 #: The widest row of pixels a conv may have (OW forward, W backward): the firmware's row buffer.
 MAX_ROW = 256
@@ -85,7 +70,7 @@ OPS: dict[str, tuple[str, ...]] = {
     # "conv_grad_w" stores G (i32 [n_sel, Cg, K, K]) at gw_off; "conv_upd_w" applies it at once:
     #   w[j,...] = sat8(w[j,...] - sr(G[j,...], um[j], ush[j]))  (w: the trained rows, i8 [n_sel, Cg, K, K])
     # with sr(v, m, sh) = floor((rq(v, m, sh) + rnd) / 2**SR_BITS), rnd keyed by io[IO_STEP], salt
-    # and the element's index (see SR_BITS).
+    # and the element's index (insitu.numerics.sr_noise).
     "conv_grad_w": ("gy_off", "x_off", "gw_off", "idx_off", "n_sel", *CONV_GEOMETRY),
     "conv_upd_w": ("gy_off", "x_off", "w_off", "idx_off", "n_sel", "um_off", "ush_off", *CONV_GEOMETRY,
                    "io_off", "salt"),
@@ -142,6 +127,9 @@ def firmware_constants() -> str:
     for name, code in OPCODES.items():
         lines.append(f"OP_{name.upper()} = const({code})")
     for k in ("LOSS_GRAD_FRAC", "EXP_FRAC", "EXP_ENTRIES", "IO_LABEL", "IO_PREDICTED", "IO_P_LABEL", "IO_STEP",
-              "IO_WORDS", "MAX_ROW", "SR_BITS", "SR_K_STEP", "SR_K_SALT", "SR_M1", "SR_M2"):
+              "IO_WORDS", "MAX_ROW"):
         lines.append(f"{k} = const({globals()[k]})")
+    # the stochastic rounding of weight updates (insitu.numerics.sr_noise), which viper restates
+    for k in ("SR_BITS", "SR_K_STEP", "SR_K_SALT", "SR_M1", "SR_M2"):
+        lines.append(f"{k} = const({getattr(nx, k)})")
     return "\n".join(lines) + "\n"

@@ -496,7 +496,7 @@ class _Builder:
 def weight_update_scale(lr: float, s_g: float, s_x: float, s_w: float) -> float:
     """The multiplier of a weight update (QAS, eq. 4): W_code -= lr * G_real / s_w, with
     G_real = s_g * s_x / s_w * sum(g~ * x), in 2**-SR_BITS codes (the update rounds stochastically)."""
-    return lr * s_g * s_x / s_w ** 2 * 2 ** abi.SR_BITS
+    return lr * s_g * s_x / s_w ** 2 * 2 ** nx.SR_BITS
 
 
 def _geometry(n: Conv, T) -> dict:

@@ -296,32 +296,18 @@ def conv_grad_w(gy, x, idx, K, stride=1, pad=0, groups=1) -> np.ndarray:
     return G.astype(np.int32)
 
 
-def sr_noise(step: int, salt: int, n: int) -> np.ndarray:
-    """``rnd`` of elements 0..n-1 of a weight update in training step ``step`` of the op with
-    ``salt``: uniform in [0, 2**SR_BITS), the hash of :data:`abi.SR_BITS` (uint32 arithmetic)."""
-    mask = np.uint64(0xFFFFFFFF)
-    key = (int(step) * abi.SR_K_STEP + int(salt) * abi.SR_K_SALT) & 0xFFFFFFFF
-    x = (np.uint64(key) + np.arange(n, dtype=np.uint64)) & mask
-    x ^= x >> np.uint64(16)
-    x = (x * np.uint64(abi.SR_M1)) & mask
-    x ^= x >> np.uint64(15)
-    x = (x * np.uint64(abi.SR_M2)) & mask
-    x ^= x >> np.uint64(16)
-    return (x >> np.uint64(32 - abi.SR_BITS)).astype(np.int64)
-
-
 def _sub_sr(w, G, um, ush, step: int, salt: int) -> np.ndarray:
     """The weight step ``sat8(w - floor((rq(G, um[row], ush[row]) + rnd) / 2**SR_BITS))``."""
     G = _i64(G)
     u = _rq(G, _per_row(um, G.ndim), _per_row(ush, G.ndim))
-    rnd = sr_noise(step, salt, G.size).reshape(G.shape)
-    return nx.saturate(_i64(w) - ((u + rnd) >> abi.SR_BITS), 8).astype(np.int8)
+    rnd = nx.sr_noise(step, salt, G.size).reshape(G.shape)
+    return nx.saturate(_i64(w) - nx.sr_shift(u, rnd), 8).astype(np.int8)
 
 
 def conv_upd_w(w, gy, x, idx, um, ush, stride=1, pad=0, groups=1, *, step: int, salt: int) -> np.ndarray:
     """The fused update of the trained rows ``w`` (int8 ``[len(idx), C/groups, K, K]``, row j is
     channel ``idx[j]``): ``sat8(w - sr(conv_grad_w(...), um[j], ush[j]))``, int8 (see
-    :data:`abi.SR_BITS` for the stochastic rounding keyed by ``step`` and ``salt``)."""
+    :func:`insitu.numerics.sr_noise` for the stochastic rounding keyed by ``step`` and ``salt``)."""
     w = _i64(w)
     G = conv_grad_w(gy, x, idx, w.shape[-1], stride, pad, groups)
     if w.shape != G.shape:
