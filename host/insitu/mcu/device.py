@@ -9,30 +9,19 @@ restarted and resumes from its last checkpoint, so no sample is lost or trained 
 
 from __future__ import annotations
 
-import ast
 import struct
 import time
 
 import numpy as np
 
 from insitu.errors import InsituError
-from insitu.mcu.link import DeviceLink, FirmwareStopped, LinkError
-from insitu.resources import package_dir
+from insitu.mcu.link import DeviceLink, FirmwareStopped, LinkError, firmware_literals
 
 START = "import fw_train; fw_train.serve()"
 
 
-def _firmware_constants() -> dict[str, object]:
-    tree = ast.parse((package_dir("firmware") / "fw_train.py").read_text())
-    out = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            if isinstance(node.value, ast.Constant):
-                out[node.targets[0].id] = node.value.value
-    return out
-
-
-MSG = {k: v for k, v in _firmware_constants().items() if k.startswith("MSG_")}
+#: The firmware's message types, read from its source.
+MSG = {k: v for k, v in firmware_literals("fw_train.py").items() if k.startswith("MSG_")}
 
 
 class DeviceError(InsituError):

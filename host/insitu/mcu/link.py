@@ -25,24 +25,31 @@ from insitu.errors import InsituError
 from insitu.resources import package_dir
 
 
-def _constants_from_firmware() -> dict:
-    # The frame layout is written once, in firmware/link.py, which the board needs anyway. CPython
-    # cannot import that file (it imports `micropython`), so its literal assignments are read
-    # from the source: the host never restates a constant the device could disagree with.
-    path = package_dir("firmware") / "link.py"
-    wanted = ("SYNC", "HEADER", "CRC", "MAX_PAYLOAD")
+def firmware_literals(source: str) -> dict[str, object]:
+    """The top-level ``NAME = <literal>`` assignments of a firmware source (``firmware/<source>``).
+
+    CPython cannot import the firmware (it imports `micropython`), so the host reads the constants
+    the device defines from the source: it never restates one the device could disagree with.
+    Assignments whose value is not a literal (``const(...)``, expressions) are left out."""
+    path = package_dir("firmware") / source
     found = {}
     for node in ast.parse(path.read_text(), filename=str(path)).body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name) and node.targets[0].id in wanted):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             try:
                 found[node.targets[0].id] = ast.literal_eval(node.value)
             except ValueError:
-                pass                        # not a literal: reported as missing below
+                pass
+    return found
+
+
+def _constants_from_firmware() -> dict:
+    # The frame layout is written once, in firmware/link.py, which the board needs anyway.
+    wanted = ("SYNC", "HEADER", "CRC", "MAX_PAYLOAD")
+    found = {k: v for k, v in firmware_literals("link.py").items() if k in wanted}
     missing = [name for name in wanted if name not in found]
     if missing:
-        raise InsituError(f"{path} does not define {', '.join(missing)} as literals; "
-                          "reinstall insitu")
+        raise InsituError(f"{package_dir('firmware') / 'link.py'} does not define {', '.join(missing)} as "
+                          "literals; reinstall insitu")
     return found
 
 
