@@ -24,11 +24,12 @@ so that every command behaves the same way:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Protocol
 
@@ -43,6 +44,8 @@ from insitu.measure import phases
 LOSS_WINDOW = 20
 #: The checkpoint's format, in its metadata: a checkpoint without it was not written here.
 FORMAT = "insitu-run/1"
+
+log = logging.getLogger(__name__)
 
 
 class Interrupted(InsituError):
@@ -136,6 +139,19 @@ def sample_order(n_train: int, seed: int, start: int, count: int) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
+def run_identity(config, drop=()) -> dict:
+    """What makes two runs of a command the same run (a checkpoint of one resumes the other), from
+    its config dataclass: not the sample budget, nor where files go or how often they are written,
+    nor the fields in ``drop``."""
+    skip = {"samples", "checkpoint", "checkpoint_every", "data_dir", *drop}
+    return {k: v for k, v in asdict(config).items() if k not in skip}
+
+
+def say(text: str) -> None:
+    """Tell the user about the run (a resume...): on stderr, never in --json output."""
+    log.warning("%s", text)
+
+
 def check_outputs(**paths) -> None:
     """Fail before any work if an output (``name=path``; None skipped) cannot be written."""
     for name, path in paths.items():
@@ -153,6 +169,14 @@ def _differences(saved: dict, wanted: dict) -> str:
     diff = [f"{k} {saved.get(k)!r} there, {wanted.get(k)!r} here" for k in keys
             if saved.get(k) != wanted.get(k)]
     return "; ".join(diff[:4]) + ("; ..." if len(diff) > 4 else "")
+
+
+def _budget(plan: RunPlan, done: int) -> str:
+    """'N samples in: ask for --samples N or more', in epochs where the budget is given in epochs."""
+    if plan.samples_option == "--epochs" and plan.epoch_size:
+        epochs = -(-done // plan.epoch_size)
+        return f"{epochs} epochs in: ask for --epochs {epochs} or more"
+    return f"{done} samples in: ask for {plan.samples_option} {done} or more"
 
 
 class _StopSignals:
@@ -184,13 +208,15 @@ def run_training(plan: RunPlan, learner: Learner, *,
                  end_of_epoch: Callable[[int], dict | None] | None = None,
                  advance: Callable[[int], None] = lambda n: None,
                  say: Callable[[str], None] = lambda text: None,
-                 phase: Callable[[str], ContextManager] = phases.phase) -> RunOutcome:
+                 phase: Callable[[str], ContextManager] = phases.phase,
+                 on_history: Callable[[dict], None] = lambda record: None) -> RunOutcome:
     """Run ``learner`` as ``plan`` says and return what the harness measured.
 
     ``end_of_epoch(epoch)`` runs after the last step of every epoch (1-based; training work such as
     pruning, timed as training) and may return figures for that epoch's history record;
     ``evaluate()`` returns evaluation figures (timed as test, never as training); ``say`` reports
-    a resume; ``phase(name)`` marks the training and test phases.
+    a resume; ``phase(name)`` marks the training and test phases; ``on_history(record)`` gets each
+    epoch's history record once its checkpoint is written.
     """
     if isinstance(plan.samples, bool) or not isinstance(plan.samples, int) or plan.samples < 1:
         raise InsituError(f"{plan.samples_option} must be an integer >= 1, got {plan.samples!r}")
@@ -210,8 +236,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
                                   f"({_differences(run['identity'], identity)}): choose another "
                                   "--checkpoint path, or delete it to start over")
             if run["samples_done"] > plan.samples:
-                raise InsituError(f"checkpoint {checkpoint} is already {run['samples_done']} samples "
-                                  f"in: ask for {plan.samples_option} {run['samples_done']} or more")
+                raise InsituError(f"checkpoint {checkpoint} is already {_budget(plan, run['samples_done'])}")
             learner.load_state(arrays, meta["learner"])
             done = resumed_from = run["samples_done"]
             losses, history, seconds_before = run["losses"], run["history"], run["seconds"]
@@ -271,14 +296,16 @@ def run_training(plan: RunPlan, learner: Learner, *,
                                            or stopping):
                 save()
                 next_save = (done // plan.checkpoint_every + 1) * plan.checkpoint_every
+            if history and ended_epoch and plan.evaluate_every_epoch:
+                on_history(history[-1])
             if stopping:
                 where = (f"checkpoint {checkpoint} is written: run the same command again to resume"
                          if checkpoint is not None else
                          "no --checkpoint was given, so the work is lost (give one to keep it)")
                 raise Interrupted(f"{stop.received} after {done} of {plan.samples} samples; {where}")
-    evaluation = run_evaluation()          # Ctrl-C here stops at once: the checkpoint is written
     if checkpoint is not None and done == first:
         save()                     # a resumed run with nothing left still leaves its checkpoint
+    evaluation = run_evaluation()          # Ctrl-C here stops at once: the checkpoint is written
     return RunOutcome(samples=done, resumed_from=resumed_from,
                       seconds=seconds_before + trained_seconds,
                       samples_per_second=(done - first) / trained_seconds if trained_seconds > 0 else None,

@@ -12,7 +12,6 @@ budget, resumable checkpoints and the result record.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
@@ -22,16 +21,8 @@ from insitu import nn
 from insitu.boards import Board, get_board, load_boards
 from insitu.data import load_dataset
 from insitu.errors import InsituError, UsageError
-from insitu.harness import RunPlan, run_training, sample_order
+from insitu.harness import RunPlan, run_identity, run_training, sample_order, say
 from insitu.nn.networks import NETWORKS
-
-log = logging.getLogger(__name__)
-
-
-def say(text: str) -> None:
-    """Tell the user something about the run (a resume...): on stderr, never in --json output."""
-    log.warning("%s", text)
-
 
 @dataclass
 class TrainConfig:
@@ -130,13 +121,6 @@ def accuracy(model: nn.Sequential, x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.argmax(model.predict(x), axis=1) == y))
 
 
-def run_identity(config: TrainConfig, drop=()) -> dict:
-    """What makes two ``insitu train`` runs the same run (a checkpoint of one resumes the other):
-    not the sample budget, nor where the files are or how often they are written, nor ``drop``."""
-    skip = {"samples", "checkpoint", "checkpoint_every", "data_dir", *drop}
-    return {k: v for k, v in asdict(config).items() if k not in skip}
-
-
 class SGDLearner:
     """Float SGD of the NumPy core on mini-batches of the dataset's sample stream."""
 
@@ -208,9 +192,9 @@ register(Algorithm(
 
 def _run_fpga(name):
     def run(config, board, advance):
-        from insitu.fpga import train as fpga_train       # pynq loads only when it is needed
+        from insitu.fpga import board_runs       # pynq loads only when it is needed
 
-        return getattr(fpga_train, name)(config, board, advance)
+        return getattr(board_runs, name)(config, board, advance)
     return run
 
 

@@ -13,7 +13,7 @@ from insitu.data import dataset_info
 from insitu.errors import InsituError
 from insitu.tt.bench import format_bench, run_bench
 from insitu.tt.report import format_table
-from insitu.tt.train import VARIANTS, TTTrainConfig, run_tt_training
+from insitu.tt.experiment import VARIANTS, TTTrainConfig, run_tt_training
 
 pytestmark = pytest.mark.benchmark
 

@@ -5,7 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from insitu.checkpoint import load_checkpoint, save_checkpoint
+from insitu.checkpoint import load_checkpoint
+from insitu.boards import get_board
+from insitu.fpga.boards import open_board
 from insitu.fpga.lrt_board import LRTBoardTrainer, PEKroneckerSum, run_board_adapt
 from insitu.lrt.adapt import pretrained_model
 from insitu.lrt.online import OnlineData
@@ -170,18 +172,12 @@ def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(cache, tmp_path):
     options = dict(env="shift", batch=50, lr=0.03, seed=1, cache_dir=cache, **SMALL)
     whole = run_board_adapt(GoldenPort(), samples=300, **options)
 
-    path = tmp_path / "run.ckpt.npz"
-    saved = []
-
-    def checkpoint(trainer):
-        save_checkpoint(path, *trainer.state())
-        saved.append(trainer.samples)
-
     # Stop in the middle of a batch (130 = 2 batches + 30 samples), on another PE.
-    run_board_adapt(GoldenPort(), samples=130, chunk=65, after_chunk=checkpoint, **options)
-    assert saved == [65, 130]
+    path = tmp_path / "run.ckpt.npz"
+    run_board_adapt(GoldenPort(), samples=130, chunk=65, checkpoint=path, checkpoint_every=65, **options)
+    assert load_checkpoint(path)[1]["run"]["samples_done"] == 130
     port = GoldenPort()
-    resumed = run_board_adapt(port, samples=300, resume=load_checkpoint(path), **options)
+    resumed = run_board_adapt(port, samples=300, checkpoint=path, **options)
 
     assert resumed["resumed_from"] == 130
     np.testing.assert_array_equal(resumed["write_counts"], whole["write_counts"])
@@ -194,8 +190,23 @@ def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(cache, tmp_path):
         assert resumed["pe_ops"][op] == whole["pe_ops"][op], op
     # A state resumes only a run made the same way.
     other = LRTBoardTrainer(GoldenPort(), _net(cache, seed=1), batch=50, lr=0.01, seed=1)
+    arrays, meta = load_checkpoint(path)
     with pytest.raises(ValueError, match="another run"):
-        other.load_state(*load_checkpoint(path))
+        other.load_state(arrays, meta["learner"]["trainer"])
+
+
+def test_the_loop_runs_step_for_step_the_same_on_the_golden_model_and_the_twin(cache):
+    """One adaptation loop, two executors: the golden model of the PE on the host, and the
+    simulated board's accelerator through the driver; every sample's prediction (the EMA curve
+    at every sample) and every write are the same."""
+    options = dict(env="shift", samples=120, batch=20, lr=0.03, seed=2, cache_dir=cache,
+                   curve_points=120, **SMALL)
+    host = run_board_adapt(GoldenPort(), **options)
+    twin = run_board_adapt(open_board(get_board("ultra96v2-sim"), "fast"), **options)
+    assert len(host["curve"]["sample"]) == 120 and host["curve"] == twin["curve"]
+    for key in ("accuracy", "online_accuracy_mean", "writes_total", "updates", "pairs"):
+        assert host[key] == twin[key], key
+    np.testing.assert_array_equal(host["write_counts"], twin["write_counts"])
 
 
 def test_configurations_the_pe_cannot_take_are_refused(cache, tmp_path):

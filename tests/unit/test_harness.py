@@ -65,8 +65,10 @@ def test_a_checkpoint_of_another_run_names_the_fields_that_differ(tmp_path):
 
 def test_a_budget_below_the_checkpoint_is_refused_not_reprinted(tmp_path):
     run_training(plan(tmp_path, samples=48), Counter())
-    with pytest.raises(InsituError, match="already 48 samples in: ask for --epochs 48"):
-        run_training(plan(tmp_path, samples=40, samples_option="--epochs"), Counter())
+    with pytest.raises(InsituError, match="already 48 samples in: ask for --samples 48 or more"):
+        run_training(plan(tmp_path, samples=40), Counter())
+    with pytest.raises(InsituError, match="already 3 epochs in: ask for --epochs 3 or more"):
+        run_training(plan(tmp_path, samples=32, epoch_size=16, samples_option="--epochs"), Counter())
 
 
 def test_a_file_that_is_not_a_run_checkpoint_is_named_as_such(tmp_path):

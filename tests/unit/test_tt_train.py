@@ -7,7 +7,7 @@ import pytest
 from insitu.data.datasets import FASHION_MNIST_DIR
 from insitu.errors import InsituError
 from insitu.tt.report import PAPER_TABLE1, format_table, plot_history
-from insitu.tt.train import (VARIANTS, TTTrainConfig, dense_memory_bits, learning_rate,
+from insitu.tt.experiment import (VARIANTS, TTTrainConfig, dense_memory_bits, learning_rate,
                              run_tt_training)
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ from insitu.cli.output import (emit_json, per_run_path, progress, report, usage_
                                write_json)
 from insitu.errors import UsageError
 from insitu.io import check_writable
-from insitu.tt.train import VARIANTS
+from insitu.tt.experiment import VARIANTS
 
 
 @click.group("tt")
@@ -62,7 +62,7 @@ def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, p
           train_samples, seed, dataset, data_dir, plot, out, checkpoint, as_json):
     """Train the two-layer TT network on FashionMNIST (the paper's Table 1)."""
     from insitu.tt.report import format_table, plot_history
-    from insitu.tt.train import TTTrainConfig, load_training_data, run_tt_training
+    from insitu.tt.experiment import TTTrainConfig, load_training_data, run_tt_training
 
     variants = list(VARIANTS) if variant == "all" else [variant]
     configs = [TTTrainConfig(variant=v, epochs=epochs, batch_size=batch_size, lr=lr,
@@ -166,7 +166,7 @@ def bench(batch, steps, as_json):
     """Training samples per second of the float and fixed-point executors, MACs per sample."""
     from insitu.tt.bench import format_bench, run_bench
 
-    from insitu.tt.train import TTTrainConfig
+    from insitu.tt.experiment import TTTrainConfig
 
     if steps < 1:
         raise UsageError(f"--steps must be >= 1, got {steps}")

@@ -53,7 +53,6 @@ counts of before on the processor and adds them to what the PE reports (see
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from dataclasses import replace
 from typing import Callable, Protocol
@@ -61,13 +60,15 @@ from typing import Callable, Protocol
 import numpy as np
 
 from insitu import nn
-from insitu.lrt.adapt import EMA_DECAY, build_network, pretrained_model
+from insitu.checks import check_int
+from insitu.harness import RunPlan, run_training, say
+from insitu.lrt.adapt import AdaptLearner, build_network, curve_positions, pretrained_model
 from insitu.lrt.online import OnlineData
 from insitu.accel.stream import pad_words
 from insitu.lrt.pe_ops import append_reciprocal
 from insitu.lrt.qnet import QNet
-from insitu.lrt.sks import _random_orthonormal, core_rotation
-from insitu.lrt.trainer import LRTConfig, _loss_gradient, evaluate
+from insitu.lrt.sks import random_orthonormal, core_rotation
+from insitu.lrt.trainer import LRTConfig, loss_gradient, evaluate
 from insitu.numerics import LRT_BASIS, LRT_BIAS, LRT_PE_WORD_BITS, LRT_WEIGHT, max_abs_format
 from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams
 from insitu.accel.regmap import Op
@@ -120,24 +121,18 @@ class _CountingPort:
         return self.read("LRT_NORM2_LO") | self.read("LRT_NORM2_HI") << 32
 
 
-def _check_int(name: str, value, lo: int, hi: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be an integer in [{lo}, {hi}] ({what}), got {value!r}")
-    return int(value)
-
-
 def check_pe_fit(m: int, n: int, rank: int, params: AcceleratorParams,
                  kappa_th: float | None = None) -> None:
     """ValueError unless a rank-``rank`` sum of ``m × n`` outer products fits the PE of ``params``."""
-    _check_int("rows m", m, 1, params.lrt_rows_max, "rows of Q_L: the PE's lrt_rows_max")
-    _check_int("columns n", n, 1, params.lrt_rows_max, "rows of Q_R: the PE's lrt_rows_max")
+    check_int("rows m", m, 1, params.lrt_rows_max, "rows of Q_L: the PE's lrt_rows_max")
+    check_int("columns n", n, 1, params.lrt_rows_max, "rows of Q_R: the PE's lrt_rows_max")
     top = min(params.lrt_cols_max - 1, min(m, n) - 1)
     if top < 1:
         raise ValueError(f"no rank fits a {m} x {n} matrix on a PE with {params.lrt_cols_max} basis "
                          "columns")
-    _check_int("rank", rank, 1, top,
-               f"q = rank + 1 basis columns must fit the PE's {params.lrt_cols_max}, and rank "
-               f"{min(m, n)} would be a full-rank estimate of a {m} x {n} matrix: use a lower rank")
+    check_int("rank", rank, 1, top,
+              f"q = rank + 1 basis columns must fit the PE's {params.lrt_cols_max}, and rank "
+              f"{min(m, n)} would be a full-rank estimate of a {m} x {n} matrix: use a lower rank")
     if kappa_th is not None and not (np.isfinite(kappa_th) and kappa_th > 0):
         raise ValueError(f"kappa_th must be a positive number or None (never skip), got {kappa_th!r}")
 
@@ -167,8 +162,8 @@ class PEKroneckerSum:
         self.kappa_th = kappa_th
         self._rng = np.random.default_rng(seed)
         # Drawn as KroneckerSum draws them, so both start from the same bases.
-        bases = (_random_orthonormal(self._rng, self.n_out, self.q),
-                 _random_orthonormal(self._rng, self.n_in, self.q))
+        bases = (random_orthonormal(self._rng, self.n_out, self.q),
+                 random_orthonormal(self._rng, self.n_in, self.q))
         self.cx = np.zeros(self.rank)
         self.counts = {"added": 0, "skipped": 0, "zero": 0, "reprojected": 0}
         # The sizes go with the ops that (re)load the PE; the per-sample ops rely on the
@@ -341,8 +336,6 @@ class LRTBoardTrainer:
         self.samples = 0                 # samples seen (the position in the online stream)
         self.in_batch = 0                # samples accumulated since the last update
         self.updates = 0                 # LRT_UPDATE ops run
-        self.correct = 0                 # online predictions that were right
-        self.ema_sum = self.ema_weight = 0.0
         self.prior_counts = np.zeros((self.m, self.n), np.int64)
         self.prior_writes_total = 0
         self._load_weights()
@@ -370,7 +363,7 @@ class LRTBoardTrainer:
                              f"<= {params.lrt_rows_max}, cells <= {params.lrt_cells_max}): use a network "
                              "with a smaller last layer or a bitstream generated with larger LRT memories")
         check_pe_fit(m, n, rank, params, kappa_th)
-        _check_int("batch", batch, 1, 2**31, "samples per weight update")
+        check_int("batch", batch, 1, 2**31, "samples per weight update")
         if not (isinstance(lr, (int, float)) and np.isfinite(lr) and lr > 0):
             raise ValueError(f"lr must be a positive number, got {lr!r}")
         if bias_lr is not None and not (isinstance(bias_lr, (int, float)) and np.isfinite(bias_lr)
@@ -415,8 +408,9 @@ class LRTBoardTrainer:
         """One online sample ``x`` (shape ``(1, ...)``): predict, learn from ``label``; True if right."""
         return bool(self.train(x, np.array([label]))[0])
 
-    def train(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Samples ``x`` (``(N, ...)``) in order, one at a time; returns whether each was predicted right."""
+    def train(self, x: np.ndarray, y: np.ndarray, after_each=lambda i, correct: None) -> np.ndarray:
+        """Samples ``x`` (``(N, ...)``) in order, one at a time, ``after_each(i, correct)`` after
+        each; returns whether each was predicted right."""
         x = np.asarray(x, dtype=np.float64)
         y = np.asarray(y).astype(np.int64).ravel()
         if len(x) != len(y) or not np.isfinite(x).all():
@@ -428,6 +422,7 @@ class LRTBoardTrainer:
         right = np.zeros(len(y), bool)
         for i in range(len(y)):
             right[i] = self._learn(feats[i:i + 1], y[i:i + 1])
+            after_each(i, bool(right[i]))
         return right
 
     def _learn(self, feat: np.ndarray, label: np.ndarray) -> bool:
@@ -436,16 +431,13 @@ class LRTBoardTrainer:
         correct = bool(np.argmax(logits[0]) == label[0])
         if layer.bias_grad is not None:
             layer.bias_grad.fill(0.0)
-        layer.backward(_loss_gradient(logits, label))
+        layer.backward(loss_gradient(logits, label))
         if self.bias_lr is not None and layer.bias is not None:
             layer.bias[...] = LRT_BIAS.quantize(layer.bias - self.bias_lr * layer.bias_grad)
         dz, a = layer.kronecker_pairs()                # α·dz (m) and a (n): one pair, dense layer
         self.sks.add(dz[0, 0], a[0, 0])
         self.samples += 1
         self.in_batch += 1
-        self.correct += correct
-        self.ema_sum = EMA_DECAY * self.ema_sum + (1 - EMA_DECAY) * correct
-        self.ema_weight = EMA_DECAY * self.ema_weight + (1 - EMA_DECAY)
         if self.in_batch == self.batch:
             self._update()
         return correct
@@ -458,20 +450,6 @@ class LRTBoardTrainer:
         self.in_batch = 0
         self.updates += 1
 
-    def run(self, data: OnlineData, env: str, samples: int, chunk: int = 1000,
-            advance: Callable[[int], None] = lambda n: None,
-            after_chunk: Callable[[LRTBoardTrainer], None] | None = None) -> None:
-        """Train on the online stream of ``env`` from where this trainer stands up to ``samples``
-        (``data.online(env, ...)``, as :func:`insitu.lrt.adapt.run_adapt` streams it);
-        ``after_chunk(self)`` after every ``chunk`` samples (a checkpoint, say)."""
-        _check_env(env)
-        for start in range(self.samples, samples, chunk):
-            x, y = data.online(env, min(chunk, samples - start), start=start)
-            self.train(x, y)
-            advance(len(y))
-            if after_chunk is not None:
-                after_chunk(self)
-
     # -- reports ----------------------------------------------------------------------------------
     def summary(self) -> dict:
         """What the PE and the trainer report now (JSON-ready but ``write_counts``)."""
@@ -481,8 +459,6 @@ class LRTBoardTrainer:
             "batch": self.batch, "lr": self.lr, "bias_lr": self.bias_lr,
             "unbiased": self.sks.unbiased, "kappa_th": self.sks.kappa_th,
             "samples": self.samples, "updates": self.updates,
-            "online_accuracy": round(self.ema_sum / self.ema_weight, 5) if self.ema_weight else None,
-            "online_accuracy_mean": round(self.correct / self.samples, 5) if self.samples else None,
             "max_writes_per_cell": self.max_writes_per_cell(),
             "writes_total": self.writes_total(),
             "mean_writes_per_cell": round(float(counts.mean()), 3),
@@ -510,8 +486,7 @@ class LRTBoardTrainer:
             arrays["bias"] = self.layer.bias.copy()
         arrays["write_counts"] = self.write_counts()
         meta = {"identity": self._identity(), "sks": sks_meta, "samples": self.samples,
-                "in_batch": self.in_batch, "updates": self.updates, "correct": self.correct,
-                "ema_sum": self.ema_sum, "ema_weight": self.ema_weight,
+                "in_batch": self.in_batch, "updates": self.updates,
                 "writes_total": self.writes_total(), "pe_ops": dict(self.pe.ops)}
         return arrays, meta
 
@@ -533,8 +508,7 @@ class LRTBoardTrainer:
         self.prior_counts = np.asarray(arrays["write_counts"], np.int64).copy()
         self.prior_writes_total = int(meta["writes_total"])
         self.samples, self.in_batch = int(meta["samples"]), int(meta["in_batch"])
-        self.updates, self.correct = int(meta["updates"]), int(meta["correct"])
-        self.ema_sum, self.ema_weight = float(meta["ema_sum"]), float(meta["ema_weight"])
+        self.updates = int(meta["updates"])
         self.pe.ops = Counter(meta["pe_ops"])
 
 
@@ -552,21 +526,24 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
                     unbiased: bool = LRTConfig.unbiased, kappa_th: float | None = LRTConfig.kappa_th,
                     offline_samples: int = 20_000, pretrain_epochs: int = 1, segment: int = 10_000,
                     test_samples: int = 1000, cache_dir=None, chunk: int = 1000,
-                    resume: tuple[dict, dict] | None = None,
-                    after_chunk: Callable[[LRTBoardTrainer], None] | None = None,
-                    advance: Callable[[int], None] = lambda n: None,
-                    params: AcceleratorParams | None = None) -> dict:
+                    curve_points: int = 200, checkpoint=None, checkpoint_every: int = 1000, identity: dict | None = None,
+                    counters=None, advance: Callable[[int], None] = lambda n: None,
+                    phase=None, params: AcceleratorParams | None = None) -> dict:
     """Deploy the pre-trained network (:func:`insitu.lrt.adapt.pretrained_model`, cached) and adapt
-    its last layer on the PE behind ``port`` over ``samples`` online samples of ``env``.
+    its last layer on the PE behind ``port`` over ``samples`` online samples of ``env``: the loop of
+    ``insitu lrt adapt`` (:class:`insitu.lrt.adapt.AdaptLearner` in the run harness) with this
+    module's trainer.
 
-    ``resume``: ``(arrays, meta)`` of an earlier :meth:`LRTBoardTrainer.state` (the caller's
-    checkpoint) to go on from; ``after_chunk(trainer)`` runs after every ``chunk`` samples (where
-    the caller saves ``trainer.state()``). Accuracy before and after is measured on the first
-    ``test_samples`` of the test split (``data.test``). Returns the result record.
+    ``checkpoint``: resumed from when it exists, written every ``checkpoint_every`` samples (and on
+    SIGINT/SIGTERM); ``identity``: what else makes the caller's run (its options); ``counters``: an
+    object whose ``state()`` / ``load_state(meta)`` the checkpoint keeps too (the caller's
+    accelerator counts). ``chunk``: samples per harness step (the frozen layers run a chunk at
+    once). Accuracy before and after is measured on the first ``test_samples`` of the test split
+    (``data.test``). Returns the result record.
     """
     _check_env(env)
-    samples = _check_int("samples", samples, 1, 2**62, "online samples to train on")
-    test_samples = _check_int("test_samples", test_samples, 1, 2**62, "test samples to evaluate")
+    samples = check_int("samples", samples, 1, what="online samples to train on")
+    test_samples = check_int("test_samples", test_samples, 1, what="test samples to evaluate")
     config = LRTConfig()               # the pre-trained network of `insitu lrt adapt`
     data = OnlineData(dataset, data_dir, seed=seed, segment=segment)
     params = params or pe_params(port)
@@ -583,28 +560,47 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
     trainer = LRTBoardTrainer(port, net, rank=rank, batch=batch, lr=lr, bias_lr=bias_lr,
                               unbiased=unbiased, kappa_th=kappa_th, seed=seed, params=params,
                               context=context)
-    if resume is not None:
-        if resume[1].get("samples", 0) > samples:
-            raise ValueError(f"the saved state is already {resume[1]['samples']} samples in; ask for "
-                             f"samples >= {resume[1]['samples']}")
-        trainer.load_state(*resume)
-        advance(trainer.samples)
-    resumed_from = trainer.samples if resume is not None else None
-    started = time.perf_counter()
-    first = trainer.samples
-    trainer.run(data, env, samples, chunk=chunk, advance=advance, after_chunk=after_chunk)
-    seconds = time.perf_counter() - started
+    learner = AdaptLearner(trainer, data, env, curve_at=curve_positions(samples, curve_points))
+    if counters is not None:
+        learner = _WithCounters(learner, counters)
+    plan = RunPlan("insitu train --algo lrt",
+                   {**(identity or {}), **trainer._identity()}, samples, chunk, checkpoint,
+                   checkpoint_every)
+    outcome = run_training(plan, learner, advance=advance, say=say,
+                           **({"phase": phase} if phase is not None else {}),
+                           evaluate=lambda: {"accuracy": round(evaluate(net, x_test, y_test), 5)})
+    online = learner.online_accuracy(samples)
     result = trainer.summary()
     result.update({
+        **online, "curve": learner.curve,
         "env": env, "dataset": data.name, "arch": arch, "seed": seed,
         "accuracy_before": round(accuracy_before, 5),
-        "accuracy": round(evaluate(net, x_test, y_test), 5),
+        "accuracy": outcome.evaluation["accuracy"],
         "test_samples": int(len(y_test)),
         "pretrained_validation_accuracy": pre["validation_accuracy"],
-        "resumed_from": resumed_from,
-        "seconds": round(seconds, 3),
-        "seconds_per_sample": round(seconds / (samples - first), 6) if samples > first else None,
+        "resumed_from": outcome.resumed_from,
+        "seconds": round(outcome.seconds, 3),
+        "seconds_per_sample": (round(outcome.seconds / (samples - (outcome.resumed_from or 0)), 6)
+                               if samples > (outcome.resumed_from or 0) else None),
     })
     if env == "shift":
         result["segments"] = data.segments(samples)
     return result
+
+
+class _WithCounters:
+    """A learner whose checkpoints also keep ``counters.state()`` (the accelerator's counts)."""
+
+    def __init__(self, learner, counters):
+        self.learner, self.counters = learner, counters
+
+    def __getattr__(self, name):
+        return getattr(self.learner, name)
+
+    def state(self):
+        arrays, meta = self.learner.state()
+        return arrays, {**meta, "counters": self.counters.state()}
+
+    def load_state(self, arrays, meta):
+        self.learner.load_state(arrays, meta)
+        self.counters.load_state(meta["counters"])

@@ -26,14 +26,16 @@ from pathlib import Path
 import numpy as np
 
 from insitu.checkpoint import load_checkpoint, save_checkpoint
-from insitu.errors import InsituError
-from insitu.io import atomic_write, check_writable, to_jsonable
+from insitu.checks import check_int
+from insitu.harness import RunPlan, run_training, say
+from insitu.io import atomic_write, check_writable
 from insitu.lrt.nvm import NVMModel, make_drift
 from insitu.lrt.online import ENVS, OnlineData
 from insitu.lrt.qnet import ARCHITECTURES
 from insitu.lrt.trainer import SCHEMES, LRTConfig, OnlineTrainer, check_rank, evaluate, pretrain
 
-__all__ = ["ENVS", "SCHEMES", "build_network", "check_adapt", "pretrained_model", "run_adapt", "plot_adapt", "default_cache_dir"]
+__all__ = ["ENVS", "SCHEMES", "AdaptLearner", "build_network", "check_adapt", "pretrained_model",
+           "run_adapt", "plot_adapt", "default_cache_dir"]
 
 EMA_DECAY = 0.999
 _PRETRAIN_VERSION = 2          # bump when the network or pre-training changes
@@ -93,13 +95,64 @@ def check_adapt(arch: str, data: OnlineData, config: LRTConfig) -> None:
     check_rank(build_network(arch, data, 0, config), config.rank)
 
 
-def to_jsonable_tree(value):
-    """``value`` as it reads back from JSON (tuples become lists, NumPy scalars Python ones)."""
-    return json.loads(json.dumps(value, default=to_jsonable))
-
-
-def _curve_positions(samples: int, points: int) -> set[int]:
+def curve_positions(samples: int, points: int) -> set[int]:
+    """The samples after which the curve records a point: ``points`` spread evenly to the last."""
     return set(np.unique(np.linspace(1, samples, min(points, samples)).astype(int)).tolist())
+
+
+class AdaptLearner:
+    """Online adaptation on the stream of an environment, for the run harness.
+
+    ``trainer`` predicts each sample, is told its label and learns from it: an
+    :class:`~insitu.lrt.trainer.OnlineTrainer` (every scheme, on the host) or an
+    :class:`insitu.fpga.lrt_board.LRTBoardTrainer` (the vector work on the LRT PE); both have
+    ``train(x, y, after_each)``, ``state()``, ``load_state()`` and ``max_writes_per_cell()``. This
+    class keeps what the experiment measures of either: the online accuracy (EMA and mean), the
+    curve, and the drift of the weight cells (``drift``: an :func:`insitu.lrt.nvm.make_drift`).
+    """
+
+    def __init__(self, trainer, data: OnlineData, env: str, drift=None, curve_at=frozenset()):
+        self.trainer, self.data, self.env, self.drift = trainer, data, env, drift
+        self.cells = list(trainer.arrays.values()) if drift is not None else []
+        self.curve_at = curve_at
+        self.curve = {"sample": [], "ema_accuracy": [], "max_writes_per_cell": []}
+        self.ema_sum = self.ema_weight = 0.0
+        self.correct = 0
+
+    def train(self, start: int, count: int) -> None:
+        x, y = self.data.online(self.env, count, start=start)
+        self.trainer.train(x.astype(np.float64), y,
+                           after_each=lambda i, correct: self._after(start + i, correct))
+
+    def _after(self, step: int, correct: bool) -> None:
+        if self.drift is not None:
+            self.drift.step(self.cells, step)
+        self.correct += correct
+        self.ema_sum = EMA_DECAY * self.ema_sum + (1 - EMA_DECAY) * correct
+        self.ema_weight = EMA_DECAY * self.ema_weight + (1 - EMA_DECAY)
+        if step + 1 in self.curve_at:
+            self.curve["sample"].append(step + 1)
+            self.curve["ema_accuracy"].append(round(self.ema_sum / self.ema_weight, 5))
+            self.curve["max_writes_per_cell"].append(self.trainer.max_writes_per_cell())
+
+    def online_accuracy(self, samples: int) -> dict:
+        """The EMA (0.999, bias-corrected) and the mean of the online predictions."""
+        return {"online_accuracy": round(self.ema_sum / self.ema_weight, 5) if self.ema_weight else None,
+                "online_accuracy_mean": round(self.correct / samples, 5) if samples else None}
+
+    def state(self) -> tuple[dict, dict]:
+        arrays, meta = self.trainer.state()
+        rng = getattr(self.drift, "rng", None)
+        return arrays, {"trainer": meta, "drift_rng": rng.bit_generator.state if rng else None,
+                        "ema_sum": self.ema_sum, "ema_weight": self.ema_weight,
+                        "correct": self.correct, "curve": self.curve}
+
+    def load_state(self, arrays: dict, meta: dict) -> None:
+        self.trainer.load_state(arrays, meta["trainer"])
+        if getattr(self.drift, "rng", None) is not None:
+            self.drift.rng.bit_generator.state = meta["drift_rng"]
+        self.ema_sum, self.ema_weight = meta["ema_sum"], meta["ema_weight"]
+        self.correct, self.curve = meta["correct"], meta["curve"]
 
 
 def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "cnn",
@@ -110,80 +163,33 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
     """Deploy the pre-trained model in ``env`` and train it online with ``scheme``.
 
     ``counts_out`` (a path ending in .npz) receives the per-cell write counts of every layer.
-    ``checkpoint`` (a .npz path) is rewritten atomically every ``checkpoint_every`` samples and
-    resumed from when it exists, so an interrupted run loses at most that many samples.
+    ``checkpoint`` (a .npz path) is rewritten atomically every ``checkpoint_every`` samples (and
+    on SIGINT/SIGTERM) and resumed from when it exists (:mod:`insitu.harness`).
     """
     if env not in ENVS:
         raise ValueError(f"unknown environment {env!r}; environments: {', '.join(ENVS)}")
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; schemes: {', '.join(SCHEMES)}")
-    if not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
+    check_int("samples", samples)
+    check_int("checkpoint_every", checkpoint_every)
     config = config or LRTConfig()
     data = OnlineData(dataset, data_dir, seed=seed, segment=segment)
     check_adapt(arch, data, config)
+    if checkpoint is not None:
+        check_writable(checkpoint, "checkpoint")
     net, pre = pretrained_model(arch, dataset, data_dir, seed, offline_samples, pretrain_epochs,
                                 cache_dir, config)
     nvm = NVMModel()
     trainer = OnlineTrainer(net, scheme, config, nvm=nvm, seed=seed)
-    drift = make_drift(env, seed=seed + 7919)
-    arrays = list(trainer.arrays.values())
-
-    keep = _curve_positions(samples, curve_points)
-    curve = {"sample": [], "ema_accuracy": [], "max_writes_per_cell": []}
-    ema_sum, ema_weight, correct_total, done = 0.0, 0.0, 0, 0
+    learner = AdaptLearner(trainer, data, env, make_drift(env, seed=seed + 7919),
+                           curve_positions(samples, curve_points))
     # What makes a checkpoint this run's: everything but the sample budget and file places.
     identity = {"env": env, "scheme": scheme, "seed": seed, "arch": arch, "dataset": data.name,
                 "config": vars(config), "offline_samples": offline_samples,
                 "pretrain_epochs": pretrain_epochs, "segment": segment}
-    if checkpoint is not None:
-        if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
-        check_writable(checkpoint, "checkpoint")
-        if Path(checkpoint).exists():
-            saved, meta = load_checkpoint(checkpoint)
-            if meta.get("identity") != to_jsonable_tree(identity):
-                raise InsituError(f"checkpoint {checkpoint} belongs to another run "
-                                  f"({meta.get('identity')}); use another path or delete it")
-            if meta["done"] > samples:
-                raise InsituError(f"checkpoint {checkpoint} is already {meta['done']} samples in; "
-                                  f"ask for --samples >= {meta['done']}")
-            trainer.load_state(saved, meta["trainer"])
-            if hasattr(drift, "rng"):
-                drift.rng.bit_generator.state = meta["drift_rng"]
-            ema_sum, ema_weight = meta["ema_sum"], meta["ema_weight"]
-            correct_total, done, curve = meta["correct_total"], meta["done"], meta["curve"]
-            advance(done)
-
-    def save(done_now: int) -> None:
-        state, trainer_meta = trainer.state()
-        save_checkpoint(checkpoint, state, {
-            "identity": identity, "done": done_now, "trainer": trainer_meta,
-            "drift_rng": drift.rng.bit_generator.state if hasattr(drift, "rng") else None,
-            "ema_sum": ema_sum, "ema_weight": ema_weight, "correct_total": correct_total,
-            "curve": curve})
-
-    chunk = min(1000, checkpoint_every) if checkpoint is not None else 1000
-    start_time = time.perf_counter()
-    for start in range(done, samples, chunk):
-        x, y = data.online(env, min(chunk, samples - start), start=start)
-        x = x.astype(np.float64)
-        for i in range(len(y)):
-            step = start + i
-            correct = trainer.step(x[i:i + 1], int(y[i]))
-            drift.step(arrays, step)
-            correct_total += correct
-            ema_sum = EMA_DECAY * ema_sum + (1 - EMA_DECAY) * correct
-            ema_weight = EMA_DECAY * ema_weight + (1 - EMA_DECAY)
-            if step + 1 in keep:
-                curve["sample"].append(step + 1)
-                curve["ema_accuracy"].append(round(ema_sum / ema_weight, 5))
-                curve["max_writes_per_cell"].append(trainer.max_writes_per_cell())
-        advance(len(y))
-        end = start + len(y)
-        if checkpoint is not None and (end % checkpoint_every == 0 or end == samples):
-            save(end)
-    seconds = time.perf_counter() - start_time
+    plan = RunPlan("insitu lrt adapt", identity, samples, min(1000, checkpoint_every), checkpoint,
+                   checkpoint_every)
+    outcome = run_training(plan, learner, advance=advance, say=say)
     report = nvm.report(samples)
     if counts_out:
         buf = io.BytesIO()
@@ -192,8 +198,7 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
     result = {
         "env": env, "scheme": scheme, "samples": samples, "seed": seed, "arch": arch,
         "dataset": data.name,
-        "online_accuracy": round(ema_sum / ema_weight, 5),
-        "online_accuracy_mean": round(correct_total / samples, 5),
+        **learner.online_accuracy(samples),
         "pretrained_validation_accuracy": pre["validation_accuracy"],
         "max_writes_per_cell": trainer.max_writes_per_cell(),
         "total_writes": trainer.total_writes(),
@@ -205,8 +210,9 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
         "nvm": report["total"],
         "nvm_parameters": report["parameters"],
         "config": {k: v for k, v in vars(config).items()},
-        "seconds": round(seconds, 2),
-        "curve": curve,
+        "resumed_from": outcome.resumed_from,
+        "seconds": round(outcome.seconds, 2),
+        "curve": learner.curve,
     }
     if trainer.lrt:
         result["lrt"] = trainer.lrt_summary()

@@ -210,7 +210,7 @@ def _add_pairs(QL, QR, cx, dz, a, signs, unbiased, kappa_th, counts):
         counts[ADDED] += 1
 
 
-def _random_orthonormal(rng: np.random.Generator, n: int, q: int) -> np.ndarray:
+def random_orthonormal(rng: np.random.Generator, n: int, q: int) -> np.ndarray:
     g = rng.standard_normal((n, q))
     qm, rm = np.linalg.qr(g)
     return np.ascontiguousarray(qm * np.sign(np.diag(rm)))
@@ -311,8 +311,8 @@ class KroneckerSum(LowRankSum):
         self.kappa_th = kappa_th
         self.factor_bits = factor_bits
         self._rng = np.random.default_rng(seed)
-        self.QL = _random_orthonormal(self._rng, self.n_out, self.q)
-        self.QR = _random_orthonormal(self._rng, self.n_in, self.q)
+        self.QL = random_orthonormal(self._rng, self.n_out, self.q)
+        self.QR = random_orthonormal(self._rng, self.n_in, self.q)
         self.cx = np.zeros(self.rank)
         self.counts = np.zeros(3, dtype=np.int64)    # pairs added, skipped (κ_th), zero
 

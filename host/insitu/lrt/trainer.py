@@ -35,7 +35,7 @@ from insitu.lrt.sks import KroneckerSum
 from insitu.nn.functional import softmax
 from insitu.numerics import LRT_BIAS, LRT_GRADIENT, round_half_up
 
-__all__ = ["SCHEMES", "LRTConfig", "OnlineTrainer", "check_rank", "pretrain", "evaluate"]
+__all__ = ["SCHEMES", "LRTConfig", "OnlineTrainer", "check_rank", "loss_gradient", "pretrain", "evaluate"]
 
 
 
@@ -75,7 +75,7 @@ def check_rank(net: QNet, rank: int) -> None:
                              f"({n_out} x {n_in}): it must be < {min(n_out, n_in)}")
 
 
-def _loss_gradient(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+def loss_gradient(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Per-sample softmax cross-entropy gradient ``p - onehot`` (in [-1, 1]), quantized by Qg."""
     p = softmax(logits, axis=1)
     p[np.arange(len(labels)), labels] -= 1.0
@@ -111,7 +111,7 @@ def pretrain(net: QNet, x: np.ndarray, y: np.ndarray, epochs: int = 1, lr: float
                     layer.core.zero_grad()
                 net.zero_grad()
                 logits = net.forward(x[idx], train=True)
-                net.backward(_loss_gradient(logits, y[idx]))
+                net.backward(loss_gradient(logits, y[idx]))
                 step = lr / len(idx)
                 for layer in layers:
                     v = velocity[layer.name]
@@ -198,7 +198,7 @@ class OnlineTrainer:
         for layer in self.net.weight_layers:
             self.arrays[layer.name].read()
         correct = bool(np.argmax(logits[0]) == label)
-        self.net.backward(_loss_gradient(logits, np.array([label])))
+        self.net.backward(loss_gradient(logits, np.array([label])))
         self._update_one_d()
         if self.scheme == "sgd":
             for layer in self.net.weight_layers:
@@ -208,6 +208,15 @@ class OnlineTrainer:
                 self._lrt_accumulate(layer)
         self.samples += 1
         return correct
+
+    def train(self, x: np.ndarray, y: np.ndarray, after_each=lambda i, correct: None) -> np.ndarray:
+        """Samples ``x`` (``(N, ...)``) one at a time, ``after_each(i, correct)`` after each (the
+        drift of the weight cells, say); returns whether each was predicted right."""
+        right = np.zeros(len(y), bool)
+        for i in range(len(y)):
+            right[i] = self.step(x[i:i + 1], int(y[i]))
+            after_each(i, bool(right[i]))
+        return right
 
     def _update_one_d(self) -> None:
         lr = self.config.bias_lr

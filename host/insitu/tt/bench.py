@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from .schedule import layer_schedule, macs_by_kind
-from .train import CLASSES, Model, TTTrainConfig
+from .experiment import CLASSES, Model, TTTrainConfig
 
 
 def schedule_macs(model: Model, batch: int) -> dict:

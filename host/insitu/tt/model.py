@@ -56,7 +56,7 @@ class TTNet(Layer):
     """A stack of TT layers with ReLU between them; params ``l{k}.g{n}`` (cores) and ``l{k}.bias``."""
 
     def __init__(self, layers=PAPER_LAYERS, rank: int = 16, *, classes: int = 10,
-                 quantized: bool = False, seed: int = 0):
+                 quantized: bool = False, seed: int = 0, executor: FixedExecutor | None = None):
         super().__init__()
         if not is_count(rank):
             raise ValueError(f"TT rank must be an integer >= 1, got {rank!r}")
@@ -70,7 +70,8 @@ class TTNet(Layer):
         self.classes = classes
         self.biases = [np.zeros(t.shape[0]) for t in self.ttms]
         self.quantized = quantized
-        self.executor = FixedExecutor() if quantized else None
+        # The PE ops' executor: the golden model here, the accelerator on a board (its subclass).
+        self.executor = (executor or FixedExecutor()) if quantized else None
         # One fixed 4-bit scale per layer: its cores are drawn with one standard deviation.
         self.core_fracs = [[tt_factor_frac(he_core_std(t.in_modes, t.ranks))] * t.d for t in self.ttms]
         self.act_scales: dict[str, AutoScale] = {}

@@ -1,5 +1,9 @@
 """The FashionMNIST experiment of the TT paper (Table 1): five variants, one training loop.
 
+The loop is the run harness (:mod:`insitu.harness`) driving a :class:`TTLearner`; ``insitu train
+--algo tt`` runs the same learner with the accelerator as the PE ops' executor
+(:mod:`insitu.fpga.board_runs`).
+
 ``dense`` is the vanilla network (896 -> 512 -> 16 dense layers, float); the others are the two TT
 layers in float or fixed point (4-bit BinaryConnect factors, golden-model PEs), without or with the
 rank-adaptive prior. Every variant trains with Adam on mini-batches (the paper's appendix B) and
@@ -12,17 +16,13 @@ per sample, the scaling under which ``g`` is the negative log-prior of the whole
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
 from insitu import nn
-from insitu.checkpoint import load_checkpoint, save_checkpoint
 from insitu.data import load_dataset
-from insitu.errors import InsituError
-from insitu.io import check_writable
+from insitu.harness import RunPlan, run_training, sample_order
 
 from .model import FLOAT_BITS, PAPER_LAYERS, TTNet, pad_images
 from .prior import LAMBDA_FLOOR
@@ -118,13 +118,13 @@ def dense_memory_bits() -> int:
 class Model:
     """The variant's network behind one interface: logits, a training step, size figures."""
 
-    def __init__(self, config: TTTrainConfig, train_size: int, layers=PAPER_LAYERS):
+    def __init__(self, config: TTTrainConfig, train_size: int, layers=PAPER_LAYERS, executor=None):
         self.tensorized, quantized, self.use_prior = VARIANTS[config.variant]
         self.config = config
         self.train_size = train_size
         if self.tensorized:
             self.net = TTNet(layers, rank=config.rank, quantized=quantized, seed=config.seed,
-                             classes=CLASSES)
+                             classes=CLASSES, executor=executor)
         else:
             self.net = dense_network(config.seed)
         self.optimizer = nn.Adam(self.net, lr=config.lr)
@@ -213,76 +213,76 @@ def accuracy(model: Model, x: np.ndarray, y: np.ndarray, batch: int = 250) -> fl
     return correct / len(x)
 
 
-def _run_key(config: TTTrainConfig) -> dict:
+class TTLearner:
+    """A :class:`Model` on the sample stream of a training set (:func:`insitu.harness.sample_order`),
+    with the learning rate of its schedule at each step; its executor decides where the PE ops run."""
+
+    def __init__(self, model: Model, x: np.ndarray, y: np.ndarray, seed: int):
+        self.model, self.x, self.y, self.seed = model, x, y, seed
+        self.pruned = 0                        # rank slices the prior removed so far
+
+    def train(self, start: int, count: int) -> float:
+        self.model.optimizer.lr = learning_rate(self.model.config, start / len(self.x))
+        batch = sample_order(len(self.x), self.seed, start, count)
+        return self.model.step(self.x[batch], self.y[batch])
+
+    def end_of_epoch(self, epoch: int) -> dict:
+        """The prior prunes once per epoch; the epoch's figures for the history."""
+        pruned = self.model.end_of_epoch()
+        self.pruned += pruned
+        record = {"pruned_ranks": pruned, **self.model.figures()}
+        net = self.model.net
+        if self.model.tensorized and self.model.use_prior:
+            record["prior"] = net.prior()
+            # lambda / the core's largest, per core: how close each rank slice is to pruning.
+            record["lambda_ratios"] = [[(lam / max(lam.max(), LAMBDA_FLOOR)).round(5).tolist()
+                                        for lam in layer] for layer in net.lambdas]
+        return record
+
+    def state(self) -> tuple[dict, dict]:
+        arrays, meta = self.model.state()
+        return arrays, {**meta, "pruned_ranks": self.pruned}
+
+    def load_state(self, arrays: dict, meta: dict) -> None:
+        self.model.load_state(arrays, meta)
+        self.pruned = meta["pruned_ranks"]
+
+
+def run_identity(config: TTTrainConfig) -> dict:
     """What makes a checkpoint this run's: the configuration (with a cosine schedule, the epoch
     budget too: it shapes every step's learning rate)."""
     key = asdict(config)
+    key.pop("data_dir")
     if config.lr_schedule == "constant":
         key.pop("epochs")
     return key
 
 
 def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
-                    advance=lambda n: None, checkpoint=None) -> dict:
+                    advance=lambda n: None, checkpoint=None, say=lambda text: None) -> dict:
     """Train one variant; returns the result record (per-epoch history included).
 
-    ``checkpoint`` (.npz): written atomically after every epoch; when it exists, the run resumes
-    after its last epoch and ends exactly where an uninterrupted run would.
+    ``checkpoint`` (.npz): written atomically after every epoch (and on SIGINT/SIGTERM); when it
+    exists, the run resumes from it and ends exactly where an uninterrupted run would.
     """
     x_train, y_train, x_test, y_test = load_training_data(config)
-    if checkpoint is not None:
-        check_writable(checkpoint, "checkpoint")
     rng = np.random.default_rng(config.seed)
     if config.train_samples is not None:
         pick = rng.permutation(len(x_train))[:config.train_samples]
         x_train, y_train = x_train[pick], y_train[pick]
     eval_pick = rng.permutation(len(x_train))[:config.eval_train_samples]
+    learner = TTLearner(Model(config, len(x_train)), x_train, y_train, config.seed)
 
-    model = Model(config, len(x_train))
-    history, started, first_epoch = [], time.perf_counter(), 1
-    if checkpoint is not None and Path(checkpoint).exists():
-        arrays, meta = load_checkpoint(checkpoint)
-        if meta.get("run") != _run_key(config):
-            raise InsituError(f"checkpoint {checkpoint} belongs to another run ({meta.get('run')}); "
-                              "use another path or delete it")
-        if meta["epoch"] > config.epochs:
-            raise InsituError(f"checkpoint {checkpoint} is already {meta['epoch']} epochs in; "
-                              f"ask for at least that many (--epochs {meta['epoch']})")
-        model.load_state(arrays, meta)
-        rng.bit_generator.state = meta["rng"]
-        history, first_epoch = meta["history"], meta["epoch"] + 1
-        started -= history[-1]["seconds"] if history else 0.0
-    for epoch in range(first_epoch, config.epochs + 1):
-        order = rng.permutation(len(x_train))
-        losses = []
-        steps = -(-len(order) // config.batch_size)
-        for step, start in enumerate(range(0, len(order), config.batch_size)):
-            model.optimizer.lr = learning_rate(config, epoch - 1 + step / steps)
-            batch = order[start:start + config.batch_size]
-            losses.append(model.step(x_train[batch], y_train[batch]))
-            advance(len(batch))
-        pruned = model.end_of_epoch()
-        record = {
-            "epoch": epoch,
-            "loss": float(np.mean(losses)),
-            "train_accuracy": accuracy(model, x_train[eval_pick], y_train[eval_pick]),
-            "test_accuracy": accuracy(model, x_test, y_test),
-            "pruned_ranks": pruned,
-            "seconds": time.perf_counter() - started,
-            **model.figures(),
-        }
-        if model.tensorized and model.use_prior:
-            record["prior"] = model.net.prior()
-            # lambda / the core's largest, per core: how close each rank slice is to pruning.
-            record["lambda_ratios"] = [[(lam / max(lam.max(), LAMBDA_FLOOR)).round(5).tolist()
-                                        for lam in layer] for layer in model.net.lambdas]
-        history.append(record)
-        if checkpoint is not None:
-            arrays, meta = model.state()
-            save_checkpoint(checkpoint, arrays, {**meta, "run": _run_key(config), "epoch": epoch,
-                                                 "rng": rng.bit_generator.state, "history": history})
-        on_epoch(record)
+    def evaluate() -> dict:
+        return {"train_accuracy": accuracy(learner.model, x_train[eval_pick], y_train[eval_pick]),
+                "test_accuracy": accuracy(learner.model, x_test, y_test)}
 
+    plan = RunPlan("insitu tt train", run_identity(config), config.epochs * len(x_train),
+                   config.batch_size, checkpoint, checkpoint_every=len(x_train),
+                   epoch_size=len(x_train), evaluate_every_epoch=True, samples_option="--epochs")
+    outcome = run_training(plan, learner, evaluate=evaluate, end_of_epoch=learner.end_of_epoch,
+                           advance=advance, say=say, on_history=on_epoch)
+    history = outcome.history
     final = history[-1]
     best = max(history, key=lambda r: r["test_accuracy"])
     return {
@@ -299,6 +299,6 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
         "ranks": final["ranks"],
         "epochs": config.epochs,
         "train_samples": len(x_train),
-        "seconds": final["seconds"],
+        "seconds": outcome.seconds,
         "history": history,
     }
