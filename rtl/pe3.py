@@ -49,8 +49,13 @@ model :func:`insitu.tt.pe_stream.psg_run`): the same input stream, sizes and che
 
 ``cfg_error``, ``in_beats`` and ``out_beats`` are registers, settled ``CFG_STAGES`` cycles after
 a configuration change (``cfg_ready``): ``a / d`` is an exact division by multiplies (see
-``elaborate``), so no long combinational path reaches the top's beat checks. For a configuration
+:class:`PE3Config`), so no long combinational path reaches the top's beat checks. For a configuration
 refused with BLOCK (d does not divide a), ``in_beats`` means nothing.
+
+The parts, each an Amaranth component: :class:`PE3Config` (the configuration results),
+:class:`PE3Loader` (the X buffer's banks and the dY FIFO's input), :class:`PE3MacArray` (the
+multipliers and accumulators) and :class:`PE3RowOutput` (rescale, signs, PSG status); :class:`PE3`
+keeps the issue logic (rows, banks, credits) and the FIFOs.
 """
 
 from __future__ import annotations
@@ -124,7 +129,6 @@ class PE3(PE):
         # Registered (op is a held configuration): the row issue logic depends on it.
         m.d.sync += psg.eq(self.op == Op.PE3_PSG)
         m.d.comb += out_row_beats.eq(Mux(psg, PSG_ROW_BEATS, ROW_BEATS))
-        row_beats = dy_row_beats(b)
         m.d.comb += self.cfg_ready.eq(settled(
             m, [self.op, a, b, c, d, self.shift, self.psg_tau], CFG_STAGES))
         m.submodules.config = config = PE3Config(p)
@@ -132,74 +136,26 @@ class PE3(PE):
         m.d.comb += [self.cfg_error.eq(config.cfg_error), self.in_beats.eq(config.in_beats),
                      self.out_beats.eq(config.out_beats)]
 
-        # ------------------------------------------------------------ storage
+        # ------------------------------------------------------------ storage and loader
         entry_bits = ceil_log2(bmax)
-        xmem = m.submodules.xmem = Memory(shape=L * W, depth=2 << entry_bits, init=[])
-        x_wr = xmem.write_port(granularity=STREAM_BITS)
-        x_rd = xmem.read_port(domain="sync")
         dyf = m.submodules.dy_fifo = SyncFIFOBuffered(width=STREAM_BITS, depth=self.dy_fifo_beats)
         outf = m.submodules.out_fifo = SyncFIFOBuffered(width=STREAM_BITS, depth=self.out_fifo_beats)
-
-        full = [Signal(name=f"bank{i}_full") for i in range(2)]
-        set_full = [Signal(name=f"bank{i}_set") for i in range(2)]
-        clr_full = [Signal(name=f"bank{i}_clr") for i in range(2)]
-        for i in range(2):
-            with m.If(self.start):
-                m.d.sync += full[i].eq(0)
-            with m.Elif(set_full[i]):
-                m.d.sync += full[i].eq(1)
-            with m.Elif(clr_full[i]):
-                m.d.sync += full[i].eq(0)
-
-        # ------------------------------------------------------------ loader (input side)
-        ld_active = Signal()
-        ld_x = Signal()                                 # 1: loading an X block; 0: dY rows
-        wr_bank = Signal()
-        ld_idx = Signal(range(2 * bmax))                # X beat within the block
-        ld_beat = Signal(range(max(2, -(-bmax // STREAM_WORDS))))  # dY beat within the row
-        ld_row_blk = Signal(16)                         # row within the block
-        ld_rows = Signal(16)                            # rows loaded
-        bank_free = Mux(wr_bank, ~full[1], ~full[0])
         # The counters' last values, registered from the held sizes (settled long before start):
-        # the compares below then have no subtractor in front of them.
-        a_m1, d_m1, b2_m1, rb_m1 = Signal(16), Signal(16), Signal(17), Signal(16)
-        m.d.sync += [a_m1.eq(a - 1), d_m1.eq(d - 1), b2_m1.eq(2 * b - 1), rb_m1.eq(row_beats - 1)]
-
-        s_fire = Signal()
-        # PE3_PSG: X words are 8-bit codes, their low byte sign-extended (the upper byte ignored).
-        x_words = [self.s.payload.word_select(k, W) for k in range(STREAM_WORDS)]
-        x8_beat = Cat(*(Cat(w[:PSG_ACTIVATION_BITS], w[PSG_ACTIVATION_BITS - 1].replicate(
-            W - PSG_ACTIVATION_BITS)) for w in x_words))
-        x_beat = Mux(psg, x8_beat, self.s.payload)
+        # the compares then have no subtractor in front of them.
+        a_m1, d_m1 = Signal(16), Signal(16)
+        m.d.sync += [a_m1.eq(a - 1), d_m1.eq(d - 1)]
+        m.submodules.loader = loader = PE3Loader(p)
+        full = loader.full
+        clr_full = [Signal(name=f"bank{i}_clr") for i in range(2)]
         m.d.comb += [
-            self.s.ready.eq(ld_active & Mux(ld_x, bank_free, dyf.w_rdy)),
-            s_fire.eq(self.s.valid & self.s.ready),
-            x_wr.addr.eq(Cat(ld_idx[1:], wr_bank)),
-            x_wr.data.eq(Cat(x_beat, x_beat)),
-            x_wr.en.eq(Mux(s_fire & ld_x, Cat(~ld_idx[0], ld_idx[0]), 0)),
-            dyf.w_data.eq(self.s.payload),
-            dyf.w_en.eq(self.s.valid & ld_active & ~ld_x),
+            loader.start.eq(self.start), loader.psg.eq(psg), loader.a_m1.eq(a_m1),
+            loader.d_m1.eq(d_m1), loader.b.eq(b),
+            loader.s_valid.eq(self.s.valid), loader.s_payload.eq(self.s.payload),
+            self.s.ready.eq(loader.s_ready),
+            loader.dy_w_rdy.eq(dyf.w_rdy), dyf.w_data.eq(loader.dy_w_data),
+            dyf.w_en.eq(loader.dy_w_en),
+            loader.release.eq(Cat(*clr_full)),
         ]
-        with m.If(self.start):
-            m.d.sync += [ld_active.eq(1), ld_x.eq(1), wr_bank.eq(0), ld_idx.eq(0), ld_beat.eq(0),
-                         ld_row_blk.eq(0), ld_rows.eq(0)]
-        with m.Elif(s_fire & ld_x):
-            with m.If(ld_idx == b2_m1):
-                m.d.sync += [ld_idx.eq(0), ld_x.eq(0), wr_bank.eq(~wr_bank)]
-                m.d.comb += [set_full[0].eq(~wr_bank), set_full[1].eq(wr_bank)]
-            with m.Else():
-                m.d.sync += ld_idx.eq(ld_idx + 1)
-        with m.Elif(s_fire):
-            with m.If(ld_beat == rb_m1):
-                m.d.sync += [ld_beat.eq(0), ld_rows.eq(ld_rows + 1)]
-                with m.If(ld_row_blk == d_m1):
-                    m.d.sync += [ld_row_blk.eq(0), ld_x.eq(1)]
-                with m.Else():
-                    m.d.sync += ld_row_blk.eq(ld_row_blk + 1)
-                with m.If(ld_rows == a_m1):
-                    m.d.sync += ld_active.eq(0)
-            with m.Else():
-                m.d.sync += ld_beat.eq(ld_beat + 1)
 
         # ------------------------------------------------------------ issue
         cp_active = Signal()
@@ -232,7 +188,7 @@ class PE3(PE):
         m.d.comb += [
             issue.eq(cp_active & bank_full & dyf.r_rdy & (~first | room)),
             dyf.r_en.eq(issue & (last | (w_idx == STREAM_WORDS - 1))),
-            x_rd.addr.eq(Cat(s_idx[:entry_bits], rd_bank)),
+            loader.x_rd_addr.eq(Cat(s_idx[:entry_bits], rd_bank)),
             m_fire.eq(self.m.valid & self.m.ready),
         ]
         row_start = issue & first
@@ -291,7 +247,7 @@ class PE3(PE):
         m.submodules.macs = macs = PE3MacArray(L, self.acc_bits, self.msb_acc_bits)
         m.d.comb += [macs.start.eq(self.start), macs.issue.eq(issue), macs.first.eq(first),
                      macs.last.eq(last), macs.dy_word.eq(dyf.r_data.word_select(w_idx, W)),
-                     macs.x_entry.eq(x_rd.data)]
+                     macs.x_entry.eq(loader.x_entry)]
         m.submodules.rows_out = rows_out = PE3RowOutput(p, self.acc_bits, self.msb_acc_bits)
         m.d.comb += [
             rows_out.start.eq(self.start), rows_out.psg.eq(psg),
@@ -425,6 +381,111 @@ class PE3Config(wiring.Component):
             m.d.sync += self.cfg_error.eq(ErrorCode.BLOCK)
         with m.Else():
             m.d.sync += self.cfg_error.eq(err4)
+        return m
+
+
+class PE3Loader(wiring.Component):
+    """PE3's input side: X blocks into the two banks of the X buffer (ping-pong, 256 bits an
+    entry, written 128 bits at a time; PE3_PSG's X words sign-extended from their low byte), dY
+    rows into the dY FIFO. A bank is full from its block's last beat until the issue logic
+    releases it (``release``), so the next block loads while the current one computes.
+
+    Separate from the issue logic: the two meet only at the bank flags, the X buffer's read port
+    (``x_rd_addr``, ``x_entry`` a cycle later) and the dY FIFO.
+    """
+
+    def __init__(self, params: AcceleratorParams):
+        self.params = params
+        L, W = params.c_lanes, TT_PE_DATA_BITS
+        super().__init__({
+            "start": In(1),
+            "psg": In(1),
+            "a_m1": In(16),                      # rows - 1, block rows - 1 (held sizes)
+            "d_m1": In(16),
+            "b": In(SIZE_BITS),
+            "s_valid": In(1),
+            "s_payload": In(STREAM_BITS),
+            "s_ready": Out(1),
+            "dy_w_rdy": In(1),
+            "dy_w_data": Out(STREAM_BITS),
+            "dy_w_en": Out(1),
+            "full": Out(2),
+            "release": In(2),
+            "x_rd_addr": In(ceil_log2(params.pe3_b_max) + 1),
+            "x_entry": Out(L * W),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        L, W = self.params.c_lanes, TT_PE_DATA_BITS
+        bmax = self.params.pe3_b_max
+        entry_bits = ceil_log2(bmax)
+        xmem = m.submodules.xmem = Memory(shape=L * W, depth=2 << entry_bits, init=[])
+        x_wr = xmem.write_port(granularity=STREAM_BITS)
+        x_rd = xmem.read_port(domain="sync")
+        m.d.comb += [x_rd.addr.eq(self.x_rd_addr), self.x_entry.eq(x_rd.data)]
+
+        full = self.full
+        set_full = [Signal(name=f"bank{i}_set") for i in range(2)]
+        clr_full = self.release
+        for i in range(2):
+            with m.If(self.start):
+                m.d.sync += full[i].eq(0)
+            with m.Elif(set_full[i]):
+                m.d.sync += full[i].eq(1)
+            with m.Elif(clr_full[i]):
+                m.d.sync += full[i].eq(0)
+
+        ld_active = Signal()
+        ld_x = Signal()                                 # 1: loading an X block; 0: dY rows
+        wr_bank = Signal()
+        ld_idx = Signal(range(2 * bmax))                # X beat within the block
+        ld_beat = Signal(range(max(2, -(-bmax // STREAM_WORDS))))  # dY beat within the row
+        ld_row_blk = Signal(16)                         # row within the block
+        ld_rows = Signal(16)                            # rows loaded
+        bank_free = Mux(wr_bank, ~full[1], ~full[0])
+        # The counters' last values, registered from the held sizes (settled long before start):
+        # the compares below then have no subtractor in front of them (a - 1 and d - 1 come in
+        # so, the issue logic compares against them too).
+        a_m1, d_m1, b = self.a_m1, self.d_m1, self.b
+        b2_m1, rb_m1 = Signal(17), Signal(16)
+        m.d.sync += [b2_m1.eq(2 * b - 1), rb_m1.eq(dy_row_beats(b) - 1)]
+
+        s_fire = Signal()
+        # PE3_PSG: X words are 8-bit codes, their low byte sign-extended (the upper byte ignored).
+        x_words = [self.s_payload.word_select(k, W) for k in range(STREAM_WORDS)]
+        x8_beat = Cat(*(Cat(w[:PSG_ACTIVATION_BITS], w[PSG_ACTIVATION_BITS - 1].replicate(
+            W - PSG_ACTIVATION_BITS)) for w in x_words))
+        x_beat = Mux(self.psg, x8_beat, self.s_payload)
+        m.d.comb += [
+            self.s_ready.eq(ld_active & Mux(ld_x, bank_free, self.dy_w_rdy)),
+            s_fire.eq(self.s_valid & self.s_ready),
+            x_wr.addr.eq(Cat(ld_idx[1:], wr_bank)),
+            x_wr.data.eq(Cat(x_beat, x_beat)),
+            x_wr.en.eq(Mux(s_fire & ld_x, Cat(~ld_idx[0], ld_idx[0]), 0)),
+            self.dy_w_data.eq(self.s_payload),
+            self.dy_w_en.eq(self.s_valid & ld_active & ~ld_x),
+        ]
+        with m.If(self.start):
+            m.d.sync += [ld_active.eq(1), ld_x.eq(1), wr_bank.eq(0), ld_idx.eq(0), ld_beat.eq(0),
+                         ld_row_blk.eq(0), ld_rows.eq(0)]
+        with m.Elif(s_fire & ld_x):
+            with m.If(ld_idx == b2_m1):
+                m.d.sync += [ld_idx.eq(0), ld_x.eq(0), wr_bank.eq(~wr_bank)]
+                m.d.comb += [set_full[0].eq(~wr_bank), set_full[1].eq(wr_bank)]
+            with m.Else():
+                m.d.sync += ld_idx.eq(ld_idx + 1)
+        with m.Elif(s_fire):
+            with m.If(ld_beat == rb_m1):
+                m.d.sync += [ld_beat.eq(0), ld_rows.eq(ld_rows + 1)]
+                with m.If(ld_row_blk == d_m1):
+                    m.d.sync += [ld_row_blk.eq(0), ld_x.eq(1)]
+                with m.Else():
+                    m.d.sync += ld_row_blk.eq(ld_row_blk + 1)
+                with m.If(ld_rows == a_m1):
+                    m.d.sync += ld_active.eq(0)
+            with m.Else():
+                m.d.sync += ld_beat.eq(ld_beat + 1)
         return m
 
 

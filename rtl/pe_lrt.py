@@ -53,6 +53,14 @@ short stream, for which the top holds the PE in reset). The memories keep their 
 a reset, so after one the processor reloads the weights (LRT_LOAD_WEIGHTS clears the counters);
 an op cut short leaves its memory partly updated (a partial LOAD_WEIGHTS: counters partly
 cleared; a partial UPDATE: some cells written).
+
+The parts, each an Amaranth component: :class:`LrtConfig` (the configuration results and the op
+decodes), :class:`~insitu.rtl.lrt_lanes.LrtLanes` (S2-S5: the multipliers, their sum, the
+rescale), :class:`~insitu.rtl.lrt_project.LrtProjection` (the MGS passes),
+:class:`~insitu.rtl.lrt_rotate.LrtRotation` (LRT_ROTATE's M and row buffer) and
+:class:`~insitu.rtl.lrt_update.LrtWeightUpdate` (LRT_UPDATE's operands, write-if-changed, the
+write counters and their clear). :class:`PELRT` keeps the memories, the control FSM, the S1
+operand muxes, the valid bits and delay lines of the pipeline, the output reads and FIFO.
 """
 
 from __future__ import annotations
@@ -103,13 +111,15 @@ def _ceil8(v):
 
 
 def _is_op(op, *ops):
+    """``op`` is one of ``ops``."""
     return Cat(*(op == o for o in ops)).any()
 
 
 class LrtConfig(wiring.Component):
     """The LRT PE's configuration results: ``cfg_error``, ``in_beats`` and ``out_beats``,
-    registered two cycles after the configuration (``cfg_ready``), and the sizes the PE's
-    control uses (the side's ``rows``, ``q = r + 1``, ``q r``, and ``m n`` registered).
+    registered two cycles after the configuration (``cfg_ready``), and what the PE's control
+    uses: the sizes (the side's ``rows``, ``q r``, ``m n`` registered) and the op decodes and
+    bounds, registered.
 
     Separate from the PE's datapath and control: it reads only the held configuration, and the
     ops' checks and stream lengths are a table of their own (see the module docstring).
@@ -133,9 +143,18 @@ class LrtConfig(wiring.Component):
             "in_beats": Out(BEATS_BITS),
             "out_beats": Out(BEATS_BITS),
             "rows": Out(SIZE_BITS),
-            "q": Out(range(256 + 1)),
             "qr": Out(range(L * L + 1)),
             "cells": Out(2 * SIZE_BITS),
+            # The op decodes and the bounds the control compares against, registered.
+            "m_pass": Out(1), "m_rot": Out(1), "m_app": Out(1), "m_upd": Out(1),
+            "rd_basis": Out(1), "rd_wts": Out(1), "ld_basis": Out(1),
+            "rows_m1": Out(signed(SIZE_BITS + 1)),
+            "rows_l_m1": Out(signed(SIZE_BITS + 1)),
+            "rows_r_m1": Out(signed(SIZE_BITS + 1)),
+            "r_m1": Out(signed(register("LRT_COLS").width + 1)),
+            "rot_b": Out(L),                     # ROTATE's lanes k < q
+            "app_en": Out(L),                    # APPEND's lane r
+            "rot_en": Out(L),                    # ROTATE's lanes below r
         })
 
     def elaborate(self, platform):
@@ -143,7 +162,8 @@ class LrtConfig(wiring.Component):
         P = self.params
         L = P.lrt_cols_max
         rows_max, cells_max = P.lrt_rows_max, P.lrt_cells_max
-        op, r, q, rows = self.op, self.cols, self.q, self.rows
+        op, r, rows = self.op, self.cols, self.rows
+        q = Signal(range(256 + 1))
         cells = Signal(2 * SIZE_BITS)
         # q r on r's low 3 bits: an op runs only with r < 8 (LRT_SIZE otherwise), and a 9 x 8
         # multiply would be a long path from the register file.
@@ -154,14 +174,12 @@ class LrtConfig(wiring.Component):
         cells_r = self.cells
         m.d.sync += cells_r.eq(cells)
 
-        def is_op(*ops):
-            return _is_op(op, *ops)
-
         lrt = (op >= Op.LRT_LOAD_BASIS) & (op <= Op.LRT_READ_COUNTS)
-        basis_op = is_op(Op.LRT_LOAD_BASIS, Op.LRT_READ_BASIS, Op.LRT_PROJECT, Op.LRT_REPROJECT,
-                         Op.LRT_APPEND, Op.LRT_ROTATE)
-        cols_op = is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_APPEND, Op.LRT_ROTATE, Op.LRT_UPDATE)
-        shift_op = is_op(Op.LRT_APPEND, Op.LRT_UPDATE)
+        basis_op = _is_op(op, Op.LRT_LOAD_BASIS, Op.LRT_READ_BASIS, Op.LRT_PROJECT,
+                          Op.LRT_REPROJECT, Op.LRT_APPEND, Op.LRT_ROTATE)
+        cols_op = _is_op(op, Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_APPEND, Op.LRT_ROTATE,
+                         Op.LRT_UPDATE)
+        shift_op = _is_op(op, Op.LRT_APPEND, Op.LRT_UPDATE)
         zero = Mux(basis_op, rows == 0, (self.rows_l == 0) | (self.rows_r == 0))
         too_big = (Mux(basis_op, rows > rows_max,
                        (self.rows_l > rows_max) | (self.rows_r > rows_max) | (cells_r > cells_max))
@@ -201,6 +219,19 @@ class LrtConfig(wiring.Component):
                 m.d.comb += in_beats.eq(_ceil8(cells_r))
             with m.Case(Op.LRT_READ_WEIGHTS, Op.LRT_READ_COUNTS):
                 m.d.comb += out_beats.eq(_ceil8(cells_r))
+
+        # The op decodes and the bounds, registered like cfg_error (the configuration is frozen
+        # while an op runs and cfg_ready waits for them): the register file's outputs would
+        # otherwise start long paths into the PE's write enables.
+        m.d.sync += [self.ld_basis.eq(op == Op.LRT_LOAD_BASIS), self.app_en.eq(1 << r[:3]),
+                     self.rot_en.eq((1 << r[:4]) - 1),
+                     self.rot_b.eq(Cat(*((op == Op.LRT_ROTATE) & (k < q) for k in range(L))))]
+        m.d.sync += [self.m_pass.eq(_is_op(op, Op.LRT_PROJECT, Op.LRT_REPROJECT)),
+                     self.m_rot.eq(op == Op.LRT_ROTATE), self.m_app.eq(op == Op.LRT_APPEND),
+                     self.m_upd.eq(op == Op.LRT_UPDATE), self.rd_basis.eq(op == Op.LRT_READ_BASIS),
+                     self.rd_wts.eq(op == Op.LRT_READ_WEIGHTS),
+                     self.rows_m1.eq(rows - 1), self.rows_l_m1.eq(self.rows_l - 1),
+                     self.rows_r_m1.eq(self.rows_r - 1), self.r_m1.eq(r - 1)]
         return m
 
 
@@ -255,30 +286,14 @@ class PELRT(PE):
         m.d.comb += [getattr(config, name).eq(getattr(self, name)) for name in LrtConfig.INPUTS]
         m.d.comb += [self.cfg_error.eq(config.cfg_error), self.cfg_ready.eq(config.cfg_ready),
                      self.in_beats.eq(config.in_beats), self.out_beats.eq(config.out_beats)]
-        q, rows, qr3, cells_r = config.q, config.rows, config.qr, config.cells
+        rows, qr3, cells_r = config.rows, config.qr, config.cells
 
-        def is_op(*ops):
-            return _is_op(op, *ops)
-
-        # The op decodes and the bounds the control compares against, registered like cfg_error
-        # (the configuration is frozen while an op runs and cfg_ready waits for them): the
-        # register file's outputs would otherwise start long paths into the write enables.
-        m_pass, m_rot, m_app, m_upd = Signal(), Signal(), Signal(), Signal()
-        rd_basis, rd_wts = Signal(), Signal()
-        rows_m1 = Signal(signed(SIZE_BITS + 1))
-        rows_l_m1, rows_r_m1 = Signal(signed(SIZE_BITS + 1)), Signal(signed(SIZE_BITS + 1))
-        r_m1 = Signal(signed(len(r) + 1))
-        ld_basis = Signal()
-        rot_b = Signal(L)                        # ROTATE's lanes k < q
-        app_en, rot_en = Signal(L), Signal(L)    # APPEND's lane r, ROTATE's lanes below r
-        m.d.sync += [ld_basis.eq(op == Op.LRT_LOAD_BASIS), app_en.eq(1 << r[:3]),
-                     rot_en.eq((1 << r[:4]) - 1),
-                     rot_b.eq(Cat(*((op == Op.LRT_ROTATE) & (k < q) for k in range(L))))]
-        m.d.sync += [m_pass.eq(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT)), m_rot.eq(op == Op.LRT_ROTATE),
-                     m_app.eq(op == Op.LRT_APPEND), m_upd.eq(op == Op.LRT_UPDATE),
-                     rd_basis.eq(op == Op.LRT_READ_BASIS), rd_wts.eq(op == Op.LRT_READ_WEIGHTS),
-                     rows_m1.eq(rows - 1), rows_l_m1.eq(self.rows_l - 1),
-                     rows_r_m1.eq(self.rows_r - 1), r_m1.eq(r - 1)]
+        # The op decodes and bounds, registered (in the configuration part).
+        m_pass, m_rot, m_app, m_upd = config.m_pass, config.m_rot, config.m_app, config.m_upd
+        rd_basis, rd_wts, ld_basis = config.rd_basis, config.rd_wts, config.ld_basis
+        rows_m1, rows_l_m1, rows_r_m1, r_m1 = (config.rows_m1, config.rows_l_m1, config.rows_r_m1,
+                                               config.r_m1)
+        rot_b, app_en, rot_en = config.rot_b, config.app_en, config.rot_en
 
         # ------------------------------------------------------------------ memories
         row_layout = self._q_l_mem.shape
@@ -397,7 +412,7 @@ class PELRT(PE):
         m.d.comb += [upd.row_step.eq(row_step), rot.j_operand.eq(j1)]
         m.d.comb += upd.products.eq(prod)
         m.d.comb += lanes.shift.eq(
-            Mux(is_op(Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_ROTATE), frac, self.shift))
+            Mux(_is_op(op, Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_ROTATE), frac, self.shift))
         # y keeps 18 bits (|c Q| <= 2**30 in the MGS step); for the other ops saturating to 18
         # and then to 16 (or W - y to 8, see numerics.LRT_PE_DELTA_BITS) is saturating once.
         y = lanes.y
@@ -476,9 +491,8 @@ class PELRT(PE):
                                  rd_left.eq(cells_r), in_done.eq(self.in_beats == 0),
                                  in_left.eq(Mux(op == Op.LRT_LOAD_WEIGHTS, cells_r, rows))]
                     with m.Switch(op):
-                        with m.Case(Op.LRT_LOAD_BASIS, Op.LRT_PROJECT, Op.LRT_UPDATE):
-                            m.next = "IN"
-                        with m.Case(Op.LRT_LOAD_WEIGHTS):
+                        with m.Case(Op.LRT_LOAD_BASIS, Op.LRT_PROJECT, Op.LRT_UPDATE,
+                                    Op.LRT_LOAD_WEIGHTS):
                             m.next = "IN"
                         with m.Case(Op.LRT_ROTATE):
                             m.next = "ROT_IN"
@@ -536,7 +550,7 @@ class PELRT(PE):
                 with m.If(i == rows_m1):
                     m.next = "FINISH"
 
-            # LRT_ROTATE: deserialize M into mreg[k][j], then one output (i, j) per cycle.
+            # LRT_ROTATE: M into the rotation part's registers, then one output (i, j) per cycle.
             with m.State("ROT_IN"):
                 with m.If(rot.loaded):
                     with m.If(r == 0):
