@@ -3,7 +3,7 @@ write-if-changed with the write counters, and LRT_LOAD_WEIGHTS' counter clear.""
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
