@@ -93,6 +93,10 @@ class RunPlan:
     evaluate_every_epoch: bool = False
     #: Name of the option that sets ``samples`` (for the "already N samples in" message).
     samples_option: str = "--samples"
+    #: Where the learner keeps its own state instead of a checkpoint file (a device's flash), and
+    #: the position that state is at: the run goes on from there.
+    kept_by: str | None = None
+    resume_at: int = 0
 
 
 @dataclass
@@ -243,6 +247,13 @@ def run_training(plan: RunPlan, learner: Learner, *,
             say(f"resumed from {checkpoint} at {done} samples")
             advance(done)
 
+    if plan.kept_by is not None and plan.resume_at:
+        if plan.resume_at > plan.samples:
+            raise InsituError(f"{plan.kept_by} is already {_budget(plan, plan.resume_at)}")
+        done = resumed_from = plan.resume_at
+        say(f"resumed from {plan.kept_by} at {done} samples")
+        advance(done)
+
     trained_seconds = 0.0
 
     def save() -> None:
@@ -299,9 +310,12 @@ def run_training(plan: RunPlan, learner: Learner, *,
             if history and ended_epoch and plan.evaluate_every_epoch:
                 on_history(history[-1])
             if stopping:
-                where = (f"checkpoint {checkpoint} is written: run the same command again to resume"
-                         if checkpoint is not None else
-                         "no --checkpoint was given, so the work is lost (give one to keep it)")
+                if checkpoint is not None:
+                    where = f"checkpoint {checkpoint} is written: run the same command again to resume"
+                elif plan.kept_by is not None:
+                    where = f"{plan.kept_by} keeps the state: run the same command again to resume"
+                else:
+                    where = "no --checkpoint was given, so the work is lost (give one to keep it)"
                 raise Interrupted(f"{stop.received} after {done} of {plan.samples} samples; {where}")
     if checkpoint is not None and done == first:
         save()                     # a resumed run with nothing left still leaves its checkpoint

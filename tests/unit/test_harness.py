@@ -124,3 +124,13 @@ def test_the_sample_stream_regenerates_any_position():
     whole = sample_order(50, 3, 0, 130)
     assert np.array_equal(np.concatenate([sample_order(50, 3, 0, 77), sample_order(50, 3, 77, 53)]), whole)
     assert sorted(whole[:50]) == list(range(50)) and not np.array_equal(whole[:50], whole[50:100])
+
+
+def test_a_learner_that_keeps_its_own_state_resumes_where_it_stands():
+    said = []
+    learner = Counter(on_step=lambda start: start == 40 and os.kill(os.getpid(), signal.SIGINT))
+    with pytest.raises(Interrupted, match="the device's flash keeps the state"):
+        run_training(plan(kept_by="the device's flash", resume_at=32), learner, say=said.append)
+    assert learner.seen == list(range(32, 48)) and said == ["resumed from the device's flash at 32 samples"]
+    with pytest.raises(InsituError, match="the device's flash is already 120 samples in"):
+        run_training(plan(kept_by="the device's flash", resume_at=120), Counter())
