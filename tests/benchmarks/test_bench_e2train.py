@@ -21,7 +21,7 @@ import pytest
 
 from insitu.data import dataset_info
 from insitu.e2train.plot import plot_experiment
-from insitu.e2train.trainer import ABLATION_ROWS, E2Config, run_experiment
+from insitu.e2train.experiment import ABLATION_ROWS, E2Config, run_experiment
 from insitu.errors import InsituError
 from insitu.io import atomic_write_json
 

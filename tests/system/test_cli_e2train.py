@@ -75,7 +75,8 @@ def test_measured_energy_per_row(tmp_path):
     proc = _insitu("--techniques", "psg", *TINY, "--meter", "synthetic:2.5", "--power-out", power, "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert set(result["power"]["by_phase"]) == {"sgd32", "psg"}
+    # Each row is a phase, and within it the harness's training steps and evaluations.
+    assert set(result["power"]["by_phase"]) == {"sgd32", "psg", "train", "test"}
     rows = {r["row"]: r for r in result["rows"]}
     assert rows["psg"]["measured_energy_j"] > 0 and rows["sgd32"]["measured_energy_j"] > 0
     assert result["measured_energy_saving"] == rows["psg"]["measured_energy_saving"]
@@ -101,7 +102,7 @@ def test_a_sweep_of_e2train_points_shares_the_baseline(tmp_path):
     (tmp_path / "grid.toml").write_text(f"""
 [sweep]
 name = "e2-tiny"
-run = "insitu.e2train.trainer:sweep_point"
+run = "insitu.e2train.experiment:sweep_point"
 seeds = [0]
 metrics = ["accuracy", "energy_saving", "slu_skip_ratio"]
 heatmap = ["slu_target", "beta"]

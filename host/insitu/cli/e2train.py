@@ -64,7 +64,8 @@ def _fmt(value, spec=".3f", scale=1.0):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for e2train.json and rows/<row>-<key>.json (+ .npz weights); finished rows "
-                   "are reused by any run with the same settings for them.")
+                   "are reused by any run with the same settings for them, and the row in progress "
+                   "keeps a checkpoint there (Ctrl-C, then the same command resumes it).")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a PNG: accuracy vs estimated energy per row, and test accuracy vs "
                    "cumulative energy over training.")
@@ -76,12 +77,12 @@ def run(techniques, ablation, epochs, batch_size, train_samples, test_samples, l
     """Train the 32-bit SGD baseline and E2-Train rows on a small ResNet; print accuracy,
     baseline accuracy, computational saving (counted MACs) and energy saving (estimated from a
     bit-width-aware per-operation energy table; measured too with --meter)."""
-    from insitu.e2train import trainer
+    from insitu.e2train import experiment
 
-    rows = list(trainer.ABLATION_ROWS) if ablation else []
+    rows = list(experiment.ABLATION_ROWS) if ablation else []
     if not ablation and techniques.strip().lower() not in ("none", ""):
-        rows = [usage_errors(trainer.parse_techniques, techniques)]
-    config = usage_errors(trainer.E2Config, epochs=epochs, batch_size=batch_size,
+        rows = [usage_errors(experiment.parse_techniques, techniques)]
+    config = usage_errors(experiment.E2Config, epochs=epochs, batch_size=batch_size,
                           train_samples=train_samples, test_samples=test_samples, lr=lr, psg_lr=psg_lr,
                           smd_p=smd_p, smd_energy_ratio=smd_energy_ratio, beta=beta, slu_alpha=slu_alpha,
                           slu_target=slu_target, width=width, blocks_per_stage=blocks_per_stage,
@@ -94,8 +95,9 @@ def run(techniques, ablation, epochs, batch_size, train_samples, test_samples, l
         check_writable(plot, "the plot")
 
     def work():
-        with progress("e2train", total=trainer.total_batches(config, rows), enabled=not as_json) as advance:
-            return usage_errors(trainer.run_experiment, config, rows, out, advance,
+        total = experiment.total_samples(config, rows)
+        with progress("e2train", total=total, enabled=not as_json) as advance:
+            return usage_errors(experiment.run_experiment, config, rows, out, advance,
                                 log=lambda msg: console.print(f"[yellow]{msg}[/]"))
 
     summary = measured(meter, power_out, work)

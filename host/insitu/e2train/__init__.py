@@ -3,7 +3,8 @@
 * :mod:`~insitu.e2train.resnet`: a small ResNet whose residual blocks carry SLU's RNN gates;
 * :mod:`~insitu.e2train.psg`: predictive sign gradients (8-bit x/w, 16-bit g, MSB predictor);
 * :mod:`~insitu.e2train.energy`: counted operations and a bit-width-aware energy estimate;
-* :mod:`~insitu.e2train.trainer`: runs with SMD, SLU, PSG and the 32-bit SGD baseline;
+* :mod:`~insitu.e2train.experiment`: rows with SMD, SLU, PSG and the 32-bit SGD baseline (each
+  a learner of the run harness) and the experiment that compares them;
 * :mod:`~insitu.e2train.plot`: accuracy vs energy figures.
 
 The PSG arithmetic is specified once in :mod:`insitu.numerics` (``psg_*``); the PE3 sign path of
