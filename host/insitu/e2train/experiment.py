@@ -20,9 +20,9 @@ The paper's protocol, scaled to a 2-core CPU (section 4.1 and appendix B):
 * SMD: each mini-batch is skipped with probability ``smd_p`` (0.5), drawn from (seed, batch
   index) so that a resumed row drops the batches an uninterrupted one does; the learning-rate
   schedule still counts the skipped iterations ("all other training protocols remain
-  unchanged"). As in the paper's experiments after section 4.2 ("we adopt SMD under this energy ratio of 0.67 in
-  all the remaining experiments"), an SMD row runs ``smd_energy_ratio / (1 - smd_p)`` times the
-  baseline's epochs, so that it trains on about ``smd_energy_ratio`` of the baseline's batches
+  unchanged"). As in the paper's experiments after section 4.2 ("we adopt SMD under this energy
+  ratio of 0.67 in all the remaining experiments"), an SMD row runs
+  ``smd_energy_ratio / (1 - smd_p)`` times the baseline's epochs, so that it trains on about ``smd_energy_ratio`` of the baseline's batches
   (0.67: 8 epochs for the baseline's 6 at p = 0.5); ``smd_energy_ratio = 1 - smd_p`` keeps the
   baseline's epochs.
 * The images are 2x2 average pooled to 14x14 (a 4x cheaper ResNet on this CPU) and standardised.
