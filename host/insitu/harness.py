@@ -227,6 +227,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
     identity = _jsonable(plan.identity)
     checkpoint = Path(plan.checkpoint) if plan.checkpoint else None
     done, losses, history, seconds_before, resumed_from = 0, [], [], 0.0, None
+    window: list[float] = []               # the losses of the epoch in progress
     if checkpoint is not None:
         check_writable(checkpoint, "checkpoint")
         if checkpoint.exists():
@@ -244,6 +245,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
             learner.load_state(arrays, meta["learner"])
             done = resumed_from = run["samples_done"]
             losses, history, seconds_before = run["losses"], run["history"], run["seconds"]
+            window = run["epoch_losses"]
             say(f"resumed from {checkpoint} at {done} samples")
             advance(done)
 
@@ -261,7 +263,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
         save_checkpoint(checkpoint, arrays, {
             "format": FORMAT, "learner": meta,
             "run": {"command": plan.command, "identity": identity, "samples_done": done,
-                    "losses": losses[-LOSS_WINDOW:], "history": history,
+                    "losses": losses[-LOSS_WINDOW:], "epoch_losses": window, "history": history,
                     "seconds": seconds_before + trained_seconds}})
 
     def run_evaluation() -> dict:
@@ -272,7 +274,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
 
     first = done
     next_save = (done // plan.checkpoint_every + 1) * plan.checkpoint_every
-    window: list[float] = []
+    evaluated_at, evaluation = None, {}
     with _StopSignals() as stop:
         while done < plan.samples:
             epoch_end = None
@@ -297,10 +299,11 @@ def run_training(plan: RunPlan, learner: Learner, *,
                 losses.append(float(loss))
                 window.append(float(loss))
             if ended_epoch and plan.evaluate_every_epoch:
+                evaluation, evaluated_at = run_evaluation(), done
                 history.append({"epoch": epoch_end // plan.epoch_size, "samples": done,
                                 "loss": float(np.mean(window)) if window else None,
                                 "seconds": seconds_before + trained_seconds,
-                                **(epoch_figures or {}), **run_evaluation()})
+                                **(epoch_figures or {}), **evaluation})
                 window = []
             stopping = stop.received is not None and done < plan.samples
             if checkpoint is not None and (done >= next_save or ended_epoch or done == plan.samples
@@ -319,7 +322,8 @@ def run_training(plan: RunPlan, learner: Learner, *,
                 raise Interrupted(f"{stop.received} after {done} of {plan.samples} samples; {where}")
     if checkpoint is not None and done == first:
         save()                     # a resumed run with nothing left still leaves its checkpoint
-    evaluation = run_evaluation()          # Ctrl-C here stops at once: the checkpoint is written
+    if evaluated_at != done:               # not just evaluated at the last epoch's end
+        evaluation = run_evaluation()      # Ctrl-C here stops at once: the checkpoint is written
     return RunOutcome(samples=done, resumed_from=resumed_from,
                       seconds=seconds_before + trained_seconds,
                       samples_per_second=(done - first) / trained_seconds if trained_seconds > 0 else None,

@@ -95,20 +95,3 @@ def test_an_experiment_resumes_its_row_in_progress(tmp_path, monkeypatch):
     assert not checkpoint.exists() and len(list((out / "rows").glob("*.json"))) == 2
     for name in ("sgd32", "psg"):
         assert without_timings(resumed["runs"][name]) == without_timings(whole["runs"][name])
-
-
-def test_momentum_sgd_steps_as_the_core_sgd_does():
-    """The rows' SGD keeps its velocities as state; its update is the NumPy core's."""
-    data = tiny_data()
-    ours, core = (experiment.build_model(CONFIG, (), data) for _ in range(2))
-    sgd = experiment.MomentumSGD(ours, lr=0.1, momentum=0.9, weight_decay=1e-4)
-    reference = nn.SGD(core, lr=0.1, momentum=0.9, weight_decay=1e-4)
-    for step in range(3):
-        batch = slice(32 * step, 32 * step + 32)
-        for model, optimizer in ((ours, sgd), (core, reference)):
-            optimizer.zero_grad()
-            logits = model.forward(data.x_train[batch], train=True)
-            model.backward(nn.softmax_cross_entropy(logits, data.y_train[batch])[1])
-            optimizer.step()
-    for key, value in core.state_dict().items():
-        np.testing.assert_array_equal(ours.state_dict()[key], value, err_msg=key)

@@ -134,3 +134,18 @@ def test_a_learner_that_keeps_its_own_state_resumes_where_it_stands():
     assert learner.seen == list(range(32, 48)) and said == ["resumed from the device's flash at 32 samples"]
     with pytest.raises(InsituError, match="the device's flash is already 120 samples in"):
         run_training(plan(kept_by="the device's flash", resume_at=120), Counter())
+
+
+def test_a_resumed_epoch_keeps_its_losses_and_the_last_epoch_is_evaluated_once(tmp_path):
+    calls = []
+
+    def evaluate():
+        calls.append(1)
+        return {"accuracy": len(calls)}
+
+    epochs = dict(samples=40, step=8, epoch_size=20, evaluate_every_epoch=True)
+    whole = run_training(plan(**epochs), Counter(), evaluate=evaluate)
+    assert len(calls) == 2 and whole.evaluation == {"accuracy": 2}
+    run_training(plan(tmp_path, **{**epochs, "samples": 28}), Counter(), evaluate=evaluate)
+    resumed = run_training(plan(tmp_path, **epochs), Counter(), evaluate=evaluate)
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]

@@ -98,3 +98,36 @@ def test_sgd_over_a_model_touches_every_parameter():
 def test_sgd_rejects_negative_hyperparameters():
     with pytest.raises(ValueError):
         nn.SGD([], lr=-1.0)
+
+
+def test_sgd_momentum_state_resumes_step_for_step():
+    """A run saved after two steps and resumed in a fresh optimizer ends where an uninterrupted
+    one does (the velocities are the state)."""
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(16, 6)), rng.integers(0, 3, 16)
+
+    def model():
+        return nn.Sequential(nn.Dense(6, 8, seed=1), nn.ReLU(), nn.Dense(8, 3, seed=2))
+
+    def step(net, opt, k):
+        opt.zero_grad()
+        net.backward(nn.softmax_cross_entropy(net.forward(x[4 * k:4 * k + 4], train=True), y[4 * k:4 * k + 4])[1])
+        opt.step()
+
+    straight = model()
+    opt = nn.SGD(straight, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    assert opt.state_dict() == {}
+    for k in range(4):
+        step(straight, opt, k)
+    first = model()
+    opt1 = nn.SGD(first, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    for k in range(2):
+        step(first, opt1, k)
+    resumed = model()
+    resumed.load_state_dict(first.state_dict())
+    opt2 = nn.SGD(resumed, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    opt2.load_state_dict(opt1.state_dict())
+    for k in range(2, 4):
+        step(resumed, opt2, k)
+    for key, value in straight.state_dict().items():
+        np.testing.assert_array_equal(resumed.state_dict()[key], value, err_msg=key)

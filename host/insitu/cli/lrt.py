@@ -66,7 +66,7 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
     """Pre-train offline, deploy, and adapt online (the LRT paper's figure 2)."""
     from insitu.lrt.adapt import check_adapt, plot_adapt, run_adapt
     from insitu.lrt.online import OnlineData
-    from insitu.lrt.trainer import LRTConfig
+    from insitu.lrt.schemes import LRTConfig
 
     if kappa_th < 0:
         raise UsageError(f"--kappa-th must be >= 0 (0 never skips), got {kappa_th}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from insitu.io import check_writable
+
 from insitu.cli.output import console, emit_json, write_json
 
 
@@ -70,6 +72,8 @@ def report_cmd(batch, no_synth, out_path, as_json):
     def progress(msg):
         console.print(msg)
 
+    if out_path:
+        check_writable(out_path, "--out")           # before minutes of simulation and synthesis
     rep = report(batch, synth=not no_synth, progress=progress)
     if out_path:
         write_json(out_path, rep, "RTL report")
@@ -157,6 +161,8 @@ def timing_cmd(part, n_paths, netlist_dir, out_path, as_json):
     from insitu.rtl.timing import PARTS, format_paths, part_timing
 
     parts = list(PARTS) if part == "all" else [part]
+    if out_path:
+        check_writable(out_path, "--out")           # before minutes of synthesis
     verilog = top_verilog()
     result = {}
     for p in parts:

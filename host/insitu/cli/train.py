@@ -96,8 +96,10 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, mode=mode,
                          bitstream=bitstream, rank=rank, env=env, test_samples=test_samples,
                          scheme=scheme, port=port, flash_dir=flash_dir, heap=heap, twin=twin)
-    if out:
-        check_writable(out, "--out")
+    # Before any work (data, pre-training, a board): where the results go can be written.
+    for path, what in ((out, "--out"), (checkpoint, "--checkpoint")):
+        if path:
+            check_writable(path, what)
     with progress(f"training on {board}", total=samples) as advance:
         result = measured(meter, power_out, lambda: train(config, advance))
     if as_json:

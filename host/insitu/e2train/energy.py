@@ -126,6 +126,16 @@ class EnergyCounter:
         self.samples = 0
         self._n_params = sum(s.get("weight_elems", 0) for s in specs)
 
+    def state(self) -> dict:
+        """The counts so far (JSON-ready): a resumed run goes on counting from them."""
+        return {"macs": dict(self.macs), "energy_pj": dict(self.energy_pj), "steps": self.steps,
+                "samples": self.samples}
+
+    def load_state(self, state: dict) -> None:
+        self.macs = defaultdict(int, state["macs"])
+        self.energy_pj = defaultdict(float, state["energy_pj"])
+        self.steps, self.samples = state["steps"], state["samples"]
+
     def add_step(self, executed: dict[str, int], batch: int, predicted: dict[str, float] | None = None,
                  trainable_params: int | None = None) -> None:
         """One optimizer step: ``executed[name]`` samples ran through each layer (forward and

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -221,34 +220,6 @@ def smd_drops(config: E2Config, batch: int) -> bool:
     return bool(np.random.default_rng([config.seed + 1, batch]).random() < config.smd_p)
 
 
-class MomentumSGD:
-    """SGD with momentum and weight decay, step for step :class:`insitu.nn.SGD`'s update, with
-    the velocities as state (a resumed row goes on with them)."""
-
-    def __init__(self, model: ResNet, lr: float, momentum: float, weight_decay: float):
-        self.params = list(model.parameters())
-        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
-        self.velocity = {p.key: np.zeros_like(p.value) for p in self.params}
-
-    def step(self) -> None:
-        for p in self.params:
-            w, v = p.value, self.velocity[p.key]
-            v *= self.momentum
-            v += p.grad + self.weight_decay * w
-            w -= (self.lr * v).astype(w.dtype, copy=False)
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad.fill(0)
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {f"velocity.{k}": v.copy() for k, v in self.velocity.items()}
-
-    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        for k, v in state.items():
-            self.velocity[k.removeprefix("velocity.")][...] = v
-
-
 class E2Learner:
     """One row on the sample stream of its training set (:func:`insitu.harness.sample_order`):
     one mini-batch a step, SGD with momentum (SignSGD with PSG), SMD's drops and the learning
@@ -262,16 +233,15 @@ class E2Learner:
             self.optimizer = SignSGD(self.model, lr=config.psg_lr, weight_decay=config.psg_weight_decay)
             self.base_lr = config.psg_lr
         else:
-            self.optimizer = MomentumSGD(self.model, config.lr, 0.9, config.weight_decay)
+            self.optimizer = nn.SGD(self.model, lr=config.lr, momentum=0.9,
+                                    weight_decay=config.weight_decay)
             self.base_lr = config.lr
         self.counter = energy.EnergyCounter(self.model.layer_specs(),
                                             energy.PSG if "psg" in techniques else energy.FP32_SGD)
         self.batches_per_epoch = -(-len(data.x_train) // config.batch_size)
         self.total_batches = run_epochs(config, techniques) * self.batches_per_epoch
         self.skip_ratios: list[float] = []
-        self.epoch_losses: list[float] = []
         self.dropped = 0
-        self._evaluated: tuple[int, dict] | None = None      # (steps, figures) of the last evaluation
 
     def batch_index(self, start: int) -> int:
         """The mini-batch that starts at stream position ``start`` (an epoch's last may be short)."""
@@ -294,33 +264,18 @@ class E2Learner:
         self.counter.add_step(self.model.executed, len(idx), _predicted_fractions(self.model))
         if "slu" in self.techniques:
             self.skip_ratios.append(self.model.skip_ratio)
-        self.epoch_losses.append(float(loss))
         return float(loss)
 
-    def end_of_epoch(self, epoch: int) -> dict:
-        """The epoch's mean loss for its history record, from the learner's state: the harness's
-        own mean covers only the steps since a resume (it does not checkpoint them)."""
-        loss = float(np.mean(self.epoch_losses)) if self.epoch_losses else None
-        self.epoch_losses = []
-        return {"loss": loss}
-
     def evaluate(self) -> dict:
-        """Test accuracy and what training has cost so far. The harness evaluates after the last
-        epoch's record and again at the end: nothing trained in between, so the figures are kept."""
-        if self._evaluated is None or self._evaluated[0] != self.counter.steps + self.dropped:
-            self._evaluated = (self.counter.steps + self.dropped, {
-                "test_accuracy": _accuracy(self.model, self.data.x_test, self.data.y_test),
-                "energy_j": self.counter.total_j, "macs": self.counter.total_macs})
-        return self._evaluated[1]
+        """Test accuracy and what training has cost so far."""
+        return {"test_accuracy": _accuracy(self.model, self.data.x_test, self.data.y_test),
+                "energy_j": self.counter.total_j, "macs": self.counter.total_macs}
 
     def state(self) -> tuple[dict, dict]:
         arrays = {**{f"model.{k}": v for k, v in self.model.state_dict().items()},
                   **{f"optimizer.{k}": v for k, v in self.optimizer.state_dict().items()},
-                  "slu_skip_ratios": np.asarray(self.skip_ratios, dtype=np.float64),
-                  "epoch_losses": np.asarray(self.epoch_losses, dtype=np.float64)}
-        c = self.counter
-        return arrays, {"counter": {"macs": dict(c.macs), "energy_pj": dict(c.energy_pj),
-                                    "steps": c.steps, "samples": c.samples},
+                  "slu_skip_ratios": np.asarray(self.skip_ratios, dtype=np.float64)}
+        return arrays, {"counter": self.counter.state(),
                         "psg": {"predicted": self.psg_stats.predicted, "total": self.psg_stats.total},
                         "dropped_batches": self.dropped}
 
@@ -330,11 +285,7 @@ class E2Learner:
         self.optimizer.load_state_dict({k.removeprefix("optimizer."): v for k, v in arrays.items()
                                         if k.startswith("optimizer.")})
         self.skip_ratios = arrays["slu_skip_ratios"].tolist()
-        self.epoch_losses = arrays["epoch_losses"].tolist()
-        counted = meta["counter"]
-        self.counter.macs = defaultdict(int, counted["macs"])
-        self.counter.energy_pj = defaultdict(float, counted["energy_pj"])
-        self.counter.steps, self.counter.samples = counted["steps"], counted["samples"]
+        self.counter.load_state(meta["counter"])
         self.psg_stats.predicted, self.psg_stats.total = meta["psg"]["predicted"], meta["psg"]["total"]
         self.dropped = meta["dropped_batches"]
 
@@ -357,8 +308,7 @@ def train_row(config: E2Config, techniques: tuple[str, ...], data: Data,
                    samples=epochs * n, step=config.batch_size, checkpoint=checkpoint,
                    checkpoint_every=n, epoch_size=n, evaluate_every_epoch=True,
                    samples_option="--epochs")
-    outcome = run_training(plan, learner, evaluate=learner.evaluate, end_of_epoch=learner.end_of_epoch,
-                           advance=advance, say=say)
+    outcome = run_training(plan, learner, evaluate=learner.evaluate, advance=advance, say=say)
     if weights_path is not None:
         save_checkpoint(weights_path, learner.model.state_dict(),
                         {"row": name, "config": asdict(config), "key": config.key(techniques)})

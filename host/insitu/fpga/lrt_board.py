@@ -26,9 +26,9 @@ layer: the last, the one the LRT paper's transfer experiment (table 1) recovers,
 gradient needs no backward pass through frozen layers.) The other layers are frozen on the
 processor, their batch-norm statistics too (the prefix runs in inference mode, a chunk of samples
 at once); the adapted layer's 16-bit bias is trained on the processor every sample, as the LRT
-schemes of :mod:`insitu.lrt.trainer` train it.
+schemes of :mod:`insitu.lrt.schemes` train it.
 
-Differences from :class:`insitu.lrt.trainer.OnlineTrainer` (scheme ``lrt``), and why:
+Differences from :class:`insitu.lrt.schemes.OnlineTrainer` (scheme ``lrt``), and why:
 
 * every ``batch`` samples the PE writes the update; ρ_min (skip an update that changes < 1 % of the
   cells) is not applied: deciding it needs the dense update on the processor, the very work the PE
@@ -68,7 +68,7 @@ from insitu.accel.stream import pad_words
 from insitu.lrt.pe_ops import append_reciprocal
 from insitu.lrt.qnet import QNet
 from insitu.lrt.sks import random_orthonormal, core_rotation
-from insitu.lrt.trainer import LRTConfig, loss_gradient, evaluate
+from insitu.lrt.schemes import LRTConfig, loss_gradient, evaluate
 from insitu.numerics import LRT_BASIS, LRT_BIAS, LRT_PE_WORD_BITS, LRT_WEIGHT, max_abs_format
 from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams
 from insitu.accel.regmap import Op
@@ -297,7 +297,7 @@ class LRTBoardTrainer:
 
     ``port``: the accelerator (:class:`PEPort`). ``net``: the pre-trained quantized network (e.g.
     from :func:`insitu.lrt.adapt.pretrained_model`); its last weight layer (``m × n``, ``m`` the
-    classes) is adapted, the rest is frozen. Defaults are those of :class:`insitu.lrt.trainer.
+    classes) is adapted, the rest is frozen. Defaults are those of :class:`insitu.lrt.schemes.
     LRTConfig` (``batch`` is its ``dense_batch``; ``bias_lr=None`` freezes the bias). ``params``: the
     PE's bounds (default: read from the port's CAP registers). ``context``: JSON-ready facts of the
     run (environment, dataset, …) that a saved state must match to be resumed here.

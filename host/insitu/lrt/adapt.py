@@ -2,7 +2,7 @@
 
 A model is pre-trained offline (quantization-aware), programmed into NVM, and then deployed: it
 predicts each online sample, is told the label, and learns from it with one of the schemes of
-:mod:`insitu.lrt.trainer`, in one of four environments:
+:mod:`insitu.lrt.schemes`, in one of four environments:
 
 * ``control`` — the online stream has the offline statistics, the weights do not drift;
 * ``shift``   — the input distribution changes every 10k samples (augmentations of
@@ -32,7 +32,7 @@ from insitu.io import atomic_write, check_writable
 from insitu.lrt.nvm import NVMModel, make_drift
 from insitu.lrt.online import ENVS, OnlineData
 from insitu.lrt.qnet import ARCHITECTURES
-from insitu.lrt.trainer import SCHEMES, LRTConfig, OnlineTrainer, check_rank, evaluate, pretrain
+from insitu.lrt.schemes import SCHEMES, LRTConfig, OnlineTrainer, check_rank, evaluate, pretrain
 
 __all__ = ["ENVS", "SCHEMES", "AdaptLearner", "build_network", "check_adapt", "pretrained_model",
            "run_adapt", "plot_adapt", "default_cache_dir"]
@@ -104,7 +104,7 @@ class AdaptLearner:
     """Online adaptation on the stream of an environment, for the run harness.
 
     ``trainer`` predicts each sample, is told its label and learns from it: an
-    :class:`~insitu.lrt.trainer.OnlineTrainer` (every scheme, on the host) or an
+    :class:`~insitu.lrt.schemes.OnlineTrainer` (every scheme, on the host) or an
     :class:`insitu.fpga.lrt_board.LRTBoardTrainer` (the vector work on the LRT PE); both have
     ``train(x, y, after_each)``, ``state()``, ``load_state()`` and ``max_writes_per_cell()``. This
     class keeps what the experiment measures of either: the online accuracy (EMA and mean), the

@@ -13,7 +13,7 @@ from insitu.checks import check_int
 from insitu.errors import UsageError
 from insitu.lrt.adapt import check_adapt, run_adapt
 from insitu.lrt.online import ENVS, OnlineData
-from insitu.lrt.trainer import SCHEMES, LRTConfig
+from insitu.lrt.schemes import SCHEMES, LRTConfig
 from insitu.measure.sweep import Experiment, register
 
 _ADAPT_EXCLUDED = ("seed", "config", "counts_out", "checkpoint", "checkpoint_every", "advance")

@@ -19,6 +19,8 @@ import numpy as np
 
 from insitu.boards import Board
 from insitu.errors import InsituError, UsageError
+from insitu.harness import RunPlan, run_training, sample_order, say
+from insitu.measure.phases import phase
 from insitu.sparse.calibrate import calibrate_gradients
 from insitu.sparse.compiler import Compiled, Options, compile_training
 from insitu.sparse.graph import input_codes
@@ -116,13 +118,34 @@ def board_port(board: Board, port: str | None, heap_bytes: int, flash_dir: str |
         yield started.port, started
 
 
+class DeviceLearner:
+    """The device as the run harness's learner: it trains on the samples it is sent and keeps its
+    own state (a checkpoint on its flash every ``checkpoint_every`` samples, written by the
+    firmware), so the harness goes on from the position the device reports."""
+
+    def __init__(self, dev, prep: Prepared, order: np.ndarray):
+        self.dev, self.prep, self.order = dev, prep, order
+        self.predicted = np.full(len(order), -1)      # the device's predictions while training
+
+    def train(self, start: int, count: int) -> None:
+        for n in range(start, start + count):
+            i = self.order[n]
+            _, self.predicted[n], _ = self.dev.with_recovery(
+                lambda n=n, i=i: self.dev.train(n, int(self.prep.y_train[i]), self.prep.x_train[i]))
+
+    # Nothing to keep on the host: the harness resumes from the device's own position.
+    def state(self) -> tuple[dict, dict]:
+        return {}, {}
+
+    def load_state(self, arrays: dict, meta: dict) -> None:
+        pass
+
+
 def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, seed: int, advance,
                   checkpoint_every: int = 1) -> dict:
     """Flash, start, measure, train and measure again; returns the device's figures."""
     from insitu.mcu.device import TrainingDevice
     from insitu.mcu.flash import flash
-    from insitu.measure.phases import phase
-    from insitu.training import sample_order
 
     compiled = prep.compiled
     flashed = flash(port, firmware_files(compiled))
@@ -137,24 +160,14 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
         x_test, y_test = prep.x_test[:test_samples], prep.y_test[:test_samples]
         before = None
         if resumed_from == 0:
-            with phase("evaluate-before"):      # markers for `--meter` (insitu.measure.phases)
+            with phase("test"):                 # markers for `--meter` (insitu.measure.phases)
                 before = float(np.mean(dev.predict_all(x_test) == y_test))
-        advance(min(resumed_from, samples))
-        order = sample_order(len(prep.y_train), seed, 0, samples)
-        predicted = np.full(samples, -1)
-        started = time.perf_counter()
-        done = resumed_from
-        with phase("train") as trained:
-            while done < samples:
-                i = order[done]
-                now_done, predicted[done], _ = dev.with_recovery(
-                    lambda n=done, i=i: dev.train(n, int(prep.y_train[i]), prep.x_train[i]))
-                advance(now_done - done)
-                done = now_done
-            trained.samples = done - resumed_from
-        train_s = time.perf_counter() - started
-        with phase("evaluate-after"):
-            after = float(np.mean(dev.predict_all(x_test) == y_test))
+        learner = DeviceLearner(dev, prep, sample_order(len(prep.y_train), seed, 0, samples))
+        # One harness step per sample: a Ctrl-C stops after the sample the device is training on.
+        plan = RunPlan("insitu train --algo sparse", {}, samples, 1, kept_by="the device's flash",
+                       resume_at=resumed_from)
+        outcome = run_training(plan, learner, advance=advance, say=say, evaluate=lambda: {
+            "accuracy_after": float(np.mean(dev.predict_all(x_test) == y_test))})
         stats = dev.stats()
         runtime = info.get("impl", "micropython")
         dev.bye()
@@ -163,11 +176,11 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
     return {"runtime": runtime, "platform": info.get("platform"), "machine": flashed["machine"],
             "code": "mpy " + flashed["arch"] if flashed["arch"] else "source",
             "accuracy_before": before,
-            "accuracy_after": after, "peak_heap_bytes": stats.get("mem_peak"),
+            "accuracy_after": outcome.evaluation["accuracy_after"], "peak_heap_bytes": stats.get("mem_peak"),
             "heap_live_bytes": stats.get("mem_alloc"),
             "heap_free_bytes": stats.get("mem_free"), "resumed_from": resumed_from,
-            "reconnects": dev.reconnects, "restarts": dev.restarts, "train_seconds": train_s,
-            "predicted_during_training": predicted}
+            "reconnects": dev.reconnects, "restarts": dev.restarts, "train_seconds": outcome.seconds,
+            "predicted_during_training": learner.predicted}
 
 
 def print_to_stderr(text: str) -> None:
@@ -198,8 +211,6 @@ def run_sparse(config, board: Board, advance) -> dict:
         twin_kind = twin.twin if twin is not None else None
     predicted = device.pop("predicted_during_training")
     # The host simulation of the same program on the same samples (bit-exact with the device).
-    from insitu.training import sample_order
-
     sim = Simulator(compiled)
     x_test, y_test = prep.x_test[:test_samples], prep.y_test[:test_samples]
     sim_before = sim.accuracy(x_test, y_test)

@@ -54,6 +54,17 @@ class SGD:
         for p in self.params:
             p.grad.fill(0)
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The momentum velocities by parameter key (none before the first step or without momentum):
+        what a resumed run needs to step on exactly as an uninterrupted one."""
+        return {f"velocity.{p.key}": v.copy() for p, v in zip(self.params, self._velocity) if v is not None}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        index = {p.key: k for k, p in enumerate(self.params)}
+        self._velocity = [None] * len(self.params)
+        for name, value in state.items():
+            self._velocity[index[name.removeprefix("velocity.")]] = np.array(value, copy=True)
+
 
 class Adam:
     """Adam (Kingma & Ba 2015) with PyTorch's defaults and bias correction.

@@ -5,7 +5,7 @@ import pytest
 
 from insitu.data import load_dataset
 from insitu.lrt.qnet import dense_net, paper_cnn
-from insitu.lrt.trainer import LRTConfig, OnlineTrainer, evaluate, pretrain
+from insitu.lrt.schemes import LRTConfig, OnlineTrainer, evaluate, pretrain
 from insitu.numerics import LRT_ACCUMULATOR, LRT_BIAS, LRT_WEIGHT
 
 
