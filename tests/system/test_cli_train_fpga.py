@@ -111,13 +111,15 @@ def test_the_rtl_twin_and_the_fast_twin_give_identical_weights(run_cli, tmp_path
     assert rtl["samples"] == fast["samples"] == 4
     a, meta_a = load_checkpoint(tmp_path / "rtl.npz")
     b, meta_b = load_checkpoint(tmp_path / "fast.npz")
-    assert meta_a["samples_done"] == meta_b["samples_done"] == 4
+    assert meta_a["run"]["samples_done"] == meta_b["run"]["samples_done"] == 4
+    assert meta_a["run"]["losses"] == meta_b["run"]["losses"]
     assert any(k.startswith("param.") for k in a)
     _assert_same_arrays(a, b, "rtl vs fast checkpoint")
     # the PE output scales too; the cycle counts are each model's own (compared below)
-    for m in (meta_a, meta_b):
+    learner_a, learner_b = meta_a["learner"], meta_b["learner"]
+    for m in (learner_a, learner_b):
         m["counters"].pop("cycles_by_op")
-    assert meta_a == meta_b
+    assert learner_a == learner_b
     assert rtl["final_loss"] == fast["final_loss"]
     assert rtl["accuracy"] == fast["accuracy"]
     assert rtl["ops"] == fast["ops"]
@@ -155,9 +157,11 @@ def test_tt_resumed_from_a_checkpoint_equals_the_uninterrupted_run(tt_runs):
     s, meta_s = load_checkpoint(folder / "s.npz")
     r, meta_r = load_checkpoint(folder / "r.npz")
     o, meta_o = load_checkpoint(folder / "o.npz")
-    assert meta_s["samples_done"] == meta_r["samples_done"] == meta_o["samples_done"] == 128
+    assert meta_s["run"]["samples_done"] == meta_r["run"]["samples_done"] == meta_o["run"]["samples_done"] == 128
     _assert_same_arrays(s, r, "straight vs resumed")
     _assert_same_arrays(s, o, "checkpoint every 10000 vs every 32")
+    for meta in (meta_s, meta_r, meta_o):
+        meta["run"].pop("seconds")                  # the one field that is each run's own
     assert meta_s == meta_r == meta_o
     assert resumed["accuracy"] == straight["accuracy"] == tt_runs["often"]["accuracy"]
     assert resumed["ranks"] == straight["ranks"]
@@ -185,8 +189,8 @@ def test_lrt_resumed_mid_batch_equals_the_uninterrupted_run(run_cli, tmp_path):
     r, meta_r = load_checkpoint(tmp_path / "r.npz")
     _assert_same_arrays(s, r, "straight vs resumed")
     # The PE ops differ (a resume loads the PE again); everything else of the trainer is the same.
-    trainer_s = {k: v for k, v in meta_s["trainer"].items() if k != "pe_ops"}
-    trainer_r = {k: v for k, v in meta_r["trainer"].items() if k != "pe_ops"}
+    trainer_s = {k: v for k, v in meta_s["learner"]["trainer"].items() if k != "pe_ops"}
+    trainer_r = {k: v for k, v in meta_r["learner"]["trainer"].items() if k != "pe_ops"}
     assert trainer_s == trainer_r and trainer_s["samples"] == 400
     assert straight["max_writes_per_cell"] > 1, "too few writes for the summed counts to matter"
     for key in ("accuracy", "online_accuracy", "max_writes_per_cell", "writes_total", "write_counts",

@@ -62,6 +62,7 @@ def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, p
           train_samples, seed, dataset, data_dir, plot, out, checkpoint, as_json):
     """Train the two-layer TT network on FashionMNIST (the paper's Table 1)."""
     from insitu.tt.report import format_table, plot_history
+    from insitu.harness import say
     from insitu.tt.experiment import TTTrainConfig, load_training_data, run_tt_training
 
     variants = list(VARIANTS) if variant == "all" else [variant]
@@ -80,7 +81,7 @@ def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, p
     for config in configs:
         total = epochs * (train_samples or 60_000)
         with progress(f"tt {config.variant}", total=total) as advance:
-            results.append(run_tt_training(config, advance=advance,
+            results.append(run_tt_training(config, advance=advance, say=say,
                                            checkpoint=per_run_path(checkpoint, config.variant,
                                                                    several=len(configs) > 1)))
     payload = results[0] if len(results) == 1 else {"results": results}
