@@ -183,6 +183,35 @@ def _budget(plan: RunPlan, done: int) -> str:
     return f"{done} samples in: ask for {plan.samples_option} {done} or more"
 
 
+class _TrainingPhase:
+    """One ``train`` phase over consecutive training steps (not one per step), closed before each
+    evaluation and at the end of the run (also when it raises)."""
+
+    def __init__(self, phase: Callable[[str], ContextManager]):
+        self.phase = phase
+        self.open: ContextManager | None = None
+        self.handle = None
+
+    def training(self, samples: int) -> None:
+        if self.open is None:
+            self.open = self.phase("train")
+            self.handle = self.open.__enter__()
+            self.handle.samples = 0
+        self.handle.samples += samples
+
+    def close(self) -> None:
+        if self.open is not None:
+            opened, self.open = self.open, None
+            opened.__exit__(None, None, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
 class _StopSignals:
     """SIGINT/SIGTERM set a flag the loop checks after each step (a second SIGINT stops at once)."""
 
@@ -266,7 +295,10 @@ def run_training(plan: RunPlan, learner: Learner, *,
                     "losses": losses[-LOSS_WINDOW:], "epoch_losses": window, "history": history,
                     "seconds": seconds_before + trained_seconds}})
 
+    marks = _TrainingPhase(phase)
+
     def run_evaluation() -> dict:
+        marks.close()
         if evaluate is None:
             return {}
         with phase("test"):
@@ -275,21 +307,20 @@ def run_training(plan: RunPlan, learner: Learner, *,
     first = done
     next_save = (done // plan.checkpoint_every + 1) * plan.checkpoint_every
     evaluated_at, evaluation = None, {}
-    with _StopSignals() as stop:
+    with _StopSignals() as stop, marks:
         while done < plan.samples:
             epoch_end = None
             count = min(plan.step, plan.samples - done)
             if plan.epoch_size:
                 epoch_end = (done // plan.epoch_size + 1) * plan.epoch_size
                 count = min(count, epoch_end - done)        # a step never spans two epochs
-            with phase("train") as marked:
-                started = time.perf_counter()
-                loss = learner.train(done, count)
-                ended_epoch = epoch_end is not None and done + count == epoch_end
-                epoch_figures = end_of_epoch(epoch_end // plan.epoch_size) \
-                    if ended_epoch and end_of_epoch is not None else None
-                trained_seconds += time.perf_counter() - started
-                marked.samples = count
+            marks.training(count)
+            started = time.perf_counter()
+            loss = learner.train(done, count)
+            ended_epoch = epoch_end is not None and done + count == epoch_end
+            epoch_figures = end_of_epoch(epoch_end // plan.epoch_size) \
+                if ended_epoch and end_of_epoch is not None else None
+            trained_seconds += time.perf_counter() - started
             done += count
             advance(count)
             if loss is not None:

@@ -149,3 +149,13 @@ def test_a_resumed_epoch_keeps_its_losses_and_the_last_epoch_is_evaluated_once(t
     run_training(plan(tmp_path, **{**epochs, "samples": 28}), Counter(), evaluate=evaluate)
     resumed = run_training(plan(tmp_path, **epochs), Counter(), evaluate=evaluate)
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]
+
+
+def test_consecutive_steps_are_one_training_phase_between_evaluations(tmp_path, monkeypatch):
+    markers = tmp_path / "phases.jsonl"
+    monkeypatch.setenv(PHASE_ENV, str(markers))
+    run_training(plan(samples=40, step=4, epoch_size=20, evaluate_every_epoch=True), Counter(),
+                 evaluate=lambda: {})
+    got = [(m["phase"], m["event"], m["samples"]) for m in read_markers(markers)]
+    assert got == [("train", "start", None), ("train", "stop", 20), ("test", "start", None),
+                   ("test", "stop", None)] * 2
