@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from insitu import nn
+from insitu.checks import check_int
 from insitu.data import load_dataset
 from insitu.harness import RunPlan, run_training, sample_order
 
@@ -57,16 +58,12 @@ class TTTrainConfig:
     data_dir: str | None = None
 
     def validate(self) -> None:
-        def positive_int(name, value):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
         for name in ("epochs", "batch_size", "rank", "eval_train_samples"):
-            positive_int(name, getattr(self, name))
+            check_int(name, getattr(self, name))
         if self.train_samples is not None:
-            positive_int("train_samples", self.train_samples)
+            check_int("train_samples", self.train_samples)
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
         if not (math.isfinite(self.lr) and self.lr > 0):
