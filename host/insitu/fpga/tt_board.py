@@ -10,7 +10,9 @@ the float shadow factors, lambdas and pruning.
 An op's output scale is chosen by :class:`insitu.numerics.AutoScale` from its previous outputs;
 the very first run of each op has no previous output, so the processor computes that op's exact
 sums once to pick it (first step only). With the same scales the PEs give the golden model's
-codes bit for bit, so a board run equals ``insitu tt train`` of the same network step for step.
+codes bit for bit, so a board run equals ``insitu tt train`` of the same network step for step:
+both are the same loop (:class:`insitu.tt.experiment.TTLearner` in the run harness) with one
+executor or the other (``tests/unit/test_tt_loop_executors.py``).
 
 Two networks: ``paper`` (the TT paper's FashionMNIST network, 896 -> 512 -> 16, rank 16) and
 ``tiny`` (images pooled 2x2 to 14x14 and padded to 16x16, 256 -> 64 -> 16, rank 4), small enough
