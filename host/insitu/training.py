@@ -19,6 +19,7 @@ import numpy as np
 
 from insitu import nn
 from insitu.boards import Board, get_board, load_boards
+from insitu.checks import check_int, check_number
 from insitu.data import load_dataset
 from insitu.errors import InsituError, UsageError
 from insitu.harness import RunPlan, run_identity, run_training, sample_order, say
@@ -53,21 +54,15 @@ class TrainConfig:
 
     def validate(self, models) -> None:
         """Checks after the algorithm's defaults are filled in; ``models``: the algorithm's."""
-        if self.samples < 1:
-            raise UsageError(f"--samples must be >= 1, got {self.samples}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.lr is not None and not (np.isfinite(self.lr) and self.lr > 0):
-            raise UsageError(f"--lr must be a positive number, got {self.lr}")
-        if self.checkpoint_every < 1:
-            raise UsageError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+        for name in ("samples", "checkpoint_every", "batch_size", "rank", "test_samples", "heap"):
+            value = getattr(self, name)
+            if value is not None:
+                check_int(f"--{name.replace('_', '-')}", value)
+        if self.lr is not None:
+            check_number("--lr", self.lr)
         if self.model not in models:
             raise UsageError(f"unknown --model {self.model!r} for --algo {self.algo}; its models: "
                              f"{', '.join(models)}")
-        for name in ("rank", "test_samples", "heap"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 @dataclass(frozen=True)

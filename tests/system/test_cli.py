@@ -98,8 +98,8 @@ def test_unwritable_output_fails_before_training(run_cli, tmp_path):
     (["--board", "nope"], "known boards: "),
     (["--board", "ultra96v2"], "use --board ultra96v2-sim"),
     (["--algo", "magic"], "known algorithms: sgd"),
-    (["--samples", "0"], "--samples must be >= 1"),
-    (["--lr", "-1"], "--lr must be a positive number"),
+    (["--samples", "0"], "--samples must be an integer >= 1"),
+    (["--lr", "-1"], "--lr must be a positive finite number"),
     (["--dataset", "cifar"], "cifar"),
 ])
 def test_bad_train_arguments_exit_2_with_a_clear_message(run_cli, args, message):

@@ -44,7 +44,7 @@ def test_adapt_all_schemes_compares_sgd_and_lrt_writes(run_cli, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (("--rank", "0"), "rank must be an integer >= 1"),
     (("--rank", "12"), "rank 12 is too large for layer fc2"),
-    (("--samples", "0"), "--samples must be >= 1"),
+    (("--samples", "0"), "--samples must be an integer >= 1"),
     (("--conv-batch", "0"), "conv_batch must be an integer >= 1"),
     (("--env", "mars"), "Invalid value for '--env'"),
     (("--kappa-th", "-1"), "--kappa-th must be >= 0"),

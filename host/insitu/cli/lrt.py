@@ -9,6 +9,7 @@ import click
 from insitu.cli.output import (emit_json, per_run_path, progress, report, usage_errors,
                                write_json)
 from insitu.errors import UsageError
+from insitu.checks import check_int
 from insitu.io import check_writable
 from insitu.lrt import ENVS, SCHEMES
 
@@ -75,8 +76,7 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
     usage_errors(check_adapt, arch, OnlineData(dataset, data_dir, seed=seed), config)
     for name, value in (("--samples", samples), ("--offline-samples", offline_samples),
                         ("--segment", segment), ("--checkpoint-every", checkpoint_every)):
-        if value < 1:
-            raise UsageError(f"{name} must be >= 1, got {value}")
+        check_int(name, value)
     for path, what in ((plot, "--plot"), (out, "--out"), (counts, "--counts"),
                        (checkpoint, "--checkpoint")):
         if path:
@@ -140,8 +140,7 @@ def transfer(ranks, lrs, seeds, samples, dataset, data_dir, pretrain_samples, ou
         lr_list = tuple(float(v) for v in lrs.split(","))
     except ValueError:
         raise UsageError(f"--ranks and --lrs take comma-separated numbers, got {ranks!r} and {lrs!r}") from None
-    if seeds < 1:
-        raise UsageError(f"--seeds must be >= 1, got {seeds}")
+    check_int("--seeds", seeds)
     if out:
         check_writable(out, "--out")
     kwargs = {} if samples is None else {"samples": samples}
