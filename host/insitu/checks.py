@@ -22,9 +22,10 @@ class ArgumentError(UsageError, ValueError):
 def check_int(name: str, value, low: int | None = 1, high: int | None = None, what: str = "") -> int:
     """``value`` as an int in ``[low, high]`` (either bound may be None), else an error naming
     ``name``; ``what`` says where a bound comes from. Bools are not integers here."""
-    ok = not isinstance(value, bool) and isinstance(value, Integral)
-    if ok and (low is None or value >= low) and (high is None or value <= high):
-        return int(value)
+    if not isinstance(value, bool) and isinstance(value, Integral):
+        number = int(value)
+        if (low is None or number >= low) and (high is None or number <= high):
+            return number
     if low is not None and high is not None:
         need = f"an integer in [{low}, {high}]"
     elif low is not None:

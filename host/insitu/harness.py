@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 import numpy as np
 
@@ -63,12 +63,15 @@ class Learner(Protocol):
 
     def train(self, start: int, count: int) -> float | None:
         """Train on stream positions ``start .. start + count`` (one step); return its loss."""
+        ...
 
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
         """``(arrays, meta)``: everything needed to go on from here (JSON-ready meta)."""
+        ...
 
     def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
         """Go on from a :meth:`state` of a learner built the same way."""
+        ...
 
 
 @dataclass
@@ -190,7 +193,7 @@ class _TrainingPhase:
     def __init__(self, phase: Callable[[str], ContextManager]):
         self.phase = phase
         self.open: ContextManager | None = None
-        self.handle = None
+        self.handle: Any = None                  # what the phase yields (its ``samples`` counted)
 
     def training(self, samples: int) -> None:
         if self.open is None:
@@ -288,6 +291,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
     trained_seconds = 0.0
 
     def save() -> None:
+        assert checkpoint is not None
         arrays, meta = learner.state()
         save_checkpoint(checkpoint, arrays, {
             "format": FORMAT, "learner": meta,
@@ -309,17 +313,18 @@ def run_training(plan: RunPlan, learner: Learner, *,
     evaluated_at, evaluation = None, {}
     with _StopSignals() as stop, marks:
         while done < plan.samples:
-            epoch_end = None
+            epoch = None                                    # the epoch this step ends, if any
             count = min(plan.step, plan.samples - done)
             if plan.epoch_size:
                 epoch_end = (done // plan.epoch_size + 1) * plan.epoch_size
                 count = min(count, epoch_end - done)        # a step never spans two epochs
+                if done + count == epoch_end:
+                    epoch = epoch_end // plan.epoch_size
             marks.training(count)
             started = time.perf_counter()
             loss = learner.train(done, count)
-            ended_epoch = epoch_end is not None and done + count == epoch_end
-            epoch_figures = end_of_epoch(epoch_end // plan.epoch_size) \
-                if ended_epoch and end_of_epoch is not None else None
+            ended_epoch = epoch is not None
+            epoch_figures = end_of_epoch(epoch) if epoch is not None and end_of_epoch is not None else None
             trained_seconds += time.perf_counter() - started
             done += count
             advance(count)
@@ -331,7 +336,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
                 window.append(float(loss))
             if ended_epoch and plan.evaluate_every_epoch:
                 evaluation, evaluated_at = run_evaluation(), done
-                history.append({"epoch": epoch_end // plan.epoch_size, "samples": done,
+                history.append({"epoch": epoch, "samples": done,
                                 "loss": float(np.mean(window)) if window else None,
                                 "seconds": seconds_before + trained_seconds,
                                 **(epoch_figures or {}), **evaluation})

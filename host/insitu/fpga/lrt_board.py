@@ -597,6 +597,9 @@ class _WithCounters:
     def __getattr__(self, name):
         return getattr(self.learner, name)
 
+    def train(self, start: int, count: int) -> None:
+        self.learner.train(start, count)
+
     def state(self):
         arrays, meta = self.learner.state()
         return arrays, {**meta, "counters": self.counters.state()}

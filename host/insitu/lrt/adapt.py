@@ -21,6 +21,7 @@ import io
 import json
 import os
 import time
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +112,8 @@ class AdaptLearner:
     curve, and the drift of the weight cells (``drift``: an :func:`insitu.lrt.nvm.make_drift`).
     """
 
-    def __init__(self, trainer, data: OnlineData, env: str, drift=None, curve_at=frozenset()):
+    def __init__(self, trainer, data: OnlineData, env: str, drift=None,
+                 curve_at: AbstractSet[int] = frozenset()):
         self.trainer, self.data, self.env, self.drift = trainer, data, env, drift
         self.cells = list(trainer.arrays.values()) if drift is not None else []
         self.curve_at = curve_at
@@ -149,8 +151,9 @@ class AdaptLearner:
 
     def load_state(self, arrays: dict, meta: dict) -> None:
         self.trainer.load_state(arrays, meta["trainer"])
-        if getattr(self.drift, "rng", None) is not None:
-            self.drift.rng.bit_generator.state = meta["drift_rng"]
+        rng = getattr(self.drift, "rng", None)
+        if rng is not None:
+            rng.bit_generator.state = meta["drift_rng"]
         self.ema_sum, self.ema_weight = meta["ema_sum"], meta["ema_weight"]
         self.correct, self.curve = meta["correct"], meta["curve"]
 
