@@ -36,6 +36,7 @@ from typing import Any, Callable, ContextManager, Protocol
 import numpy as np
 
 from insitu.checkpoint import load_checkpoint, save_checkpoint
+from insitu.checks import check_int
 from insitu.errors import InsituError
 from insitu.io import check_writable, to_jsonable
 from insitu.measure import phases
@@ -159,13 +160,6 @@ def say(text: str) -> None:
     log.warning("%s", text)
 
 
-def check_outputs(**paths) -> None:
-    """Fail before any work if an output (``name=path``; None skipped) cannot be written."""
-    for name, path in paths.items():
-        if path is not None:
-            check_writable(path, name)
-
-
 def _jsonable(value):
     """``value`` as it reads back from a checkpoint's JSON metadata (tuples become lists...)."""
     return json.loads(json.dumps(value, default=to_jsonable))
@@ -254,8 +248,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
     a resume; ``phase(name)`` marks the training and test phases; ``on_history(record)`` gets each
     epoch's history record once its checkpoint is written.
     """
-    if isinstance(plan.samples, bool) or not isinstance(plan.samples, int) or plan.samples < 1:
-        raise InsituError(f"{plan.samples_option} must be an integer >= 1, got {plan.samples!r}")
+    check_int(plan.samples_option, plan.samples)
     identity = _jsonable(plan.identity)
     checkpoint = Path(plan.checkpoint) if plan.checkpoint else None
     done, losses, history, seconds_before, resumed_from = 0, [], [], 0.0, None

@@ -528,7 +528,7 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
                     test_samples: int = 1000, cache_dir=None, chunk: int = 1000,
                     curve_points: int = 200, checkpoint=None, checkpoint_every: int = 1000, identity: dict | None = None,
                     counters=None, advance: Callable[[int], None] = lambda n: None,
-                    phase=None, params: AcceleratorParams | None = None) -> dict:
+                    params: AcceleratorParams | None = None) -> dict:
     """Deploy the pre-trained network (:func:`insitu.lrt.adapt.pretrained_model`, cached) and adapt
     its last layer on the PE behind ``port`` over ``samples`` online samples of ``env``: the loop of
     ``insitu lrt adapt`` (:class:`insitu.lrt.adapt.AdaptLearner` in the run harness) with this
@@ -567,7 +567,6 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
                    {**(identity or {}), **trainer._identity()}, samples, chunk, checkpoint,
                    checkpoint_every)
     outcome = run_training(plan, learner, advance=advance, say=say,
-                           **({"phase": phase} if phase is not None else {}),
                            evaluate=lambda: {"accuracy": round(evaluate(net, x_test, y_test), 5)})
     online = learner.online_accuracy(samples)
     result = trainer.summary()
