@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from insitu.errors import InsituError
+from insitu.resources import cache_dir
 
 from insitu.accel.params import DEFAULT_PARAMS, STREAM_WORDS, TOP_MODULE, AcceleratorParams
 
@@ -59,11 +60,8 @@ class CompiledTwinError(InsituError):
 
 
 def cache_root() -> Path:
-    """``$INSITU_CACHE/rtl-twin``, else ``$XDG_CACHE_HOME/insitu/rtl-twin``, else
-    ``~/.cache/insitu/rtl-twin`` (the rule of the MCU twin's cache)."""
-    if os.environ.get("INSITU_CACHE"):
-        return Path(os.environ["INSITU_CACHE"]) / "rtl-twin"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "insitu" / "rtl-twin"
+    """``rtl-twin`` in insitu's cache (:func:`insitu.resources.cache_dir`)."""
+    return cache_dir("rtl-twin")
 
 
 def check_toolchain():

@@ -29,9 +29,10 @@ import sys
 from pathlib import Path
 
 from insitu.accel.params import DEFAULT_PARAMS, TOP_MODULE, AcceleratorParams
+from insitu.resources import cache_dir
 
 #: Where builds are cached unless a directory is given.
-DEFAULT_BUILD_ROOT = Path(os.environ.get("INSITU_SIM_BUILD", Path.home() / ".cache" / "insitu" / "sim"))
+DEFAULT_BUILD_ROOT = Path(os.environ.get("INSITU_SIM_BUILD") or cache_dir("sim"))
 TIMESCALE = ("1ns", "1ps")
 SIMULATORS = ("verilator", "icarus")
 

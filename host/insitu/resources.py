@@ -1,4 +1,5 @@
-"""Where the data that ships with insitu lives: board files and MicroPython firmware sources.
+"""Where insitu's files live: the data that ships with it (board files, MicroPython firmware
+sources) and its cache (pre-trained models, built twins, overlays).
 
 In an installed wheel they are package data under ``insitu/boards`` and ``insitu/firmware``; in a
 source checkout (editable install, or tests) they are the top-level ``boards/`` and ``firmware/``
@@ -7,6 +8,7 @@ folders of the checkout (``host/insitu`` is the package).
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -21,3 +23,13 @@ def package_dir(name: str) -> Path:
         return source_tree
     raise FileNotFoundError(f"insitu's {name}/ folder is missing (looked in {installed} and "
                             f"{source_tree}); reinstall insitu")
+
+
+def cache_dir(*parts: str) -> Path:
+    """A folder of insitu's cache: ``$INSITU_CACHE``, else ``$XDG_CACHE_HOME/insitu``, else
+    ``~/.cache/insitu``, then ``parts`` (not created here)."""
+    if os.environ.get("INSITU_CACHE"):
+        root = Path(os.environ["INSITU_CACHE"])
+    else:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "insitu"
+    return root.joinpath(*parts)

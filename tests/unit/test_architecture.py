@@ -22,7 +22,7 @@ SOURCE_ROOTS = {"insitu": ROOT / "host" / "insitu", "insitu.rtl": ROOT / "rtl"}
 #: platforms' drivers and twins, the run harness or the CLI.
 HARDWARE_MAY_IMPORT = {
     "accel": {"numerics", "errors"},
-    "rtl": {"accel", "numerics", "errors", "io", "insitu"},
+    "rtl": {"accel", "numerics", "errors", "io", "resources", "insitu"},
 }
 #: The base every layer may import, which imports no layer above it.
 BASE = {"insitu", "errors", "io", "numerics", "resources", "checks"}

@@ -14,12 +14,12 @@ import click
 
 from insitu.cli.output import console
 from insitu.errors import InsituError, UsageError
+from insitu.resources import cache_dir
 
 
 def default_flash_dir(board: str) -> Path:
     """Where a twin keeps its flash between runs, like a board's flash across power cycles."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "insitu" / board / "flash"
+    return cache_dir(board, "flash")
 
 
 

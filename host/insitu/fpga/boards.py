@@ -7,11 +7,11 @@ on an FPGA board, the one its PYNQ image probes; for a ``-sim`` board, a
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
 from insitu.errors import UsageError
+from insitu.resources import cache_dir
 
 from .driver import DEFAULT_TIMEOUT_S, Accelerator, BitstreamError, InsituOverlay
 from .twin import MODES, TwinDevice, write_twin_overlay
@@ -42,7 +42,7 @@ def board_device():
 
 
 def twin_overlay_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "insitu" / "overlays"
+    return cache_dir("overlays")
 
 
 def open_board(board, mode: str = "fast", bitstream=None, timeout_s: float | None = None,

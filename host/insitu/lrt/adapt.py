@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import time
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -34,6 +33,7 @@ from insitu.lrt.nvm import NVMModel, make_drift
 from insitu.lrt.online import ENVS, OnlineData
 from insitu.lrt.qnet import ARCHITECTURES
 from insitu.lrt.schemes import SCHEMES, LRTConfig, OnlineTrainer, check_rank, evaluate, pretrain
+from insitu.resources import cache_dir
 
 __all__ = ["ENVS", "SCHEMES", "AdaptLearner", "build_network", "check_adapt", "pretrained_model",
            "run_adapt", "plot_adapt", "default_cache_dir"]
@@ -43,8 +43,7 @@ _PRETRAIN_VERSION = 2          # bump when the network or pre-training changes
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "insitu" / "lrt"
+    return cache_dir("lrt")
 
 
 def build_network(arch: str, data: OnlineData, seed: int, config: LRTConfig):

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from insitu.errors import InsituError, UsageError
-from insitu.resources import package_dir
+from insitu.resources import cache_dir, package_dir
 
 MICROPYTHON_VERSION = "1.28.0"
 BOARD = "INSITU_F746"
@@ -106,9 +106,7 @@ def check_heap(heap_bytes: int) -> None:
 
 
 def _cache_root() -> Path:
-    from insitu.sparse.quantize import cache_root
-
-    return cache_root() / "mcu-twin"
+    return cache_dir("mcu-twin")
 
 
 def build_key(source: Path) -> str:

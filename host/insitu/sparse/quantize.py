@@ -40,7 +40,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -48,6 +47,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from insitu import resources
 from insitu.errors import InsituError, UsageError
 from insitu.sparse import graph as g
 from insitu.sparse import golden
@@ -55,7 +55,7 @@ from insitu.sparse.models import (MobileNetV2, Unit, build_model, float_accuracy
                                folded_units, model_config, train_float)
 
 __all__ = ["quantize_model", "calibrate_scales", "build_graph", "int8_forward", "int8_accuracy",
-           "new_head", "HEAD_INIT", "HEAD_RANGE", "pretrained", "pretrained_path", "cache_root",
+           "new_head", "HEAD_INIT", "HEAD_RANGE", "pretrained", "pretrained_path",
            "PRETRAIN_DEFAULTS",
            "REFERENCE_OPS", "FORWARD_CHUNK", "CALIBRATION_SAMPLES",
            "CALIBRATION_PERCENTILE", "OUTPUT_TENSOR", "INPUT_TENSOR"]
@@ -297,13 +297,6 @@ PRETRAIN_DEFAULTS = {
 _FALLBACK_DEFAULTS = {"samples": 60000, "epochs": 2, "lr": 0.1, "batch_size": 64}
 
 
-def cache_root() -> Path:
-    """``$INSITU_CACHE``, else ``$XDG_CACHE_HOME/insitu``, else ``~/.cache/insitu``."""
-    if os.environ.get("INSITU_CACHE"):
-        return Path(os.environ["INSITU_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "insitu"
-
-
 def _settings(model_name: str, samples, epochs, seed) -> dict:
     config = model_config(model_name)
     d = {**_FALLBACK_DEFAULTS, **PRETRAIN_DEFAULTS.get(model_name, {})}
@@ -323,11 +316,11 @@ def _settings(model_name: str, samples, epochs, seed) -> dict:
 
 def pretrained_path(model_name: str, cache_dir=None, samples=None, epochs=None, seed: int = 0) -> Path:
     """Where :func:`pretrained` keeps this configuration's graph: ``<cache_dir>/<model>-<hash>.npz``
-    with ``cache_dir`` defaulting to ``cache_root()/mcu``; the hash covers the model
+    with ``cache_dir`` defaulting to ``resources.cache_dir("mcu")``; the hash covers the model
     configuration, the training settings and the quantization settings."""
     settings = _settings(model_name, samples, epochs, seed)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    folder = Path(cache_dir) if cache_dir is not None else cache_root() / "mcu"
+    folder = Path(cache_dir) if cache_dir is not None else resources.cache_dir("mcu")
     return folder / f"{model_name}-{digest}.npz"
 
 

@@ -26,7 +26,7 @@ from insitu.sparse.evolution import evolutionary_search
 from insitu.sparse.memory import MemoryModel, min_memory, scheme_key
 from insitu.sparse.models import model_config
 from insitu.sparse.objective import SearchResult
-from insitu.sparse.quantize import cache_root
+from insitu import resources
 from insitu.sparse.scheme import RATIOS
 from insitu.sparse.tasks import TASKS
 
@@ -79,7 +79,7 @@ def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, fl
     n_test = len(bundle.y_test)
     eval_samples = min(DEFAULT_EVAL_SAMPLES, n_test) if eval_samples is None else eval_samples
     eval_samples = check_int("eval samples", eval_samples, 1, n_test, f"{task}'s test samples")
-    folder = cache_dir if cache_dir is not None else cache_root() / "mcu" / "contributions"
+    folder = cache_dir if cache_dir is not None else resources.cache_dir("mcu", "contributions")
     configs = len({scheme_key(s) for _, s in contribution_configs(bundle.graph)})
     with progress_factory(f"contribution analysis ({configs} trainings)", configs) as advance:
         contrib, path, cached = load_or_analyze(bundle, model, task, train_samples, eval_samples, seed, workers,
