@@ -216,9 +216,9 @@ register(Algorithm(
 
 
 def _run_sparse(config, board, advance):
-    from insitu.mcu import train as mcu_train      # the MCU toolchain loads only when it is needed
+    from insitu.mcu import board_runs      # the MCU toolchain loads only when it is needed
 
-    return mcu_train.run_sparse(config, board, advance)
+    return board_runs.run_sparse(config, board, advance)
 
 
 register(Algorithm(

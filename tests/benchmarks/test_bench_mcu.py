@@ -28,7 +28,7 @@ import pytest
 
 from insitu.io import atomic_write, atomic_write_json
 from insitu.mcu.compare import METHODS, format_text, plot_compare, run_compare
-from insitu.mcu.train import Prepared
+from insitu.mcu.board_runs import Prepared
 from insitu.sparse.contributions import Bundle
 from insitu.training import sample_order
 

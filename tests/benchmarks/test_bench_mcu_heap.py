@@ -1,6 +1,6 @@
 """Benchmark (prints figures, asserts nothing timed): the heap model of `insitu train --algo sparse`
 on the 32-bit board. `predicted_heap_bytes = arena + RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL *
-calls` (host/insitu/mcu/train.py) is re-fitted on the Cortex-M7 twin (MicroPython 1.28 in QEMU, the
+calls` (host/insitu/mcu/board_runs.py) is re-fitted on the Cortex-M7 twin (MicroPython 1.28 in QEMU, the
 firmware and the generated module flashed as armv7emsp .mpy): for each program the smallest heap
 it trains in is bisected (as `insitu mcu minheap --twin qemu`, 512 B granule), the runtime
 (measured minimum - planned arena) is fitted by least squares against the kernel calls over the
@@ -31,10 +31,10 @@ import numpy as np
 import pytest
 
 from insitu.io import atomic_write, atomic_write_json
-from insitu.mcu import train as mcu_train
+from insitu.mcu import board_runs
 from insitu.mcu.flash import compile_to_mpy
 from insitu.mcu.minheap import GRANULE, find_min_heap
-from insitu.mcu.train import Prepared, firmware_files
+from insitu.mcu.board_runs import Prepared, firmware_files
 
 pytestmark = pytest.mark.benchmark
 
@@ -130,7 +130,7 @@ def test_heap_model_on_the_cortex_m7_twin():
     # firmware's mem_peak on the fit programs (insitu train's peak_heap_bytes).
     const, per = _fit(fitted, "calls")
     per_call = int(round(per))
-    covering = max(r["peak_at_high_bytes"] / (1 + mcu_train.HEAP_MARGIN) - r["arena_bytes"] - per_call * r["calls"]
+    covering = max(r["peak_at_high_bytes"] / (1 + board_runs.HEAP_MARGIN) - r["arena_bytes"] - per_call * r["calls"]
                    for r in fitted)
     runtime_bytes = int(np.ceil(max(const, covering) / 100) * 100)
     const_mpy, per_mpy = _fit(fitted, "module_mpy_bytes")
@@ -141,7 +141,7 @@ def test_heap_model_on_the_cortex_m7_twin():
                                    ("old", "calls", *old)):
             p = _predict(r, feature, c, k)
             r[key] = {"predicted": p, "error": (p - r["min_heap_bytes"]) / r["min_heap_bytes"],
-                      "upper_bound_with_margin": p * (1 + mcu_train.HEAP_MARGIN) >= r["min_heap_bytes"]}
+                      "upper_bound_with_margin": p * (1 + board_runs.HEAP_MARGIN) >= r["min_heap_bytes"]}
 
     def worst(subset, key):
         return max(abs(r[key]["error"]) for r in subset) if subset else None
@@ -152,8 +152,8 @@ def test_heap_model_on_the_cortex_m7_twin():
                 "per_call": {"runtime_heap_bytes": runtime_bytes, "heap_bytes_per_call": per_call,
                              "unrounded": [const, per], "runtime_covering_mem_peak": covering},
                 "per_mpy_byte": {"runtime_heap_bytes": const_mpy, "heap_bytes_per_mpy_byte": per_mpy}},
-        "train_py_now": {"runtime_heap_bytes": mcu_train.RUNTIME_HEAP_BYTES,
-                         "heap_bytes_per_call": mcu_train.HEAP_BYTES_PER_CALL, "heap_margin": mcu_train.HEAP_MARGIN},
+        "train_py_now": {"runtime_heap_bytes": board_runs.RUNTIME_HEAP_BYTES,
+                         "heap_bytes_per_call": board_runs.HEAP_BYTES_PER_CALL, "heap_margin": board_runs.HEAP_MARGIN},
         "unix_port_fit": {"runtime_heap_bytes": old[0], "heap_bytes_per_call": old[1]},
         "worst_abs_error": {key: {"fit": worst(fitted, key), "held_out": worst(held, key)}
                             for key in ("per_call", "per_mpy_byte", "old")},
@@ -168,8 +168,8 @@ def test_heap_model_on_the_cortex_m7_twin():
              f"{const:,.0f} B + {per:.2f} B/call; RUNTIME_HEAP_BYTES = {runtime_bytes:,} (the fit, or "
              f"{covering:,.0f} B to cover the fit programs' mem_peak, rounded up), HEAP_BYTES_PER_CALL = {per_call}",
              f"alternative, per byte of the generated module's .mpy: {const_mpy:,.0f} B + {per_mpy:.2f} B/byte",
-             f"train.py has: {mcu_train.RUNTIME_HEAP_BYTES:,} B + {mcu_train.HEAP_BYTES_PER_CALL} B/call "
-             f"(HEAP_MARGIN {mcu_train.HEAP_MARGIN:.0%}); the unix-port (64-bit) fit was {old[0]:,} B + {old[1]} B/call "
+             f"train.py has: {board_runs.RUNTIME_HEAP_BYTES:,} B + {board_runs.HEAP_BYTES_PER_CALL} B/call "
+             f"(HEAP_MARGIN {board_runs.HEAP_MARGIN:.0%}); the unix-port (64-bit) fit was {old[0]:,} B + {old[1]} B/call "
              "(the unix columns)",
              "", "predicted = arena + RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL * calls; "
              "error = (predicted - measured) / measured", *_table(rows, "per_call"), "",
@@ -185,8 +185,8 @@ def test_heap_model_on_the_cortex_m7_twin():
              "", f"the firmware's mem_peak with a {HIGH // 1024} KiB heap (insitu train's peak_heap_bytes) "
              "against prediction * (1 + HEAP_MARGIN):",
              *[f"{r['program']:24s} peak {r['peak_at_high_bytes']:9,d}  bound "
-               f"{int(r['per_call']['predicted'] * (1 + mcu_train.HEAP_MARGIN)):9,d}  "
-               f"{'covered' if r['per_call']['predicted'] * (1 + mcu_train.HEAP_MARGIN) >= r['peak_at_high_bytes'] else 'NOT covered'}"
+               f"{int(r['per_call']['predicted'] * (1 + board_runs.HEAP_MARGIN)):9,d}  "
+               f"{'covered' if r['per_call']['predicted'] * (1 + board_runs.HEAP_MARGIN) >= r['peak_at_high_bytes'] else 'NOT covered'}"
                for r in rows],
              f"{result['seconds']:.0f} s"]
     text = "\n".join(lines) + "\n"

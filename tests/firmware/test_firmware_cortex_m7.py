@@ -26,7 +26,7 @@ from insitu.mcu.device import TrainingDevice
 from insitu.mcu.flash import firmware_files as runtime_files
 from insitu.mcu.flash import flash
 from insitu.sparse.simulate import Simulator
-from insitu.mcu.train import Prepared
+from insitu.mcu.board_runs import Prepared
 from insitu.mcu.twin import McuTwin, find_tool
 from insitu.resources import package_dir
 from insitu.training import sample_order

@@ -64,7 +64,7 @@ def test_every_method_is_trained_within_each_budget(compared):
 def test_reported_plans_are_the_compilers_and_k_is_the_largest_that_fits(compared):
     from insitu.sparse.compiler import Options, compile_training
     from insitu.sparse.scheme import Scheme, bias_only, last_k_layers
-    from insitu.mcu.train import Prepared
+    from insitu.mcu.board_runs import Prepared
 
     result = compared[0]
     prep = Prepared("mbv2-tiny", "digits", "classifier", result["lr"], result["seed"])

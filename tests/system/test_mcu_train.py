@@ -25,7 +25,7 @@ import insitu.mcu.flash as mcu_flash
 from insitu.mcu.device import DeviceError, TrainingDevice
 from insitu.mcu.link import DeviceLink, FirmwareCrashed, LinkError
 from insitu.sparse.simulate import Simulator
-from insitu.mcu.train import HEAP_MARGIN, Prepared, firmware_files, run_on_device
+from insitu.mcu.board_runs import HEAP_MARGIN, Prepared, firmware_files, run_on_device
 from insitu.mcu.twin import TWINS, FlashFiles, McuTwin
 from insitu.training import sample_order
 

@@ -26,7 +26,7 @@ def default_flash_dir(board: str) -> Path:
 def _search_bundle(model: str, task: str, lr: float, seed: int):
     """What the scheme search and the comparison train on: the model's new head for the task and
     its samples, prepared as `insitu train --algo sparse` prepares them, in its sample order."""
-    from insitu.mcu.train import Prepared
+    from insitu.mcu.board_runs import Prepared
     from insitu.sparse.contributions import Bundle
     from insitu.training import sample_order
 
@@ -289,7 +289,7 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
     from insitu.cli.output import emit_json, report
     from insitu.mcu.minheap import find_min_heap
     from insitu.checks import parse_size
-    from insitu.mcu.train import Prepared, firmware_files, predicted_heap_bytes
+    from insitu.mcu.board_runs import Prepared, firmware_files, predicted_heap_bytes
 
     spec = get_board(board)
     if not spec.is_twin or spec.mcu is None:

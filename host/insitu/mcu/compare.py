@@ -33,7 +33,7 @@ import numpy as np
 
 from insitu.checks import check_int, check_number, format_size, parse_size
 from insitu.errors import InsituError, UsageError
-from insitu.mcu.train import predicted_heap_bytes
+from insitu.mcu.board_runs import predicted_heap_bytes
 from insitu.sparse.compiler import Options, compile_training
 from insitu.sparse.contributions import Bundle, score_schemes
 from insitu.sparse.memory import MemoryModel, canonical, scheme_key
@@ -301,7 +301,7 @@ def measure_heap_of(compiled, x_codes, labels, board: str = DEFAULT_BOARD, say=N
     refusal. When no probe of that bracket fails, its low end was not below the minimum, and the
     bisection is redone from the arena."""
     from insitu.mcu.minheap import find_min_heap
-    from insitu.mcu.train import firmware_files
+    from insitu.mcu.board_runs import firmware_files
 
     say = say or (lambda msg: None)
     arena, predicted = int(compiled.arena_bytes), int(predicted_heap_bytes(compiled))

@@ -38,7 +38,7 @@ CONTRIBUTIONS_VERSION = 2
 class Bundle:
     """What the contribution analysis needs: the model with its new head, its gradient scales, the
     task's samples as input codes, and the training stream (a platform's prepared run, e.g.
-    :class:`insitu.mcu.train.Prepared`, has all but the stream and lr).
+    :class:`insitu.mcu.board_runs.Prepared`, has all but the stream and lr).
 
     ``sample_order(n_train, seed, start, count)``: the indices of the training samples
     ``start .. start+count`` of the stream for ``seed``, as the platform's training loop orders
