@@ -121,17 +121,33 @@ def board_port(board: Board, port: str | None, heap_bytes: int, flash_dir: str |
 class DeviceLearner:
     """The device as the run harness's learner: it trains on the samples it is sent and keeps its
     own state (a checkpoint on its flash every ``checkpoint_every`` samples, written by the
-    firmware), so the harness goes on from the position the device reports."""
+    firmware), so the harness goes on from the position the device reports.
 
-    def __init__(self, dev, prep: Prepared, order: np.ndarray):
-        self.dev, self.prep, self.order = dev, prep, order
+    A device that was reset in the middle of a step restarts from its checkpoint and says so in
+    its answer (its count of samples done): the step then trains again from there, and the
+    progress (``advance``) goes back and forth with it.
+    """
+
+    def __init__(self, dev, prep: Prepared, order: np.ndarray, advance=lambda n: None):
+        self.dev, self.prep, self.order, self.advance = dev, prep, order, advance
         self.predicted = np.full(len(order), -1)      # the device's predictions while training
 
     def train(self, start: int, count: int) -> None:
-        for n in range(start, start + count):
+        n, shown = start, start                       # the sample to send; what progress shows
+        while n < start + count:
             i = self.order[n]
-            _, self.predicted[n], _ = self.dev.with_recovery(
+            done, self.predicted[n], _ = self.dev.with_recovery(
                 lambda n=n, i=i: self.dev.train(n, int(self.prep.y_train[i]), self.prep.x_train[i]))
+            if done != n + 1:                         # reset: the device went back to `done`
+                if done < shown:
+                    self.advance(done - shown)
+                    shown = done
+                n = done
+                continue
+            if n < start:                             # catching up to where the step began
+                self.advance(1)
+                shown += 1
+            n += 1
 
     # Nothing to keep on the host: the harness resumes from the device's own position.
     def state(self) -> tuple[dict, dict]:
@@ -162,7 +178,7 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
         if resumed_from == 0:
             with phase("test"):                 # markers for `--meter` (insitu.measure.phases)
                 before = float(np.mean(dev.predict_all(x_test) == y_test))
-        learner = DeviceLearner(dev, prep, sample_order(len(prep.y_train), seed, 0, samples))
+        learner = DeviceLearner(dev, prep, sample_order(len(prep.y_train), seed, 0, samples), advance)
         # One harness step per sample: a Ctrl-C stops after the sample the device is training on.
         plan = RunPlan("insitu train --algo sparse", {}, samples, 1, kept_by="the device's flash",
                        resume_at=resumed_from)
