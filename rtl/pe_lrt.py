@@ -601,18 +601,18 @@ class PELRT(PE):
         # chains were the long paths); the write enables stay with the states.
         in_st = fsm.ongoing("IN")
         # An op starts: busy is low exactly in IDLE (a flip-flop, not the state decode: the
-        # strobe resets some 140 registers). s loads on the stream handshake of an UPDATE (a
-        # net apart from the basis write enable's).
+        # strobe resets some 140 registers).
         op_start = ~busy & self.start
+        in_beat = in_st & ~in_done & self.s.valid
         m.d.comb += [
             mgs.start.eq(op_start),
             mgs.pass_done.eq(fsm.ongoing("PASS_END") & ~Cat(*v[1:]).any()),
             rot.start.eq(op_start), rot.qr.eq(qr3), rot.loading.eq(fsm.ongoing("ROT_IN")),
             rot.s_valid.eq(self.s.valid), rot.payload.eq(pay),
             upd.start.eq(op_start), upd.clear_start.eq(op_start & (op == Op.LRT_LOAD_WEIGHTS)),
-            upd.r.eq(r), upd.s_load.eq(self.s.valid & self.s.ready & m_upd), upd.payload.eq(pay),
+            upd.r.eq(r), upd.s_load.eq(in_beat & (op == Op.LRT_UPDATE)), upd.payload.eq(pay),
         ]
-        m.d.comb += ld_accept.eq(in_st & ~in_done & self.s.valid & ld_basis)
+        m.d.comb += ld_accept.eq(in_beat & ld_basis)
         m.d.comb += [
             qw_addr.eq(Mux(ld_basis, beat, i6)),
             qw_en.eq(Mux(ld_accept, (1 << L) - 1, 0) | Mux(v[WR] & m_app, app_en, 0)
