@@ -600,9 +600,7 @@ class PELRT(PE):
         # Memory addresses and write data from the op flags, outside the FSM (its priority
         # chains were the long paths); the write enables stay with the states.
         in_st = fsm.ongoing("IN")
-        # An op starts: busy is low exactly in IDLE (a flip-flop, not the state decode: the
-        # strobe resets some 140 registers).
-        op_start = ~busy & self.start
+        op_start = fsm.ongoing("IDLE") & self.start
         in_beat = in_st & ~in_done & self.s.valid
         m.d.comb += [
             mgs.start.eq(op_start),
