@@ -157,3 +157,13 @@ def test_the_checker_sees_the_sources():
     graph = package_graph()
     assert {"accel", "rtl", "tt", "lrt", "cli"} <= set(graph)
     assert "accel" in graph["rtl"] and "numerics" in graph["accel"]
+
+
+def test_every_package_folder_ships_in_the_wheel():
+    """pyproject.toml lists the packages explicitly: a new subpackage must be listed, or the
+    installed command fails to import it (the source checkout would not notice)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {"insitu." + p.parent.name for p in SOURCE_ROOTS["insitu"].glob("*/__init__.py")}
+    assert folders - {"insitu.rtl"} <= listed, f"not in pyproject.toml's packages: {sorted(folders - listed)}"
