@@ -31,16 +31,14 @@ from typing import Callable
 
 import numpy as np
 
-from insitu.checks import check_int, check_number, format_size, parse_size
+from insitu.checks import check_int, format_size, parse_size
 from insitu.errors import InsituError, UsageError
 from insitu.mcu.board_runs import predicted_heap_bytes
 from insitu.sparse.compiler import Options, compile_training
 from insitu.sparse.contributions import Bundle, score_schemes
 from insitu.sparse.memory import MemoryModel, canonical, scheme_key
-from insitu.sparse.models import model_config
 from insitu.sparse.scheme import Scheme, bias_only, classifier_only, full_update, last_k_layers
-from insitu.sparse.search import DEFAULT_EVAL_SAMPLES, run_search
-from insitu.sparse.tasks import TASKS
+from insitu.sparse.search import DEFAULT_EVAL_SAMPLES, check_analysis_options, run_search
 
 __all__ = ["METHODS", "TARGET_RATIO", "HEAP_SAMPLES", "parse_budgets", "budget_label",
            "measure_heap_of", "largest_fitting", "run_compare", "tables", "scheme_lines", "format_text",
@@ -139,13 +137,8 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
     :func:`insitu.sparse.search.run_search`), called once the arguments are checked."""
     started = time.perf_counter()
     budgets = parse_budgets(budgets)
-    model_config(model)                                   # unknown model: UsageError before any work
-    if task not in TASKS:
-        raise UsageError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
-    train_samples = check_int("train samples", train_samples)
-    evaluations = check_int("evaluations", evaluations)
-    workers = check_int("workers", workers)
-    lr = check_number("lr", lr)
+    train_samples, evaluations, workers, lr = check_analysis_options(
+        model, task, train_samples, evaluations, workers, lr)
     if measure_heap:
         from insitu.boards import get_board
 

@@ -24,9 +24,9 @@ from insitu.sparse.baselines import random_search
 from insitu.sparse.contributions import Bundle, contribution_configs, load_or_analyze, ratio_label, score_schemes
 from insitu.sparse.evolution import evolutionary_search
 from insitu.sparse.memory import MemoryModel, min_memory, scheme_key
+from insitu import resources
 from insitu.sparse.models import model_config
 from insitu.sparse.objective import SearchResult
-from insitu import resources
 from insitu.sparse.scheme import RATIOS
 from insitu.sparse.tasks import TASKS
 
@@ -44,6 +44,16 @@ def compare(contrib, memory_fn, budget: int, evaluations: int, seed: int = 0,
             "random": random_search(contrib, memory_fn, budget, evaluations, seed, progress=progress)}
 
 
+def check_analysis_options(model: str, task: str, train_samples, evaluations, workers, lr):
+    """The options every contribution analysis takes (the search's and the comparison's), checked
+    before any work: ``(train_samples, evaluations, workers, lr)``, or a UsageError naming one."""
+    model_config(model)                                # unknown model: UsageError
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+    return (check_int("train samples", train_samples), check_int("evaluations", evaluations),
+            check_int("workers", workers), check_number("lr", lr))
+
+
 def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, float, int], Bundle],
                evaluations: int = DEFAULT_EVALUATIONS,
                train_samples: int = DEFAULT_TRAIN_SAMPLES, eval_samples: int | None = None, lr: float = 0.05,
@@ -59,13 +69,8 @@ def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, fl
     prepares the model's new head and the task's samples as its training loop would), called once
     the arguments are checked."""
     budget = parse_size(budget)
-    model_config(model)                                # unknown model: UsageError before any work
-    if task not in TASKS:
-        raise UsageError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
-    evaluations = check_int("evaluations", evaluations)
-    train_samples = check_int("train samples", train_samples)
-    workers = check_int("workers", workers)
-    lr = check_number("lr", lr)
+    train_samples, evaluations, workers, lr = check_analysis_options(
+        model, task, train_samples, evaluations, workers, lr)
     say = say or (lambda msg: None)
     progress_factory = progress_factory or (lambda what, total: contextlib.nullcontext(lambda n=1: None))
 
