@@ -233,6 +233,31 @@ class _StopSignals:
         return False
 
 
+def check_resumable(plan: RunPlan) -> tuple[dict, dict] | None:
+    """The plan's checkpoint ``(arrays, meta)`` if it exists and is this run's, None if there is
+    none yet; an error if it cannot be written, is not a run checkpoint, belongs to another run or
+    is past the budget. Cheap: call it before slow work (pre-training) as well; :func:`run_training`
+    calls it again."""
+    if not plan.checkpoint:
+        return None
+    checkpoint = check_writable(plan.checkpoint, "checkpoint")
+    if not checkpoint.exists():
+        return None
+    arrays, meta = load_checkpoint(checkpoint)
+    run = meta.get("run")
+    if meta.get("format") != FORMAT or not isinstance(run, dict):
+        raise InsituError(f"{checkpoint} is not a checkpoint of {plan.command} (it has no "
+                          "run record): choose another --checkpoint path, or move it away")
+    identity = _jsonable(plan.identity)
+    if run["identity"] != identity:
+        raise InsituError(f"checkpoint {checkpoint} belongs to another run "
+                          f"({_differences(run['identity'], identity)}): choose another "
+                          "--checkpoint path, or delete it to start over")
+    if run["samples_done"] > plan.samples:
+        raise InsituError(f"checkpoint {checkpoint} is already {_budget(plan, run['samples_done'])}")
+    return arrays, meta
+
+
 def run_training(plan: RunPlan, learner: Learner, *,
                  evaluate: Callable[[], dict] | None = None,
                  end_of_epoch: Callable[[int], dict | None] | None = None,
@@ -253,26 +278,16 @@ def run_training(plan: RunPlan, learner: Learner, *,
     checkpoint = Path(plan.checkpoint) if plan.checkpoint else None
     done, losses, history, seconds_before, resumed_from = 0, [], [], 0.0, None
     window: list[float] = []               # the losses of the epoch in progress
-    if checkpoint is not None:
-        check_writable(checkpoint, "checkpoint")
-        if checkpoint.exists():
-            arrays, meta = load_checkpoint(checkpoint)
-            run = meta.get("run")
-            if meta.get("format") != FORMAT or not isinstance(run, dict):
-                raise InsituError(f"{checkpoint} is not a checkpoint of {plan.command} (it has no "
-                                  "run record): choose another --checkpoint path, or move it away")
-            if run["identity"] != identity:
-                raise InsituError(f"checkpoint {checkpoint} belongs to another run "
-                                  f"({_differences(run['identity'], identity)}): choose another "
-                                  "--checkpoint path, or delete it to start over")
-            if run["samples_done"] > plan.samples:
-                raise InsituError(f"checkpoint {checkpoint} is already {_budget(plan, run['samples_done'])}")
-            learner.load_state(arrays, meta["learner"])
-            done = resumed_from = run["samples_done"]
-            losses, history, seconds_before = run["losses"], run["history"], run["seconds"]
-            window = run["epoch_losses"]
-            say(f"resumed from {checkpoint} at {done} samples")
-            advance(done)
+    saved = check_resumable(plan)
+    if saved is not None:
+        arrays, meta = saved
+        run = meta["run"]
+        learner.load_state(arrays, meta["learner"])
+        done = resumed_from = run["samples_done"]
+        losses, history, seconds_before = run["losses"], run["history"], run["seconds"]
+        window = run["epoch_losses"]
+        say(f"resumed from {checkpoint} at {done} samples")
+        advance(done)
 
     if plan.kept_by is not None and plan.resume_at:
         if plan.resume_at > plan.samples:

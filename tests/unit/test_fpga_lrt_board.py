@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from insitu.checkpoint import load_checkpoint
+from insitu.errors import InsituError
 from insitu.boards import get_board
 from insitu.fpga.boards import open_board
 from insitu.fpga.lrt_board import LRTBoardTrainer, PEKroneckerSum, run_board_adapt
@@ -229,3 +230,14 @@ def test_configurations_the_pe_cannot_take_are_refused(cache, tmp_path):
     assert not any(tmp_path.iterdir())
     LRTBoardTrainer(GoldenPort(), net, rank=7)               # the largest that fits
     assert math.isfinite(LRTBoardTrainer(GoldenPort(), net).lr)
+
+
+def test_a_checkpoint_of_another_run_is_refused_before_pre_training(cache, tmp_path):
+    path = tmp_path / "run.npz"
+    run_board_adapt(GoldenPort(), samples=20, batch=10, checkpoint=path, cache_dir=cache, **SMALL)
+    empty = tmp_path / "cache"
+    empty.mkdir()
+    with pytest.raises(InsituError, match=r"belongs to another run \(lr 0.01 there, 0.03 here\)"):
+        run_board_adapt(GoldenPort(), samples=20, batch=10, lr=0.03, checkpoint=path,
+                        cache_dir=empty, **SMALL)
+    assert not any(empty.iterdir())                      # nothing was pre-trained

@@ -61,7 +61,7 @@ import numpy as np
 
 from insitu import nn
 from insitu.checks import check_int
-from insitu.harness import RunPlan, run_training, say
+from insitu.harness import RunPlan, check_resumable, run_training, say
 from insitu.lrt.adapt import AdaptLearner, build_network, curve_positions, pretrained_model
 from insitu.lrt.online import OnlineData
 from insitu.accel.stream import pad_words
@@ -550,22 +550,24 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
     # Everything that can be wrong, found before minutes of pre-training.
     LRTBoardTrainer.check(build_network(arch, data, seed, config), params, rank=rank, batch=batch,
                           lr=lr, bias_lr=bias_lr, kappa_th=kappa_th)
+    context = {"env": env, "dataset": data.name, "arch": arch, "offline_samples": offline_samples,
+               "pretrain_epochs": pretrain_epochs, "segment": segment}
+    plan = RunPlan("insitu train --algo lrt",
+                   {**(identity or {}), **context, "rank": rank, "batch": batch, "lr": lr,
+                    "bias_lr": bias_lr, "unbiased": unbiased, "kappa_th": kappa_th, "seed": seed},
+                   samples, chunk, checkpoint, checkpoint_every)
+    check_resumable(plan)                  # a checkpoint of another run: refused before pre-training
     net, pre = pretrained_model(arch, dataset, data_dir, seed, offline_samples, pretrain_epochs,
                                 cache_dir, config)
     x_test, y_test = data.test(test_samples)
     x_test = x_test.astype(np.float64)
     accuracy_before = evaluate(net, x_test, y_test)
-    context = {"env": env, "dataset": data.name, "arch": arch, "offline_samples": offline_samples,
-               "pretrain_epochs": pretrain_epochs, "segment": segment}
     trainer = LRTBoardTrainer(port, net, rank=rank, batch=batch, lr=lr, bias_lr=bias_lr,
                               unbiased=unbiased, kappa_th=kappa_th, seed=seed, params=params,
                               context=context)
     learner = AdaptLearner(trainer, data, env, curve_at=curve_positions(samples, curve_points))
     if counters is not None:
         learner = _WithCounters(learner, counters)
-    plan = RunPlan("insitu train --algo lrt",
-                   {**(identity or {}), **trainer._identity()}, samples, chunk, checkpoint,
-                   checkpoint_every)
     outcome = run_training(plan, learner, advance=advance, say=say,
                            evaluate=lambda: {"accuracy": round(evaluate(net, x_test, y_test), 5)})
     online = learner.online_accuracy(samples)

@@ -27,8 +27,8 @@ import numpy as np
 
 from insitu.checkpoint import load_checkpoint, save_checkpoint
 from insitu.checks import check_int
-from insitu.harness import RunPlan, run_training, say
-from insitu.io import atomic_write, check_writable
+from insitu.harness import RunPlan, check_resumable, run_training, say
+from insitu.io import atomic_write
 from insitu.lrt.nvm import NVMModel, make_drift
 from insitu.lrt.online import ENVS, OnlineData
 from insitu.lrt.qnet import ARCHITECTURES
@@ -177,20 +177,19 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
     config = config or LRTConfig()
     data = OnlineData(dataset, data_dir, seed=seed, segment=segment)
     check_adapt(arch, data, config)
-    if checkpoint is not None:
-        check_writable(checkpoint, "checkpoint")
-    net, pre = pretrained_model(arch, dataset, data_dir, seed, offline_samples, pretrain_epochs,
-                                cache_dir, config)
-    nvm = NVMModel()
-    trainer = OnlineTrainer(net, scheme, config, nvm=nvm, seed=seed)
-    learner = AdaptLearner(trainer, data, env, make_drift(env, seed=seed + 7919),
-                           curve_positions(samples, curve_points))
     # What makes a checkpoint this run's: everything but the sample budget and file places.
     identity = {"env": env, "scheme": scheme, "seed": seed, "arch": arch, "dataset": data.name,
                 "config": vars(config), "offline_samples": offline_samples,
                 "pretrain_epochs": pretrain_epochs, "segment": segment}
     plan = RunPlan("insitu lrt adapt", identity, samples, min(1000, checkpoint_every), checkpoint,
                    checkpoint_every)
+    check_resumable(plan)                  # a checkpoint of another run: refused before pre-training
+    net, pre = pretrained_model(arch, dataset, data_dir, seed, offline_samples, pretrain_epochs,
+                                cache_dir, config)
+    nvm = NVMModel()
+    trainer = OnlineTrainer(net, scheme, config, nvm=nvm, seed=seed)
+    learner = AdaptLearner(trainer, data, env, make_drift(env, seed=seed + 7919),
+                           curve_positions(samples, curve_points))
     outcome = run_training(plan, learner, advance=advance, say=say)
     report = nvm.report(samples)
     if counts_out:
