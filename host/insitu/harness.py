@@ -17,7 +17,14 @@ so that every command behaves the same way:
 * **phases**: ``train`` spans the training steps only and ``test`` the evaluations (the markers a
   power recorder aligns with its trace, :mod:`insitu.measure.phases`), and ``seconds`` counts the
   training steps only;
-* **progress**: ``advance(n)`` as positions are consumed (a resume advances to where it stands);
+* **a curve**: at regular points (``curve_every`` positions, about :data:`CURVE_POINTS` over the
+  budget) the mean training loss since the last point, the training accuracy when the learner
+  counts its right predictions (``learner.correct``) and a cheap test probe (``probe()``, a fixed
+  subset of the test set), with the sample count; kept in checkpoints, so a resumed run's curve is
+  whole;
+* **progress**: ``advance(n)`` as positions are consumed (a resume advances to where it stands),
+  and ``advance.note(loss=...)`` / ``advance.note(stage="test")`` where the progress shows figures
+  (the live loss, what is being done);
 * **a divergence** (a NaN or infinite loss) stops the run with a clear error.
 """
 
@@ -43,6 +50,8 @@ from insitu.measure import phases
 
 #: Losses kept for the result's ``final_loss`` (their mean) and in checkpoints.
 LOSS_WINDOW = 20
+#: Points of a run's curve when the plan does not say how often.
+CURVE_POINTS = 20
 #: The checkpoint's format, in its metadata: a checkpoint without it was not written here.
 FORMAT = "insitu-run/1"
 
@@ -101,6 +110,14 @@ class RunPlan:
     #: the position that state is at: the run goes on from there.
     kept_by: str | None = None
     resume_at: int = 0
+    #: Positions between the curve's points (None: about CURVE_POINTS over the budget, whole steps).
+    curve_every: int | None = None
+
+    def curve_interval(self) -> int:
+        if self.curve_every is not None:
+            return max(1, self.curve_every)
+        steps = max(1, -(-self.samples // self.step))
+        return max(1, -(-steps // CURVE_POINTS)) * self.step
 
 
 @dataclass
@@ -118,6 +135,8 @@ class RunOutcome:
     history: list[dict] = field(default_factory=list)
     #: The final evaluation (``evaluate()`` after the last step), {} without one.
     evaluation: dict = field(default_factory=dict)
+    #: ``{"samples", "loss", "train_accuracy", ...probe figures}`` at regular points of the run.
+    curve: list[dict] = field(default_factory=list)
 
     @property
     def final_loss(self) -> float | None:
@@ -127,7 +146,7 @@ class RunOutcome:
         """The harness's part of a result record."""
         return {"samples": self.samples, "resumed_from": self.resumed_from,
                 "final_loss": self.final_loss, "seconds": self.seconds,
-                "samples_per_second": self.samples_per_second}
+                "samples_per_second": self.samples_per_second, "curve": self.curve}
 
 
 def sample_order(n_train: int, seed: int, start: int, count: int) -> np.ndarray:
@@ -264,20 +283,24 @@ def run_training(plan: RunPlan, learner: Learner, *,
                  advance: Callable[[int], None] = lambda n: None,
                  say: Callable[[str], None] = lambda text: None,
                  phase: Callable[[str], ContextManager] = phases.phase,
-                 on_history: Callable[[dict], None] = lambda record: None) -> RunOutcome:
+                 on_history: Callable[[dict], None] = lambda record: None,
+                 probe: Callable[[], dict] | None = None) -> RunOutcome:
     """Run ``learner`` as ``plan`` says and return what the harness measured.
 
     ``end_of_epoch(epoch)`` runs after the last step of every epoch (1-based; training work such as
     pruning, timed as training) and may return figures for that epoch's history record;
     ``evaluate()`` returns evaluation figures (timed as test, never as training); ``say`` reports
     a resume; ``phase(name)`` marks the training and test phases; ``on_history(record)`` gets each
-    epoch's history record once its checkpoint is written.
+    epoch's history record once its checkpoint is written; ``probe()`` returns cheap test figures
+    for each point of the curve (timed as test).
     """
     check_int(plan.samples_option, plan.samples)
     identity = _jsonable(plan.identity)
     checkpoint = Path(plan.checkpoint) if plan.checkpoint else None
     done, losses, history, seconds_before, resumed_from = 0, [], [], 0.0, None
     window: list[float] = []               # the losses of the epoch in progress
+    curve: list[dict] = []
+    point_losses: list[float] = []         # the losses since the curve's last point
     saved = check_resumable(plan)
     if saved is not None:
         arrays, meta = saved
@@ -286,6 +309,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
         done = resumed_from = run["samples_done"]
         losses, history, seconds_before = run["losses"], run["history"], run["seconds"]
         window = run["epoch_losses"]
+        curve, point_losses = run.get("curve", []), run.get("point_losses", [])
         say(f"resumed from {checkpoint} at {done} samples")
         advance(done)
 
@@ -305,16 +329,37 @@ def run_training(plan: RunPlan, learner: Learner, *,
             "format": FORMAT, "learner": meta,
             "run": {"command": plan.command, "identity": identity, "samples_done": done,
                     "losses": losses[-LOSS_WINDOW:], "epoch_losses": window, "history": history,
+                    "curve": curve, "point_losses": point_losses,
                     "seconds": seconds_before + trained_seconds}})
 
     marks = _TrainingPhase(phase)
+    note = getattr(advance, "note", lambda **figures: None)
 
-    def run_evaluation() -> dict:
+    def run_evaluation(evaluation: Callable[[], dict] | None = evaluate) -> dict:
         marks.close()
-        if evaluate is None:
+        if evaluation is None:
             return {}
-        with phase("test"):
-            return evaluate()
+        note(stage="test")
+        try:
+            with phase("test"):
+                return evaluation()
+        finally:
+            note(stage="train")
+
+    every = plan.curve_interval()
+    correct_then = getattr(learner, "correct", None)
+    trained_then = done
+
+    def add_point() -> None:
+        nonlocal correct_then, trained_then, point_losses
+        point: dict = {"samples": done,
+                       "loss": float(np.mean(point_losses)) if point_losses else None}
+        correct_now = getattr(learner, "correct", None)
+        if correct_now is not None and correct_then is not None and done > trained_then:
+            point["train_accuracy"] = (correct_now - correct_then) / (done - trained_then)
+        point.update(run_evaluation(probe) if probe is not None else {})
+        curve.append(point)
+        correct_then, trained_then, point_losses = correct_now, done, []
 
     first = done
     next_save = (done // plan.checkpoint_every + 1) * plan.checkpoint_every
@@ -330,7 +375,8 @@ def run_training(plan: RunPlan, learner: Learner, *,
                     epoch = epoch_end // plan.epoch_size
             marks.training(count)
             started = time.perf_counter()
-            loss = learner.train(done, count)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                loss = learner.train(done, count)    # a divergence is reported below, once
             ended_epoch = epoch is not None
             epoch_figures = end_of_epoch(epoch) if epoch is not None and end_of_epoch is not None else None
             trained_seconds += time.perf_counter() - started
@@ -342,6 +388,10 @@ def run_training(plan: RunPlan, learner: Learner, *,
                                    "(try a smaller --lr)")
                 losses.append(float(loss))
                 window.append(float(loss))
+                point_losses.append(float(loss))
+                note(loss=float(np.mean(losses[-LOSS_WINDOW:])))
+            if done // every > (done - count) // every or done == plan.samples:
+                add_point()
             if ended_epoch and plan.evaluate_every_epoch:
                 evaluation, evaluated_at = run_evaluation(), done
                 history.append({"epoch": epoch, "samples": done,
@@ -371,4 +421,5 @@ def run_training(plan: RunPlan, learner: Learner, *,
     return RunOutcome(samples=done, resumed_from=resumed_from,
                       seconds=seconds_before + trained_seconds,
                       samples_per_second=(done - first) / trained_seconds if trained_seconds > 0 else None,
-                      losses=losses[-LOSS_WINDOW:], history=history, evaluation=evaluation)
+                      losses=losses[-LOSS_WINDOW:], history=history, evaluation=evaluation,
+                      curve=curve)

@@ -36,16 +36,23 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
 
 
 def check_writable(path: str | Path, what: str) -> Path:
-    """Fail early, before hours of work, if ``path`` cannot be written (an :class:`InsituError`)."""
-    from insitu.errors import InsituError
+    """Fail early, before hours of work, if ``path`` cannot be written: a :class:`UsageError`
+    (exit 2) naming ``what`` (the option). A file is created and removed beside it to make sure,
+    since permissions alone do not tell (root may "write" into /proc)."""
+    from insitu.errors import UsageError
 
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InsituError(f"cannot create the folder of {what} {path}: {exc.strerror}") from None
-    if path.is_dir() or not os.access(path.parent, os.W_OK):
-        raise InsituError(f"cannot write {what} {path}: choose a writable file path")
+        raise UsageError(f"cannot create the folder of {what} {path}: {exc.strerror}") from None
+    if path.is_dir():
+        raise UsageError(f"cannot write {what} {path}: it is a folder; choose a file path")
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot write {what} {path}: {exc.strerror}; choose a writable file path") from None
     return path
 
 

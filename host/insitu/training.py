@@ -58,6 +58,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None:
                 check_int(f"--{name.replace('_', '-')}", value)
+        check_int("--seed", self.seed, low=0)
         if self.lr is not None:
             check_number("--lr", self.lr)
         if self.model not in models:
@@ -72,6 +73,8 @@ class Algorithm:
     board_kinds: tuple[str, ...]
     twins_only: bool
     run: Callable[[TrainConfig, Board, Callable[[int], None]], dict]
+    #: The options the algorithm takes beyond the COMMON ones; any other is refused.
+    options: frozenset[str] = frozenset()
     #: models the algorithm trains (the first is its default), and its default batch size and lr
     models: tuple[str, ...] = ()
     batch_size: int | None = 32
@@ -81,17 +84,54 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {}
 
+#: The options every algorithm takes.
+COMMON_OPTIONS = frozenset({"board", "algo", "dataset", "data_dir", "model", "samples", "batch_size",
+                            "lr", "seed", "checkpoint", "checkpoint_every", "test_samples"})
+#: Options that apply to some boards only: (applies to the board?, to which boards).
+BOARD_OPTIONS: dict[str, tuple[Callable[[Board, TrainConfig], bool], str]] = {
+    "mode": (lambda b, c: b.is_twin, "simulated FPGA twins (a -sim board)"),
+    "bitstream": (lambda b, c: not b.is_twin, "real FPGA boards"),
+    "heap": (lambda b, c: b.is_twin and not c.port, "microcontroller twins that insitu starts (no --port)"),
+    "flash_dir": (lambda b, c: b.is_twin and not c.port,
+                  "microcontroller twins that insitu starts (no --port)"),
+    "twin": (lambda b, c: b.is_twin and not c.port, "microcontroller twins that insitu starts (no --port)"),
+}
+
+
+def applies(config: TrainConfig, name: str) -> bool:
+    """Whether option ``name`` is one of ``config``'s algorithm's (or not a training option)."""
+    algo = ALGORITHMS.get(config.algo)
+    return algo is None or not hasattr(config, name) or name in COMMON_OPTIONS | algo.options
+
+
+def check_applicable(config: TrainConfig, given, board: Board | None = None) -> None:
+    """Refuse an option the user gave (``given``: parameter names) that the algorithm or the board
+    does not use: it would be ignored silently."""
+    algo = ALGORITHMS.get(config.algo)
+    if algo is None:
+        raise UsageError(f"unknown --algo {config.algo!r}; known algorithms: {', '.join(ALGORITHMS)}")
+    for name in sorted(given):
+        flag = "--" + name.replace("_", "-")
+        if not applies(config, name):
+            users = [a.name for a in ALGORITHMS.values() if name in a.options]
+            raise UsageError(f"{flag} does not apply to --algo {algo.name} (it is an option of "
+                             f"--algo {', '.join(users)}): leave it out")
+        if board is not None and name in BOARD_OPTIONS and not BOARD_OPTIONS[name][0](board, config):
+            raise UsageError(f"{flag} does not apply to --board {board.name}: it applies to "
+                             f"{BOARD_OPTIONS[name][1]}")
+
 
 def register(algorithm: Algorithm) -> Algorithm:
     ALGORITHMS[algorithm.name] = algorithm
     return algorithm
 
 
-def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None) -> dict:
-    """Train as ``config`` says; ``advance(n)`` is called as samples are consumed (progress)."""
+def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None,
+          given=frozenset()) -> dict:
+    """Train as ``config`` says; ``advance(n)`` is called as samples are consumed (progress);
+    ``given``: the options the user set (one that does not apply is refused)."""
     board = get_board(config.board)
-    if config.algo not in ALGORITHMS:
-        raise UsageError(f"unknown --algo {config.algo!r}; known algorithms: {', '.join(ALGORITHMS)}")
+    check_applicable(config, given, board)
     algo = ALGORITHMS[config.algo]
     config = replace(config, model=algo.models[0] if config.model is None else config.model,
                      dataset=algo.dataset if config.dataset is None else config.dataset,
@@ -102,8 +142,6 @@ def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None) 
         fits = [b.name for b in load_boards().values() if b.kind in algo.board_kinds]
         raise UsageError(f"algorithm {algo.name!r} does not run on {board.name} ({board.kind}); "
                          f"boards it runs on: {', '.join(fits)}")
-    if config.twin is not None and board.kind != "mcu":
-        raise UsageError(f"--twin chooses a microcontroller twin; {board.name} is not one")
     if algo.twins_only and not board.is_twin:
         raise UsageError(f"algorithm {algo.name!r} runs on simulated twins only; "
                          f"use --board {board.name}-sim")
@@ -111,6 +149,10 @@ def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None) 
 
 
 # --------------------------------------------------------------------------- the reference SGD
+
+#: Test samples of the curve's probe (the first of the test set), at every point of the curve.
+PROBE_SAMPLES = 1000
+
 
 def accuracy(model: nn.Sequential, x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.argmax(model.predict(x), axis=1) == y))
@@ -122,7 +164,7 @@ class SGDLearner:
     def __init__(self, model: nn.Sequential, lr: float, x: np.ndarray, y: np.ndarray, seed: int):
         self.model, self.optimizer = model, nn.SGD(model, lr=lr)
         self.x, self.y, self.seed = x, y, seed
-        self.hits = self.seen = 0                  # training accuracy of this session
+        self.correct = self.seen = 0               # training accuracy of this session
 
     def train(self, start: int, count: int) -> float:
         batch = sample_order(len(self.x), self.seed, start, count)
@@ -132,7 +174,7 @@ class SGDLearner:
         loss, dlogits = nn.softmax_cross_entropy(logits, yb)
         self.model.backward(dlogits)
         self.optimizer.step()
-        self.hits += int(np.sum(np.argmax(logits, axis=1) == yb))
+        self.correct += int(np.sum(np.argmax(logits, axis=1) == yb))
         self.seen += len(batch)
         return loss
 
@@ -150,12 +192,17 @@ def _run_sgd(config: TrainConfig, board: Board, advance) -> dict:
     data = load_dataset(config.dataset, config.data_dir)
     x_train = data.float_images("train")[:, None]        # NCHW, one channel
     x_test = data.float_images("test")[:, None]
+    y_test = data.y_test
+    if config.test_samples is not None:
+        x_test, y_test = x_test[:config.test_samples], y_test[:config.test_samples]
+    probe = min(PROBE_SAMPLES, len(y_test))
     model = NETWORKS[config.model](data.sample_shape, data.num_classes, config.seed)
     learner = SGDLearner(model, config.lr, x_train, data.y_train, config.seed)
-    plan = RunPlan("insitu train --algo sgd", run_identity(config), config.samples,
+    plan = RunPlan("insitu train --algo sgd", run_identity(config, drop=("test_samples",)), config.samples,
                    config.batch_size, config.checkpoint, config.checkpoint_every)
     outcome = run_training(plan, learner, advance=advance, say=say,
-                           evaluate=lambda: {"accuracy": accuracy(model, x_test, data.y_test)})
+                           evaluate=lambda: {"accuracy": accuracy(model, x_test, y_test)},
+                           probe=lambda: {"test_accuracy": accuracy(model, x_test[:probe], y_test[:probe])})
     return {
         "board": board.name,
         "algo": config.algo,
@@ -170,7 +217,8 @@ def _run_sgd(config: TrainConfig, board: Board, advance) -> dict:
         "lr": config.lr,
         "seed": config.seed,
         "accuracy": outcome.evaluation["accuracy"],
-        "train_accuracy": learner.hits / learner.seen if learner.seen else None,
+        "test_samples": len(y_test),
+        "train_accuracy": learner.correct / learner.seen if learner.seen else None,
         "parameters": int(sum(p.value.size for p in model.parameters())),
     }
 
@@ -200,6 +248,7 @@ register(Algorithm(
     twins_only=False,
     run=_run_fpga("run_tt"),
     models=("paper", "tiny"),
+    options=frozenset({"mode", "bitstream", "rank"}),
     batch_size=64,
     lr=1e-3,
 ))
@@ -210,6 +259,7 @@ register(Algorithm(
     twins_only=False,
     run=_run_fpga("run_lrt"),
     models=("cnn", "mlp"),
+    options=frozenset({"mode", "bitstream", "rank", "env"}),
     batch_size=None,            # None: LRTConfig's dense_batch and lr (insitu lrt adapt's)
     lr=None,
 ))
@@ -228,6 +278,7 @@ register(Algorithm(
     twins_only=False,
     run=_run_sparse,
     models=("mbv2-28", "mbv2-tiny"),
+    options=frozenset({"scheme", "port", "flash_dir", "heap", "twin"}),
     batch_size=1,               # 1, as in the paper; N > 1 accumulates N samples' gradients per update
     lr=0.05,
     dataset="digits",

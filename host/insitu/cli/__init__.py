@@ -43,17 +43,18 @@ def main():
       insitu train                  on-device training on a simulated twin (the default board)
       insitu lrt adapt --env shift  low-rank training that spares NVM weight writes
       insitu tt train               tensor-train training with 4-bit factors
+      insitu runs compare A B       compare run folders (any command's --run-dir)
 
     Every command that reports figures takes --json. `insitu COMMAND --help` explains each one.
     """
 
 
 def _register():
-    from insitu.cli import (boards, data, deploy, doctor, e2train, flash, lrt, mcu, power, rtl, sweep, train,
-                            tt, writes)
+    from insitu.cli import (boards, data, deploy, doctor, e2train, flash, lrt, mcu, power, rtl, runs, sweep,
+                            train, tt, writes)
 
     for module in (boards, data, doctor, train, lrt, tt, rtl, deploy, mcu, flash, power, writes, sweep,
-                   e2train):
+                   e2train, runs):
         main.add_command(module.command)
 
 

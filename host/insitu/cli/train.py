@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import click
 
+from insitu.boards import get_board
+from insitu.cli.options import check_outputs, resolve_config, run_folder, run_options
 from insitu.cli.output import emit_json, progress, report
 from insitu.cli.power import measured, meter_options
 from insitu.errors import InsituError
-from insitu.io import atomic_write_json, check_writable
-from insitu.training import ALGORITHMS, TrainConfig, train
+from insitu.io import atomic_write_json
+from insitu.training import ALGORITHMS, TrainConfig, applies, check_applicable, train
 
 
 def _algo_help() -> str:
@@ -66,18 +71,27 @@ def _algo_help() -> str:
                    "Cortex-M7 (default; 32-bit, the board's heap), or unix, the MicroPython unix port "
                    "(faster, 64-bit).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result JSON here.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Draw the run's curve (loss, train and test accuracy against samples) as a PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @meter_options
-def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed, checkpoint,
-            checkpoint_every, mode, bitstream, rank, env, test_samples, scheme, port, flash_dir, heap, twin,
-            out, as_json, meter, power_out):
+@run_options
+@click.pass_context
+def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr, seed, checkpoint,
+            checkpoint_every, mode, bitstream, rank, env, test_samples, scheme, port, flash_dir, heap,
+            twin, out, plot, as_json, meter, power_out, config, run_dir, overrides):
     """Train a network on a board, or on its simulated twin (the default, ultra96v2-sim).
+
+    The result has a curve (loss and accuracy at regular points); options come from the command
+    line, a --config TOML file and KEY=VALUE arguments; --run-dir keeps everything of the run.
 
     \b
     Examples:
       insitu train --samples 6000 --json
       insitu train --board ultra96v2-sim --dataset digits --model cnn
       insitu train --checkpoint run.ckpt.npz     # interrupt it, run again: it resumes
+      insitu train --run-dir runs/a lr=0.1 --plot a.png     # a run folder; insitu runs compare
+      insitu train --config runs/a/config.toml seed=1 --run-dir runs/b
       insitu train --algo tt --samples 6000 --json             # TT training on the twin's PEs
       insitu train --algo tt --mode rtl --samples 64 --json     # one step on the compiled RTL
       insitu train --algo tt --model tiny --mode rtl-amaranth --samples 4 --batch-size 4 --test-samples 8
@@ -87,21 +101,32 @@ def command(board, algo, dataset, data_dir, model, samples, batch_size, lr, seed
       insitu train --board stm32f746-disco-sim --algo sparse --twin unix            # faster twin
       insitu train --board stm32f746-disco --port /dev/ttyACM0 --algo sparse --scheme bias-6
     """
-    if heap is not None:
+    given = resolve_config(ctx)
+    params = ctx.params
+    if params["heap"] is not None:
         from insitu.checks import parse_size
 
-        heap = parse_size(heap)
-    config = TrainConfig(board=board, algo=algo, dataset=dataset, data_dir=data_dir, model=model,
-                         samples=samples, batch_size=batch_size, lr=lr, seed=seed,
-                         checkpoint=checkpoint, checkpoint_every=checkpoint_every, mode=mode,
-                         bitstream=bitstream, rank=rank, env=env, test_samples=test_samples,
-                         scheme=scheme, port=port, flash_dir=flash_dir, heap=heap, twin=twin)
-    # Before any work (data, pre-training, a board): where the results go can be written.
-    for path, what in ((out, "--out"), (checkpoint, "--checkpoint")):
-        if path:
-            check_writable(path, what)
-    with progress(f"training on {board}", total=samples) as advance:
-        result = measured(meter, power_out, lambda: train(config, advance))
+        params["heap"] = parse_size(params["heap"])
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    config = TrainConfig(**{k: v for k, v in params.items() if k in fields})
+    # Before any work (data, pre-training, a board): the options apply, the results can be written.
+    check_applicable(config, given, get_board(config.board))
+    check_outputs(ctx, "out", "plot", "checkpoint", "power_out")
+    folder = run_folder(ctx, "insitu train", lambda name: applies(config, name))
+    if folder is not None and config.checkpoint is None:
+        config = dataclasses.replace(config, checkpoint=str(folder.checkpoint))
+    with (folder.running() if folder else contextlib.nullcontext()):
+        with progress(f"training on {config.board}", total=config.samples) as advance:
+            result = measured(meter, power_out, lambda: train(config, advance, given),
+                              run_dir=folder.path if folder else None)
+        plot_path = plot or (folder.file("plot.png") if folder else None)
+        if plot_path:
+            from insitu.runs import plot_curves
+
+            result["plot"] = str(plot_curves({config.algo: result.get("curve", [])}, plot_path,
+                                             title=f"insitu train --algo {config.algo} on {config.board}"))
+        if folder:
+            folder.finish(result)
     if as_json:
         emit_json(result)
     if out:

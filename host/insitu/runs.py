@@ -1,0 +1,253 @@
+"""Run folders: one folder per run, holding everything the run wrote, and comparison across runs.
+
+A command given ``--run-dir DIR`` writes there:
+
+* ``config.toml``: the resolved config (every option's value); ``insitu <command> --config
+  DIR/config.toml`` runs it again;
+* ``run.json``: the command, its config, its status (``running``, ``complete``, ``failed``,
+  ``interrupted``) and one summary row per training run (name, samples, seconds, final loss,
+  accuracy, energy, curve), what ``insitu runs compare`` reads;
+* ``result.json``: the command's result (what ``--json`` prints);
+* ``curve.csv``: the curve's points (``run,samples,loss,train_accuracy,test_accuracy``);
+* ``checkpoint.npz``, ``plot.png``, ``power.csv`` (with ``power.json``), as the command writes them.
+
+A folder holds one run: a folder of another run (another command, or a config that differs in
+more than the budget) is refused, never overwritten; a folder of the same run resumes it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from insitu.errors import InsituError, UsageError
+from insitu.io import atomic_write, atomic_write_json, to_jsonable
+
+#: The format of ``run.json``.
+FORMAT = "insitu-run-folder/1"
+RUN_FILE, CONFIG_FILE, RESULT_FILE, CURVE_FILE = "run.json", "config.toml", "result.json", "curve.csv"
+#: Options that set how much to run or where files go, not which run: a folder's run may be
+#: continued with more samples, or with checkpoints written more often.
+NOT_IDENTITY = frozenset({"samples", "epochs", "checkpoint", "checkpoint-every", "data-dir", "meter",
+                          "power-out"})
+#: The result keys a summary row takes its accuracy from, in order of preference.
+ACCURACY_KEYS = ("accuracy", "test_accuracy", "online_accuracy")
+CURVE_COLUMNS = ("run", "samples", "loss", "train_accuracy", "test_accuracy")
+
+
+def to_toml(config: dict) -> str:
+    """``config`` as TOML (None values are left out: TOML has no null; paths become strings)."""
+    import tomli_w
+
+    plain = {k: _plain(v) for k, v in config.items() if v is not None}
+    return tomli_w.dumps(plain)
+
+
+def _plain(value):
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _differences(saved: dict, wanted: dict) -> str:
+    keys = [k for k in sorted(set(saved) | set(wanted)) if k not in NOT_IDENTITY]
+    diff = [f"{k} {saved.get(k)!r} there, {wanted.get(k)!r} here" for k in keys
+            if saved.get(k) != wanted.get(k)]
+    return "; ".join(diff[:4]) + ("; ..." if len(diff) > 4 else "")
+
+
+class RunFolder:
+    """The folder of one run of ``command`` with ``config`` (the resolved options, JSON-ready)."""
+
+    def __init__(self, path: str | Path, command: str, config: dict):
+        self.path, self.command = Path(path), command
+        self.config = json.loads(json.dumps(config, default=to_jsonable))
+        self.resumed = False
+        self._check()
+
+    def _check(self) -> None:
+        """Refuse a path that is not a folder or is another run's folder (cheap: before any work)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise UsageError(f"--run-dir {self.path} is a file, not a folder: choose another path")
+        record = self.path / RUN_FILE
+        if self.path.is_dir() and any(self.path.iterdir()):
+            if not record.is_file():
+                raise UsageError(f"--run-dir {self.path} holds files of something else (no {RUN_FILE}): "
+                                 "choose a new or empty folder")
+            try:
+                saved = json.loads(record.read_text())
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"--run-dir {self.path}: cannot read {RUN_FILE} ({exc}): choose "
+                                 "another folder") from None
+            if saved.get("command") != self.command:
+                raise UsageError(f"--run-dir {self.path} holds a run of `{saved.get('command')}`, "
+                                 f"not `{self.command}`: choose another --run-dir")
+            differences = _differences(saved.get("config", {}), self.config)
+            if differences:
+                raise UsageError(f"--run-dir {self.path} holds another run ({differences}): choose "
+                                 "another --run-dir, or the same options to continue that run")
+            self.resumed = True
+
+    def start(self) -> None:
+        """Create the folder and write the config and a ``running`` record."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.file(CONFIG_FILE), to_toml(self.config))
+        except OSError as exc:
+            raise InsituError(f"cannot write --run-dir {self.path}: {exc.strerror}") from None
+        self._record("running")
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.file("checkpoint.npz")
+
+    def _record(self, status: str, rows: list[dict] | None = None, message: str | None = None) -> None:
+        record = {"format": FORMAT, "command": self.command, "config": self.config, "status": status,
+                  "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "message": message,
+                  "rows": rows or []}
+        atomic_write_json(self.file(RUN_FILE), record)
+
+    def finish(self, result, rows: list[dict] | None = None) -> None:
+        """Write the result, its curves and the ``complete`` record (rows: :func:`summary_rows`)."""
+        rows = summary_rows(result) if rows is None else rows
+        atomic_write_json(self.file(RESULT_FILE), result)
+        atomic_write(self.file(CURVE_FILE), curve_csv(rows))
+        self._record("complete", rows)
+
+    @contextmanager
+    def running(self):
+        """Around the run: the folder is written first; a run that raises is recorded as
+        ``interrupted`` (Ctrl-C, exit 130) or ``failed``, with its message."""
+        self.start()
+        try:
+            yield self
+        except BaseException as exc:
+            interrupted = isinstance(exc, KeyboardInterrupt) or getattr(exc, "exit_code", None) == 130
+            self.stopped("interrupted" if interrupted else "failed", str(exc) or type(exc).__name__)
+            raise
+
+    def stopped(self, status: str, message: str) -> None:
+        """Record that the run ended without a result (``failed`` or ``interrupted``)."""
+        try:
+            self._record(status, message=message)
+        except OSError:
+            pass                       # the run's own error is the one to report
+
+
+def summary_row(name: str, result: dict) -> dict:
+    """The figures runs are compared by, from one training result."""
+    accuracy = next((result[k] for k in ACCURACY_KEYS if result.get(k) is not None), None)
+    power = result.get("power") or {}
+    return {"name": name, "algo": result.get("algo") or result.get("variant") or result.get("scheme"),
+            "samples": result.get("samples"), "seconds": result.get("seconds"),
+            "final_loss": result.get("final_loss"), "accuracy": accuracy,
+            "energy_j": power.get("energy_j", result.get("energy_j")),
+            "curve": result.get("curve") or []}
+
+
+def summary_rows(result) -> list[dict]:
+    """One summary row per training run in ``result``: a record, or a list of named records."""
+    if isinstance(result, list):
+        return [summary_row(str(r.get("name", r.get("variant", i))), r) for i, r in enumerate(result)]
+    return [summary_row("", result)]
+
+
+def curve_csv(rows: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CURVE_COLUMNS)
+    for row in rows:
+        for point in row["curve"]:
+            writer.writerow([row["name"], *("" if point.get(c) is None else point[c]
+                                           for c in CURVE_COLUMNS[1:])])
+    return out.getvalue()
+
+
+# ----------------------------------------------------------------------------------- comparison
+
+@dataclass
+class ComparedRun:
+    folder: Path
+    command: str
+    status: str
+    config: dict
+    row: dict
+
+    @property
+    def label(self) -> str:
+        return self.folder.name + (f"/{self.row['name']}" if self.row["name"] else "")
+
+
+def load_runs(folders) -> list[ComparedRun]:
+    """Every summary row of every run folder, in order; a folder without a run is an error."""
+    runs = []
+    for folder in map(Path, folders):
+        record = folder / RUN_FILE
+        if not record.is_file():
+            raise UsageError(f"{folder} is not a run folder (no {RUN_FILE}): give folders written "
+                             "with --run-dir")
+        try:
+            saved = json.loads(record.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read {record}: {exc}") from None
+        rows = saved.get("rows") or [{"name": "", "algo": None, "samples": None, "seconds": None,
+                                      "final_loss": None, "accuracy": None, "energy_j": None,
+                                      "curve": []}]
+        runs += [ComparedRun(folder, saved.get("command", "?"), saved.get("status", "?"),
+                             saved.get("config", {}), row) for row in rows]
+    return runs
+
+
+def compare(folders) -> dict:
+    """One table across runs of any command: their figures and the options that differ."""
+    runs = load_runs(folders)
+    keys = sorted({k for r in runs for k in r.config})
+    differing = [k for k in keys if len({json.dumps(r.config.get(k)) for r in runs}) > 1]
+    return {"differing": differing,
+            "runs": [{"run": r.label, "folder": str(r.folder), "command": r.command, "status": r.status,
+                      **{k: v for k, v in r.row.items() if k != "curve"},
+                      "config": {k: r.config.get(k) for k in differing}, "curve": r.row["curve"]}
+                     for r in runs]}
+
+
+def plot_curves(curves: dict[str, list[dict]], path: str | Path, title: str = "") -> Path:
+    """Loss and accuracy (train dashed, test solid) against samples, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, curve in curves.items():
+        for ax, key, style in ((loss_ax, "loss", "-"), (acc_ax, "test_accuracy", "-"),
+                               (acc_ax, "train_accuracy", "--")):
+            points = [(p["samples"], p[key]) for p in curve if p.get(key) is not None]
+            if points:
+                xs, ys = zip(*points)
+                label = name if key != "train_accuracy" else f"{name} (train)"
+                ax.plot(xs, ys, style, marker="o", markersize=3, label=label or key)
+    loss_ax.set(xlabel="training samples", ylabel="training loss (mean since the last point)")
+    acc_ax.set(xlabel="training samples", ylabel="accuracy (solid: test probe, dashed: train)")
+    for ax in (loss_ax, acc_ax):
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no points recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
