@@ -54,7 +54,8 @@ def test_schedule_text_prints_ops_and_totals(run_cli):
 @pytest.mark.parametrize("args,message", [
     (("--ranks", "0"), "ranks"),
     (("--ranks", "a,b"), "--ranks takes comma-separated integers"),
-    (("--in-modes", "7,4", "--out-modes", "4,4,2"), "in_modes"),
+    (("--in-modes", "7,4", "--out-modes", "4,4,2"), "--in-modes [7, 4] and --out-modes"),
+    (("--batch-size", "0"), "--batch-size must be an integer >= 1"),
 ])
 def test_schedule_bad_input_is_a_usage_error(run_cli, args, message):
     run = run_cli("tt", "schedule", *args)
@@ -67,7 +68,7 @@ def test_schedule_bad_input_is_a_usage_error(run_cli, args, message):
 def test_train_float_prints_json_and_writes_out_and_plot(run_cli, tmp_path):
     # 128 training samples, one epoch; the 10,000 test samples are evaluated too: about 3 s.
     out, plot = tmp_path / "res" / "tt.json", tmp_path / "tt.png"
-    run = run_cli("tt", "train", "--variant", "float", "--epochs", "1", "--train-samples", "128",
+    run = run_cli("tt", "train", "--variant", "float", "--epochs", "1", "--train-size", "128",
                   "--out", out, "--plot", plot, "--json")
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
@@ -98,9 +99,12 @@ def test_report_refuses_a_file_that_is_not_a_result(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize("args,field", [
-    (("--epochs", "0"), "epochs"),
-    (("--lr", "0"), "lr"),
-    (("--prune-threshold", "1"), "prune_threshold"),
+    (("--epochs", "0"), "--epochs must be an integer >= 1"),
+    (("--batch-size", "0"), "--batch-size must be an integer >= 1"),
+    (("--train-size", "0"), "--train-size must be an integer >= 1"),
+    (("--lr", "0"), "--lr must be a positive number"),
+    (("--prune-threshold", "1"), "--prune-threshold must be in [0, 1)"),
+    (("--rank", "64", "--batch-size", "256"), "--rank 64 with --batch-size 256 does not fit"),
     (("--variant", "sparse"), "--variant"),
 ])
 def test_train_bad_input_is_a_usage_error(run_cli, args, field):
@@ -113,9 +117,35 @@ def test_train_bad_input_is_a_usage_error(run_cli, args, field):
 def test_train_unwritable_out_fails_before_training(run_cli, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    run = run_cli("tt", "train", "--variant", "float", "--epochs", "1", "--train-samples", "64",
+    run = run_cli("tt", "train", "--variant", "float", "--epochs", "1", "--train-size", "64",
                   "--out", blocker / "tt.json", "--json", timeout=60)
     assert run.returncode != 0, (run.stdout, run.stderr)
     assert "--out" in run.stderr and "Traceback" not in run.stderr
     assert run.stdout == ""                                   # no result: nothing was trained
     assert blocker.read_text() == "not a folder"
+
+
+def test_train_unwritable_plot_fails_before_training(run_cli):
+    # /proc lets root pass a permission check but refuses new files: found before any training.
+    run = run_cli("tt", "train", "--variant", "float", "--epochs", "1", "--train-size", "64",
+                  "--plot", "/proc/x.png", timeout=60)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert "--plot" in run.stderr and "/proc/x.png" in run.stderr
+    assert "Traceback" not in run.stderr and run.stdout == ""
+
+
+@pytest.mark.parametrize("command,new,old,args", [
+    (("tt", "train"), "--train-size", "--train-samples", ("--train-samples", "0")),
+    (("tt", "schedule"), "--batch-size", "--batch", ("--batch", "4", "--json")),
+    (("tt", "bench"), "--batch-size", "--batch", ("--batch", "0")),
+])
+def test_older_spellings_still_work_and_help_shows_the_new_one(run_cli, command, new, old, args):
+    help_text = run_cli(*command, "--help").stdout
+    assert new in help_text and f"{old} " not in help_text and f"{old}\n" not in help_text
+    run = run_cli(*command, *args, timeout=60)
+    if "--json" in args:
+        assert run.returncode == 0, run.stderr
+        new_run = run_cli(*command, new, *args[1:], timeout=60)
+        assert run.stdout == new_run.stdout
+    else:                                   # a bad value: the error names the current spelling
+        assert run.returncode == 2 and f"{new} must be an integer >= 1" in run.stderr, run.stderr

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
+from insitu.cli.options import option
 from insitu.cli.output import (emit_json, per_run_path, progress, report, usage_errors,
                                write_json)
+from insitu.checks import check_int
 from insitu.errors import UsageError
 from insitu.io import check_writable
 from insitu.tt.experiment import VARIANTS
@@ -20,7 +24,7 @@ def command():
       insitu tt train --variant fixed-prior --epochs 10 --json
       insitu tt train --variant all --epochs 10 --plot tt.png --out tt.json
       insitu tt report fixed.json fixed-prior.json --plot tt.png
-      insitu tt schedule --batch 64
+      insitu tt schedule --batch-size 64
     """
 
 
@@ -45,8 +49,8 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
               help="Prune a rank slice whose lambda is below this fraction of its core's largest.")
 @click.option("--prior-weight", type=float, default=5.0, show_default=True,
               help="Multiplier of the prior term g / N.")
-@click.option("--train-samples", type=int, default=None,
-              help="Train on this many samples of the training set (default: all).")
+@option("--train-size", "train_size", aliases=("--train-samples",), type=int, default=None,
+        help="Train on a subset of this many samples of the training set (default: all).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--dataset", default="fashion-mnist", show_default=True)
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
@@ -59,7 +63,7 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
                    "with --variant all, one file per variant.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, prior_weight,
-          train_samples, seed, dataset, data_dir, plot, out, checkpoint, as_json):
+          train_size, seed, dataset, data_dir, plot, out, checkpoint, as_json):
     """Train the two-layer TT network on FashionMNIST (the paper's Table 1)."""
     from insitu.tt.report import format_table, plot_history
     from insitu.harness import say
@@ -69,17 +73,17 @@ def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, p
     configs = [TTTrainConfig(variant=v, epochs=epochs, batch_size=batch_size, lr=lr,
                              lr_schedule=lr_schedule, rank=rank,
                              prune_threshold=prune_threshold, prior_weight=prior_weight,
-                             train_samples=train_samples, seed=seed, dataset=dataset,
+                             train_samples=train_size, seed=seed, dataset=dataset,
                              data_dir=data_dir) for v in variants]
     for config in configs:
         usage_errors(load_training_data, config)
     for path, what in ((plot, "--plot"), (out, "--out"), (checkpoint, "--checkpoint")):
         if path:
-            check_writable(path, what)
+            check_writable(path, what)          # before the training (exit 2)
 
     results = []
     for config in configs:
-        total = epochs * (train_samples or 60_000)
+        total = epochs * (train_size or 60_000)
         with progress(f"tt {config.variant}", total=total) as advance:
             results.append(run_tt_training(config, advance=advance, say=say,
                                            checkpoint=per_run_path(checkpoint, config.variant,
@@ -135,7 +139,7 @@ def report_cmd(results, plot):
 @click.option("--out-modes", default="4,4,2,16", show_default=True)
 @click.option("--ranks", default="16", show_default=True,
               help="One rank for every internal rank, or the d-1 internal ranks.")
-@click.option("--batch", type=int, default=1, show_default=True)
+@option("--batch-size", "batch", aliases=("--batch",), type=int, default=1, show_default=True)
 @click.option("--first-layer/--not-first-layer", default=True, show_default=True,
               help="A first layer needs no input gradient.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ops as JSON.")
@@ -144,10 +148,14 @@ def schedule(in_modes, out_modes, ranks, batch, first_layer, as_json):
     from insitu.tt.schedule import layer_schedule, macs_by_kind
 
     rank_list = _int_list(ranks, "--ranks")
-    ops = usage_errors(layer_schedule, _int_list(in_modes, "--in-modes"),
-                       _int_list(out_modes, "--out-modes"),
-                       rank_list[0] if len(rank_list) == 1 else rank_list, batch,
-                       input_grad=not first_layer)
+    check_int("--batch-size", batch)
+    try:
+        ops = layer_schedule(_int_list(in_modes, "--in-modes"), _int_list(out_modes, "--out-modes"),
+                             rank_list[0] if len(rank_list) == 1 else rank_list, batch,
+                             input_grad=not first_layer)
+    except ValueError as exc:            # the schedule names its arguments; say the options
+        message = re.sub(r"\b(in|out)_modes\b", r"--\1-modes", str(exc))
+        raise UsageError(re.sub(r"^(TT )?ranks\b", "--ranks", message)) from None
     if as_json:
         emit_json({"ops": [op.describe() for op in ops], "macs_by_kind": macs_by_kind(ops),
                    "macs": sum(op.macs for op in ops)})
@@ -160,7 +168,7 @@ def schedule(in_modes, out_modes, ranks, batch, first_layer, as_json):
 
 
 @command.command("bench")
-@click.option("--batch", type=int, default=64, show_default=True)
+@option("--batch-size", "batch", aliases=("--batch",), type=int, default=64, show_default=True)
 @click.option("--steps", type=int, default=5, show_default=True, help="Steps per timed pass.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def bench(batch, steps, as_json):
@@ -169,8 +177,7 @@ def bench(batch, steps, as_json):
 
     from insitu.tt.experiment import TTTrainConfig
 
-    if steps < 1:
-        raise UsageError(f"--steps must be >= 1, got {steps}")
+    check_int("--steps", steps)
     usage_errors(TTTrainConfig(variant="fixed", batch_size=batch).validate)
     result = run_bench(batch=batch, steps=steps)
     if as_json:

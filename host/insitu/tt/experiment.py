@@ -57,29 +57,37 @@ class TTTrainConfig:
     dataset: str = "fashion-mnist"
     data_dir: str | None = None
 
+    #: How the errors name each field: the option of `insitu tt train` that sets it.
+    OPTIONS = {"variant": "--variant", "epochs": "--epochs", "batch_size": "--batch-size",
+               "lr": "--lr", "lr_schedule": "--lr-schedule", "rank": "--rank",
+               "prune_threshold": "--prune-threshold", "prior_weight": "--prior-weight",
+               "train_samples": "--train-size", "seed": "--seed", "dataset": "--dataset"}
+
     def validate(self) -> None:
+        opt = self.OPTIONS
         if self.variant not in VARIANTS:
-            raise ValueError(f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
+            raise ValueError(f"unknown {opt['variant']} {self.variant!r}; choose one of {', '.join(VARIANTS)}")
         for name in ("epochs", "batch_size", "rank", "eval_train_samples"):
-            check_int(name, getattr(self, name))
+            check_int(opt.get(name, name), getattr(self, name))
         if self.train_samples is not None:
-            check_int("train_samples", self.train_samples)
+            check_int(opt["train_samples"], self.train_samples)
         if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+            raise ValueError(f"{opt['lr_schedule']} must be one of {', '.join(LR_SCHEDULES)}, "
+                             f"got {self.lr_schedule!r}")
         if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
+            raise ValueError(f"{opt['lr']} must be a positive number, got {self.lr}")
         if not 0 <= self.prune_threshold < 1:
-            raise ValueError(f"prune_threshold must be in [0, 1), got {self.prune_threshold}")
+            raise ValueError(f"{opt['prune_threshold']} must be in [0, 1), got {self.prune_threshold}")
         if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
-            raise ValueError(f"prior_weight must be >= 0, got {self.prior_weight}")
+            raise ValueError(f"{opt['prior_weight']} must be >= 0, got {self.prior_weight}")
         if VARIANTS[self.variant][0]:
             # Every op of a training step must fit the PEs (the float variants run the same ops).
             for k, (in_modes, out_modes) in enumerate(PAPER_LAYERS):
                 try:
                     layer_schedule(in_modes, out_modes, self.rank, self.batch_size, input_grad=k > 0)
                 except ValueError as exc:
-                    raise ValueError(f"rank {self.rank} with batch_size {self.batch_size} does not "
-                                     f"fit the PEs: {exc}") from None
+                    raise ValueError(f"{opt['rank']} {self.rank} with {opt['batch_size']} "
+                                     f"{self.batch_size} does not fit the PEs: {exc}") from None
 
 
 def load_training_data(config: TTTrainConfig):
@@ -93,8 +101,8 @@ def load_training_data(config: TTTrainConfig):
         raise ValueError(f"the TT network takes 28x28 images of {CLASSES} classes; {config.dataset} "
                          f"has {data.sample_shape} samples of {data.num_classes} classes")
     if config.train_samples is not None and config.train_samples > len(data.x_train):
-        raise ValueError(f"train_samples={config.train_samples} exceeds the {len(data.x_train)} "
-                         f"training samples of {config.dataset}")
+        raise ValueError(f"{config.OPTIONS['train_samples']} {config.train_samples} exceeds the "
+                         f"{len(data.x_train)} training samples of {config.dataset}")
     return (pad_images(data.x_train / 255.0), np.asarray(data.y_train),
             pad_images(data.x_test / 255.0), np.asarray(data.y_test))
 
