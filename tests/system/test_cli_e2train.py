@@ -1,5 +1,5 @@
 """`insitu e2train run`: a tiny real experiment end to end (baseline and all three techniques),
-resuming from --out, measured with a synthetic meter, and bad input."""
+resuming from --out-dir, measured with a synthetic meter, and bad input."""
 
 import json
 import os
@@ -15,19 +15,19 @@ pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-TINY = ("--epochs", "1", "--train-samples", "256", "--test-samples", "128", "--width", "4",
+TINY = ("--epochs", "1", "--train-size", "256", "--test-samples", "128", "--width", "4",
         "--blocks-per-stage", "1", "--batch-size", "32")
 
 
 def _insitu(*args):
     return subprocess.run([str(BIN / "insitu"), "e2train", "run", *map(str, args)], capture_output=True,
-                          text=True, timeout=600, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+                          text=True, timeout=600, cwd=ROOT, env={**os.environ, "COLUMNS": "80"})
 
 
 @pytest.fixture(scope="module")
 def all_three(tmp_path_factory):
     out = tmp_path_factory.mktemp("e2") / "run"
-    proc = _insitu("--techniques", "smd,slu,psg", *TINY, "--out", out, "--plot", out / "fig.png", "--json")
+    proc = _insitu("--techniques", "smd,slu,psg", *TINY, "--out-dir", out, "--plot", out / "fig.png", "--json")
     assert proc.returncode == 0, proc.stderr
     return out, json.loads(proc.stdout)
 
@@ -59,12 +59,16 @@ def test_writes_rows_plot_and_resumes(all_three):
     saved = json.loads((out / "e2train.json").read_text())
     assert saved["baseline_accuracy"] == result["baseline_accuracy"]
     # A rerun reuses both finished rows (same key) and reports the same figures.
-    proc = _insitu("--techniques", "smd,slu,psg", *TINY, "--out", out)
+    proc = _insitu("--techniques", "smd,slu,psg", *TINY, "--out-dir", out)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("reusing") == 2
     assert "smd+slu+psg" in proc.stdout and "sgd32" in proc.stdout
+    # Piped (and COLUMNS=80), the table cuts no header and no cell.
+    for header in ("comp. sav. %", "energy sav. %", "meas. sav. %", "PSG pred.", "dropped"):
+        assert header in proc.stdout, header
+    assert "…" not in proc.stdout
     # Another PSG threshold: the baseline is shared, the E2-Train row is new.
-    proc = _insitu("--techniques", "smd,slu,psg", *TINY, "--out", out, "--beta", "0.1")
+    proc = _insitu("--techniques", "smd,slu,psg", *TINY, "--out-dir", out, "--beta", "0.1")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("reusing") == 1 and "sgd32: reusing" in " ".join(proc.stderr.split())
     assert len(list((out / "rows").glob("*.json"))) == 3
@@ -84,11 +88,19 @@ def test_measured_energy_per_row(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--smd-p", "1.5"), "SMD drop probability must be in [0, 1]"),
-    (("--smd-p", "-0.1"), "SMD drop probability must be in [0, 1]"),
-    (("--smd-energy-ratio", "0"), "SMD energy ratio must be in (0, 1]"),
-    (("--beta", "0"), "beta must be in (0, 1)"),
-    (("--beta", "1"), "beta must be in (0, 1)"),
+    (("--smd-p", "1.5"), "--smd-p (SMD's drop probability) must be in [0, 1]"),
+    (("--smd-p", "-0.1"), "--smd-p (SMD's drop probability) must be in [0, 1]"),
+    (("--smd-energy-ratio", "0"), "--smd-energy-ratio must be in (0, 1]"),
+    (("--beta", "0"), "--beta must be in (0, 1)"),
+    (("--beta", "1"), "--beta must be in (0, 1)"),
+    (("--batch-size", "0"), "--batch-size must be >= 1, got 0"),
+    (("--train-size", "0"), "--train-size must be >= 1, got 0"),
+    (("--test-samples", "0"), "--test-samples must be >= 1, got 0"),
+    (("--psg-lr", "0"), "--psg-lr must be > 0"),
+    (("--slu-alpha", "-1"), "--slu-alpha must be >= 0"),
+    (("--train-size", "100000"), "asked for --train-size 100000 and --test-samples 128"),
+    (("--plot", "/proc/x.png"), "cannot write --plot /proc/x.png"),
+    (("--out-dir", "/proc/e2"), "--out-dir /proc/e2"),
     (("--techniques", "smd,dropout"), "unknown E2-Train technique(s) dropout"),
     (("--techniques", "slu", "--blocks-per-stage", "0"), "has none"),
 ])
@@ -96,6 +108,17 @@ def test_bad_input_exits_2_with_a_clear_message(args, message):
     proc = _insitu(*TINY, *args)
     assert proc.returncode == 2, proc.stderr
     assert message in " ".join(proc.stderr.split())
+
+
+@pytest.mark.parametrize("new, old, args, message", [
+    ("--train-size", "--train-samples", ("--train-samples", "0"), "--train-size must be >= 1"),
+    ("--out-dir", "--out", ("--out", "/proc/e2"), "--out-dir /proc/e2"),
+])
+def test_older_spellings_still_work_and_help_shows_the_new_one(new, old, args, message):
+    help_text = _insitu("--help").stdout
+    assert new in help_text and f"{old} " not in help_text
+    proc = _insitu(*args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
 def test_a_sweep_of_e2train_points_shares_the_baseline(tmp_path):

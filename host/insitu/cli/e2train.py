@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from insitu.cli.output import console, emit_json, progress, report, usage_errors
+from insitu.cli.options import option
+from insitu.cli.output import console, emit_json, print_table, progress, usage_errors
 from insitu.cli.power import measured, meter_options
 from insitu.errors import UsageError
 
@@ -19,7 +20,7 @@ def command():
     \b
     Examples:
       insitu e2train run --techniques smd,slu,psg --epochs 6 --json
-      insitu e2train run --ablation --epochs 6 --out e2 --plot e2/accuracy_energy.png
+      insitu e2train run --ablation --epochs 6 --out-dir e2 --plot e2/accuracy_energy.png
       insitu e2train run --techniques psg --meter synthetic:sine --power-out e2/power.csv
     """
 
@@ -38,9 +39,10 @@ def _fmt(value, spec=".3f", scale=1.0):
 @click.option("--epochs", type=int, default=6, show_default=True,
               help="Epochs of the baseline and of the rows without SMD (see --smd-energy-ratio).")
 @click.option("--batch-size", type=int, default=64, show_default=True)
-@click.option("--train-samples", type=int, default=10000, show_default=True,
-              help="FashionMNIST training images used (a fixed random subset).")
-@click.option("--test-samples", type=int, default=2000, show_default=True)
+@option("--train-size", "train_size", aliases=("--train-samples",), type=int, default=10000,
+        show_default=True, help="Training images used (a fixed random subset of the dataset).")
+@click.option("--test-samples", type=int, default=2000, show_default=True,
+              help="Test images scoring every row (a fixed random subset).")
 @click.option("--lr", type=float, default=0.1, show_default=True,
               help="SGD learning rate (baseline, SMD, SLU).")
 @click.option("--psg-lr", type=float, default=0.01, show_default=True,
@@ -62,8 +64,8 @@ def _fmt(value, spec=".3f", scale=1.0):
               help="Residual blocks per stage (ResNet-(6n+2)).")
 @click.option("--dataset", default="fashion-mnist", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for e2train.json and rows/<row>-<key>.json (+ .npz weights); finished rows "
+@option("--out-dir", "out_dir", aliases=("--out",), type=click.Path(file_okay=False, path_type=Path),
+        default=None, help="Folder for e2train.json and rows/<row>-<key>.json (+ .npz weights); finished rows "
                    "are reused by any run with the same settings for them, and the row in progress "
                    "keeps a checkpoint there (Ctrl-C, then the same command resumes it).")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -71,9 +73,9 @@ def _fmt(value, spec=".3f", scale=1.0):
                    "cumulative energy over training.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @meter_options
-def run(techniques, ablation, epochs, batch_size, train_samples, test_samples, lr, psg_lr, smd_p,
-        smd_energy_ratio, beta, slu_alpha, slu_target, width, blocks_per_stage, dataset, seed, out, plot,
-        as_json, meter, power_out):
+def run(techniques, ablation, epochs, batch_size, train_size, test_samples, lr, psg_lr, smd_p,
+        smd_energy_ratio, beta, slu_alpha, slu_target, width, blocks_per_stage, dataset, seed, out_dir,
+        plot, as_json, meter, power_out):
     """Train the 32-bit SGD baseline and E2-Train rows on a small ResNet; print accuracy,
     baseline accuracy, computational saving (counted MACs) and energy saving (estimated from a
     bit-width-aware per-operation energy table; measured too with --meter)."""
@@ -83,21 +85,24 @@ def run(techniques, ablation, epochs, batch_size, train_samples, test_samples, l
     if not ablation and techniques.strip().lower() not in ("none", ""):
         rows = [usage_errors(experiment.parse_techniques, techniques)]
     config = usage_errors(experiment.E2Config, epochs=epochs, batch_size=batch_size,
-                          train_samples=train_samples, test_samples=test_samples, lr=lr, psg_lr=psg_lr,
+                          train_samples=train_size, test_samples=test_samples, lr=lr, psg_lr=psg_lr,
                           smd_p=smd_p, smd_energy_ratio=smd_energy_ratio, beta=beta, slu_alpha=slu_alpha,
                           slu_target=slu_target, width=width, blocks_per_stage=blocks_per_stage,
                           dataset=dataset, seed=seed)
     if "slu" in {t for r in rows for t in r} and blocks_per_stage < 1:
         raise UsageError("SLU gates residual blocks, and a ResNet with --blocks-per-stage 0 has none; "
                          "use --blocks-per-stage 1 or more, or leave slu out of --techniques")
+    from insitu.io import check_writable
+
     if plot:
-        from insitu.io import check_writable
-        check_writable(plot, "the plot")
+        check_writable(plot, "--plot")                        # before the training (exit 2)
+    if out_dir:
+        check_writable(Path(out_dir) / "e2train.json", "--out-dir")
 
     def work():
         total = experiment.total_samples(config, rows)
         with progress("e2train", total=total, enabled=not as_json) as advance:
-            return usage_errors(experiment.run_experiment, config, rows, out, advance,
+            return usage_errors(experiment.run_experiment, config, rows, out_dir, advance,
                                 log=lambda msg: console.print(f"[yellow]{msg}[/]"))
 
     summary = measured(meter, power_out, work)
@@ -122,7 +127,7 @@ def run(techniques, ablation, epochs, batch_size, train_samples, test_samples, l
 
 
 def _attach_measured(summary: dict) -> None:
-    """Measured energy per row from the meter's phases (rows reused from --out were not measured)."""
+    """Measured energy per row from the meter's phases (rows reused from --out-dir were not measured)."""
     by_phase = summary.get("power", {}).get("by_phase", {})
     base = by_phase.get("sgd32", {}).get("energy_j")
     for row in summary["rows"]:
@@ -139,11 +144,11 @@ def _print_table(summary: dict) -> None:
                         f"(width {cfg['width']}) on {cfg['dataset']}, {cfg['epochs']} epochs")
     for col in ("row", "acc. %", "loss pts", "comp. sav. %", "energy sav. %", "est. J", "meas. sav. %",
                 "PSG pred.", "SLU skip", "epochs", "dropped", "s"):
-        table.add_column(col, justify="left" if col == "row" else "right", no_wrap=col == "row")
+        table.add_column(col, justify="left" if col == "row" else "right")
     for r in summary["rows"]:
         table.add_row(r["row"], _fmt(r["accuracy"], ".2f", 100), _fmt(r["accuracy_loss"], "+.2f", 100),
                       _fmt(r["computational_saving"], ".1f", 100), _fmt(r["energy_saving"], ".1f", 100),
                       _fmt(r["energy_j"], ".3g"), _fmt(r.get("measured_energy_saving"), ".1f", 100),
                       _fmt(r["psg_predicted_fraction"], ".2f"), _fmt(r["slu_skip_ratio"], ".2f"),
                       str(r["epochs"]), f"{r['dropped_batches']}/{r['batches']}", f"{r['train_seconds']:.0f}")
-    report.print(table)
+    print_table(table)

@@ -56,6 +56,15 @@ TRAINING_LOOP = 2
 ABLATION_ROWS = (("smd",), ("slu",), ("psg",), ("smd", "slu", "psg"))
 
 
+#: How the errors name each field of :class:`E2Config`: the option of `insitu e2train run` that
+#: sets it (fields without one keep their name).
+OPTIONS = {"epochs": "--epochs", "batch_size": "--batch-size", "train_samples": "--train-size",
+           "test_samples": "--test-samples", "lr": "--lr", "psg_lr": "--psg-lr", "smd_p": "--smd-p",
+           "smd_energy_ratio": "--smd-energy-ratio", "beta": "--beta", "slu_alpha": "--slu-alpha",
+           "slu_target": "--slu-target", "width": "--width", "blocks_per_stage": "--blocks-per-stage",
+           "dataset": "--dataset", "seed": "--seed"}
+
+
 @dataclass(frozen=True)
 class E2Config:
     """Everything a run's result depends on (its key for resuming)."""
@@ -80,24 +89,27 @@ class E2Config:
     seed: int = 0
 
     def __post_init__(self):
+        opt = OPTIONS
         if not 0.0 <= self.smd_p <= 1.0:
-            raise ValueError(f"SMD drop probability must be in [0, 1], got {self.smd_p}")
+            raise ValueError(f"{opt['smd_p']} (SMD's drop probability) must be in [0, 1], got {self.smd_p}")
         if not 0.0 < self.smd_energy_ratio <= 1.0:
-            raise ValueError(f"SMD energy ratio must be in (0, 1], got {self.smd_energy_ratio}")
+            raise ValueError(f"{opt['smd_energy_ratio']} must be in (0, 1], got {self.smd_energy_ratio}")
         if not 0.0 <= self.slu_target <= 1.0:
-            raise ValueError(f"SLU target skip ratio must be in [0, 1], got {self.slu_target}")
+            raise ValueError(f"{opt['slu_target']} (SLU's skip ratio) must be in [0, 1], got {self.slu_target}")
         if not 0.0 < self.beta < 1.0:
-            raise ValueError(f"PSG beta must be in (0, 1) (the paper uses 0.05), got {self.beta}")
+            raise ValueError(f"{opt['beta']} must be in (0, 1) (the paper uses 0.05), got {self.beta}")
         for name in ("epochs", "batch_size", "train_samples", "test_samples", "width", "downsample"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"{opt.get(name, name)} must be >= 1, got {getattr(self, name)}")
         if self.blocks_per_stage < 0:
-            raise ValueError(f"blocks_per_stage must be >= 0, got {self.blocks_per_stage}")
+            raise ValueError(f"{opt['blocks_per_stage']} must be >= 0, got {self.blocks_per_stage}")
         for name in ("lr", "psg_lr"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.slu_alpha < 0 or self.weight_decay < 0 or self.psg_weight_decay < 0:
-            raise ValueError("slu_alpha and the weight decays must be >= 0")
+                raise ValueError(f"{opt[name]} must be > 0, got {getattr(self, name)}")
+        if self.slu_alpha < 0:
+            raise ValueError(f"{opt['slu_alpha']} must be >= 0, got {self.slu_alpha}")
+        if self.weight_decay < 0 or self.psg_weight_decay < 0:
+            raise ValueError("the weight decays must be >= 0")
 
     def key(self, techniques: tuple[str, ...] = TECHNIQUES) -> str:
         """A hash of :meth:`row_fields`: a cached row is reused only when its key matches, so
@@ -157,7 +169,8 @@ def load_data(config: E2Config) -> Data:
     ds = load_dataset(config.dataset)
     if config.train_samples > len(ds.x_train) or config.test_samples > len(ds.x_test):
         raise ValueError(f"{config.dataset} has {len(ds.x_train)} training and {len(ds.x_test)} test "
-                         f"images; asked for {config.train_samples} and {config.test_samples}")
+                         f"images; asked for {OPTIONS['train_samples']} {config.train_samples} and "
+                         f"{OPTIONS['test_samples']} {config.test_samples}")
     rng = np.random.default_rng(config.seed)
     tr = rng.permutation(len(ds.x_train))[:config.train_samples]
     te = rng.permutation(len(ds.x_test))[:config.test_samples]
