@@ -184,6 +184,12 @@ def _jsonable(value):
     return json.loads(json.dumps(value, default=to_jsonable))
 
 
+def _as_test_figures(evaluation: dict) -> dict:
+    """An evaluation's figures as a curve point's: its ``accuracy`` is the ``test_accuracy``."""
+    return {("test_accuracy" if k == "accuracy" else k): v for k, v in evaluation.items()
+            if isinstance(v, (int, float)) or v is None}
+
+
 def _differences(saved: dict, wanted: dict) -> str:
     keys = sorted(set(saved) | set(wanted))
     diff = [f"{k} {saved.get(k)!r} there, {wanted.get(k)!r} here" for k in keys
@@ -310,6 +316,8 @@ def run_training(plan: RunPlan, learner: Learner, *,
         losses, history, seconds_before = run["losses"], run["history"], run["seconds"]
         window = run["epoch_losses"]
         curve, point_losses = run.get("curve", []), run.get("point_losses", [])
+        if run.get("curve_ends_at_budget") and curve:
+            curve.pop()            # that run's last point; this run goes on past it
         say(f"resumed from {checkpoint} at {done} samples")
         advance(done)
 
@@ -329,7 +337,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
             "format": FORMAT, "learner": meta,
             "run": {"command": plan.command, "identity": identity, "samples_done": done,
                     "losses": losses[-LOSS_WINDOW:], "epoch_losses": window, "history": history,
-                    "curve": curve, "point_losses": point_losses,
+                    "curve": curve, "point_losses": point_losses, "curve_ends_at_budget": at_budget,
                     "seconds": seconds_before + trained_seconds}})
 
     marks = _TrainingPhase(phase)
@@ -349,17 +357,25 @@ def run_training(plan: RunPlan, learner: Learner, *,
     every = plan.curve_interval()
     correct_then = getattr(learner, "correct", None)
     trained_then = done
+    at_budget = False                # the last point marks the budget's end, not a regular point
 
-    def add_point() -> None:
-        nonlocal correct_then, trained_then, point_losses
+    def add_point(evaluated: dict | None = None, regular: bool = True) -> None:
+        """A point of the curve here: with ``evaluated`` (an evaluation just made), else a probe.
+        A point that is not ``regular`` (the budget's end) leaves the interval open: a resumed
+        run drops it and goes on with the interval's losses."""
+        nonlocal correct_then, trained_then, point_losses, at_budget
         point: dict = {"samples": done,
                        "loss": float(np.mean(point_losses)) if point_losses else None}
         correct_now = getattr(learner, "correct", None)
         if correct_now is not None and correct_then is not None and done > trained_then:
             point["train_accuracy"] = (correct_now - correct_then) / (done - trained_then)
-        point.update(run_evaluation(probe) if probe is not None else {})
+        if evaluated is None and probe is not None:
+            evaluated = run_evaluation(probe)
+        point.update(_as_test_figures(evaluated or {}))
         curve.append(point)
-        correct_then, trained_then, point_losses = correct_now, done, []
+        at_budget = not regular
+        if regular:
+            correct_then, trained_then, point_losses = correct_now, done, []
 
     first = done
     next_save = (done // plan.checkpoint_every + 1) * plan.checkpoint_every
@@ -390,8 +406,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
                 window.append(float(loss))
                 point_losses.append(float(loss))
                 note(loss=float(np.mean(losses[-LOSS_WINDOW:])))
-            if done // every > (done - count) // every or done == plan.samples:
-                add_point()
+            regular_point = done // every > (done - count) // every
             if ended_epoch and plan.evaluate_every_epoch:
                 evaluation, evaluated_at = run_evaluation(), done
                 history.append({"epoch": epoch, "samples": done,
@@ -399,6 +414,9 @@ def run_training(plan: RunPlan, learner: Learner, *,
                                 "seconds": seconds_before + trained_seconds,
                                 **(epoch_figures or {}), **evaluation})
                 window = []
+                add_point(evaluation)
+            elif regular_point or done == plan.samples:
+                add_point(regular=regular_point)
             stopping = stop.received is not None and done < plan.samples
             if checkpoint is not None and (done >= next_save or ended_epoch or done == plan.samples
                                            or stopping):
@@ -418,6 +436,8 @@ def run_training(plan: RunPlan, learner: Learner, *,
         save()                     # a resumed run with nothing left still leaves its checkpoint
     if evaluated_at != done:               # not just evaluated at the last epoch's end
         evaluation = run_evaluation()      # Ctrl-C here stops at once: the checkpoint is written
+        if curve and curve[-1]["samples"] == done and probe is None:
+            curve[-1].update(_as_test_figures(evaluation))
     return RunOutcome(samples=done, resumed_from=resumed_from,
                       seconds=seconds_before + trained_seconds,
                       samples_per_second=(done - first) / trained_seconds if trained_seconds > 0 else None,

@@ -91,7 +91,7 @@ def test_unwritable_output_fails_before_training(run_cli, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     run = run_cli("train", "--dataset", "digits", "--samples", "64", "--out", blocker / "run.json")
-    assert run.returncode == 1 and "--out" in run.stderr and "Traceback" not in run.stderr
+    assert run.returncode == 2 and "--out" in run.stderr and "Traceback" not in run.stderr
 
 
 @pytest.mark.parametrize("args,message", [

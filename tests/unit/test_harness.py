@@ -159,3 +159,51 @@ def test_consecutive_steps_are_one_training_phase_between_evaluations(tmp_path, 
     got = [(m["phase"], m["event"], m["samples"]) for m in read_markers(markers)]
     assert got == [("train", "start", None), ("train", "stop", 20), ("test", "start", None),
                    ("test", "stop", None)] * 2
+
+
+class Scoring(Counter):
+    """A Counter that counts a right prediction at every even position (its training accuracy 0.5)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.correct = 0
+
+    def train(self, start, count):
+        self.correct += sum(1 for p in range(start, start + count) if p % 2 == 0)
+        return super().train(start, count)
+
+
+def test_the_curve_has_regular_points_with_losses_accuracies_and_probes():
+    probes = []
+    out = run_training(plan(curve_every=16), Scoring(),
+                       probe=lambda: probes.append(1) or {"test_accuracy": 0.25})
+    assert [p["samples"] for p in out.curve] == [16, 32, 48, 64, 80, 96, 100] and len(probes) == 7
+    assert out.curve[0]["loss"] == pytest.approx(np.mean([1.0, 1.0 / 9]))   # the steps at 0 and 8
+    assert all(p["train_accuracy"] == 0.5 and p["test_accuracy"] == 0.25 for p in out.curve)
+    assert out.record()["curve"] == out.curve
+    default = run_training(plan(samples=1000), Counter())      # about CURVE_POINTS points
+    assert 15 <= len(default.curve) <= 21 and default.curve[-1]["samples"] == 1000
+
+
+def test_a_resumed_run_has_the_whole_curve_of_an_uninterrupted_one(tmp_path):
+    whole = run_training(plan(curve_every=24), Scoring())
+    run_training(plan(tmp_path, samples=40, curve_every=24), Scoring())
+    again = run_training(plan(tmp_path, curve_every=24), Scoring())
+    assert again.curve == whole.curve and again.resumed_from == 40
+
+
+def test_epoch_evaluations_are_points_of_the_curve(tmp_path):
+    out = run_training(plan(epoch_size=32, evaluate_every_epoch=True, curve_every=1000), Counter(),
+                       evaluate=lambda: {"accuracy": 0.75})
+    assert [p["samples"] for p in out.curve] == [32, 64, 96, 100]
+    assert all(p["test_accuracy"] == 0.75 for p in out.curve)
+
+
+def test_progress_shows_the_live_loss_and_the_test_stage():
+    notes = []
+
+    def advance(n):
+        pass
+    advance.note = lambda **figures: notes.append(figures)
+    run_training(plan(samples=16), Counter(), advance=advance, evaluate=lambda: {})
+    assert notes[0] == {"loss": 1.0} and {"stage": "test"} in notes and notes[-1] == {"stage": "train"}

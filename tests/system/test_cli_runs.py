@@ -1,0 +1,100 @@
+"""Curves, run folders, config files, strict options and `insitu runs compare`, end to end."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.system
+
+DIGITS = ("--dataset", "digits")
+
+
+def test_the_result_has_a_curve_of_several_points(run_cli):
+    run = run_cli("train", "--samples", "3000", "--json")
+    assert run.returncode == 0, run.stderr
+    curve = json.loads(run.stdout)["curve"]
+    assert len(curve) >= 5
+    samples = [p["samples"] for p in curve]
+    assert samples == sorted(samples) and samples[-1] == 3000
+    for point in curve:
+        assert point["loss"] > 0 and 0 <= point["train_accuracy"] <= 1 and 0 <= point["test_accuracy"] <= 1
+    assert curve[-1]["loss"] < curve[0]["loss"]          # it learns: the curve shows it
+
+
+def test_a_diverging_run_stops_with_a_clear_message(run_cli):
+    run = run_cli("train", "--lr", "1e9", "--samples", "2000", "--json")
+    assert run.returncode == 1 and "diverged" in run.stderr
+    assert "RuntimeWarning" not in run.stderr and "Traceback" not in run.stderr
+    assert run.stdout == ""
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--algo", "tt", "--model", "tiny", "--samples", "256", "--out", "/proc/x.json"], "--out /proc/x.json"),
+    (["--plot", "/proc/x.png"], "--plot /proc/x.png"),
+    (["--seed", "-1"], "--seed must be an integer >= 0"),
+    (["--mode", "rtl"], "--mode does not apply to --algo sgd"),
+    (["--rank", "4"], "--rank does not apply to --algo sgd"),
+    (["--scheme", "bias-6"], "--scheme does not apply to --algo sgd (it is an option of --algo sparse)"),
+    (["--algo", "tt", "--bitstream", "x.bit"], "--bitstream does not apply to --board ultra96v2-sim"),
+    (["lr"], "give options as --name VALUE or name=value"),
+    (["colour=red"], "unknown option 'colour'"),
+    (["lr=fast"], "--lr in 'lr=fast'"),
+    (["--lr", "0.1", "lr=0.2"], "--lr is given twice"),
+    (["--config", "/nonexistent/run.toml"], "--config /nonexistent/run.toml does not exist"),
+])
+def test_bad_options_exit_2_before_any_work(run_cli, args, message):
+    run = run_cli("train", *args, timeout=60)
+    assert run.returncode == 2, (run.returncode, run.stderr)
+    assert message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_config_files_are_checked_and_the_command_line_wins(run_cli, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('dataset = "digits"\nsamples = 320\nbatch-size = 16\nlr = 0.5\n')
+    run = run_cli("train", "--config", config, "--lr", "0.1", "seed=3", "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert (result["samples"], result["batch_size"], result["lr"], result["seed"]) == (320, 16, 0.1, 3)
+    config.write_text('dataset = "digits"\nenv = "control"\n')        # an lrt option, not sgd's
+    run = run_cli("train", "--config", config)
+    assert run.returncode == 2 and "--env does not apply to --algo sgd" in run.stderr
+    config.write_text("[train]\nlr = 1\n")
+    run = run_cli("train", "--config", config)
+    assert run.returncode == 2 and "[train] is a table" in run.stderr
+
+
+def test_run_folders_keep_the_run_and_are_compared(run_cli, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    run = run_cli("train", *DIGITS, "--samples", "640", "--run-dir", a, "lr=0.1")
+    assert run.returncode == 0, run.stderr
+    for name in ("config.toml", "run.json", "result.json", "curve.csv", "checkpoint.npz", "plot.png"):
+        assert (a / name).is_file(), name
+    assert json.loads((a / "run.json").read_text())["status"] == "complete"
+    # The saved config runs again with one change.
+    run = run_cli("train", "--config", a / "config.toml", "seed=1", "--run-dir", b)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((b / "result.json").read_text())["seed"] == 1
+
+    run = run_cli("runs", "compare", a, b, "--json", "--plot", tmp_path / "curves.png")
+    assert run.returncode == 0, run.stderr
+    table = json.loads(run.stdout)
+    assert [r["run"] for r in table["runs"]] == ["a", "b"] and table["differing"] == ["seed"]
+    assert all(r["samples"] == 640 and r["curve"] and r["accuracy"] > 0.3 for r in table["runs"])
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    run = run_cli("runs", "compare", a, b)
+    assert run.returncode == 0 and "insitu train" in run.stdout
+
+    # Another run's folder is refused, naming what differs; nothing in it changes.
+    before = (a / "result.json").read_bytes()
+    run = run_cli("train", *DIGITS, "--samples", "640", "--run-dir", a, "lr=0.2")
+    assert run.returncode == 2 and "lr 0.1 there, 0.2 here" in run.stderr
+    assert (a / "result.json").read_bytes() == before
+    # The same run continues in its folder.
+    run = run_cli("train", *DIGITS, "--samples", "960", "--run-dir", a, "lr=0.1", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["resumed_from"] == 640 and "resumed from" in run.stderr
+
+
+def test_runs_compare_refuses_a_folder_that_is_not_a_run(run_cli, tmp_path):
+    run = run_cli("runs", "compare", tmp_path)
+    assert run.returncode == 2 and "not a run folder" in run.stderr
