@@ -10,7 +10,7 @@ from conftest import insitu_cli
 
 pytestmark = pytest.mark.system
 
-TINY = ("--model", "mbv2-tiny", "--task", "digits", "--train-samples", "40", "--eval-samples", "40",
+TINY = ("--model", "mbv2-tiny", "--dataset", "digits", "--train-size", "40", "--test-samples", "40",
         "--evaluations", "50")
 KINDS = ["classifier", "bias", "last", "sparse"]
 LABELS = ["last layer", "bias + last layer", "last k layers", "sparse (searched)"]
@@ -155,12 +155,15 @@ def test_a_kind_without_a_scheme_in_the_budget_is_reported(run_cli, compared):
     (("--budgets", ""), "at least one memory budget"),
     (("--budgets", "8K,,16K"), "empty item"),
     (("--budgets", "8Q"), "not a memory size"),
-    (("--budgets", "8K", "--model", "no-such-model"), "unknown model"),
-    (("--budgets", "8K", "--task", "no-such-task"), "unknown task"),
-    (("--budgets", "8K", "--train-samples", "0"), "--train-samples"),
-    (("--budgets", "8K", "--eval-samples", "-3"), "--eval-samples"),
-    (("--budgets", "8K", "--eval-samples", "1000000"), "eval samples must be an integer in [1,"),
-    (("--budgets", "8K", "--evaluations", "0"), "--evaluations"),
+    (("--budgets", "8K", "--model", "no-such-model"), "--model: unknown model"),
+    (("--budgets", "8K", "--dataset", "no-such-task"), "--dataset: unknown task"),
+    (("--budgets", "8K", "--train-size", "0"), "--train-size must be an integer >= 1"),
+    (("--budgets", "8K", "--test-samples", "-3"), "--test-samples must be an integer >= 1"),
+    (("--budgets", "8K", "--test-samples", "1000000"), "--test-samples must be an integer in [1,"),
+    (("--budgets", "8K", "--evaluations", "0"), "--evaluations must be an integer >= 1"),
+    (("--budgets", "8K", "--workers", "0"), "--workers must be an integer >= 1"),
+    (("--budgets", "8K", "--lr", "0"), "--lr must be a positive finite number"),
+    (("--budgets", "8K", "--plot", "/proc/fig9.png"), "cannot write --plot /proc/fig9.png"),
     (("--budgets", "8K", "--measure-heap", "--board", "stm32f746-disco"), "not a simulated microcontroller"),
 ])
 def test_bad_input_is_a_usage_error(run_cli, args, message):
@@ -169,3 +172,17 @@ def test_bad_input_is_a_usage_error(run_cli, args, message):
     assert run.returncode == 2, (run.stdout, run.stderr)
     assert message in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("command", ["search", "compare"])
+@pytest.mark.parametrize("new, old, args, message", [
+    ("--dataset", "--task", ("--task", "no-such-task"), "--dataset: unknown task 'no-such-task'"),
+    ("--train-size", "--train-samples", ("--train-samples", "0"), "--train-size must be an integer >= 1"),
+    ("--test-samples", "--eval-samples", ("--eval-samples", "0"), "--test-samples must be an integer >= 1"),
+])
+def test_older_spellings_still_work_and_help_shows_the_new_one(run_cli, command, new, old, args, message):
+    help_text = run_cli("mcu", command, "--help").stdout
+    assert new in help_text and old not in help_text
+    budget = ("--budget", "8K") if command == "search" else ("--budgets", "8K")
+    run = run_cli("mcu", command, "--model", "mbv2-tiny", *budget, *args)
+    assert run.returncode == 2 and message in run.stderr, run.stderr

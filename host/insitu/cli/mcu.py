@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from insitu.cli.options import option
 from insitu.cli.output import console
 from insitu.errors import InsituError, UsageError
 from insitu.resources import cache_dir
@@ -31,6 +32,38 @@ def _search_bundle(model: str, task: str, lr: float, seed: int):
     from insitu.training import sample_order
 
     return Bundle.from_prepared(Prepared(model, task, "classifier", lr, seed), lr, sample_order)
+
+#: How the contribution analysis (insitu.sparse) names its arguments, and their options here.
+_ANALYSIS_NAMES = (("train samples", "--train-size"), ("eval samples", "--test-samples"),
+                   ("evaluations", "--evaluations"), ("workers", "--workers"), ("lr", "--lr"),
+                   ("unknown task", "--dataset: unknown task"),
+                   ("unknown model", "--model: unknown model"))
+
+
+def _as_options(fn, *args, **kwargs):
+    """Run an analysis call; its usage errors name the options of this command (``--train-size
+    must be...``, not ``train samples must be...``)."""
+    try:
+        return fn(*args, **kwargs)
+    except UsageError as exc:
+        message = str(exc)
+        for name, spelled in _ANALYSIS_NAMES:
+            if message.startswith(name + " "):
+                message = spelled + message[len(name):]
+                break
+        raise UsageError(message) from None
+
+
+def _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr):
+    """The analysis's options, checked before any work (exit 2, naming the option)."""
+    from insitu.checks import check_int
+    from insitu.sparse.search import check_analysis_options
+
+    _as_options(check_analysis_options, model, dataset, train_size, evaluations,
+                workers if workers is not None else 1, lr)
+    if test_samples is not None:
+        check_int("--test-samples", test_samples)
+
 
 @click.group("mcu")
 def command():
@@ -151,15 +184,16 @@ def build_twin(as_json):
 
 @command.command("search")
 @click.option("--model", default="mbv2-28", show_default=True, help="The pretrained model (mbv2-28, mbv2-tiny).")
-@click.option("--task", default="digits", show_default=True, help="The adaptation task (digits, fashion-shift).")
+@option("--dataset", "dataset", aliases=("--task",), default="digits", show_default=True,
+        help="The adaptation task (digits, fashion-shift).")
 @click.option("--budget", required=True,
               help="Memory budget of the training arena, in bytes or with K/M (128K = 131072 B).")
 @click.option("--evaluations", type=int, default=5000, show_default=True,
               help="Schemes each search samples (memory planned); the same for both searches.")
-@click.option("--train-samples", type=int, default=500, show_default=True,
-              help="Contribution analysis: training samples per configuration.")
-@click.option("--eval-samples", type=int, default=None,
-              help="Contribution analysis: test samples scoring each configuration [default: 500 or all].")
+@option("--train-size", "train_size", aliases=("--train-samples",), type=int, default=500,
+        show_default=True, help="Contribution analysis: training samples per configuration.")
+@option("--test-samples", "test_samples", aliases=("--eval-samples",), type=int, default=None,
+        help="Contribution analysis: test samples scoring each configuration [default: 500 or all].")
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate (as insitu train's).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=int, default=None,
@@ -173,8 +207,8 @@ def build_twin(as_json):
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write the best-so-far curves of both searches here (PNG).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
-def search(model, task, budget, evaluations, train_samples, eval_samples, lr, seed, workers, refresh, validate, out,
-           plot, as_json):
+def search(model, dataset, budget, evaluations, train_size, test_samples, lr, seed, workers, refresh, validate,
+           out, plot, as_json):
     """Search a sparse-update scheme under a memory budget (tiny-training §2.2, eq. 5).
 
     Runs the contribution analysis on the host simulator (each bias depth and each layer's
@@ -188,7 +222,7 @@ def search(model, task, budget, evaluations, train_samples, eval_samples, lr, se
       insitu train --board stm32f746-disco-sim --algo sparse --scheme "$(cat scheme.json)"
     """
     from insitu.checks import format_size, parse_size
-    from insitu.cli.output import emit_json, progress, report, write_json
+    from insitu.cli.output import emit_json, print_table, progress, report, write_json
     from insitu.io import check_writable
     from insitu.sparse.curves import plot_curves
     from insitu.sparse.objective import SearchResult
@@ -196,13 +230,14 @@ def search(model, task, budget, evaluations, train_samples, eval_samples, lr, se
     from insitu.sparse.search import run_search
 
     budget_bytes = parse_size(budget)
+    _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr)
     for path, what in ((out, "--out"), (plot, "--plot")):
         if path:
             check_writable(path, what)
     workers = workers if workers is not None else max(1, os.cpu_count() or 1)
-    result = run_search(model, task, budget_bytes, prepare=_search_bundle, evaluations=evaluations,
-                        train_samples=train_samples, eval_samples=eval_samples, lr=lr, seed=seed,
-                        workers=workers, refresh=refresh,
+    result = _as_options(run_search, model, dataset, budget_bytes, prepare=_search_bundle,
+                         evaluations=evaluations, train_samples=train_size, eval_samples=test_samples,
+                         lr=lr, seed=seed, workers=workers, refresh=refresh,
                         validate=validate, progress_factory=lambda what, total: progress(what, total),
                         say=lambda msg: console.print(msg))
     if out:
@@ -212,7 +247,7 @@ def search(model, task, budget, evaluations, train_samples, eval_samples, lr, se
                                r["evaluations"], r["feasible"], r["seconds"], r["budget_bytes"])
                   for name, r in result["searches"].items()]
         try:
-            plot_curves(curves, plot, f"{model} on {task}, budget {format_size(budget_bytes)}")
+            plot_curves(curves, plot, f"{model} on {dataset}, budget {format_size(budget_bytes)}")
         except OSError as exc:
             raise InsituError(f"cannot write --plot {plot}: {exc.strerror}") from None
     if as_json:
@@ -224,7 +259,7 @@ def search(model, task, budget, evaluations, train_samples, eval_samples, lr, se
     t = Table(title=f"contributions (accuracy points vs. classifier only {c['reference_accuracy']:.3f}; "
                     f"{c['train_samples']} training / {c['eval_samples']} test samples)")
     t.add_column("k", justify="right")
-    t.add_column("layer", no_wrap=True)
+    t.add_column("layer")
     t.add_column("Δacc_b[:k]", justify="right")
     for r in ("0.125", "0.25", "0.5", "1"):
         t.add_column(f"W@{r}", justify="right")
@@ -234,7 +269,7 @@ def search(model, task, budget, evaluations, train_samples, eval_samples, lr, se
         k = L - i
         cells = [f"{100 * v:+.1f}" for v in c["delta_weight"][name].values()] if name else ["", "", "", ""]
         t.add_row(str(k), name or "classifier", f"{100 * c['delta_bias'][str(k)]:+.1f}", *cells)
-    report.print(t)
+    print_table(t)
     s = Table(title=f"search under {format_size(budget_bytes)} ({result['budget_bytes']:,} B; Σ Δacc in points, "
                     f"{evaluations} evaluations each, accuracy: the scheme trained)")
     checked = result["validation"] or {}
@@ -244,7 +279,7 @@ def search(model, task, budget, evaluations, train_samples, eval_samples, lr, se
         v = checked.get(name)
         s.add_row(name, f"{100 * r['objective']:+.2f}", f"{r['memory_bytes']:,} B", str(r["feasible"]),
                   f"{r['seconds']:.1f}", f"{v['accuracy']:.3f}" if v else "-")
-    report.print(s)
+    print_table(s)
     for name, v in checked.items():
         if v["accuracy"] < v["reference_accuracy"]:
             console.print(f"[yellow]warning[/]: the {name} scheme reaches {v['accuracy']:.3f}, below the classifier "
@@ -297,6 +332,12 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
                          "(e.g. --board stm32f746-disco-sim)")
     if samples < 1:
         raise UsageError(f"--samples must be at least 1, got {samples}")
+    from insitu.sparse.models import model_config
+    from insitu.sparse.tasks import TASKS
+
+    _as_options(model_config, model)
+    if task not in TASKS:
+        raise UsageError(f"--dataset: unknown task {task!r}; known tasks: {', '.join(TASKS)}")
     high_bytes = parse_size(high) if high else spec.mcu["training_budget_bytes"]
     if twin_kind == "qemu":
         from insitu.mcu import qemu
@@ -328,13 +369,15 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
 
 @command.command("compare")
 @click.option("--model", default="mbv2-28", show_default=True, help="The pretrained model (mbv2-28, mbv2-tiny).")
-@click.option("--task", default="digits", show_default=True, help="The adaptation task (digits, fashion-shift).")
+@option("--dataset", "dataset", aliases=("--task",), default="digits", show_default=True,
+        help="The adaptation task (digits, fashion-shift).")
 @click.option("--budgets", required=True,
               help="Comma-separated memory budgets of the training arena, bytes or with K/M (48K,64K,96K).")
-@click.option("--train-samples", type=int, default=500, show_default=True,
-              help="Training samples of every scheme (and of the search's contribution analysis).")
-@click.option("--eval-samples", type=int, default=None,
-              help="Test samples scoring every scheme [default: 500 or all].")
+@option("--train-size", "train_size", aliases=("--train-samples",), type=int, default=500,
+        show_default=True,
+        help="Training samples of every scheme (and of the search's contribution analysis).")
+@option("--test-samples", "test_samples", aliases=("--eval-samples",), type=int, default=None,
+        help="Test samples scoring every scheme [default: 500 or all].")
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate (as insitu train's).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--evaluations", type=int, default=2000, show_default=True,
@@ -350,8 +393,8 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write grouped bars of accuracy per method and budget, and the memory, here (PNG).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
-def compare(model, task, budgets, train_samples, eval_samples, lr, seed, evaluations, workers, measure_heap, board,
-            out, plot, as_json):
+def compare(model, dataset, budgets, train_size, test_samples, lr, seed, evaluations, workers, measure_heap,
+            board, out, plot, as_json):
     """Sparse update vs. the paper's baselines at equal memory (tiny-training Fig. 9).
 
     For each budget: the classifier alone ("last layer"), the biases of the last K layers with the
@@ -365,24 +408,21 @@ def compare(model, task, budgets, train_samples, eval_samples, lr, seed, evaluat
     Example:
       insitu mcu compare --budgets 48K,64K,96K --measure-heap --plot fig9.png --out fig9.json
     """
-    from insitu.cli.output import emit_json, progress, report, write_json
+    from insitu.cli.output import emit_json, print_table, progress, report, write_json
     from insitu.io import check_writable
     from insitu.mcu.compare import parse_budgets, plot_compare, run_compare, scheme_lines, tables
 
     budget_list = parse_budgets(budgets)
-    for name, value in (("--train-samples", train_samples), ("--evaluations", evaluations), ("--workers", workers)):
-        if value is not None and value < 1:
-            raise UsageError(f"{name} must be at least 1, got {value}")
-    if eval_samples is not None and eval_samples < 1:
-        raise UsageError(f"--eval-samples must be at least 1, got {eval_samples}")
+    _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr)
     for path, what in ((out, "--out"), (plot, "--plot")):
         if path:
             check_writable(path, what)
     if measure_heap:
         _twin_ready("qemu")          # before minutes of training, not after them
     workers = workers if workers is not None else max(1, os.cpu_count() or 1)
-    result = run_compare(model, task, budget_list, prepare=_search_bundle, train_samples=train_samples,
-                         eval_samples=eval_samples, lr=lr, seed=seed, evaluations=evaluations, workers=workers, measure_heap=measure_heap, board=board,
+    result = _as_options(run_compare, model, dataset, budget_list, prepare=_search_bundle,
+                         train_samples=train_size, eval_samples=test_samples, lr=lr, seed=seed,
+                         evaluations=evaluations, workers=workers, measure_heap=measure_heap, board=board,
                          progress_factory=lambda what, total: progress(what, total),
                          say=(lambda msg: None) if as_json else (lambda msg: console.print(msg)))
     if out:
@@ -396,7 +436,7 @@ def compare(model, task, budgets, train_samples, eval_samples, lr, seed, evaluat
         emit_json(result)
         return
     for table in tables(result):
-        report.print(table)
+        print_table(table)
     for line in scheme_lines(result):
         report.print(line, soft_wrap=True)
     for r in result["memory"]["rows"]:
