@@ -209,14 +209,15 @@ def load_runs(folders) -> list[ComparedRun]:
 
 
 def compare(folders) -> dict:
-    """One table across runs of any command: their figures and the options that differ."""
+    """One table across runs of any command: their figures, their configs and ``differing``, the
+    options every run has that do not have one value in all of them."""
     runs = load_runs(folders)
-    keys = sorted({k for r in runs for k in r.config})
-    differing = [k for k in keys if len({json.dumps(r.config.get(k)) for r in runs}) > 1]
+    shared = set.intersection(*(set(r.config) for r in runs)) if runs else set()
+    differing = [k for k in sorted(shared) if len({json.dumps(r.config[k]) for r in runs}) > 1]
     return {"differing": differing,
             "runs": [{"run": r.label, "folder": str(r.folder), "command": r.command, "status": r.status,
                       **{k: v for k, v in r.row.items() if k != "curve"},
-                      "config": {k: r.config.get(k) for k in differing}, "curve": r.row["curve"]}
+                      "config": r.config, "curve": r.row["curve"]}
                      for r in runs]}
 
 

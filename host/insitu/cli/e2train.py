@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
 
-from insitu.cli.options import option
+from insitu.cli.options import option, resolve_config, run_folder, run_options
 from insitu.cli.output import console, emit_json, print_table, progress, usage_errors
 from insitu.cli.power import measured, meter_options
 from insitu.errors import UsageError
@@ -73,13 +74,31 @@ def _fmt(value, spec=".3f", scale=1.0):
                    "cumulative energy over training.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @meter_options
-def run(techniques, ablation, epochs, batch_size, train_size, test_samples, lr, psg_lr, smd_p,
-        smd_energy_ratio, beta, slu_alpha, slu_target, width, blocks_per_stage, dataset, seed, out_dir,
-        plot, as_json, meter, power_out):
+@run_options
+@click.pass_context
+def run(ctx, **_):
     """Train the 32-bit SGD baseline and E2-Train rows on a small ResNet; print accuracy,
     baseline accuracy, computational saving (counted MACs) and energy saving (estimated from a
-    bit-width-aware per-operation energy table; measured too with --meter)."""
+    bit-width-aware per-operation energy table; measured too with --meter).
+
+    Options also come from a --config TOML file and KEY=VALUE arguments; --run-dir keeps the run
+    (config, result, one curve per row, rows, plot, power trace) for `insitu runs compare`.
+    """
     from insitu.e2train import experiment
+    from insitu.runs import summary_row
+
+    resolve_config(ctx)
+    p = ctx.params
+    (techniques, ablation, epochs, batch_size, train_size, test_samples, lr, psg_lr, smd_p,
+     smd_energy_ratio, beta, slu_alpha, slu_target, width, blocks_per_stage, dataset, seed, out_dir,
+     plot, as_json, meter, power_out) = (p[k] for k in (
+        "techniques", "ablation", "epochs", "batch_size", "train_size", "test_samples", "lr", "psg_lr",
+        "smd_p", "smd_energy_ratio", "beta", "slu_alpha", "slu_target", "width", "blocks_per_stage",
+        "dataset", "seed", "out_dir", "plot", "as_json", "meter", "power_out"))
+    folder = run_folder(ctx, "insitu e2train run")
+    if folder is not None:
+        out_dir = Path(out_dir) if out_dir else folder.path
+        plot = plot or folder.file("plot.png")
 
     rows = list(experiment.ABLATION_ROWS) if ablation else []
     if not ablation and techniques.strip().lower() not in ("none", ""):
@@ -105,22 +124,25 @@ def run(techniques, ablation, epochs, batch_size, train_size, test_samples, lr, 
             return usage_errors(experiment.run_experiment, config, rows, out_dir, advance,
                                 log=lambda msg: console.print(f"[yellow]{msg}[/]"))
 
-    summary = measured(meter, power_out, work)
-    _attach_measured(summary)
-    headline = summary["rows"][-1]
-    result = {"row": headline["row"], "accuracy": headline["accuracy"],
-              "baseline_accuracy": summary["baseline_accuracy"],
-              "computational_saving": headline["computational_saving"],
-              "energy_saving": headline["energy_saving"],
-              "measured_energy_saving": headline.get("measured_energy_saving"),
-              **{k: summary[k] for k in ("rows", "config")}}
-    if plot:
-        from insitu.e2train.plot import plot_experiment
-        plot_experiment(summary, plot)
-        result["plot"] = str(plot)
-    if as_json:
+    with (folder.running() if folder else contextlib.nullcontext()):
+        summary = measured(meter, power_out, work, run_dir=folder.path if folder else None)
+        _attach_measured(summary)
+        headline = summary["rows"][-1]
+        result = {"row": headline["row"], "accuracy": headline["accuracy"],
+                  "baseline_accuracy": summary["baseline_accuracy"],
+                  "computational_saving": headline["computational_saving"],
+                  "energy_saving": headline["energy_saving"],
+                  "measured_energy_saving": headline.get("measured_energy_saving"),
+                  **{k: summary[k] for k in ("rows", "config")}}
         if "power" in summary:
             result["power"] = summary["power"]
+        if plot:
+            from insitu.e2train.plot import plot_experiment
+            plot_experiment(summary, plot)
+            result["plot"] = str(plot)
+        if folder:
+            folder.finish(result, [summary_row(r["row"], r) for r in summary["rows"]])
+    if as_json:
         emit_json(result)
         return
     _print_table(summary)

@@ -61,7 +61,7 @@ def compare(ctx, folders, plot, as_json):
         grid.add_row(r["run"], r["command"], _cell(r["algo"]), r["status"], _cell(r["samples"]),
                      _cell(r["seconds"], ".1f") if r["seconds"] is not None else "-",
                      _cell(r["final_loss"]), _cell(r["accuracy"]), _cell(r["energy_j"]),
-                     *(_cell(r["config"][k]) for k in table["differing"]))
+                     *(_cell(r["config"].get(k)) for k in table["differing"]))
     print_table(grid)
     if plot:
         report.print(f"curves: {table['plot']}")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import click
 
-from insitu.cli.options import option
+from insitu.cli.options import option, resolve_config, run_folder, run_options
 from insitu.cli.output import (emit_json, per_run_path, progress, report, usage_errors,
                                write_json)
 from insitu.checks import check_int
@@ -62,19 +63,34 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
               help="Checkpoint (.npz) written after every epoch and resumed from if it exists; "
                    "with --variant all, one file per variant.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, prior_weight,
-          train_size, seed, dataset, data_dir, plot, out, checkpoint, as_json):
-    """Train the two-layer TT network on FashionMNIST (the paper's Table 1)."""
+@run_options
+@click.pass_context
+def train(ctx, **_):
+    """Train the two-layer TT network on FashionMNIST (the paper's Table 1).
+
+    Options also come from a --config TOML file and KEY=VALUE arguments; --run-dir keeps the run
+    (config, result, curve, checkpoints, plot) for `insitu runs compare`.
+    """
+    from insitu.runs import summary_row
     from insitu.tt.report import format_table, plot_history
     from insitu.harness import say
     from insitu.tt.experiment import TTTrainConfig, load_training_data, run_tt_training
 
+    resolve_config(ctx)
+    p = ctx.params
+    variant, epochs, train_size, plot, out, checkpoint = (p["variant"], p["epochs"], p["train_size"],
+                                                          p["plot"], p["out"], p["checkpoint"])
+    folder = run_folder(ctx, "insitu tt train")
+    if folder is not None:
+        checkpoint = checkpoint or str(folder.checkpoint)
+        plot = plot or str(folder.file("plot.png"))
+
     variants = list(VARIANTS) if variant == "all" else [variant]
-    configs = [TTTrainConfig(variant=v, epochs=epochs, batch_size=batch_size, lr=lr,
-                             lr_schedule=lr_schedule, rank=rank,
-                             prune_threshold=prune_threshold, prior_weight=prior_weight,
-                             train_samples=train_size, seed=seed, dataset=dataset,
-                             data_dir=data_dir) for v in variants]
+    configs = [TTTrainConfig(variant=v, epochs=epochs, batch_size=p["batch_size"], lr=p["lr"],
+                             lr_schedule=p["lr_schedule"], rank=p["rank"],
+                             prune_threshold=p["prune_threshold"], prior_weight=p["prior_weight"],
+                             train_samples=train_size, seed=p["seed"], dataset=p["dataset"],
+                             data_dir=p["data_dir"]) for v in variants]
     for config in configs:
         usage_errors(load_training_data, config)
     for path, what in ((plot, "--plot"), (out, "--out"), (checkpoint, "--checkpoint")):
@@ -82,18 +98,21 @@ def train(variant, epochs, batch_size, lr, lr_schedule, rank, prune_threshold, p
             check_writable(path, what)          # before the training (exit 2)
 
     results = []
-    for config in configs:
-        total = epochs * (train_size or 60_000)
-        with progress(f"tt {config.variant}", total=total) as advance:
-            results.append(run_tt_training(config, advance=advance, say=say,
-                                           checkpoint=per_run_path(checkpoint, config.variant,
-                                                                   several=len(configs) > 1)))
-    payload = results[0] if len(results) == 1 else {"results": results}
-    if plot:
-        plot_history(results, plot)
+    with (folder.running() if folder else contextlib.nullcontext()):
+        for config in configs:
+            total = epochs * (train_size or 60_000)
+            with progress(f"tt {config.variant}", total=total) as advance:
+                results.append(run_tt_training(config, advance=advance, say=say,
+                                               checkpoint=per_run_path(checkpoint, config.variant,
+                                                                       several=len(configs) > 1)))
+        payload = results[0] if len(results) == 1 else {"results": results}
+        if plot:
+            plot_history(results, plot)
+        if folder:
+            folder.finish(payload, [summary_row(r["variant"], r) for r in results])
     if out:
         write_json(out, payload, "--out")
-    if as_json:
+    if p["as_json"]:
         emit_json(payload)
     else:
         click.echo(format_table(results))

@@ -329,7 +329,7 @@ def train_row(config: E2Config, techniques: tuple[str, ...], data: Data,
         "row": name, "techniques": list(techniques),
         "accuracy": outcome.evaluation["test_accuracy"], "history": outcome.history,
         "epochs": epochs, "samples": outcome.samples, "resumed_from": outcome.resumed_from,
-        "final_loss": outcome.final_loss,
+        "final_loss": outcome.final_loss, "curve": outcome.curve,
         "steps": learner.counter.steps, "dropped_batches": learner.dropped,
         "batches": learner.total_batches,
         "psg_predicted_fraction": learner.psg_stats.fraction if "psg" in techniques else None,
@@ -391,7 +391,9 @@ def run_experiment(config: E2Config, rows: list[tuple[str, ...]], out: Path | No
                "energy_j": r["counted"]["energy_j"], "macs": r["counted"]["macs"]["total"],
                "psg_predicted_fraction": r["psg_predicted_fraction"],
                "slu_skip_ratio": r["slu_skip_ratio"], "dropped_batches": r["dropped_batches"],
-               "batches": r["batches"], "epochs": r["epochs"], "train_seconds": r["train_seconds"]}
+               "batches": r["batches"], "epochs": r["epochs"], "train_seconds": r["train_seconds"],
+               "samples": r["samples"], "seconds": r["train_seconds"], "final_loss": r["final_loss"],
+               "curve": r.get("curve", [])}          # rows cached before curves have none
         table.append(row)
     summary = {"config": asdict(config), "baseline_accuracy": base["accuracy"], "rows": table,
                "runs": results}
