@@ -98,3 +98,25 @@ def test_run_folders_keep_the_run_and_are_compared(run_cli, tmp_path):
 def test_runs_compare_refuses_a_folder_that_is_not_a_run(run_cli, tmp_path):
     run = run_cli("runs", "compare", tmp_path)
     assert run.returncode == 2 and "not a run folder" in run.stderr
+
+
+def test_runs_of_every_training_command_are_compared_in_one_table(run_cli, tmp_path):
+    runs = {
+        "sgd": ("train", *DIGITS, "--samples", "320"),
+        "tt": ("tt", "train", "--variant", "fixed", "--epochs", "2", "train-size=256", "rank=4"),
+        "e2": ("e2train", "run", "--techniques", "smd", "--epochs", "1", "train-size=256",
+               "test-samples=100"),
+    }
+    for name, args in runs.items():
+        run = run_cli(*args, "--run-dir", tmp_path / name, timeout=300)
+        assert run.returncode == 0, (name, run.stderr)
+    run = run_cli("runs", "compare", *(tmp_path / name for name in runs), "--json")
+    assert run.returncode == 0, run.stderr
+    table = json.loads(run.stdout)["runs"]
+    assert [r["run"] for r in table] == ["sgd", "tt/fixed", "e2/sgd32", "e2/smd"]
+    assert [r["command"] for r in table] == ["insitu train", "insitu tt train", *["insitu e2train run"] * 2]
+    for r in table:
+        assert r["samples"] > 0 and r["accuracy"] is not None and r["curve"], r["run"]
+    # A rerun of the TT folder with another rank is refused, not overwritten.
+    run = run_cli(*runs["tt"][:-1], "rank=2", "--run-dir", tmp_path / "tt")
+    assert run.returncode == 2 and "rank 4 there, 2 here" in run.stderr
