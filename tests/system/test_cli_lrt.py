@@ -42,10 +42,13 @@ def test_adapt_all_schemes_compares_sgd_and_lrt_writes(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (("--rank", "0"), "rank must be an integer >= 1"),
-    (("--rank", "12"), "rank 12 is too large for layer fc2"),
+    (("--rank", "0"), "--rank must be an integer >= 1"),
+    (("--rank", "12"), "--rank 12 is too large for layer fc2"),
     (("--samples", "0"), "--samples must be an integer >= 1"),
-    (("--conv-batch", "0"), "conv_batch must be an integer >= 1"),
+    (("--conv-batch", "0"), "--conv-batch must be an integer >= 1"),
+    (("--bias-lr", "0"), "--bias-lr must be a positive number"),
+    (("--rho-min", "2"), "--rho-min must be in [0, 1]"),
+    (("--plot", "/proc/x.png"), "cannot write --plot /proc/x.png"),
     (("--env", "mars"), "Invalid value for '--env'"),
     (("--kappa-th", "-1"), "--kappa-th must be >= 0"),
 ])
@@ -61,7 +64,7 @@ def test_adapt_bad_input_is_a_clear_error(run_cli, tmp_path, args, message):
 
 def test_transfer_table_on_a_small_dataset(run_cli, tmp_path):
     out = tmp_path / "transfer.json"
-    run = run_cli("lrt", "transfer", "--samples", "400", "--seeds", "2", "--ranks", "1,2",
+    run = run_cli("lrt", "transfer", "--samples", "400", "--seeds", "3,5", "--ranks", "1,2",
                   "--lrs", "0.01,0.1", "--dataset", "digits", "--pretrain-samples", "800",
                   "--out", out)
     assert run.returncode == 0, run.stderr
@@ -69,6 +72,7 @@ def test_transfer_table_on_a_small_dataset(run_cli, tmp_path):
     result = json.loads(out.read_text())
     rows = {(r["algorithm"], r["rank"], r["lr"]) for r in result["table"]}
     assert ("LRT", 2, 0.1) in rows and ("SGD", None, 0.01) in rows and len(rows) == 12
+    assert result["seeds"] == [3, 5]                 # --seeds is a list of seeds
     assert result["inference_accuracy"] < result["pretrained_accuracy"]
 
 
@@ -85,6 +89,10 @@ def test_bench_reports_speedup_and_memory(run_cli):
 @pytest.mark.parametrize("args,message", [
     (("transfer", "--ranks", "0"), "ranks must be integers >= 1"),
     (("transfer", "--lrs", "fast"), "comma-separated numbers"),
+    (("transfer", "--seeds", "three"), "--seeds takes comma-separated integers"),
+    (("transfer", "--seeds", "0,-1"), "--seeds must be an integer >= 0"),
+    (("transfer", "--seeds", "1,1"), "--seeds lists a seed twice"),
+    (("transfer", "--out", "/proc/t.json"), "cannot write --out /proc/t.json"),
     (("bench", "--sizes", "1,x"), "comma-separated integers"),
 ])
 def test_transfer_and_bench_bad_input(run_cli, args, message):
@@ -112,3 +120,12 @@ def test_adapt_resumes_from_its_checkpoint_exactly(run_cli, tmp_path, scheme):
     # a checkpoint of another run is refused, with what to do
     other = run_cli(*common[:3], "digital", *common[4:], "--samples", "200", "--checkpoint", ckpt, env=env)
     assert other.returncode == 1 and "belongs to another run" in other.stderr
+
+
+def test_transfer_seeds_one_integer_is_that_seed_and_help_says_so(run_cli):
+    help_text = " ".join(run_cli("lrt", "transfer", "--help").stdout.split())
+    assert "--seeds TEXT Comma-separated seeds" in help_text and "--seeds 3 is now --seeds 0,1,2" in help_text
+    assert "default: 0,1,2" in help_text
+    from insitu.cli.lrt import _seed_list
+
+    assert _seed_list("3") == (3,) and _seed_list("0,1,2") == (0, 1, 2)

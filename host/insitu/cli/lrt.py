@@ -27,6 +27,24 @@ def command():
     """
 
 
+#: The options of `insitu lrt adapt` that set LRTConfig's fields, for its errors.
+_ADAPT_OPTIONS = {"lr": "--lr", "bias_lr": "--bias-lr", "rank": "--rank", "conv_batch": "--conv-batch",
+                  "dense_batch": "--dense-batch", "rho_min": "--rho-min", "kappa_th": "--kappa-th"}
+
+
+def _seed_list(text: str) -> tuple[int, ...]:
+    """``--seeds``: comma-separated seeds (``0,1,2``); one integer is that one seed."""
+    try:
+        seeds = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"--seeds takes comma-separated integers (0,1,2), got {text!r}") from None
+    for seed in seeds:
+        check_int("--seeds", seed, low=0)
+    if len(set(seeds)) < len(seeds):
+        raise UsageError(f"--seeds lists a seed twice: {text!r}")
+    return seeds
+
+
 @command.command("adapt")
 @click.option("--env", type=click.Choice(ENVS), required=True,
               help="Environment: control, distribution shift, analog or digital weight drift.")
@@ -73,7 +91,7 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
         raise UsageError(f"--kappa-th must be >= 0 (0 never skips), got {kappa_th}")
     config = LRTConfig(lr=lr, bias_lr=bias_lr, rank=rank, conv_batch=conv_batch,
                        dense_batch=dense_batch, rho_min=rho_min, kappa_th=kappa_th or None)
-    usage_errors(check_adapt, arch, OnlineData(dataset, data_dir, seed=seed), config)
+    usage_errors(check_adapt, arch, OnlineData(dataset, data_dir, seed=seed), config, names=_ADAPT_OPTIONS)
     for name, value in (("--samples", samples), ("--offline-samples", offline_samples),
                         ("--segment", segment), ("--checkpoint-every", checkpoint_every)):
         check_int(name, value)
@@ -122,7 +140,9 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
 @click.option("--ranks", default="1,2,4,8", show_default=True, help="Comma-separated ranks.")
 @click.option("--lrs", default="0.003,0.01,0.03,0.1,0.3", show_default=True,
               help="Comma-separated learning rates.")
-@click.option("--seeds", type=int, default=3, show_default=True, help="Number of seeds.")
+@click.option("--seeds", default="0,1,2", show_default=True,
+              help="Comma-separated seeds, one run each (one integer: that one seed). Until this "
+                   "release --seeds was a count: --seeds 3 is now --seeds 0,1,2.")
 @click.option("--samples", type=int, default=None, help="Online samples per run (default: the module's).")
 @click.option("--dataset", default="fashion-mnist", show_default=True)
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
@@ -140,15 +160,15 @@ def transfer(ranks, lrs, seeds, samples, dataset, data_dir, pretrain_samples, ou
         lr_list = tuple(float(v) for v in lrs.split(","))
     except ValueError:
         raise UsageError(f"--ranks and --lrs take comma-separated numbers, got {ranks!r} and {lrs!r}") from None
-    check_int("--seeds", seeds)
+    seed_list = _seed_list(seeds)
     if out:
         check_writable(out, "--out")
     kwargs = {} if samples is None else {"samples": samples}
     if pretrain_samples is not None:
         kwargs["pretrain_samples"] = pretrain_samples
-    total = progress_total(seeds=range(seeds), **kwargs)
+    total = progress_total(seeds=seed_list, **kwargs)
     with progress("transfer runs", total=total) as advance:
-        result = usage_errors(run_transfer, ranks=rank_list, lrs=lr_list, seeds=tuple(range(seeds)),
+        result = usage_errors(run_transfer, ranks=rank_list, lrs=lr_list, seeds=seed_list,
                         dataset=dataset, data_dir=data_dir, progress=advance, **kwargs)
     if out:
         write_json(out, result, "--out")

@@ -89,10 +89,20 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
     return net, info
 
 
-def check_adapt(arch: str, data: OnlineData, config: LRTConfig) -> None:
-    """Everything about a run that can be wrong, checked before minutes of pre-training."""
-    config.validate()
-    check_rank(build_network(arch, data, 0, config), config.rank)
+def check_adapt(arch: str, data: OnlineData, config: LRTConfig,
+                names: dict[str, str] | None = None) -> None:
+    """Everything about a run that can be wrong, checked before minutes of pre-training.
+
+    ``names``: how the errors name LRTConfig's fields (``{"bias_lr": "--bias-lr"}``: the options
+    of a command); without it, the fields' own names."""
+    try:
+        config.validate()
+        check_rank(build_network(arch, data, 0, config), config.rank)
+    except ValueError as exc:
+        field = str(exc).split(" ", 1)[0]
+        if not names or field not in names:
+            raise
+        raise type(exc)(names[field] + str(exc)[len(field):]) from None
 
 
 def curve_positions(samples: int, points: int) -> set[int]:
