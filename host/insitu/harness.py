@@ -47,6 +47,7 @@ from insitu.checks import check_int
 from insitu.errors import InsituError
 from insitu.io import check_writable, to_jsonable
 from insitu.measure import phases
+from insitu.runs import differences
 
 #: Losses kept for the result's ``final_loss`` (their mean) and in checkpoints.
 LOSS_WINDOW = 20
@@ -190,13 +191,6 @@ def _as_test_figures(evaluation: dict) -> dict:
             if isinstance(v, (int, float)) or v is None}
 
 
-def _differences(saved: dict, wanted: dict) -> str:
-    keys = sorted(set(saved) | set(wanted))
-    diff = [f"{k} {saved.get(k)!r} there, {wanted.get(k)!r} here" for k in keys
-            if saved.get(k) != wanted.get(k)]
-    return "; ".join(diff[:4]) + ("; ..." if len(diff) > 4 else "")
-
-
 def _budget(plan: RunPlan, done: int) -> str:
     """'N samples in: ask for --samples N or more', in epochs where the budget is given in epochs."""
     if plan.samples_option == "--epochs" and plan.epoch_size:
@@ -276,7 +270,7 @@ def check_resumable(plan: RunPlan) -> tuple[dict, dict] | None:
     identity = _jsonable(plan.identity)
     if run["identity"] != identity:
         raise InsituError(f"checkpoint {checkpoint} belongs to another run "
-                          f"({_differences(run['identity'], identity)}): choose another "
+                          f"({differences(run['identity'], identity)}): choose another "
                           "--checkpoint path, or delete it to start over")
     if run["samples_done"] > plan.samples:
         raise InsituError(f"checkpoint {checkpoint} is already {_budget(plan, run['samples_done'])}")

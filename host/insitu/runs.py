@@ -56,9 +56,15 @@ def _plain(value):
     return value
 
 
-def _differences(saved: dict, wanted: dict) -> str:
-    keys = [k for k in sorted(set(saved) | set(wanted)) if k not in NOT_IDENTITY]
-    diff = [f"{k} {saved.get(k)!r} there, {wanted.get(k)!r} here" for k in keys
+def _shown(value) -> str:
+    """A config value in a message: None is the option left at its default."""
+    return "default" if value is None else repr(value)
+
+
+def differences(saved: dict, wanted: dict, skip=frozenset()) -> str:
+    """The fields of two configs that differ, for a message: ``lr 0.1 there, 0.2 here; ...``."""
+    keys = [k for k in sorted(set(saved) | set(wanted)) if k not in skip]
+    diff = [f"{k} {_shown(saved.get(k))} there, {_shown(wanted.get(k))} here" for k in keys
             if saved.get(k) != wanted.get(k)]
     return "; ".join(diff[:4]) + ("; ..." if len(diff) > 4 else "")
 
@@ -89,9 +95,9 @@ class RunFolder:
             if saved.get("command") != self.command:
                 raise UsageError(f"--run-dir {self.path} holds a run of `{saved.get('command')}`, "
                                  f"not `{self.command}`: choose another --run-dir")
-            differences = _differences(saved.get("config", {}), self.config)
-            if differences:
-                raise UsageError(f"--run-dir {self.path} holds another run ({differences}): choose "
+            differ = differences(saved.get("config", {}), self.config, NOT_IDENTITY)
+            if differ:
+                raise UsageError(f"--run-dir {self.path} holds another run ({differ}): choose "
                                  "another --run-dir, or the same options to continue that run")
             self.resumed = True
 
