@@ -23,7 +23,7 @@ def test_rtl_help_lists_generate(run_cli):
 def test_generate_into_a_file_is_a_usage_error(run_cli, tmp_path):
     target = tmp_path / "file.txt"
     target.write_text("x")
-    run = run_cli("rtl", "generate", "--out", target)
+    run = run_cli("rtl", "generate", "--out-dir", target)
     assert run.returncode == 2
     assert "is an existing file" in run.stderr and "Traceback" not in run.stderr
     assert target.read_text() == "x"
@@ -31,12 +31,18 @@ def test_generate_into_a_file_is_a_usage_error(run_cli, tmp_path):
 
 def test_generate_needs_out(run_cli):
     run = run_cli("rtl", "generate")
-    assert run.returncode == 2 and "--out" in run.stderr
+    assert run.returncode == 2 and "--out-dir" in run.stderr
+
+
+def test_generate_into_an_unwritable_folder_fails_before_converting(run_cli):
+    run = run_cli("rtl", "generate", "--out-dir", "/proc/rtl")
+    assert run.returncode == 2 and "--out-dir /proc/rtl" in run.stderr, run.stderr
+    assert "converting" not in run.stderr and "Traceback" not in run.stderr
 
 
 def test_generate_writes_the_real_design(run_cli, tmp_path):
     out = tmp_path / "rtl"
-    run = run_cli("rtl", "generate", "--out", out, "--json")
+    run = run_cli("rtl", "generate", "--out-dir", out, "--json")
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert result["version"] == regmap.VERSION and result["files"][-1] == "manifest.json"
@@ -56,7 +62,7 @@ def test_generate_writes_the_real_design(run_cli, tmp_path):
     for source in RTL_SOURCES:
         assert re.search(rf"\bmodule {source.verilog_name}\(", (out / source.filename).read_text())
     # Plain output: one path per line.
-    run = run_cli("rtl", "generate", "--out", out)
+    run = run_cli("rtl", "generate", "--out-dir", out)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == [str(out / name) for name in result["files"]]
 
@@ -64,7 +70,7 @@ def test_generate_writes_the_real_design(run_cli, tmp_path):
 def test_report_measures_the_network_in_simulation(run_cli, tmp_path):
     """Batch 1 without synthesis: every op of the network simulated on the top level."""
     out = tmp_path / "report.json"
-    run = run_cli("rtl", "report", "--batch", "1", "--no-synth", "--json", "--out", out)
+    run = run_cli("rtl", "report", "--batch-size", "1", "--no-synth", "--json", "--out", out)
     assert run.returncode == 0, run.stderr[-3000:]
     rep = json.loads(run.stdout)
     assert json.loads(out.read_text()) == rep
@@ -81,5 +87,16 @@ def test_report_measures_the_network_in_simulation(run_cli, tmp_path):
 
 
 def test_report_rejects_a_bad_batch(run_cli):
-    run = run_cli("rtl", "report", "--batch", "0")
-    assert run.returncode == 2 and "--batch" in run.stderr
+    run = run_cli("rtl", "report", "--batch-size", "0")
+    assert run.returncode == 2 and "--batch-size" in run.stderr
+
+
+@pytest.mark.parametrize("command, new, old, args, message", [
+    ("generate", "--out-dir", "--out", ("--out", "/proc/rtl"), "--out-dir /proc/rtl"),
+    ("report", "--batch-size", "--batch", ("--batch", "0"), "Invalid value for '--batch-size'"),
+])
+def test_older_spellings_still_work_and_help_shows_the_new_one(run_cli, command, new, old, args, message):
+    help_text = run_cli("rtl", command, "--help").stdout
+    assert new in help_text and f"{old} " not in help_text
+    run = run_cli("rtl", command, *args)
+    assert run.returncode == 2 and message in run.stderr, run.stderr

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import click
 
-from insitu.io import check_writable
+from pathlib import Path
 
+from insitu.cli.options import option
 from insitu.cli.output import console, emit_json, write_json
+from insitu.errors import UsageError
+from insitu.io import check_writable
 
 
 @click.group("rtl")
@@ -15,16 +18,16 @@ def command():
 
     \b
     Examples:
-      insitu rtl generate --out build/rtl
-      insitu rtl generate --out build/rtl --json
+      insitu rtl generate --out-dir build/rtl
+      insitu rtl generate --out-dir build/rtl --json
     Then, with Vivado, in that folder:
       vivado -mode batch -source build_ultra96v2.tcl
     """
 
 
 @command.command("generate")
-@click.option("--out", "out_dir", type=click.Path(), required=True,
-              help="Folder to write into (created if needed; files of an earlier run are replaced).")
+@option("--out-dir", "out_dir", aliases=("--out",), type=click.Path(), required=True,
+        help="Folder to write into (created if needed; files of an earlier run are replaced).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def generate_cmd(out_dir, as_json):
     """Write the Verilog (PEs and top level), registers.md/.json, the Vivado Tcl and a manifest.
@@ -35,9 +38,11 @@ def generate_cmd(out_dir, as_json):
            insitu_accel_ooc.xdc (the 100 MHz clock; insitu_accel.xdc with any declared
            false/multicycle paths) manifest.json
     """
-    from pathlib import Path
-
     from insitu.rtl.generate import generate
+
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise UsageError(f"--out-dir {out_dir} is an existing file; choose a folder")
+    check_writable(Path(out_dir) / "manifest.json", "--out-dir")    # before the conversion
 
     def progress(name):
         if not as_json:
@@ -54,8 +59,8 @@ def generate_cmd(out_dir, as_json):
 
 
 @command.command("report")
-@click.option("--batch", type=click.IntRange(1, 4096), default=64, show_default=True,
-              help="Batch size of the training step the figures project.")
+@option("--batch-size", "batch", aliases=("--batch",), type=click.IntRange(1, 4096), default=64,
+        show_default=True, help="Batch size of the training step the figures project.")
 @click.option("--no-synth", is_flag=True, help="Skip Yosys synthesis (resources); cycles only.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
               help="Also write the JSON report to this file.")
@@ -155,14 +160,14 @@ def timing_cmd(part, n_paths, netlist_dir, out_path, as_json):
     xczu3eg) and the worst paths by their Amaranth signal names. Exceptions (false/multicycle
     paths) come from insitu.rtl.timing.EXCEPTIONS, the list the XDC is written from.
     """
-    from pathlib import Path
-
     from insitu.rtl.sim import top_verilog
     from insitu.rtl.timing import PARTS, format_paths, part_timing
 
     parts = list(PARTS) if part == "all" else [part]
     if out_path:
         check_writable(out_path, "--out")           # before minutes of synthesis
+    if netlist_dir:
+        check_writable(Path(netlist_dir) / f"{parts[0]}.netlist.json", "--netlist-dir")
     verilog = top_verilog()
     result = {}
     for p in parts:
