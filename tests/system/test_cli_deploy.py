@@ -64,7 +64,7 @@ def bundle(tmp_path_factory):
     out = tmp / "bundle"
     from conftest import insitu_cli
 
-    run = insitu_cli("deploy", "--board", "ultra96v2", "--out", out, "--bit", bit, "--hwh", hwh,
+    run = insitu_cli("deploy", "--board", "ultra96v2", "--out-dir", out, "--bitstream", bit, "--hwh", hwh,
                      "--json", "--", "--samples", "600", "--algo", "sgd", cwd=tmp)
     assert run.returncode == 0, run.stderr[-3000:]
     return out, json.loads(run.stdout)
@@ -130,10 +130,10 @@ def test_run_sh_installs_and_trains_with_a_stand_in_python(bundle, tmp_path):
 def test_overlay_from_build_rtl_and_existing_bundle_replaced(run_cli, tmp_path, wheel):
     _overlay(tmp_path / "build" / "rtl", name="insitu_zedboard", board="zedboard")
     out = tmp_path / "b"
-    first = run_cli("deploy", "--board", "zedboard", "--out", out, "--wheel", wheel, "--json", cwd=tmp_path)
+    first = run_cli("deploy", "--board", "zedboard", "--out-dir", out, "--wheel", wheel, "--json", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["overlay"]["from"][0] == str(tmp_path / "build/rtl/insitu_zedboard.bit")
-    again = run_cli("deploy", "--board", "zedboard", "--out", out, "--wheel", wheel, "--json",
+    again = run_cli("deploy", "--board", "zedboard", "--out-dir", out, "--wheel", wheel, "--json",
                     "--", "--samples", "100", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert json.loads((out / "manifest.json").read_text())["train_args"] == ["--samples", "100"]
@@ -142,7 +142,7 @@ def test_overlay_from_build_rtl_and_existing_bundle_replaced(run_cli, tmp_path, 
 
 def test_without_overlay_the_bundle_says_how_to_get_one(run_cli, tmp_path, wheel):
     out = tmp_path / "b"
-    run = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--wheel", wheel, "--json", cwd=tmp_path)
+    run = run_cli("deploy", "--board", "ultra96v2", "--out-dir", out, "--wheel", wheel, "--json", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
     assert got["overlay"] is None
@@ -161,9 +161,9 @@ def test_half_an_overlay_is_a_usage_error(run_cli, tmp_path, wheel, given):
         args = []
     else:
         bit, hwh = _overlay(tmp_path / "v", name="x", bit=given == "bit", hwh=given == "hwh")
-        args = ["--bit", bit] if given == "bit" else ["--hwh", hwh]
+        args = ["--bitstream", bit] if given == "bit" else ["--hwh", hwh]
     out = tmp_path / "b"
-    run = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--wheel", wheel, *args, cwd=tmp_path)
+    run = run_cli("deploy", "--board", "ultra96v2", "--out-dir", out, "--wheel", wheel, *args, cwd=tmp_path)
     assert run.returncode == 2, run.stderr
     assert "pynq.Overlay needs both" in run.stderr and "Traceback" not in run.stderr
     assert not out.exists()
@@ -192,7 +192,7 @@ def test_deploy_refuses_a_bit_that_is_not_a_vivado_bitstream(run_cli, tmp_path, 
     bit, _ = _overlay(tmp_path / "v", name="bogus")
     bit.write_bytes(content)
     out = tmp_path / "b"
-    run = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--bit", bit, cwd=tmp_path)
+    run = run_cli("deploy", "--board", "ultra96v2", "--out-dir", out, "--bitstream", bit, cwd=tmp_path)
     assert run.returncode == 2, run.stderr
     assert re.search(message, " ".join(run.stderr.split())), run.stderr
     assert "Traceback" not in run.stderr and "building the insitu wheel" not in run.stdout
@@ -222,7 +222,7 @@ def test_deploy_refuses_a_hwh_of_another_design(run_cli, tmp_path, break_it, mes
     bit, hwh = _overlay(tmp_path / "v", name="bogus")
     hwh.write_text(break_it(hwh.read_text()))
     out = tmp_path / "b"
-    run = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--bit", bit, cwd=tmp_path)
+    run = run_cli("deploy", "--board", "ultra96v2", "--out-dir", out, "--bitstream", bit, cwd=tmp_path)
     assert run.returncode == 2, run.stderr
     assert re.search(message, " ".join(run.stderr.split())), run.stderr
     assert "Traceback" not in run.stderr and not out.exists()
@@ -236,7 +236,7 @@ def test_the_twins_hwh_and_a_vivado_header_pass_for_both_boards(tmp_path):
 
 @pytest.mark.parametrize("board", ["ultra96v2-sim", "stm32f746-disco", "nope"])
 def test_only_real_fpga_boards(run_cli, tmp_path, board):
-    run = run_cli("deploy", "--board", board, "--out", tmp_path / "b", cwd=tmp_path)
+    run = run_cli("deploy", "--board", board, "--out-dir", tmp_path / "b", cwd=tmp_path)
     assert run.returncode == 2
     assert "ultra96v2, zedboard" in run.stderr and "Traceback" not in run.stderr
     assert ("a twin runs here" in run.stderr) == board.endswith("-sim")
@@ -246,14 +246,14 @@ def test_refuses_a_folder_that_is_not_a_bundle_and_reserved_train_args(run_cli, 
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
-    run = run_cli("deploy", "--board", "ultra96v2", "--out", other, "--wheel", wheel, cwd=tmp_path)
+    run = run_cli("deploy", "--board", "ultra96v2", "--out-dir", other, "--wheel", wheel, cwd=tmp_path)
     assert run.returncode == 2 and "neither empty nor an insitu bundle" in run.stderr
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
-    run = run_cli("deploy", "--board", "ultra96v2", "--out", tmp_path / "b", "--wheel", wheel,
+    run = run_cli("deploy", "--board", "ultra96v2", "--out-dir", tmp_path / "b", "--wheel", wheel,
                   "--", "--board=zedboard", cwd=tmp_path)
     assert run.returncode == 2 and "--board is set by the bundle" in run.stderr
     # Training arguments are parsed by `insitu train`'s own options before anything is built.
-    run = run_cli("deploy", "--board", "ultra96v2", "--out", tmp_path / "b", "--wheel", wheel,
+    run = run_cli("deploy", "--board", "ultra96v2", "--out-dir", tmp_path / "b", "--wheel", wheel,
                   "--", "--smaples", "10", cwd=tmp_path)
     assert run.returncode == 2 and "No such option '--smaples'" in run.stderr
     assert not (tmp_path / "b").exists()
@@ -297,14 +297,14 @@ def test_dry_run_prints_the_commands_and_runs_nothing(run_cli, tmp_path, wheel):
     env = _fake_bin(tmp_path / "bin", {tool: f'echo {tool} >> "{called}"; exit 0'
                                        for tool in ("ssh", "scp", "rsync")})
     out = tmp_path / "b"
-    run = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--wheel", wheel, "--host", "pynq",
+    run = run_cli("deploy", "--board", "ultra96v2", "--out-dir", out, "--wheel", wheel, "--host", "pynq",
                   "--user", "xilinx", "--dry-run", "--json", env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
     assert got["ran"] is False and got["host"] == "pynq" and len(got["commands"]) == 3
     assert got["commands"][-1][-2:] == ["xilinx@pynq", "bash insitu-bundle/run.sh"]
     assert not called.exists() and (out / "run.sh").is_file()
-    plain = run_cli("deploy", "--board", "ultra96v2", "--out", out, "--wheel", wheel, "--host", "pynq",
+    plain = run_cli("deploy", "--board", "ultra96v2", "--out-dir", out, "--wheel", wheel, "--host", "pynq",
                     "--dry-run", env=env, cwd=tmp_path)
     assert plain.returncode == 0, plain.stderr
     lines = plain.stdout.splitlines()
@@ -315,7 +315,7 @@ def test_dry_run_prints_the_commands_and_runs_nothing(run_cli, tmp_path, wheel):
 def test_unreachable_host_is_a_clear_usage_error(run_cli, tmp_path, wheel):
     msg = "ssh: connect to host board.invalid port 22: Connection timed out"
     env = _fake_bin(tmp_path / "bin", {tool: f'echo "{msg}" >&2; exit 255' for tool in ("ssh", "scp", "rsync")})
-    run = run_cli("deploy", "--board", "ultra96v2", "--out", tmp_path / "b", "--wheel", wheel,
+    run = run_cli("deploy", "--board", "ultra96v2", "--out-dir", tmp_path / "b", "--wheel", wheel,
                   "--host", "board.invalid", env=env, cwd=tmp_path)
     assert run.returncode == 2, run.stderr
     assert "cannot reach board.invalid" in run.stderr and "Connection timed out" in run.stderr
@@ -327,8 +327,35 @@ def test_a_failing_run_on_the_board_is_an_error(run_cli, tmp_path, wheel):
     env = _fake_bin(tmp_path / "bin", {
         "ssh": 'case "$*" in *run.sh*) echo "training failed" ; exit 3;; esac; exit 0',
         "scp": "exit 0", "rsync": "exit 0"})
-    run = run_cli("deploy", "--board", "ultra96v2", "--out", tmp_path / "b", "--wheel", wheel,
+    run = run_cli("deploy", "--board", "ultra96v2", "--out-dir", tmp_path / "b", "--wheel", wheel,
                   "--host", "pynq", "--json", env=env, cwd=tmp_path)
     assert run.returncode == 1
     assert "the run on pynq failed (exit 3)" in run.stderr and "training failed" in run.stderr
     assert run.stdout == ""
+
+
+@pytest.mark.parametrize("new, old", [("--out-dir", "--out"), ("--bitstream", "--bit")])
+def test_older_spellings_still_work_and_help_shows_the_new_one(run_cli, tmp_path, new, old):
+    help_text = run_cli("deploy", "--help").stdout
+    assert new in help_text and f"{old} " not in help_text
+    bit, _ = _overlay(tmp_path / "v", name="bogus")
+    bit.write_bytes(b"not a bitstream\n")
+    out = tmp_path / "b"
+    options = {"--out-dir": out, "--bitstream": bit}
+    options[old] = options.pop(new)
+    run = run_cli("deploy", "--board", "ultra96v2", *[x for kv in options.items() for x in kv], cwd=tmp_path)
+    assert run.returncode == 2 and "no Xilinx bitstream header" in run.stderr, run.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("where, message", [
+    ("file", "Invalid value for '--out-dir'"),
+    ("proc", "cannot write --out-dir /proc/bundle"),
+])
+def test_an_unwritable_out_dir_fails_before_building(run_cli, tmp_path, wheel, where, message):
+    out = tmp_path / "a-file" if where == "file" else "/proc/bundle"
+    if where == "file":
+        out.write_text("x")
+    run = run_cli("deploy", "--board", "ultra96v2", "--out-dir", out, "--wheel", wheel, cwd=tmp_path)
+    assert run.returncode == 2 and message.format(out=out) in " ".join(run.stderr.split()), run.stderr
+    assert "Traceback" not in run.stderr

@@ -7,17 +7,19 @@ from pathlib import Path
 
 import click
 
+from insitu.cli.options import option
 from insitu.cli.output import console, emit_json
 from insitu.errors import UsageError
+from insitu.io import check_writable
 from insitu.fpga.deploy import DEFAULT_REMOTE_DIR, OVERLAY_SEARCH_DIR
 
 
 @click.command("deploy")
 @click.option("--board", required=True, help="The FPGA board: ultra96v2 or zedboard.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Bundle folder (created; an earlier bundle there is replaced).")
-@click.option("--bit", type=click.Path(exists=True, dir_okay=False),
-              help=f"Bitstream; its .hwh must sit beside it or come with --hwh "
+@option("--out-dir", "out_dir", aliases=("--out",), type=click.Path(file_okay=False), required=True,
+        help="Bundle folder (created; an earlier bundle there is replaced).")
+@option("--bitstream", "bit", aliases=("--bit",), type=click.Path(exists=True, dir_okay=False),
+        help=f"Bitstream; its .hwh must sit beside it or come with --hwh "
                    f"(default: {OVERLAY_SEARCH_DIR}/insitu_<board>.bit).")
 @click.option("--hwh", type=click.Path(exists=True, dir_okay=False),
               help="Hardware handoff file of the bitstream.")
@@ -45,9 +47,9 @@ def command(board, out_dir, bit, hwh, wheel, host, user, remote_dir, dry_run, as
 
     \b
     Examples:
-      insitu deploy --board ultra96v2 --out bundle -- --samples 6000 --json
-      insitu deploy --board ultra96v2 --out bundle --bit my.bit --hwh my.hwh
-      insitu deploy --board ultra96v2 --out bundle --host pynq --user root --dry-run
+      insitu deploy --board ultra96v2 --out-dir bundle -- --samples 6000 --json
+      insitu deploy --board ultra96v2 --out-dir bundle --bitstream my.bit --hwh my.hwh
+      insitu deploy --board ultra96v2 --out-dir bundle --host pynq --user root --dry-run
     """
     from insitu.fpga import deploy
 
@@ -59,6 +61,7 @@ def command(board, out_dir, bit, hwh, wheel, host, user, remote_dir, dry_run, as
     _parse_train_args(train_args)
     if host:                                   # refuse a bad host before minutes of building
         deploy.ssh_commands(host, user, remote_dir, out_dir, rsync=True)
+    _check_out_dir(deploy, out_dir)
 
     def progress(msg):
         if not as_json:
@@ -90,6 +93,23 @@ def command(board, out_dir, bit, hwh, wheel, host, user, remote_dir, dry_run, as
     if not host:
         console.print(f"copy {out_dir} to the board and run `bash run.sh` there, or deploy again "
                       "with --host")
+
+
+def _check_out_dir(deploy, out_dir) -> None:
+    """The bundle folder can be made and written, before the wheel is built; nothing is created
+    (a refused deploy leaves no folder)."""
+    try:
+        deploy.check_out_dir(out_dir)
+    except UsageError as exc:                  # the library says --out, the folder's old spelling
+        message = str(exc)
+        raise UsageError("--out-dir " + message[len("--out "):] if message.startswith("--out ")
+                         else message) from None
+    target = Path(out_dir)
+    existing = target if target.is_dir() else next((p for p in target.parents if p.exists()), Path("."))
+    try:
+        check_writable(existing / ".insitu-deploy-probe", "--out-dir")
+    except UsageError:
+        raise UsageError(f"cannot write --out-dir {out_dir}: {existing} is not a writable folder") from None
 
 
 def _parse_train_args(args) -> None:
