@@ -6,7 +6,7 @@ import click
 from rich.table import Table
 
 from insitu.boards import load_boards
-from insitu.cli.output import emit_json, report
+from insitu.cli.output import emit_json, print_table
 
 
 @click.command("boards")
@@ -30,4 +30,4 @@ def command(as_json: bool):
             res = f"{b['sram_bytes'] // 1024} KB SRAM, {b['flash_bytes'] // 1024} KB flash"
         table.add_row(b["name"], b["kind"], b["twin_of"] or "-", b["part"], res,
                       f"{b['cpu']} @ {b['cpu_hz'] / 1e6:g} MHz")
-    report.print(table)
+    print_table(table)

@@ -8,7 +8,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from insitu.cli.output import emit_json, report
+from insitu.cli.output import emit_json, print_table, report
 from insitu.data import dataset_info, list_datasets
 
 
@@ -42,7 +42,7 @@ def list_command(as_json: bool):
     for row in rows:
         table.add_row(row["name"], "[green]yes[/]" if row["available"] else "[yellow]no[/]",
                       escape(row["hint"] or row["source"]), escape(row["description"]))
-    report.print(table)
+    print_table(table)
 
 
 @command.command("info")
@@ -71,5 +71,5 @@ def info_command(name: str, data_dir: Path | None, as_json: bool):
     table.add_row("sample shape", f"{shape} {info['dtype']} (labels {info['label_dtype']})")
     table.add_row("classes", f"{info['num_classes']}: " + escape(", ".join(info["class_names"])))
     table.add_row("source", escape(info["source"]))
-    report.print(table)
+    print_table(table)
 

@@ -7,7 +7,7 @@ import sys
 import click
 from rich.table import Table
 
-from insitu.cli.output import emit_json, report
+from insitu.cli.output import emit_json, print_table, report
 from insitu.doctor import as_dicts, run_checks
 
 
@@ -29,7 +29,7 @@ def command(as_json: bool):
         for c in checks:
             mark = "[green]ok[/]" if c.ok else "[red]missing[/]"
             table.add_row(mark, c.name, c.needed_for, c.detail if c.ok else f"{c.detail}\n[bold]fix:[/] {c.fix}")
-        report.print(table)
+        print_table(table)
         missing = [c for c in checks if not c.ok]
         report.print("[green]everything is in place[/]" if not missing
                      else f"[red]{len(missing)} missing[/]: run the fixes above, or `bash scripts/setup.sh`")
