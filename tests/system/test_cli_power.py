@@ -68,11 +68,11 @@ def _assert_valid_csv(path, samples):
 def test_record_measures_a_command_with_its_phases_and_draws_them(tmp_path):
     out, plot, child = tmp_path / "run.csv", tmp_path / "run.png", tmp_path / "child.py"
     child.write_text(_CHILD)
-    run = power("record", "--meter", "synthetic:sine", "--out", out, "--plot", plot, "--json",
+    run = power("record", "--meter", "synthetic:sine", "--trace", out, "--plot", plot, "--json",
                 "--", sys.executable, child)
     assert run.returncode == 0, run.stderr
-    rec = json.loads(run.stdout[run.stdout.index("{"):])
-    assert run.stdout.startswith("trained")                # the command's output passes through
+    rec = json.loads(run.stdout)                           # stdout is the record alone
+    assert "trained" in run.stderr and "trained" not in run.stdout   # the command's output: stderr
     for key in ("energy_j", "mean_w", "duration_s", "samples", "phases", "meter", "command",
                 "exit_code", "csv", "complete"):
         assert key in rec, key
@@ -95,16 +95,17 @@ def test_record_measures_a_command_with_its_phases_and_draws_them(tmp_path):
 def test_record_reports_in_words_without_json(tmp_path):
     child = tmp_path / "child.py"
     child.write_text(_CHILD)
-    run = power("record", "--meter", "synthetic:2", "--out", tmp_path / "run.csv", "--", sys.executable, child)
+    run = power("record", "--meter", "synthetic:2", "--trace", tmp_path / "run.csv", "--", sys.executable, child)
     assert run.returncode == 0, run.stderr
     assert "synthetic:2" in run.stdout and " J " in run.stdout and "train" in run.stdout
-    assert "J/sample" in run.stdout
+    assert "J/sample" in run.stdout and "trained" in run.stdout     # without --json it passes through
+    assert "energy per training sample" in run.stdout and "train phase alone" in run.stdout
 
 
 def test_a_crashing_command_leaves_a_valid_partial_csv_and_its_exit_code(tmp_path):
     out, child = tmp_path / "run.csv", tmp_path / "child.py"
     child.write_text(_CHILD.replace('print("trained", flush=True)', 'raise SystemExit(7)'))
-    run = power("record", "--meter", "synthetic:1.5@500", "--out", out, "--json", "--", sys.executable, child)
+    run = power("record", "--meter", "synthetic:1.5@500", "--trace", out, "--json", "--", sys.executable, child)
     assert run.returncode == 7, run.stderr
     rec = json.loads(run.stdout)
     assert rec["exit_code"] == 7 and not rec["complete"] and rec["ended"] == "exit" and "exit 7" in rec["message"]
@@ -116,7 +117,7 @@ def test_sigint_to_the_recorder_stops_the_command_and_keeps_a_valid_partial_csv(
     out = tmp_path / "run.csv"
     pid_file = tmp_path / "child.pid"
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
-    proc = subprocess.Popen(power_argv("record", "--meter", "synthetic:4@500", "--out", out, "--json",
+    proc = subprocess.Popen(power_argv("record", "--meter", "synthetic:4@500", "--trace", out, "--json",
                                        "--", sys.executable, "-c", child),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -144,17 +145,22 @@ def test_sigint_to_the_recorder_stops_the_command_and_keeps_a_valid_partial_csv(
 
 
 @pytest.mark.parametrize("args,message", [
-    (("--meter", "bogus:1", "--out", "{tmp}/run.csv", "--", "true"), "unknown meter 'bogus:1'"),
-    (("--meter", "synthetic:x", "--out", "{tmp}/run.csv", "--", "true"), "--meter synthetic:x"),
-    (("--meter", "synthetic:1", "--out", "{tmp}/run.csv"), "give the command to measure after --"),
-    (("--meter", "synthetic:1", "--out", "{tmp}/run.csv", "--"), "give the command to measure after --"),
-    (("--meter", "synthetic:1", "--out", "{tmp}/afile/run.csv", "--", "true"), "afile is a file, not a folder"),
-    (("--meter", "synthetic:1", "--out", "{tmp}", "--", "true"), "is a directory"),
-    (("--meter", "synthetic:1", "--out", "{tmp}/run.json", "--", "true"), "is the trace (CSV)"),
-    (("--meter", "synthetic:1", "--out", "{tmp}/run.csv", "--plot", "{tmp}/afile/p.png", "--", "true"),
+    (("--meter", "bogus:1", "--trace", "{tmp}/run.csv", "--", "true"), "unknown meter 'bogus:1'"),
+    (("--meter", "synthetic:x", "--trace", "{tmp}/run.csv", "--", "true"), "--meter synthetic:x"),
+    (("--meter", "synthetic:1", "--trace", "{tmp}/run.csv"), "give the command to measure after --"),
+    (("--meter", "synthetic:1", "--trace", "{tmp}/run.csv", "--"), "give the command to measure after --"),
+    (("--meter", "synthetic:1", "--trace", "{tmp}/afile/run.csv", "--", "true"), "afile is a file, not a folder"),
+    (("--meter", "synthetic:1", "--trace", "{tmp}", "--", "true"), "is a directory"),
+    (("--meter", "synthetic:1", "--trace", "{tmp}/run.json", "--", "true"), "is the trace (CSV)"),
+    (("--meter", "synthetic:1", "--trace", "{tmp}/run.csv", "--plot", "{tmp}/afile/p.png", "--", "true"),
      "cannot write --plot"),
-    (("--meter", "synthetic:1", "--out", "{tmp}/run.csv", "--", "no-such-program-xyz"), "command not found"),
-    (("--out", "{tmp}/run.csv", "--", "true"), "Missing option '--meter'"),
+    (("--meter", "synthetic:1", "--trace", "{tmp}/run.csv", "--", "no-such-program-xyz"), "command not found"),
+    (("--trace", "{tmp}/run.csv", "--", "true"), "Missing option '--meter'"),
+    (("--meter", "synthetic:1", "--", "true"), "give one of --trace FILE.csv"),
+    (("--meter", "synthetic:1", "--trace", "{tmp}/run.csv", "--run-dir", "{tmp}/r", "--", "true"), "not both"),
+    (("--meter", "synthetic:1", "--run-dir", "{tmp}/afile", "--", "true"), "is a file"),
+    (("--meter", "synthetic:1", "--out", "{tmp}/afile/run.csv", "--", "true"),     # the old spelling,
+     "cannot write --trace"),                                                      # named as now
 ])
 def test_bad_input_is_a_clear_error_with_exit_2(tmp_path, args, message):
     from click.testing import CliRunner
@@ -170,7 +176,7 @@ def test_bad_input_is_a_clear_error_with_exit_2(tmp_path, args, message):
 
 
 def test_bad_input_through_the_real_entry_point(tmp_path):
-    run = power("record", "--meter", "nope", "--out", tmp_path / "run.csv", "--", "true")
+    run = power("record", "--meter", "nope", "--trace", tmp_path / "run.csv", "--", "true")
     assert run.returncode == 2 and "unknown meter 'nope'" in run.stderr and "Traceback" not in run.stderr
 
 
@@ -192,7 +198,7 @@ def test_a_simulated_powershield_is_measured_through_its_serial_port(tmp_path):
                             text=True, cwd=ROOT)
     try:
         port = json.loads(twin.stdout.readline())["port"]
-        run = power("record", "--meter", f"powershield:{port}", "--out", tmp_path / "ps.csv", "--json", "--",
+        run = power("record", "--meter", f"powershield:{port}", "--trace", tmp_path / "ps.csv", "--json", "--",
                     sys.executable, "-c", "import time; time.sleep(1.5)")
         assert run.returncode == 0, run.stderr
         r = json.loads(run.stdout)
@@ -203,3 +209,131 @@ def test_a_simulated_powershield_is_measured_through_its_serial_port(tmp_path):
     finally:
         twin.send_signal(signal.SIGINT)
         assert twin.wait(timeout=10) == 0
+
+
+# ------------------------------------------------------------------ traces are never overwritten
+
+_TOUCH = "import sys; open(sys.argv[1], 'w').write('ran')"
+
+
+def _first_run(tmp_path):
+    """A complete recording in run.csv (+ run.json, run.phases.jsonl); its files' bytes."""
+    child = tmp_path / "child.py"
+    child.write_text(_CHILD)
+    run = power("record", "--meter", "synthetic:sine", "--trace", tmp_path / "run.csv", "--json",
+                "--", sys.executable, child)
+    assert run.returncode == 0, run.stderr
+    files = {name: (tmp_path / name).read_bytes() for name in ("run.csv", "run.json", "run.phases.jsonl")}
+    assert json.loads(files["run.json"])["complete"] and len(files["run.csv"]) > 1000
+    assert files["run.phases.jsonl"].count(b"\n") == 6
+    return files
+
+
+def test_the_issue_case_a_failed_meter_run_leaves_the_earlier_trace_and_record_whole(tmp_path):
+    # Before: the second run (a meter that cannot be opened) truncated run.csv to its 29 B header
+    # and emptied run.phases.jsonl, and run.json still said complete: true.
+    before = _first_run(tmp_path)
+    for meter in ("powershield:/dev/no-such-port", "synthetic:1"):
+        run = power("record", "--meter", meter, "--trace", tmp_path / "run.csv", "--json",
+                    "--", sys.executable, "-c", _TOUCH, tmp_path / "ran")
+        assert run.returncode == 2, run.stderr
+        assert "run.csv exists already" in run.stderr and "choose another path, or delete it" in run.stderr
+        assert "Traceback" not in run.stderr and run.stdout == ""
+        assert not (tmp_path / "ran").exists()                     # the command never started
+        assert {name: (tmp_path / name).read_bytes() for name in before} == before
+
+
+@pytest.mark.parametrize("existing", ["run.json", "run.phases.jsonl"])
+def test_an_existing_sidecar_is_refused_before_the_meter_or_the_command_starts(tmp_path, existing):
+    (tmp_path / existing).write_text("another run's\n")
+    run = power("record", "--meter", "synthetic:1", "--trace", tmp_path / "run.csv",
+                "--", sys.executable, "-c", _TOUCH, tmp_path / "ran")
+    assert run.returncode == 2, run.stderr
+    assert f"{tmp_path / existing} (the " in run.stderr and "exists already" in run.stderr
+    assert "choose another path, or delete it" in run.stderr
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "run.csv").exists()
+    assert (tmp_path / existing).read_text() == "another run's\n"
+
+
+def test_a_meter_that_cannot_be_opened_leaves_no_files_and_the_path_stays_free(tmp_path):
+    run = power("record", "--meter", "powershield:/dev/no-such-port", "--trace", tmp_path / "run.csv",
+                "--", sys.executable, "-c", _TOUCH, tmp_path / "ran")
+    assert run.returncode != 0 and "no-such-port" in run.stderr and "Traceback" not in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    _first_run(tmp_path)                                    # the same path works afterwards
+
+
+def test_run_dir_holds_the_trace_record_and_phases_and_is_never_reused(tmp_path):
+    child = tmp_path / "child.py"
+    child.write_text(_CHILD)
+    run_dir = tmp_path / "runs" / "a"
+    run = power("record", "--meter", "synthetic:2@500", "--run-dir", run_dir, "--json",
+                "--", sys.executable, child)
+    assert run.returncode == 0, run.stderr
+    rec = json.loads(run.stdout)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["power.csv", "power.json", "power.phases.jsonl"]
+    assert rec["csv"] == str(run_dir / "power.csv") and rec["record"] == str(run_dir / "power.json")
+    assert json.loads((run_dir / "power.json").read_text()) == rec
+    _assert_valid_csv(run_dir / "power.csv", rec["samples"])
+    before = (run_dir / "power.csv").read_bytes()
+    again = power("record", "--meter", "synthetic:2@500", "--run-dir", run_dir, "--", "true")
+    assert again.returncode == 2 and "--run-dir" in again.stderr and "power.csv exists already" in again.stderr
+    assert (run_dir / "power.csv").read_bytes() == before
+
+
+def test_the_old_out_spelling_still_records_but_help_shows_trace(tmp_path):
+    run = power("record", "--meter", "synthetic:2@200", "--out", tmp_path / "old.csv", "--json", "--", "true")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["csv"] == str(tmp_path / "old.csv")
+    shown = power("record", "--help")
+    assert "--trace" in shown.stdout and "--run-dir" in shown.stdout and "--out" not in shown.stdout
+
+
+# ------------------------------------------------------- `insitu train` under the recorder, --json
+
+def _insitu_on_path() -> dict:
+    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+@pytest.mark.skipif(not (VENV_BIN / "insitu").exists(), reason="the insitu console script is not installed")
+def test_json_record_of_insitu_train_is_alone_on_stdout_with_train_and_test_phases(tmp_path):
+    run = power("record", "--meter", "synthetic:sine", "--trace", tmp_path / "x.csv", "--json",
+                "--", "insitu", "train", "--samples", "600", timeout=300, env=_insitu_on_path())
+    assert run.returncode == 0, run.stderr
+    rec = json.loads(run.stdout)                   # only JSON: the child's result line went to stderr
+    assert "sgd: 600 samples" in run.stderr
+    assert rec["complete"] and rec["command"] == ["insitu", "train", "--samples", "600"]
+    # sgd (the default algorithm) marks its phases through the harness
+    names = [p["name"] for p in rec["phases"]]
+    assert set(names) == {"train", "test"} and names[0] == "train" and names[-1] == "test"
+    train = rec["by_phase"]["train"]
+    assert train["samples"] == 600 and train["energy_j"] > 0
+    assert sum(p["samples"] for p in rec["phases"] if p["name"] == "train") == 600
+    # energy per training sample: the train phase alone, never the whole run
+    assert rec["training_samples"] == 600 and rec["training_energy_j"] == pytest.approx(train["energy_j"])
+    assert rec["energy_per_training_sample_j"] == pytest.approx(train["energy_j"] / 600, rel=1e-6)
+    assert rec["energy_per_training_sample_j"] < rec["energy_j"] / 600
+    assert rec["by_phase"]["test"]["count"] >= 1 and rec["by_phase"]["test"]["energy_j"] > 0
+
+
+@pytest.mark.skipif(not (VENV_BIN / "insitu").exists(), reason="the insitu console script is not installed")
+def test_train_meter_never_overwrites_a_power_trace(tmp_path, run_cli):
+    insitu_cli = run_cli
+    first = insitu_cli("train", "--samples", "600", "--meter", "synthetic:2@200", "--json", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["power"]["csv"] == "power.csv"
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(before) == {"power.csv", "power.json", "power.phases.jsonl"}
+    # the default goes to the first free name, and says so
+    second = insitu_cli("train", "--samples", "600", "--meter", "synthetic:2@200", "--json", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    rec = json.loads(second.stdout)["power"]
+    assert rec["csv"] == "power-1.csv" and "into power-1.csv" in second.stderr
+    assert rec["by_phase"]["train"]["samples"] == 600 and rec["energy_per_training_sample_j"] > 0
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    # an explicit --power-out that exists is refused before training
+    third = insitu_cli("train", "--samples", "600", "--meter", "synthetic:2@200", "--power-out", "power.csv",
+                       cwd=tmp_path)
+    assert third.returncode == 2 and "--power-out: power.csv exists already" in third.stderr
+    assert "training on" not in third.stderr
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before

@@ -287,7 +287,7 @@ def test_a_command_that_cannot_run_is_a_usage_error_and_the_meter_is_released(tm
 def test_an_unwritable_out_is_a_usage_error_before_the_meter_opens(tmp_path):
     meter = ScriptedMeter()
     (tmp_path / "file").write_text("")
-    with pytest.raises(UsageError, match="cannot write --out"):
+    with pytest.raises(UsageError, match="cannot write --trace"):
         run_command(meter, _sleep_cmd(0), tmp_path / "file" / "run.csv", handle_signals=False)
     assert not meter.opened
 
@@ -315,8 +315,10 @@ def test_measure_call_makes_the_whole_call_one_phase_when_it_marks_none(tmp_path
     value, rec = measure_call(open_meter("synthetic:1@500"), tmp_path / "p.csv",
                               lambda: (time.sleep(0.25), {"samples": 5})[1])
     (p,) = rec["phases"]
-    assert p["name"] == "train" and p["samples"] == 5 and p["complete"]
+    # named `run`, not `train`: the whole call is not the training alone
+    assert p["name"] == "run" and p["samples"] == 5 and p["complete"]
     assert p["energy_j"] == pytest.approx(0.25, rel=0.1)
+    assert rec["energy_per_training_sample_j"] is None and rec["training_samples"] is None
 
 
 def test_measure_call_writes_the_record_when_the_run_fails(tmp_path):

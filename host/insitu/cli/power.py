@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from insitu.cli import _Group       # the main group's error messages, also when run on its own
+from insitu.cli.options import option
 from insitu.cli.output import console, emit_json, report
 from insitu.errors import InsituError, UsageError
 
@@ -20,7 +21,8 @@ METER_HELP = ("Power meter spec: synthetic:WATTS[@HZ] or synthetic:sine (generat
               "visa:RESOURCE (a SCPI instrument), powershield:PORT (STM32 LPM01A), "
               "pynq-rails[:RAIL,...][@HZ] (on a PYNQ board).")
 
-
+#: The trace's name in a run folder (``--run-dir DIR``): DIR/power.csv, DIR/power.json, DIR/power.phases.jsonl.
+RUN_DIR_TRACE = "power.csv"
 
 
 @click.group("power", cls=_Group)
@@ -28,13 +30,16 @@ def command():
     """Power and energy of a run, measured with a power meter.
 
     \b
-      insitu power record --meter SPEC --out run.csv -- COMMAND...
+      insitu power record --meter SPEC --trace run.csv -- COMMAND...
+      insitu power record --meter SPEC --run-dir runs/a -- COMMAND...
       insitu power emulate          a simulated PowerShield (LPM01A) on a serial port
     """
 
 
-def _check_out(out: str, what: str) -> Path:
-    from insitu.measure.record import sidecar_paths
+def _check_out(out: str | Path, what: str) -> Path:
+    """The trace ``out``: a CSV path that can be written and that neither exists nor has sidecars
+    (record, phase markers) that do: a trace is never overwritten."""
+    from insitu.measure.record import check_new, sidecar_paths
 
     path = Path(out)
     if path.suffix.lower() in (".json", ".jsonl"):
@@ -42,7 +47,20 @@ def _check_out(out: str, what: str) -> Path:
                          f"({sidecar_paths(path.with_suffix('.csv'))[0].name}): give e.g. "
                          f"{path.with_suffix('.csv')}")
     _check_path(path, what)
+    check_new(path, what)
     return path
+
+
+def _run_dir_trace(run_dir: str | Path) -> Path:
+    """DIR/power.csv of a run folder, the folder created (a :class:`UsageError` when it cannot be)."""
+    folder = Path(run_dir)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--run-dir {folder} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --run-dir {folder}: {exc.strerror}") from None
+    return folder / RUN_DIR_TRACE
 
 
 def _check_path(path: Path, what: str) -> None:
@@ -78,6 +96,15 @@ def _plot(record: dict, plot: str) -> None:
     plot_record(record, trace["t"], trace["watts"], plot)
 
 
+def _training_line(record: dict) -> str | None:
+    """'energy per training sample: X J (the train phase: E J / N samples)', or None."""
+    per = record.get("energy_per_training_sample_j")
+    if per is None:
+        return None
+    return (f"energy per training sample: {per:.4g} J (the train phase alone: "
+            f"{record['training_energy_j']:.4g} J / {record['training_samples']} samples)")
+
+
 def _report(record: dict) -> None:
     from rich.table import Table
 
@@ -90,6 +117,9 @@ def _report(record: dict) -> None:
                  f"in {record['duration_s']:.4g} s, mean {num(record['mean_w'], '.4g')} W "
                  f"({record['samples']} samples{f' at {rate:.4g} Hz' if rate else ''}); "
                  f"[{colour}]{record['message']}[/] -> {record['csv']}")
+    training = _training_line(record)
+    if training:
+        report.print(training)
     if record["phases"]:
         table = Table("phase", "start s", "stop s", "energy J", "mean W", "samples", "J/sample")
         for p in record["phases"]:
@@ -102,27 +132,35 @@ def _report(record: dict) -> None:
 @command.command("record", context_settings={"ignore_unknown_options": True,
                                              "allow_interspersed_args": False})
 @click.option("--meter", "meter_spec", required=True, metavar="SPEC", help=METER_HELP)
-@click.option("--out", required=True, type=click.Path(dir_okay=False),
-              help="The power trace, CSV (host_time,t,watts,volts,amps), written as samples arrive; "
-                   "the record (OUT with .json) and the phase markers (.phases.jsonl) go beside it.")
+@option("--trace", aliases=("--out",), type=click.Path(dir_okay=False), default=None, metavar="FILE.csv",
+        help="The power trace, CSV (host_time,t,watts,volts,amps), written as samples arrive; the "
+             "record (FILE.json) and the phase markers (FILE.phases.jsonl) go beside it. Never "
+             "overwritten: an existing trace, record or marker file is refused. Or --run-dir.")
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="A run folder (created) for DIR/power.csv, DIR/power.json and "
+                   "DIR/power.phases.jsonl, instead of --trace.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of the trace with the phases shaded.")
-@click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the record as JSON, alone on stdout (COMMAND's standard output goes to stderr).")
 @click.argument("cmd", metavar="-- COMMAND...", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def record(ctx, meter_spec, out, plot, as_json, cmd):
+def record(ctx, meter_spec, trace, run_dir, plot, as_json, cmd):
     """Record power while COMMAND runs; energy in total and per phase.
 
     COMMAND runs as a subprocess with INSITU_PHASE_FILE set: phases it marks
-    (insitu.measure.phases.phase, as `insitu train` does) are aligned to the trace and get their
-    own energy and energy per training sample. Ctrl-C, a crash of COMMAND or a meter that
-    disconnects keep the trace recorded so far (the record says `complete: false` and why it
+    (insitu.measure.phases.phase; every `insitu train` algorithm marks `train` around its training
+    steps and `test` around its evaluations) are aligned to the trace and get their own energy.
+    The energy per training sample is the `train` phase's energy over its samples
+    (energy_per_training_sample_j), never the whole run's. Ctrl-C, a crash of COMMAND or a meter
+    that disconnects keep the trace recorded so far (the record says `complete: false` and why it
     ended). The exit status is COMMAND's (130 when interrupted; 1 when only the meter failed).
 
     \b
     Examples:
-      insitu power record --meter synthetic:sine --out run.csv -- sleep 3
-      insitu power record --meter powershield:/dev/ttyACM0 --out run.csv --plot run.png --json \\
+      insitu power record --meter synthetic:sine --trace run.csv -- sleep 3
+      insitu power record --meter synthetic:sine --run-dir runs/sgd --json -- insitu train --samples 600
+      insitu power record --meter powershield:/dev/ttyACM0 --trace run.csv --plot run.png --json \\
           -- insitu train --board stm32f746-disco --port /dev/ttyACM1 --algo sparse
     """
     from insitu.measure.meters import open_meter
@@ -130,14 +168,21 @@ def record(ctx, meter_spec, out, plot, as_json, cmd):
 
     if not cmd:
         raise UsageError("give the command to measure after --, e.g. "
-                         "insitu power record --meter synthetic:2 --out run.csv -- sleep 1")
-    path = _check_out(out, "--out")
+                         "insitu power record --meter synthetic:2 --trace run.csv -- sleep 1")
+    if (trace is None) == (run_dir is None):
+        raise UsageError("give one of --trace FILE.csv (the power trace; its record and phase markers "
+                         "go beside it) or --run-dir DIR (DIR/power.csv, DIR/power.json, "
+                         "DIR/power.phases.jsonl)" + ("" if trace is None else ", not both"))
+    what = "--trace" if trace is not None else "--run-dir"
+    path = _check_out(trace if trace is not None else _run_dir_trace(run_dir), what)
     _check_plot(plot)
     if shutil.which(cmd[0]) is None:
         raise UsageError(f"command not found: {cmd[0]!r} (give a program on PATH or a path to one)")
     meter = open_meter(meter_spec)
     console.print(f"recording {meter.name} into {path} while running: {' '.join(cmd)}")
-    result = run_command(meter, list(cmd), path, notify=_warn)
+    # With --json, stdout is the record alone: the command's output goes to stderr.
+    result = run_command(meter, list(cmd), path, notify=_warn, what=what,
+                         stdout=_stderr_fd() if as_json else None)
     if plot:
         _plot(result, plot)
         result["plot"] = plot
@@ -148,33 +193,59 @@ def record(ctx, meter_spec, out, plot, as_json, cmd):
     ctx.exit(exit_code_of(result))
 
 
+def _stderr_fd() -> int:
+    """This process's stderr as a file descriptor, for a subprocess's output (2 when sys.stderr
+    has none, as under click's test runner)."""
+    import sys
+
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return 2
+
+
 # ------------------------------------------------------------------------- insitu train --meter
 
 def meter_options(fn):
     """The options of a command that can run under a power meter: ``--meter`` and ``--power-out``
     (the command's function gets ``meter`` and ``power_out``; pass them to :func:`measured`)."""
     fn = click.option("--power-out", type=click.Path(dir_okay=False), default=None,
-                      help="With --meter: the power trace CSV [default: power.csv]; the record "
-                           "(.json) and phase markers (.phases.jsonl) go beside it.")(fn)
+                      help="With --meter: the power trace CSV, new (an existing trace, record or "
+                           "marker file is refused) [default: the first free of power.csv, "
+                           "power-1.csv, ...; DIR/power.csv with --run-dir]; the record (.json) and "
+                           "phase markers (.phases.jsonl) go beside it.")(fn)
     return click.option("--meter", default=None, metavar="SPEC",
                         help="Record power while the command runs: " + METER_HELP)(fn)
 
 
-def measured(meter_spec: str | None, power_out: str | None, fn):
-    """``fn()``, under the meter ``meter_spec`` when one is given: the trace goes to ``power_out``
-    (default power.csv) and a dict value gets the record as ``power``; without a meter, ``fn()``.
-    The meter and the output are checked before ``fn`` starts."""
+def measured(meter_spec: str | None, power_out: str | None, fn, run_dir: str | Path | None = None):
+    """``fn()``, under the meter ``meter_spec`` when one is given, and a dict value gets the
+    record as ``power``; without a meter, ``fn()``.
+
+    The trace goes to ``power_out``, else to ``run_dir``/power.csv, else to the first free name of
+    power.csv, power-1.csv, power-2.csv... (said on stderr); never over an existing trace or
+    sidecar (an explicit path that exists is a :class:`UsageError`). The meter and the output are
+    checked before ``fn`` starts."""
     if not meter_spec:
         if power_out:
             raise UsageError("--power-out needs --meter SPEC (the meter to record)")
         return fn()
     from insitu.measure.meters import open_meter
-    from insitu.measure.record import measure_call
+    from insitu.measure.record import free_trace, measure_call
 
-    path = _check_out(power_out or "power.csv", "--power-out")
+    chosen = None
+    if power_out:
+        what, path = "--power-out", _check_out(power_out, "--power-out")
+    elif run_dir is not None:
+        what, path = "--run-dir", _check_out(_run_dir_trace(run_dir), "--run-dir")
+    else:
+        what, path = "--power-out", free_trace(RUN_DIR_TRACE)
+        _check_out(path, "--power-out")
+        if path.name != RUN_DIR_TRACE:
+            chosen = f" (not {RUN_DIR_TRACE}: another run's files are there; --power-out FILE.csv chooses)"
     meter = open_meter(meter_spec)
-    console.print(f"recording {meter.name} into {path}")
-    value, rec = measure_call(meter, path, fn, notify=_warn)
+    console.print(f"recording {meter.name} into {path}{chosen or ''}")
+    value, rec = measure_call(meter, path, fn, notify=_warn, what=what)
     if isinstance(value, dict):
         value["power"] = rec
     phases = ", ".join(f"{name} {p['energy_j']:.4g} J"
@@ -182,6 +253,9 @@ def measured(meter_spec: str | None, power_out: str | None, fn):
                        for name, p in rec["by_phase"].items())
     console.print(f"power: {rec['energy_j']:.4g} J in {rec['duration_s']:.3g} s "
                   f"(mean {rec['mean_w'] or 0:.4g} W){'; ' + phases if phases else ''} -> {path}")
+    training = _training_line(rec)
+    if training:
+        console.print(training)
     return value
 
 
@@ -196,7 +270,7 @@ def emulate(current_ma, as_json):
     \b
     Example:
       insitu power emulate &            # prints its port
-      insitu power record --meter powershield:PORT --out run.csv -- insitu train --samples 500
+      insitu power record --meter powershield:PORT --trace run.csv -- insitu train --samples 500
     """
     import signal
     import threading

@@ -6,7 +6,7 @@ power record``), :func:`measure_call` while a function runs in this process (``i
 --meter``). Both end with a *record*: the energy of the whole trace and of each phase the run
 marked (:mod:`insitu.measure.phases`), written beside the CSV as JSON.
 
-Files, for ``--out run.csv``:
+Files, for ``--trace run.csv`` (``--run-dir DIR``: ``DIR/power.csv`` and so on):
 
 - ``run.csv`` — a header, then one row per sample: ``host_time`` (``time.time()`` of the sample:
   ``meter.started_at + t``), ``t`` (seconds since the acquisition started, the meter's clock),
@@ -16,6 +16,15 @@ Files, for ``--out run.csv``:
   whose meter disconnects leaves a valid CSV of everything measured until then.
 - ``run.phases.jsonl`` — the phase markers the run appended (the file :data:`PHASE_ENV` names).
 - ``run.json`` — the record (the summary ``--json`` prints), written atomically at the end.
+
+None of the three is ever overwritten: a recording refuses to start (a :class:`UsageError`, before
+the meter opens) when any of them exists (:func:`check_new`; :func:`free_trace` finds the first free
+name of a series), and a meter that cannot be opened or started removes the two files it had just
+created, so no run leaves a trace beside another run's record.
+
+Energy per training sample (``energy_per_training_sample_j``) is the energy of the ``train`` phase
+divided by the samples it counted, never the whole run's energy: loading, evaluation and the
+recorder's own start and drain are not training.
 
 Energy is the trapezoidal integral of the samples (:func:`insitu.measure.energy.integrate`); a phase is clipped to its
 interval, the power at its edges interpolated between the samples around them. The samples are
@@ -57,13 +66,41 @@ def sidecar_paths(out: str | Path) -> tuple[Path, Path]:
     return out.with_suffix(".json"), out.with_suffix(".phases.jsonl")
 
 
+def _taken_message(path: Path, out: Path, what: str) -> str:
+    whose = "" if path == out else f" (the {'record' if path.suffix == '.json' else 'phase markers'} of {out})"
+    return (f"{what}: {path}{whose} exists already, and a power trace, its record and its phase "
+            f"markers are never overwritten: choose another path, or delete it")
+
+
+def check_new(out: str | Path, what: str = "--trace") -> Path:
+    """``out`` when neither it nor its sidecars (:func:`sidecar_paths`) exist; else a
+    :class:`UsageError` naming the file that does, and what to do."""
+    out = Path(out)
+    for path in (out, *sidecar_paths(out)):
+        if path.exists() or path.is_symlink():
+            raise UsageError(_taken_message(path, out, what))
+    return out
+
+
+def free_trace(base: str | Path) -> Path:
+    """The first of ``base`` (``power.csv``), ``power-1.csv``, ``power-2.csv``... that exists
+    neither itself nor with its sidecars."""
+    base = Path(base)
+    for n in range(0, 100_000):
+        path = base if n == 0 else base.with_name(f"{base.stem}-{n}{base.suffix}")
+        if not any(p.exists() or p.is_symlink() for p in (path, *sidecar_paths(path))):
+            return path
+    raise UsageError(f"no free name for the power trace beside {base} (tried {base.stem}-1 to "
+                     f"{base.stem}-99999): choose one with --power-out")
+
+
 # ----------------------------------------------------------------------------------- recording
 
 class Recorder:
     """Streams a meter's samples into a CSV (see the module's docstring) and keeps them for the
     summary. ``start()``, then ``pump()`` as often as possible, then ``finish()``."""
 
-    def __init__(self, meter: Meter, out: str | Path, what: str = "--out"):
+    def __init__(self, meter: Meter, out: str | Path, what: str = "--trace"):
         self.meter, self.out, self.what = meter, Path(out), what
         self.record_path, self.phase_path = sidecar_paths(self.out)
         self.t, self.w = array("d"), array("d")
@@ -81,13 +118,24 @@ class Recorder:
             data = data[n:]
 
     def start(self) -> None:
-        """Create the CSV (its header) and the marker file, open and start the meter."""
+        """Create the CSV (its header) and the marker file, both new (a :class:`UsageError` when
+        either, or the record, exists: nothing is overwritten), open and start the meter. A meter
+        that cannot be opened or started leaves no file behind."""
+        check_new(self.out, self.what)
+        created: list[Path] = []
         try:
-            self._fd = os.open(self.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            self._fd = os.open(self.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            created.append(self.out)
             self._write(",".join(CSV_COLUMNS) + "\n")
-            self.phase_path.write_text("")
+            os.close(os.open(self.phase_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            created.append(self.phase_path)
+        except FileExistsError as exc:                  # created meanwhile by another run
+            self._close_file()
+            _remove(created)
+            raise UsageError(_taken_message(Path(exc.filename or self.out), self.out, self.what)) from None
         except OSError as exc:
             self._close_file()
+            _remove(created)
             raise UsageError(f"cannot write {self.what} {exc.filename or self.out}: {exc.strerror}") from None
         try:
             self.meter.open()
@@ -96,6 +144,7 @@ class Recorder:
         except BaseException:
             self._stop_meter()
             self._close_file()
+            _remove(created)                             # nothing was recorded
             raise
         self.started_at = self.meter.started_at if self.meter.started_at is not None else time.time()
         self._last_fsync = time.monotonic()
@@ -204,6 +253,14 @@ class Recorder:
         return record
 
 
+def _remove(paths) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 # ----------------------------------------------------------------------------------- the summary
 
 def _r(x, digits=9):
@@ -259,7 +316,31 @@ def summarize(t, w, markers: list[dict], started_at: float | None) -> dict:
             tot[k] = _r(tot[k])
     out["phases"] = phases
     out["by_phase"] = totals
+    out.update(training_energy(phases))
     return out
+
+
+#: The phase whose energy per sample is the energy per training sample.
+TRAINING_PHASE = "train"
+
+
+def training_energy(phases: list[dict]) -> dict:
+    """``energy_per_training_sample_j``: the energy of the ``train`` phases over the samples they
+    counted (never the whole run's energy: loading, evaluation and the recorder's start and drain
+    are not training); with ``training_energy_j`` and ``training_samples``. All null when there is
+    no train phase or it counted no samples; the per-sample figure is also null when a train phase
+    was cut or the trace does not cover it (a meter that failed mid-run: its energy is short)."""
+    train = [p for p in phases if p["name"] == TRAINING_PHASE]
+    energy = sum(p["energy_j"] or 0.0 for p in train) if train else None
+    counted = [p["samples"] for p in train if p["samples"] is not None]
+    samples = sum(counted) if counted else None
+    covered = all(p["complete"] and p["duration_s"] is not None and p["covered_s"] is not None
+                  and p["duration_s"] - p["covered_s"] <= 0.01 * p["duration_s"] + 1e-6
+                  and p["samples"] is not None for p in train)
+    return {"training_energy_j": _r(energy) if energy is not None else None,
+            "training_samples": samples,
+            "energy_per_training_sample_j": (_r(energy / samples) if train and samples and covered
+                                             else None)}
 
 
 def load_csv(path: str | Path) -> dict[str, np.ndarray]:
@@ -328,6 +409,7 @@ def _stop_child(child: subprocess.Popen, sig: int, grace_s: float = 1.0) -> None
 
 def run_command(meter: Meter, argv: Sequence[str], out: str | Path, *, poll_s: float = 0.1,
                 drain_s: float = 2.0, env: dict | None = None, handle_signals: bool = True,
+                stdout=None, what: str = "--trace",
                 notify: Callable[[str], None] = lambda message: None) -> dict:
     """Record ``meter`` into ``out`` while ``argv`` runs; the record (see :func:`summarize`, plus
     ``command``, ``exit_code``, ``ended``, ``message``, ``complete``, ``csv``, ``meter``...).
@@ -336,11 +418,14 @@ def run_command(meter: Meter, argv: Sequence[str], out: str | Path, *, poll_s: f
     (``handle_signals``, main thread only) stop the recording and then the command (it is given a
     second to end on the terminal's own Ctrl-C, then the signal, then SIGTERM, then SIGKILL). A
     meter that fails mid-run ends the recording; the command runs on to its end (``notify`` says
-    so). The trace read until then stays in ``out`` either way."""
+    so). The trace read until then stays in ``out`` either way. ``stdout``: where the command's
+    standard output goes (``subprocess.Popen``'s; None: this process's stdout; ``--json`` gives 2,
+    stderr, so that stdout holds the record alone). ``out`` and its sidecars must be new
+    (:func:`check_new`; ``what`` names the option in the message)."""
     argv = [str(a) for a in argv]
     if not argv:
         raise UsageError("no command to measure")
-    rec = Recorder(meter, out)
+    rec = Recorder(meter, out, what=what)
     rec.start()
     got_signal: list[int] = []
     previous = {}
@@ -352,7 +437,8 @@ def run_command(meter: Meter, argv: Sequence[str], out: str | Path, *, poll_s: f
     t_start, t_end = time.time(), None
     try:
         try:
-            child = subprocess.Popen(argv, env={**os.environ, **(env or {}), PHASE_ENV: str(rec.phase_path)})
+            child = subprocess.Popen(argv, env={**os.environ, **(env or {}), PHASE_ENV: str(rec.phase_path)},
+                                     stdout=stdout)
         except OSError as exc:
             raise UsageError(f"cannot run {argv[0]}: {exc.strerror}") from None
         while not got_signal and child.poll() is None:
@@ -427,7 +513,7 @@ class InProcessRecording:
     it. After the block, :attr:`recorder` holds the trace: ``recorder.finish(...)`` writes the
     record."""
 
-    def __init__(self, meter: Meter, out: str | Path, *, what: str = "--out", poll_s: float = 0.1,
+    def __init__(self, meter: Meter, out: str | Path, *, what: str = "--trace", poll_s: float = 0.1,
                  notify: Callable[[str], None] = lambda message: None):
         self.recorder = Recorder(meter, out, what=what)
         self.poll_s, self.notify = poll_s, notify
@@ -464,17 +550,19 @@ class InProcessRecording:
         return False
 
 
-def measure_call(meter: Meter, out: str | Path, fn: Callable[[], object], *, phase: str = "train",
-                 command=None, poll_s: float = 0.1, drain_s: float = 2.0,
+def measure_call(meter: Meter, out: str | Path, fn: Callable[[], object], *, phase: str = "run",
+                 command=None, poll_s: float = 0.1, drain_s: float = 2.0, what: str = "--power-out",
                  notify: Callable[[str], None] = lambda message: None):
-    """Run ``fn()`` in this process while a thread records ``meter`` into ``out``;
-    ``(fn's value, record)``. Phases are marked as :class:`InProcessRecording` says; when ``fn``
-    marks none, the whole call is one phase named ``phase`` (its samples: the value's ``samples``
-    when it is a dict). When ``fn`` raises, the record is written (``ended``: interrupted or
-    error) and the exception goes on."""
+    """Run ``fn()`` in this process while a thread records ``meter`` into ``out`` (new, with its
+    sidecars: :func:`check_new`, ``what`` names the option); ``(fn's value, record)``. Phases are
+    marked as :class:`InProcessRecording` says; when ``fn`` marks none, the whole call is one
+    phase named ``phase`` (``run``: not ``train``, since it is not the training alone, so that it
+    gives no energy per training sample; its samples: the value's ``samples`` when it is a dict).
+    When ``fn`` raises, the record is written (``ended``: interrupted or error) and the exception
+    goes on."""
     import sys
 
-    live = InProcessRecording(meter, out, what="--power-out", poll_s=poll_s, notify=notify)
+    live = InProcessRecording(meter, out, what=what, poll_s=poll_s, notify=notify)
     rec = live.recorder
     live.start()
     ended, message, value = "error", "the measured call raised", None
