@@ -56,6 +56,7 @@ class Prepared:
         from insitu.sparse.quantize import new_head, pretrained
         from insitu.sparse.tasks import load_task
 
+        check_scheme(model, scheme)              # in milliseconds, before the data and the pretraining
         size = model_config(model).input_size
         x_train, self.y_train, x_test, self.y_test, classes = load_task(task, size)
         self.x_train, self.x_test = input_codes(x_train), input_codes(x_test)
@@ -203,20 +204,114 @@ def print_to_stderr(text: str) -> None:
     print(f"[insitu] {text}", file=sys.stderr, flush=True)
 
 
-def run_sparse(config, board: Board, advance) -> dict:
-    started = time.perf_counter()
+#: Where a real board's serial port usually is, for the error of a port that cannot be opened.
+PORT_HINT = ("give the board's serial port (on Linux /dev/ttyACM0 or another of `ls /dev/ttyACM*`), or "
+             "train on a simulated board: --board stm32f746-disco-sim, or a twin started by "
+             "`insitu mcu emulate` (its port with --port)")
+
+
+def check_port(port: str, board: Board) -> None:
+    """A given serial port must be there: a real board's must open (and is closed again at once;
+    opening a MicroPython board's USB serial port does not reset it), a running twin's (``insitu mcu
+    emulate``) must exist. A :class:`UsageError` naming the port otherwise."""
+    import os
+
+    if os.sep in port and not os.path.exists(port):
+        raise UsageError(f"--port {port}: no such serial port; {PORT_HINT}")
+    if board.is_twin:
+        return                                  # a twin's port: opening it here would disturb it
+    from insitu.mcu.link import LinkError, open_serial
+
+    try:
+        open_serial(port).close()
+    except LinkError as exc:
+        reason = str(exc).split(";")[0].removeprefix(f"cannot open the serial port {port}: ")
+        raise UsageError(f"--port {port}: cannot open the serial port ({reason}); {PORT_HINT}") from None
+
+
+def check_flash_dir(flash_dir: str) -> None:
+    """The folder a twin's flash goes to: a writable folder, or one that can be created there
+    (tried with a scratch folder, removed at once: permission bits do not stop root)."""
+    path = Path(flash_dir)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--flash-dir {flash_dir}: exists and is not a folder")
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        Path(tempfile.mkdtemp(prefix=".insitu-check-", dir=parent)).rmdir()
+    except OSError as exc:
+        raise UsageError(f"--flash-dir {flash_dir}: cannot be written ({parent}: {exc.strerror})") from None
+
+
+def check_scheme(model: str, scheme: str | None) -> None:
+    """Parse ``scheme`` against ``model``'s graph (its layer names and shapes, built untrained in
+    milliseconds: no pretraining, no data); a :class:`UsageError` naming --scheme if wrong."""
+    from insitu.sparse.quantize import untrained_graph
+
+    graph = untrained_graph(model)
+    scheme = scheme or DEFAULT_SCHEME
+    try:
+        preset(graph, scheme).validate(graph)
+    except UsageError as exc:
+        raise UsageError(f"--scheme {scheme}: {str(exc).removeprefix('scheme: ')}") from None
+
+
+def check_sparse(config, board: Board) -> int:
+    """Every check of ``insitu train --algo sparse`` that needs no pretraining, no data, no
+    firmware build and no board: the heap, the twin, the port, the flash folder, the task and the
+    scheme (parsed against the model's graph). Raises :class:`UsageError`; returns the heap in
+    bytes the run will have. :func:`run_sparse` calls it first; the CLI may call it earlier (a
+    model or dataset left None is the algorithm's default)."""
+    from insitu.checks import check_int
+    from insitu.sparse.tasks import TASKS
+    from insitu.training import ALGORITHMS
+
+    model = config.model or ALGORITHMS["sparse"].models[0]
+    dataset = config.dataset or ALGORITHMS["sparse"].dataset
+
     heap = config.heap or board.mcu["training_budget_bytes"]
+    if config.heap is not None:
+        check_int("--heap", config.heap)
     if config.heap and not board.is_twin:
         raise UsageError("--heap sets a twin's heap; a real board's heap is what its firmware has")
     if config.twin and (not board.is_twin or config.port):
         raise UsageError("--twin chooses the twin insitu starts for a -sim board; it does not apply "
                          "to a real board or to a --port")
+    if config.flash_dir and (not board.is_twin or config.port):
+        raise UsageError("--flash-dir sets the flash folder of the twin insitu starts for a -sim board; "
+                         "it does not apply to a real board or to a --port")
+    if not board.is_twin and not config.port:
+        raise UsageError(f"{board.name}: give the board's serial port with --port (e.g. /dev/ttyACM0)")
+    if board.is_twin and not config.port:
+        if (config.twin or "qemu") == "qemu":
+            from insitu.mcu import qemu
+
+            qemu.check_heap(heap)
+        # Not even the firmware's runtime fits: no scheme can (check_fits says how much after
+        # the compilation, which needs the pretrained model).
+        floor = int(RUNTIME_HEAP_BYTES * (1 + HEAP_MARGIN))
+        if heap <= floor:
+            raise UsageError(f"--heap {heap:,} B does not fit any scheme: the firmware's runtime alone "
+                             f"needs about {RUNTIME_HEAP_BYTES:,} B plus a {HEAP_MARGIN:.0%} margin, "
+                             "before the training arena; give a larger --heap")
+        if config.flash_dir:
+            check_flash_dir(config.flash_dir)
+    if dataset not in TASKS:
+        raise UsageError(f"unknown --dataset {dataset!r} for --algo sparse; its tasks: {', '.join(TASKS)}")
+    check_scheme(model, config.scheme)
+    if config.port:
+        check_port(config.port, board)
+    return heap
+
+
+def run_sparse(config, board: Board, advance) -> dict:
+    started = time.perf_counter()
+    heap = check_sparse(config, board)          # before any slow work
     if board.is_twin and not config.port and (config.twin or "qemu") == "qemu":
         from insitu.mcu import qemu
 
-        # Before the slow work: the toolchain is there and the firmware built (once, cached).
-        qemu.check_heap(heap)
-        qemu.firmware(print_to_stderr)
+        qemu.firmware(print_to_stderr)          # the toolchain is there, the firmware built (once, cached)
     prep = Prepared(config.model, config.dataset, config.scheme or DEFAULT_SCHEME, config.lr, config.seed,
                     accumulate=config.batch_size)
     compiled = prep.compiled

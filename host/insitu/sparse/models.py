@@ -33,7 +33,7 @@ from insitu.sparse.graph import conv_out
 
 __all__ = ["ModelConfig", "MODELS", "model_config", "InvertedResidual", "MobileNetV2",
            "build_model", "model_summary", "Unit", "folded_units", "folded_forward", "fold_bn",
-           "train_float", "float_accuracy", "FastPointwiseConv2d", "FastDepthwiseConv2d"]
+           "train_float", "FloatTrainState", "float_accuracy", "FastPointwiseConv2d", "FastDepthwiseConv2d"]
 
 
 @dataclass(frozen=True)
@@ -440,27 +440,71 @@ def float_accuracy(model: MobileNetV2, images: np.ndarray, labels: np.ndarray, b
     return correct / max(len(images), 1)
 
 
-def train_float(model: MobileNetV2, images: np.ndarray, labels: np.ndarray, *, epochs: int = 1,
-                batch_size: int = 64, lr: float = 0.05, momentum: float = 0.9,
-                weight_decay: float = 4e-5, seed: int = 0, log=None) -> list[float]:
-    """SGD with momentum, a linear warm-up over the first 3 % of steps and cosine decay to 0,
-    L2 decay on the conv/dense weights only; uint8 images ``(N, H, W)``. Returns the mean loss
-    of each epoch. ``log(step, steps, loss)`` is called every ~2 % of the steps."""
-    from insitu.sparse.tasks import float_inputs
+@dataclass
+class FloatTrainState:
+    """Where :func:`train_float` stands after ``step`` optimizer steps: the model's parameters and
+    buffers (``model.*``) and the momentum velocities (``opt<k>.*``) in ``arrays``, the mean loss of
+    each finished epoch in ``losses``, and ``total``, the summed loss of the epoch under way. A run
+    resumed from it steps on bit-identically to one that was never interrupted."""
 
-    rng = np.random.default_rng(seed)
+    step: int
+    losses: list
+    total: float
+    arrays: dict
+
+
+def _optimizers(model: MobileNetV2, lr: float, momentum: float, weight_decay: float) -> list:
     params = list(model.parameters())
     decay = [p for p in params if p.name == "weight"]
     rest = [p for p in params if p.name != "weight"]
-    opts = [nn.SGD(decay, lr, momentum, weight_decay), nn.SGD(rest, lr, momentum)]
+    return [nn.SGD(decay, lr, momentum, weight_decay), nn.SGD(rest, lr, momentum)]
+
+
+def train_float(model: MobileNetV2, images: np.ndarray, labels: np.ndarray, *, epochs: int = 1,
+                batch_size: int = 64, lr: float = 0.05, momentum: float = 0.9,
+                weight_decay: float = 4e-5, seed: int = 0, log=None, resume: FloatTrainState | None = None,
+                save=None, save_every_s: float | None = None, on_epoch=None) -> list[float]:
+    """SGD with momentum, a linear warm-up over the first 3 % of steps and cosine decay to 0,
+    L2 decay on the conv/dense weights only; uint8 images ``(N, H, W)``. Returns the mean loss
+    of each epoch. ``log(step, steps, loss)`` is called every ~2 % of the steps.
+
+    Resumable: ``save(state)`` (a :class:`FloatTrainState`) is called at the end of every epoch
+    and, with ``save_every_s``, at most that often within one; ``resume=state`` goes on from
+    there (the model given is overwritten with the state's), giving the same weights as a run
+    that was never interrupted. ``on_epoch(epoch, epochs, loss)`` is called after each epoch
+    (after its ``save``): an exception from it stops the training with that epoch saved."""
+    import time
+
+    from insitu.sparse.tasks import float_inputs
+
+    rng = np.random.default_rng(seed)
+    opts = _optimizers(model, lr, momentum, weight_decay)
     per_epoch = int(np.ceil(len(images) / batch_size))
     steps, warm = epochs * per_epoch, max(1, int(0.03 * epochs * per_epoch))
     every = max(1, steps // 50)
-    losses, step = [], 0
-    for _ in range(epochs):
-        order = rng.permutation(len(images))
-        total = 0.0
-        for b in range(per_epoch):
+    losses, step, total = [], 0, 0.0
+    if resume is not None:
+        if not 0 <= resume.step <= steps or len(resume.losses) != resume.step // per_epoch:
+            raise ValueError(f"train_float: cannot resume at step {resume.step} with "
+                             f"{len(resume.losses)} epoch losses ({steps} steps, {per_epoch} an epoch)")
+        model.load_state_dict({k[6:]: v for k, v in resume.arrays.items() if k.startswith("model.")})
+        for k, opt in enumerate(opts):
+            prefix = f"opt{k}."
+            opt.load_state_dict({n[len(prefix):]: v for n, v in resume.arrays.items() if n.startswith(prefix)})
+        losses, step, total = [float(v) for v in resume.losses], int(resume.step), float(resume.total)
+
+    def state() -> FloatTrainState:
+        arrays = {f"model.{k}": v for k, v in model.state_dict().items()}
+        for k, opt in enumerate(opts):
+            arrays.update({f"opt{k}.{n}": v for n, v in opt.state_dict().items()})
+        return FloatTrainState(step, list(losses), total, arrays)
+
+    saved_at = time.monotonic()
+    for epoch in range(epochs):
+        order = rng.permutation(len(images))       # drawn for every epoch: a resumed run's order
+        if (epoch + 1) * per_epoch <= step:        # this epoch was done before the resume
+            continue
+        for b in range(step - epoch * per_epoch, per_epoch):
             idx = order[b * batch_size:(b + 1) * batch_size]
             rate = lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + np.cos(np.pi * step / steps))
             for opt in opts:
@@ -475,7 +519,17 @@ def train_float(model: MobileNetV2, images: np.ndarray, labels: np.ndarray, *, e
             step += 1
             if log is not None and (step % every == 0 or step == steps):
                 log(step, steps, loss)
+            if (save is not None and save_every_s is not None and b + 1 < per_epoch
+                    and time.monotonic() - saved_at >= save_every_s):
+                save(state())
+                saved_at = time.monotonic()
         losses.append(total / len(images))
+        total = 0.0
+        if save is not None:
+            save(state())
+            saved_at = time.monotonic()
+        if on_epoch is not None:
+            on_epoch(epoch + 1, epochs, losses[-1])
     return losses
 
 

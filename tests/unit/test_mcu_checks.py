@@ -1,0 +1,97 @@
+"""`insitu train --algo sparse`: every check that needs no pretraining, no data, no firmware build
+and no board (:func:`insitu.mcu.board_runs.check_sparse`) comes before any of them."""
+
+import pytest
+
+import insitu.mcu.board_runs as runs
+import insitu.mcu.qemu as qemu
+import insitu.sparse.quantize as Q
+import insitu.sparse.tasks as tasks
+from insitu.boards import get_board
+from insitu.errors import UsageError
+from insitu.training import TrainConfig, train
+
+pytestmark = pytest.mark.unit
+
+SIM, REAL = "stm32f746-disco-sim", "stm32f746-disco"
+
+
+@pytest.fixture
+def no_slow_work(monkeypatch):
+    """Fail the test if pretraining, data loading, the firmware build or a compilation starts."""
+    def slow(what):
+        def fail(*args, **kwargs):
+            raise AssertionError(f"{what} started before the cheap checks refused the run")
+        return fail
+
+    monkeypatch.setattr(Q, "pretrained", slow("the pretraining"))
+    monkeypatch.setattr(Q, "train_float", slow("the pretraining"))
+    monkeypatch.setattr(tasks, "load_task", slow("the data loading"))
+    monkeypatch.setattr(qemu, "firmware", slow("the firmware build"))
+    monkeypatch.setattr(runs, "Prepared", slow("the compilation"))
+
+
+def refused(**options) -> UsageError:
+    config = TrainConfig(algo="sparse", samples=2, **options)
+    with pytest.raises(UsageError) as err:
+        train(config)
+    assert err.value.exit_code == 2
+    return err.value
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"board": REAL, "port": "/dev/nonexistent"},
+     ["--port /dev/nonexistent", "no such serial port", "/dev/ttyACM", "insitu mcu emulate"]),
+    ({"board": REAL, "port": "/dev/null"}, ["--port /dev/null", "cannot open the serial port"]),
+    ({"board": REAL}, ["--port"]),
+    ({"board": SIM, "port": "/dev/nonexistent"}, ["--port /dev/nonexistent"]),
+    ({"board": SIM, "scheme": "bogus"}, ["--scheme bogus", "unknown scheme"]),
+    ({"board": REAL, "port": "/dev/null", "scheme": "bogus"}, ["--scheme bogus"]),
+    ({"board": SIM, "scheme": '{"bias_k": 1, "weights": {"nope": 1}}'}, ["no layer 'nope'", "b7.project"]),
+    ({"board": SIM, "model": "mbv2-tiny", "scheme": "last-99"}, ["--scheme last-99"]),
+    ({"board": SIM, "scheme": '{"weights": {"classifier": 0.3}}'}, ["ratio 0.3"]),
+    ({"board": SIM, "heap": 16384}, ["16,384 B", "does not fit any scheme"]),
+    ({"board": SIM, "heap": 64 << 20}, ["at most", "--twin unix"]),
+    ({"board": SIM, "heap": -5}, ["--heap"]),
+    ({"board": REAL, "port": "/dev/nonexistent", "heap": 65536}, ["--heap"]),
+    ({"board": REAL, "port": "/dev/null", "twin": "unix"}, ["--twin"]),
+    ({"board": REAL, "port": "/dev/null", "flash_dir": "flash"}, ["--flash-dir"]),
+    ({"board": SIM, "dataset": "nope"}, ["--dataset 'nope'"]),
+], ids=["missing-port", "unopenable-port", "no-port", "missing-twin-port", "bogus-scheme",
+        "bogus-scheme-real-board", "scheme-layer", "scheme-too-deep", "scheme-ratio", "heap-below-runtime",
+        "heap-over-twin", "negative-heap", "heap-on-real-board", "twin-on-real-board",
+        "flash-dir-on-real-board", "unknown-task"])
+def test_bad_options_are_refused_before_any_slow_work(no_slow_work, options, says):
+    text = str(refused(**options))
+    for part in says:
+        assert part in text, text
+
+
+def test_a_flash_dir_that_cannot_be_a_folder_is_refused(no_slow_work, tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert "not a folder" in str(refused(board=SIM, flash_dir=str(tmp_path / "file")))
+    assert "cannot be written" in str(refused(board=SIM, flash_dir=str(tmp_path / "file" / "sub")))
+    # a folder that can be created is fine, and is not created by the check
+    runs.check_flash_dir(str(tmp_path / "new" / "flash"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_good_options_pass_the_checks_without_slow_work(no_slow_work):
+    config = TrainConfig(algo="sparse", board=SIM, scheme="bias-6", heap=200_000)
+    assert runs.check_sparse(config, get_board(SIM)) == 200_000
+    # model and dataset left to the algorithm's defaults (as the CLI may call it)
+    assert runs.check_sparse(TrainConfig(board=SIM), get_board(SIM)) == 262144
+
+
+def test_prepared_parses_the_scheme_before_the_data_and_the_pretraining(monkeypatch):
+    monkeypatch.setattr(Q, "pretrained", lambda *a, **k: pytest.fail("pretrained before the scheme check"))
+    monkeypatch.setattr(tasks, "load_task", lambda *a, **k: pytest.fail("data before the scheme check"))
+    with pytest.raises(UsageError, match="--scheme bias-x"):
+        runs.Prepared("mbv2-28", "digits", "bias-x", 0.05, 0)      # `mcu minheap --scheme bias-x`
+
+
+def test_the_untrained_graph_has_the_pretrained_layers(tmp_path):
+    trained = Q.pretrained("mbv2-tiny", cache_dir=tmp_path, samples=64, epochs=1, verbose=False)
+    skeleton = Q.untrained_graph("mbv2-tiny")
+    assert [n.name for n in skeleton.nodes] == [n.name for n in trained.nodes]
+    assert {k: t.shape for k, t in skeleton.tensors.items()} == {k: t.shape for k, t in trained.tensors.items()}
