@@ -204,7 +204,7 @@ def test_the_loop_runs_step_for_step_the_same_on_the_golden_model_and_the_twin(c
                    curve_points=120, **SMALL)
     host = run_board_adapt(GoldenPort(), **options)
     twin = run_board_adapt(open_board(get_board("ultra96v2-sim"), "fast"), **options)
-    assert len(host["curve"]["sample"]) == 120 and host["curve"] == twin["curve"]
+    assert len(host["online_curve"]["sample"]) == 120 and host["online_curve"] == twin["online_curve"]
     for key in ("accuracy", "online_accuracy_mean", "writes_total", "updates", "pairs"):
         assert host[key] == twin[key], key
     np.testing.assert_array_equal(host["write_counts"], twin["write_counts"])

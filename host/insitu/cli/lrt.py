@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
+
+from insitu.cli.options import resolve_config, run_folder, run_options
 
 from insitu.cli.output import (emit_json, per_run_path, progress, report, usage_errors,
                                write_json)
@@ -46,7 +49,7 @@ def _seed_list(text: str) -> tuple[int, ...]:
 
 
 @command.command("adapt")
-@click.option("--env", type=click.Choice(ENVS), required=True,
+@click.option("--env", type=click.Choice(ENVS), default=None,
               help="Environment: control, distribution shift, analog or digital weight drift.")
 @click.option("--scheme", type=click.Choice([*SCHEMES, "all"]),
               default="lrt-maxnorm", show_default=True, help="Online training scheme (all: the five).")
@@ -79,13 +82,35 @@ def _seed_list(text: str) -> tuple[int, ...]:
 @click.option("--checkpoint-every", type=int, default=1000, show_default=True,
               help="Samples between checkpoints.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank, conv_batch,
-          dense_batch, rho_min, kappa_th, segment, offline_samples, plot, out, counts, checkpoint,
-          checkpoint_every, as_json):
-    """Pre-train offline, deploy, and adapt online (the LRT paper's figure 2)."""
+@run_options
+@click.pass_context
+def adapt(ctx, **_):
+    """Pre-train offline, deploy, and adapt online (the LRT paper's figure 2).
+
+    Options also come from a --config TOML file and KEY=VALUE arguments; --run-dir keeps the run
+    (config, result, curve, checkpoints, write counts, plot) for `insitu runs compare`.
+    """
     from insitu.lrt.adapt import check_adapt, plot_adapt, run_adapt
     from insitu.lrt.online import OnlineData
     from insitu.lrt.schemes import LRTConfig
+    from insitu.runs import summary_row
+
+    resolve_config(ctx)
+    p = ctx.params
+    (env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank, conv_batch, dense_batch,
+     rho_min, kappa_th, segment, offline_samples, plot, out, counts, checkpoint, checkpoint_every,
+     as_json) = (p[k] for k in (
+        "env", "scheme", "samples", "seed", "arch", "dataset", "data_dir", "lr", "bias_lr", "rank",
+        "conv_batch", "dense_batch", "rho_min", "kappa_th", "segment", "offline_samples", "plot", "out",
+        "counts", "checkpoint", "checkpoint_every", "as_json"))
+    if env is None:
+        raise UsageError("give --env (control, shift, analog or digital), on the command line, in "
+                         "--config or as env=...")
+    folder = run_folder(ctx, "insitu lrt adapt")
+    if folder is not None:
+        checkpoint = checkpoint or str(folder.checkpoint)
+        counts = counts or str(folder.file("counts.npz"))
+        plot = plot or str(folder.file("plot.png"))
 
     if kappa_th < 0:
         raise UsageError(f"--kappa-th must be >= 0 (0 never skips), got {kappa_th}")
@@ -104,26 +129,29 @@ def adapt(env, scheme, samples, seed, arch, dataset, data_dir, lr, bias_lr, rank
     def per_scheme(path, name):
         return per_run_path(path, name, several=len(schemes) > 1)
 
-    for name in schemes:
-        with progress(f"{name} in {env}", total=samples) as advance:
-            results.append(usage_errors(run_adapt, env, name, samples, seed=seed, arch=arch,
-                                  dataset=dataset, data_dir=data_dir, config=config,
-                                  segment=segment, offline_samples=offline_samples,
-                                  counts_out=per_scheme(counts, name),
-                                  checkpoint=per_scheme(checkpoint, name),
-                                  checkpoint_every=checkpoint_every, advance=advance))
-            if counts:                  # where `insitu writes report` finds the per-cell counts
-                results[-1]["counts_file"] = str(Path(per_scheme(counts, name)).resolve())
-    if len(results) == 1:
-        payload = results[0]
-    else:
-        payload = {"env": env, "samples": samples, "seed": seed,
-                   "summary": [{k: r[k] for k in ("scheme", "online_accuracy", "max_writes_per_cell",
-                                                   "total_writes", "max_update_ops_per_cell")}
-                               for r in results],
-                   "runs": results}
-    if plot:
-        plot_adapt(results, plot)
+    with (folder.running() if folder else contextlib.nullcontext()):
+        for name in schemes:
+            with progress(f"{name} in {env}", total=samples) as advance:
+                results.append(usage_errors(run_adapt, env, name, samples, seed=seed, arch=arch,
+                                            dataset=dataset, data_dir=data_dir, config=config,
+                                            segment=segment, offline_samples=offline_samples,
+                                            counts_out=per_scheme(counts, name),
+                                            checkpoint=per_scheme(checkpoint, name),
+                                            checkpoint_every=checkpoint_every, advance=advance))
+                if counts:              # where `insitu writes report` finds the per-cell counts
+                    results[-1]["counts_file"] = str(Path(per_scheme(counts, name)).resolve())
+        if len(results) == 1:
+            payload = results[0]
+        else:
+            payload = {"env": env, "samples": samples, "seed": seed,
+                       "summary": [{k: r[k] for k in ("scheme", "online_accuracy", "max_writes_per_cell",
+                                                       "total_writes", "max_update_ops_per_cell")}
+                                   for r in results],
+                       "runs": results}
+        if plot:
+            plot_adapt(results, plot)
+        if folder:
+            folder.finish(payload, [summary_row(r["scheme"], r) for r in results])
     if out:
         write_json(out, payload, "--out")
     if as_json:

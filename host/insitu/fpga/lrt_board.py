@@ -573,7 +573,7 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
     online = learner.online_accuracy(samples)
     result = trainer.summary()
     result.update({
-        **online, "curve": learner.curve,
+        **online, "online_curve": learner.curve, "curve": outcome.curve,
         "env": env, "dataset": data.name, "arch": arch, "seed": seed,
         "accuracy_before": round(accuracy_before, 5),
         "accuracy": outcome.evaluation["accuracy"],

@@ -223,7 +223,8 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
         "config": {k: v for k, v in vars(config).items()},
         "resumed_from": outcome.resumed_from,
         "seconds": round(outcome.seconds, 2),
-        "curve": learner.curve,
+        "online_curve": learner.curve,
+        "curve": outcome.curve,
     }
     if trainer.lrt:
         result["lrt"] = trainer.lrt_summary()
@@ -243,7 +244,7 @@ def plot_adapt(results: list[dict], path) -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 2]})
     for r in results:
-        c = r["curve"]
+        c = r["online_curve"]
         top.plot(c["sample"], c["ema_accuracy"], label=r["scheme"])
         writes = np.maximum(np.asarray(c["max_writes_per_cell"], dtype=float), 0.8)
         bottom.plot(c["sample"], writes, label=r["scheme"])
