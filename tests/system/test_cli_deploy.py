@@ -146,12 +146,12 @@ def test_without_overlay_the_bundle_says_how_to_get_one(run_cli, tmp_path, wheel
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
     assert got["overlay"] is None
-    assert "insitu rtl generate --out build/rtl" in got["overlay_hint"]
+    assert "insitu rtl generate --out-dir build/rtl" in got["overlay_hint"]
     assert "build_ultra96v2.tcl" in got["overlay_hint"]
     assert set(got["files"]) == {"run.sh", got["wheel"]}
     # On the board the script stops with the same message, before installing anything.
     board = subprocess.run(["bash", str(out / "run.sh")], capture_output=True, text=True)
-    assert board.returncode == 1 and "insitu rtl generate --out build/rtl" in board.stderr
+    assert board.returncode == 1 and "insitu rtl generate --out-dir build/rtl" in board.stderr
 
 
 @pytest.mark.parametrize("given", ["bit", "hwh", "search"])

@@ -38,7 +38,7 @@ from .hwh import check_hwh
 #: ``format`` of manifest.json; an existing folder holding it may be replaced by a new bundle.
 BUNDLE_FORMAT = "insitu-deploy-bundle"
 BUNDLE_FORMAT_VERSION = 1
-#: Where ``insitu rtl generate --out build/rtl`` and its Vivado script leave the overlay.
+#: Where ``insitu rtl generate --out-dir build/rtl`` and its Vivado script leave the overlay.
 OVERLAY_SEARCH_DIR = Path("build") / "rtl"
 #: How every Xilinx .bit begins: a 9-byte field of 0x0ff0 words, then a field count of 1.
 BIT_MAGIC = bytes.fromhex("0009" "0ff00ff00ff00ff000" "0001")
@@ -89,8 +89,8 @@ def overlay_hint(board: str, search_dir: Path = OVERLAY_SEARCH_DIR) -> str:
     from insitu.accel.ip import bitstream_name
 
     name = bitstream_name(board)
-    return (f"no overlay for {board}: {search_dir / name}.bit/.hwh not found and no --bit/--hwh "
-            f"given. Get one with `insitu rtl generate --out {search_dir}`, then, in {search_dir}, "
+    return (f"no overlay for {board}: {search_dir / name}.bit/.hwh not found and no --bitstream/--hwh "
+            f"given. Get one with `insitu rtl generate --out-dir {search_dir}`, then, in {search_dir}, "
             f"`vivado -mode batch -source build_{board}.tcl`, and deploy again")
 
 
@@ -110,7 +110,7 @@ def find_overlay(board: str, bit=None, hwh=None,
     hwh = Path(hwh) if hwh is not None else bit.with_suffix(".hwh")
     if bit.suffix != ".bit" or hwh.suffix != ".hwh":
         raise UsageError(f"the overlay is a .bit and a .hwh file; got {bit} and {hwh}")
-    for have, need, option in ((bit, hwh, "--hwh"), (hwh, bit, "--bit")):
+    for have, need, option in ((bit, hwh, "--hwh"), (hwh, bit, "--bitstream")):
         if have.is_file() and not need.is_file():
             raise UsageError(f"{have} has no {need.suffix} beside it ({need} is missing): "
                              f"pynq.Overlay needs both side by side; pass {option} FILE")
@@ -276,9 +276,9 @@ def read_manifest(folder: Path) -> dict | None:
 def check_out_dir(out: Path) -> Path:
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is an existing file; give a folder")
+        raise UsageError(f"--out-dir {out} is an existing file; give a folder")
     if out.is_dir() and any(out.iterdir()) and read_manifest(out) is None:
-        raise UsageError(f"--out {out} is a folder that is neither empty nor an insitu bundle; "
+        raise UsageError(f"--out-dir {out} is a folder that is neither empty nor an insitu bundle; "
                          "choose a new or empty folder")
     return out
 
