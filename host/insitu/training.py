@@ -75,6 +75,9 @@ class Algorithm:
     run: Callable[[TrainConfig, Board, Callable[[int], None]], dict]
     #: The options the algorithm takes beyond the COMMON ones; any other is refused.
     options: frozenset[str] = frozenset()
+    #: Cheap checks of a config (defaults filled in) that need no data and no board: run before
+    #: any slow work (pre-training, firmware builds, a power meter).
+    check: Callable[[TrainConfig, Board], object] | None = None
     #: models the algorithm trains (the first is its default), and its default batch size and lr
     models: tuple[str, ...] = ()
     batch_size: int | None = 32
@@ -86,7 +89,9 @@ ALGORITHMS: dict[str, Algorithm] = {}
 
 #: The options every algorithm takes.
 COMMON_OPTIONS = frozenset({"board", "algo", "dataset", "data_dir", "model", "samples", "batch_size",
-                            "lr", "seed", "checkpoint", "checkpoint_every", "test_samples"})
+                            "lr", "seed", "test_samples"})
+#: A checkpoint file on the host (sparse keeps its checkpoint on the device's flash instead).
+HOST_CHECKPOINT = frozenset({"checkpoint", "checkpoint_every"})
 #: Options that apply to some boards only: (applies to the board?, to which boards).
 BOARD_OPTIONS: dict[str, tuple[Callable[[Board, TrainConfig], bool], str]] = {
     "mode": (lambda b, c: b.is_twin, "simulated FPGA twins (a -sim board)"),
@@ -126,10 +131,10 @@ def register(algorithm: Algorithm) -> Algorithm:
     return algorithm
 
 
-def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None,
-          given=frozenset()) -> dict:
-    """Train as ``config`` says; ``advance(n)`` is called as samples are consumed (progress);
-    ``given``: the options the user set (one that does not apply is refused)."""
+def prepare(config: TrainConfig, given=frozenset()) -> tuple[TrainConfig, Board]:
+    """``config`` with the algorithm's defaults filled in, checked (cheap: no data, no board, no
+    pre-training), and its board; ``given``: the options the user set (one that does not apply to
+    the algorithm or the board is refused)."""
     board = get_board(config.board)
     check_applicable(config, given, board)
     algo = ALGORITHMS[config.algo]
@@ -145,7 +150,17 @@ def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None,
     if algo.twins_only and not board.is_twin:
         raise UsageError(f"algorithm {algo.name!r} runs on simulated twins only; "
                          f"use --board {board.name}-sim")
-    return algo.run(config, board, advance)
+    if algo.check is not None:
+        algo.check(config, board)
+    return config, board
+
+
+def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None,
+          given=frozenset()) -> dict:
+    """Train as ``config`` says; ``advance(n)`` is called as samples are consumed (progress);
+    ``given``: the options the user set (see :func:`prepare`)."""
+    config, board = prepare(config, given)
+    return ALGORITHMS[config.algo].run(config, board, advance)
 
 
 # --------------------------------------------------------------------------- the reference SGD
@@ -230,6 +245,7 @@ register(Algorithm(
     twins_only=True,
     run=_run_sgd,
     models=tuple(NETWORKS),
+    options=HOST_CHECKPOINT,
 ))
 
 
@@ -248,7 +264,7 @@ register(Algorithm(
     twins_only=False,
     run=_run_fpga("run_tt"),
     models=("paper", "tiny"),
-    options=frozenset({"mode", "bitstream", "rank"}),
+    options=HOST_CHECKPOINT | {"mode", "bitstream", "rank"},
     batch_size=64,
     lr=1e-3,
 ))
@@ -259,7 +275,7 @@ register(Algorithm(
     twins_only=False,
     run=_run_fpga("run_lrt"),
     models=("cnn", "mlp"),
-    options=frozenset({"mode", "bitstream", "rank", "env"}),
+    options=HOST_CHECKPOINT | {"mode", "bitstream", "rank", "env"},
     batch_size=None,            # None: LRTConfig's dense_batch and lr (insitu lrt adapt's)
     lr=None,
 ))
@@ -271,12 +287,19 @@ def _run_sparse(config, board, advance):
     return board_runs.run_sparse(config, board, advance)
 
 
+def _check_sparse(config, board):
+    from insitu.mcu import board_runs
+
+    return board_runs.check_sparse(config, board)
+
+
 register(Algorithm(
     name="sparse",
     summary="sparse update with QAS (tiny-training) on a MicroPython microcontroller, compiled on the host",
     board_kinds=("mcu",),
     twins_only=False,
     run=_run_sparse,
+    check=_check_sparse,
     models=("mbv2-28", "mbv2-tiny"),
     options=frozenset({"scheme", "port", "flash_dir", "heap", "twin"}),
     batch_size=1,               # 1, as in the paper; N > 1 accumulates N samples' gradients per update

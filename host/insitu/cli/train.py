@@ -7,13 +7,12 @@ import dataclasses
 
 import click
 
-from insitu.boards import get_board
 from insitu.cli.options import check_outputs, resolve_config, run_folder, run_options
 from insitu.cli.output import emit_json, progress, report
 from insitu.cli.power import measured, meter_options
 from insitu.errors import InsituError
 from insitu.io import atomic_write_json
-from insitu.training import ALGORITHMS, TrainConfig, applies, check_applicable, train
+from insitu.training import ALGORITHMS, TrainConfig, applies, prepare, train
 
 
 def _algo_help() -> str:
@@ -109,11 +108,12 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
         params["heap"] = parse_size(params["heap"])
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in params.items() if k in fields})
-    # Before any work (data, pre-training, a board): the options apply, the results can be written.
-    check_applicable(config, given, get_board(config.board))
+    # Before any work (data, pre-training, a board, a meter): the options apply and are sound, the
+    # results can be written.
+    prepare(config, given)
     check_outputs(ctx, "out", "plot", "checkpoint", "power_out")
     folder = run_folder(ctx, "insitu train", lambda name: applies(config, name))
-    if folder is not None and config.checkpoint is None:
+    if folder is not None and config.checkpoint is None and applies(config, "checkpoint"):
         config = dataclasses.replace(config, checkpoint=str(folder.checkpoint))
     with (folder.running() if folder else contextlib.nullcontext()):
         with progress(f"training on {config.board}", total=config.samples) as advance:

@@ -132,6 +132,7 @@ class DeviceLearner:
     def __init__(self, dev, prep: Prepared, order: np.ndarray, advance=lambda n: None):
         self.dev, self.prep, self.order, self.advance = dev, prep, order, advance
         self.predicted = np.full(len(order), -1)      # the device's predictions while training
+        self.correct = 0                              # of them right, this session (the curve)
 
     def train(self, start: int, count: int) -> None:
         n, shown = start, start                       # the sample to send; what progress shows
@@ -148,6 +149,8 @@ class DeviceLearner:
             if n < start:                             # catching up to where the step began
                 self.advance(1)
                 shown += 1
+            else:
+                self.correct += int(self.predicted[n] == self.prep.y_train[i])
             n += 1
 
     # Nothing to keep on the host: the harness resumes from the device's own position.
@@ -184,7 +187,7 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
         plan = RunPlan("insitu train --algo sparse", {}, samples, 1, kept_by="the device's flash",
                        resume_at=resumed_from)
         outcome = run_training(plan, learner, advance=advance, say=say, evaluate=lambda: {
-            "accuracy_after": float(np.mean(dev.predict_all(x_test) == y_test))})
+            "accuracy": float(np.mean(dev.predict_all(x_test) == y_test))})
         stats = dev.stats()
         runtime = info.get("impl", "micropython")
         dev.bye()
@@ -192,8 +195,8 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
         dev.close()
     return {"runtime": runtime, "platform": info.get("platform"), "machine": flashed["machine"],
             "code": "mpy " + flashed["arch"] if flashed["arch"] else "source",
-            "accuracy_before": before,
-            "accuracy_after": outcome.evaluation["accuracy_after"], "peak_heap_bytes": stats.get("mem_peak"),
+            "accuracy_before": before, "curve": outcome.curve,
+            "accuracy_after": outcome.evaluation["accuracy"], "peak_heap_bytes": stats.get("mem_peak"),
             "heap_live_bytes": stats.get("mem_alloc"),
             "heap_free_bytes": stats.get("mem_free"), "resumed_from": resumed_from,
             "reconnects": dev.reconnects, "restarts": dev.restarts, "train_seconds": outcome.seconds,
@@ -261,14 +264,12 @@ def check_sparse(config, board: Board) -> int:
     """Every check of ``insitu train --algo sparse`` that needs no pretraining, no data, no
     firmware build and no board: the heap, the twin, the port, the flash folder, the task and the
     scheme (parsed against the model's graph). Raises :class:`UsageError`; returns the heap in
-    bytes the run will have. :func:`run_sparse` calls it first; the CLI may call it earlier (a
-    model or dataset left None is the algorithm's default)."""
+    bytes the run will have. ``insitu.training.prepare`` calls it with the algorithm's defaults
+    filled in, before any work; :func:`run_sparse` again."""
     from insitu.checks import check_int
     from insitu.sparse.tasks import TASKS
-    from insitu.training import ALGORITHMS
 
-    model = config.model or ALGORITHMS["sparse"].models[0]
-    dataset = config.dataset or ALGORITHMS["sparse"].dataset
+    model, dataset = config.model, config.dataset
 
     heap = config.heap or board.mcu["training_budget_bytes"]
     if config.heap is not None:
