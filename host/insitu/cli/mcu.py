@@ -343,6 +343,9 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
         from insitu.mcu import qemu
 
         qemu.check_heap(high_bytes)
+    from insitu.mcu.board_runs import check_scheme
+
+    check_scheme(model, scheme)      # milliseconds, before the twin's build and the pre-training
     _twin_ready(twin_kind)           # before the model's pre-training, which may take minutes
     prep = Prepared(model, task, scheme, lr, seed)
     compiled = prep.compiled
