@@ -138,3 +138,110 @@ def test_ray_and_local_sweeps_give_identical_tables(tiny, tmp_path, monkeypatch)
     a, b = json.loads(local.stdout), json.loads(on_ray.stdout)
     assert b["backend"] == "ray" and b["ran"] == 8
     assert a["table"] == b["table"]
+
+
+# ------------------------------------------------------------------ a sweep of an insitu command
+
+TRAIN = """\
+[sweep]
+name = "train-lr"
+command = "train"
+seeds = [0]
+metrics = ["accuracy", "final_loss"]
+
+[fixed]
+samples = 200
+batch_size = 32
+
+[grid]
+lr = [0.01, 0.1]
+"""
+
+
+@pytest.fixture
+def train_lr(tmp_path):
+    path = tmp_path / "train_lr.toml"
+    path.write_text(TRAIN)
+    return path
+
+
+def test_a_train_grid_runs_one_run_folder_per_point_compares_and_resumes(train_lr, tmp_path):
+    out = tmp_path / "out"
+    run = sweep_cli(train_lr, "--out-dir", out, "--json")
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["run"] == "insitu train" and summary["command"] == "train"
+    assert summary["points"] == summary["ran"] == 2 and summary["failed"] == []
+    assert [r["lr"] for r in summary["table"]] == [0.01, 0.1]
+    for row in summary["table"]:
+        assert 0 <= row["accuracy"] <= 1 and row["final_loss"] > 0
+    folders = sorted((out / "points").iterdir())
+    assert [f.name.split("_")[0] for f in folders] == ["lr=0.01", "lr=0.1"]
+    for folder, lr in zip(folders, (0.01, 0.1)):
+        assert {"config.toml", "result.json", "run.json", "curve.csv", "stderr.log",
+                "point.json"} <= {f.name for f in folder.iterdir()}
+        config = (folder / "config.toml").read_text()
+        assert f"lr = {lr}\n" in config and "seed = 0\n" in config and "batch-size = 32\n" in config
+        result = json.loads((folder / "result.json").read_text())
+        assert result["samples"] == 200 and result["curve"]
+        assert json.loads((folder / "point.json").read_text())["result"] == result
+        assert (folder / "stderr.log").is_file()
+
+    # every point's run folder is a run `insitu runs compare` tabulates
+    compare = insitu_cli("runs", "compare", *folders, "--json")
+    assert compare.returncode == 0, compare.stderr
+    table = json.loads(compare.stdout)
+    assert table["differing"] == ["lr"]
+    assert [r["config"]["lr"] for r in table["runs"]] == [0.01, 0.1]
+    assert all(r["status"] == "complete" and r["command"] == "insitu train" for r in table["runs"])
+
+    # a rerun skips the finished points: nothing runs, the folders are untouched
+    stamps = [(f / "result.json").stat().st_mtime_ns for f in folders]
+    again = sweep_cli(train_lr, "--out-dir", out)
+    assert again.returncode == 0, again.stderr
+    assert "2 points: 0 run, 2 already done" in again.stdout
+    assert [(f / "result.json").stat().st_mtime_ns for f in folders] == stamps
+
+
+@pytest.mark.parametrize("edit,message", [
+    (("lr = [", "lrr = ["), "unknown key 'lrr' in [grid]: `insitu train` has no option --lrr; its options: "),
+    (("samples = 200", "samples = 200\ncheckpoint = 'x.npz'"), "'checkpoint' in [fixed]: the sweep runs each point"),
+    (("samples = 200", "samples = 'many'"), "[fixed] samples = 'many': 'many' is not a valid integer"),
+    (("samples = 200", "samples = 200\nseed = 3"), "'seed' in [fixed]: list the seeds in [sweep] seeds"),
+    (('command = "train"', 'command = "train --fast"'), "[sweep] command must be one of the insitu training commands"),
+    (('command = "train"', 'command = "train"\nrun = "lrt.adapt"'), "[sweep] has both run and command"),
+])
+def test_a_bad_command_sweep_is_refused_with_exit_2_before_any_point_runs(train_lr, tmp_path, edit, message):
+    train_lr.write_text(TRAIN.replace(*edit))
+    run = sweep_cli(train_lr, "--out-dir", tmp_path / "out")
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert message in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_point_is_reported_with_its_exit_code_and_stderr_and_the_others_finish(train_lr, tmp_path):
+    train_lr.write_text(TRAIN.replace("lr = [0.01, 0.1]", "lr = [-1.0, 0.1]"))
+    out = tmp_path / "out"
+    run = sweep_cli(train_lr, "--out-dir", out)
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    assert "1 of 2 sweep points failed" in run.stderr
+    assert "point lr=-1.0_seed=0_" in run.stderr and "`insitu train` exited with 2" in run.stderr
+    assert "--lr must be a positive finite number, got -1.0" in run.stderr
+    failed = next((out / "points").glob("lr=-1.0_*"))
+    assert "--lr must be a positive finite number" in (failed / "stderr.log").read_text()
+    assert not (failed / "point.json").exists()
+    good = next((out / "points").glob("lr=0.1_*"))
+    assert (good / "point.json").is_file()
+    summary = json.loads((out / "sweep.json").read_text())
+    assert summary["ran"] == 1 and summary["failed"] == [failed.name]
+    assert [r["seeds"] for r in summary["table"]] == [[], [0]]
+    # the rerun runs the failed point again (its folder has only the log), not the finished one
+    again = sweep_cli(train_lr, "--out-dir", out)
+    assert again.returncode == 1 and "1 of 2 sweep points failed" in again.stderr
+    assert json.loads((out / "sweep.json").read_text())["skipped"] == 1
+
+
+def test_sweep_help_names_out_dir_and_hides_the_old_out():
+    run = sweep_cli("--help")
+    assert run.returncode == 0
+    assert "--out-dir" in run.stdout and "--out " not in run.stdout and "command =" in run.stdout

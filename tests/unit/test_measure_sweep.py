@@ -283,3 +283,73 @@ def test_unknown_experiment_function_must_take_a_seed():
     with pytest.raises(UsageError, match="must take a 'seed' keyword argument"):
         parse_config({"sweep": {"run": "insitu.io:check_writable", "metrics": ["x"]}})
     assert sweep.RAY_HINT == "pip install 'insitu[ray]'"
+
+
+# ------------------------------------------------------------------------- command sweeps
+
+def _fake_command(name="train"):
+    """A Command as the CLI builds it from click, for an imaginary `insitu train`."""
+    keys = {"samples": int, "batch-size": int, "lr": float, "seed": int, "data-dir": str,
+            "out": str}
+    options = {}
+    for key in keys:
+        options[key] = options[key.replace("-", "_")] = key
+    options["batch"] = "batch-size"                      # an older, hidden spelling
+
+    def cast(key, value):
+        return keys[key](value)                          # int("x") raises the ValueError
+
+    return sweep.Command(name=name, options=options, cast=cast, paths=("data-dir",),
+                         refused={"out": "the point writes its outputs into its run folder"})
+
+
+def command_config(**sections):
+    data = {"sweep": {"command": "train", "metrics": ["accuracy"], "seeds": [0, 1]},
+            "fixed": {"samples": 100}, "grid": {"lr": [0.01, 0.1], "batch_size": [16, 32]}}
+    for section, values in sections.items():
+        data[section] = {**data.get(section, {}), **values}
+    return parse_config(data, source="cmd.toml", base=None, commands=lambda name: _fake_command(name))
+
+
+def test_a_command_sweep_checks_keys_against_the_command_and_keys_points_by_option():
+    config = command_config()
+    assert config.run is None and config.label == "insitu train"
+    points = grid_points(config)
+    assert len(points) == 8 and points[0].axes == {"lr": 0.01, "batch_size": 16}
+    # a point's options are the command's config keys, whatever the spelling in the sweep
+    assert sweep._command_options(config, points[0]) == {"samples": 100, "lr": 0.01, "batch-size": 16}
+    same = parse_config({"sweep": {"command": "train", "metrics": ["accuracy"], "seeds": [0, 1]},
+                         "fixed": {"samples": 100}, "grid": {"lr": [0.01, 0.1], "batch-size": [16, 32]}},
+                        source="cmd.toml", commands=lambda name: _fake_command(name))
+    assert [p.key.rsplit("_", 1)[1] for p in grid_points(same)] == \
+        [p.key.rsplit("_", 1)[1] for p in points]                     # the same runs, the same hashes
+    # where the data is does not change the result: not in the key
+    moved = command_config(fixed={"data-dir": "/elsewhere"})
+    assert [p.key for p in grid_points(moved)] == [p.key for p in points]
+
+
+@pytest.mark.parametrize("sections,message", [
+    ({"grid": {"lrr": [0.1]}}, "unknown key 'lrr' in [grid]: `insitu train` has no option --lrr; its options: "
+                               "batch-size, data-dir, lr, samples"),
+    ({"fixed": {"out": "x.json"}}, "'out' in [fixed]: the point writes its outputs into its run folder"),
+    ({"fixed": {"seed": 1}}, "'seed' in [fixed]: list the seeds in [sweep] seeds"),
+    ({"fixed": {"samples": "many"}}, "[fixed] samples = 'many': invalid literal"),
+    ({"grid": {"lr": [0.1, "fast"]}}, "[grid] lr = 'fast': could not convert"),
+    ({"fixed": {"batch": 8}}, "'batch' and 'batch_size' are the same option --batch-size; keep one"),
+    ({"sweep": {"command": "deploy"}}, "[sweep] command must be one of the insitu training commands 'train', "
+                                       "'tt train', 'lrt adapt', 'e2train run', got 'deploy'"),
+    ({"sweep": {"run": "lrt.adapt"}}, "[sweep] has both run and command; keep one"),
+])
+def test_bad_command_sweeps_are_usage_errors(sections, message):
+    with pytest.raises(UsageError) as err:
+        command_config(**sections)
+    assert message in str(err.value)
+
+
+def test_a_command_sweep_needs_the_command_line_to_know_the_command():
+    with pytest.raises(UsageError, match="needs the insitu command line"):
+        parse_config({"sweep": {"command": "train", "metrics": ["accuracy"]}})
+
+
+def test_a_metric_can_index_a_list_result():
+    assert sweep.metric_value([{"accuracy": 0.5}, {"accuracy": 0.7}], "1.accuracy") == 0.7
