@@ -56,10 +56,11 @@ def build_network(arch: str, data: OnlineData, seed: int, config: LRTConfig):
 
 def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir=None, seed: int = 0,
                      offline_samples: int = 20_000, epochs: int = 1, cache_dir=None,
-                     config: LRTConfig | None = None, advance=lambda n: None):
+                     config: LRTConfig | None = None, advance=lambda n: None, say=say):
     """The offline-trained network for ``seed`` (cached on disk: every scheme starts from it).
 
     Returns ``(net, info)`` with ``info`` holding the validation accuracy and where it came from.
+    A pre-training (once per key) is announced with ``say``, and so is its end.
     """
     config = config or LRTConfig()
     data = OnlineData(dataset, data_dir, seed=seed)
@@ -75,6 +76,8 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
         if meta.get("key") == key:
             net.load_state_dict(arrays)
             return net, meta["info"]
+    say(f"pre-training the {arch} offline on {offline_samples} samples x {epochs} epochs, once "
+        f"(cached in {path}; the next runs with these settings start at once)")
     x, y = data.offline_train(offline_samples)
     start = time.perf_counter()
     pretrain(net, x.astype(np.float64), y, epochs=epochs, seed=seed, advance=advance)
@@ -82,6 +85,8 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
     info = {"validation_accuracy": evaluate(net, xv.astype(np.float64), yv),
             "offline_samples": offline_samples, "epochs": epochs,
             "pretrain_seconds": round(time.perf_counter() - start, 1)}
+    say(f"pre-trained in {info['pretrain_seconds']:.0f} s: validation accuracy "
+        f"{info['validation_accuracy']:.4f}")
     try:
         save_checkpoint(path, net.state_dict(), {"key": key, "info": info})
     except OSError:
