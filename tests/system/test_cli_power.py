@@ -156,7 +156,6 @@ def test_sigint_to_the_recorder_stops_the_command_and_keeps_a_valid_partial_csv(
      "cannot write --plot"),
     (("--meter", "synthetic:1", "--trace", "{tmp}/run.csv", "--", "no-such-program-xyz"), "command not found"),
     (("--trace", "{tmp}/run.csv", "--", "true"), "Missing option '--meter'"),
-    (("--meter", "synthetic:1", "--", "true"), "give one of --trace FILE.csv"),
     (("--meter", "synthetic:1", "--trace", "{tmp}/run.csv", "--run-dir", "{tmp}/r", "--", "true"), "not both"),
     (("--meter", "synthetic:1", "--run-dir", "{tmp}/afile", "--", "true"), "is a file"),
     (("--meter", "synthetic:1", "--out", "{tmp}/afile/run.csv", "--", "true"),     # the old spelling,
@@ -271,13 +270,17 @@ def test_run_dir_holds_the_trace_record_and_phases_and_is_never_reused(tmp_path)
                 "--", sys.executable, child)
     assert run.returncode == 0, run.stderr
     rec = json.loads(run.stdout)
-    assert sorted(p.name for p in run_dir.iterdir()) == ["power.csv", "power.json", "power.phases.jsonl"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.toml", "curve.csv", "power.csv", "power.json",
+                                                         "power.phases.jsonl", "result.json", "run.json"]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
     assert rec["csv"] == str(run_dir / "power.csv") and rec["record"] == str(run_dir / "power.json")
     assert json.loads((run_dir / "power.json").read_text()) == rec
     _assert_valid_csv(run_dir / "power.csv", rec["samples"])
     before = (run_dir / "power.csv").read_bytes()
-    again = power("record", "--meter", "synthetic:2@500", "--run-dir", run_dir, "--", "true")
+    again = power("record", "--meter", "synthetic:2@500", "--run-dir", run_dir, "--", sys.executable, child)
     assert again.returncode == 2 and "--run-dir" in again.stderr and "power.csv exists already" in again.stderr
+    other = power("record", "--meter", "synthetic:2@500", "--run-dir", run_dir, "--", "true")
+    assert other.returncode == 2 and "holds another run (command" in other.stderr
     assert (run_dir / "power.csv").read_bytes() == before
 
 
@@ -337,3 +340,27 @@ def test_train_meter_never_overwrites_a_power_trace(tmp_path, run_cli):
     assert third.returncode == 2 and "--power-out: power.csv exists already" in third.stderr
     assert "training on" not in third.stderr
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
+
+
+def test_the_record_of_a_training_run_is_json_on_stdout_and_never_overwrites_a_trace(run_cli, tmp_path):
+    """The issue's case: no --trace, --json, a training run as the command."""
+    for expected in ("power.csv", "power-1.csv"):
+        run = run_cli("power", "record", "--meter", "synthetic:sine", "--json", "--",
+                      VENV_BIN / "insitu", "train", "--samples", "600", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        record = json.loads(run.stdout)
+        assert Path(record["csv"]).name == expected and (tmp_path / expected).stat().st_size > 0
+        assert {p["name"] for p in record["phases"]} >= {"train", "test"}
+
+
+def test_a_power_run_folder_is_compared_with_the_training_runs(run_cli, tmp_path):
+    run = run_cli("power", "record", "--meter", "synthetic:2", "--run-dir", tmp_path / "p", "--", "sleep", "1")
+    assert run.returncode == 0, run.stderr
+    run = run_cli("train", "--dataset", "digits", "--samples", "320", "--meter", "synthetic:2",
+                  "--run-dir", tmp_path / "t")
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "t" / "power.csv").is_file()
+    run = run_cli("runs", "compare", tmp_path / "p", tmp_path / "t", "--json")
+    rows = {r["run"]: r for r in json.loads(run.stdout)["runs"]}
+    assert rows["p"]["command"] == "insitu power record" and rows["p"]["energy_j"] > 1.5
+    assert rows["t"]["energy_j"] > 0 and rows["t"]["accuracy"] > 0.2

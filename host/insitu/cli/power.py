@@ -6,6 +6,7 @@ Also the two pieces `insitu train --meter` is built from: :func:`meter_options` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -135,7 +136,8 @@ def _report(record: dict) -> None:
 @option("--trace", aliases=("--out",), type=click.Path(dir_okay=False), default=None, metavar="FILE.csv",
         help="The power trace, CSV (host_time,t,watts,volts,amps), written as samples arrive; the "
              "record (FILE.json) and the phase markers (FILE.phases.jsonl) go beside it. Never "
-             "overwritten: an existing trace, record or marker file is refused. Or --run-dir.")
+             "overwritten: an existing trace, record or marker file is refused. Or --run-dir. "
+             "Without either: power.csv, or power-1.csv, ... when it exists.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="A run folder (created) for DIR/power.csv, DIR/power.json and "
                    "DIR/power.phases.jsonl, instead of --trace.")
@@ -169,23 +171,38 @@ def record(ctx, meter_spec, trace, run_dir, plot, as_json, cmd):
     if not cmd:
         raise UsageError("give the command to measure after --, e.g. "
                          "insitu power record --meter synthetic:2 --trace run.csv -- sleep 1")
-    if (trace is None) == (run_dir is None):
+    if trace is not None and run_dir is not None:
         raise UsageError("give one of --trace FILE.csv (the power trace; its record and phase markers "
                          "go beside it) or --run-dir DIR (DIR/power.csv, DIR/power.json, "
-                         "DIR/power.phases.jsonl)" + ("" if trace is None else ", not both"))
+                         "DIR/power.phases.jsonl), not both")
+    if trace is None and run_dir is None:
+        from insitu.measure.record import free_trace
+
+        trace = str(free_trace(RUN_DIR_TRACE))       # power.csv, else power-1.csv...: never overwritten
     what = "--trace" if trace is not None else "--run-dir"
+    folder = None
+    if run_dir is not None:             # a run folder of its own, for `insitu runs compare`
+        from insitu.runs import RunFolder
+
+        folder = RunFolder(run_dir, "insitu power record", {"meter": meter_spec, "command": list(cmd)})
     path = _check_out(trace if trace is not None else _run_dir_trace(run_dir), what)
     _check_plot(plot)
     if shutil.which(cmd[0]) is None:
         raise UsageError(f"command not found: {cmd[0]!r} (give a program on PATH or a path to one)")
     meter = open_meter(meter_spec)
     console.print(f"recording {meter.name} into {path} while running: {' '.join(cmd)}")
-    # With --json, stdout is the record alone: the command's output goes to stderr.
-    result = run_command(meter, list(cmd), path, notify=_warn, what=what,
-                         stdout=_stderr_fd() if as_json else None)
-    if plot:
-        _plot(result, plot)
-        result["plot"] = plot
+    with (folder.running() if folder else contextlib.nullcontext()):
+        # With --json, stdout is the record alone: the command's output goes to stderr.
+        result = run_command(meter, list(cmd), path, notify=_warn, what=what,
+                             stdout=_stderr_fd() if as_json else None)
+        if plot:
+            _plot(result, plot)
+            result["plot"] = plot
+        if folder:
+            from insitu.runs import summary_row
+
+            folder.finish(result, [summary_row("", {"energy_j": result["energy_j"],
+                                                    "seconds": result["duration_s"]})])
     if as_json:
         emit_json(result)
     else:
