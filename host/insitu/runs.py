@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from insitu.errors import InsituError, UsageError
+from insitu.errors import UsageError
 from insitu.io import atomic_write, atomic_write_json, to_jsonable
 
 #: The format of ``run.json``.
@@ -69,6 +69,17 @@ def differences(saved: dict, wanted: dict, skip=frozenset()) -> str:
     return "; ".join(diff[:4]) + ("; ..." if len(diff) > 4 else "")
 
 
+def read_run(folder: Path, hint: str) -> dict:
+    """The ``run.json`` of a run folder; a folder without a readable one is an error ending in ``hint``."""
+    record = Path(folder) / RUN_FILE
+    if not record.is_file():
+        raise UsageError(f"{folder} is not a run folder (it has no {RUN_FILE}): {hint}")
+    try:
+        return json.loads(record.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {record} ({exc}): {hint}") from None
+
+
 class RunFolder:
     """The folder of one run of ``command`` with ``config`` (the resolved options, JSON-ready)."""
 
@@ -82,16 +93,8 @@ class RunFolder:
         """Refuse a path that is not a folder or is another run's folder (cheap: before any work)."""
         if self.path.exists() and not self.path.is_dir():
             raise UsageError(f"--run-dir {self.path} is a file, not a folder: choose another path")
-        record = self.path / RUN_FILE
         if self.path.is_dir() and any(self.path.iterdir()):
-            if not record.is_file():
-                raise UsageError(f"--run-dir {self.path} holds files of something else (no {RUN_FILE}): "
-                                 "choose a new or empty folder")
-            try:
-                saved = json.loads(record.read_text())
-            except (OSError, ValueError) as exc:
-                raise UsageError(f"--run-dir {self.path}: cannot read {RUN_FILE} ({exc}): choose "
-                                 "another folder") from None
+            saved = read_run(self.path, "choose a new or empty --run-dir")
             if saved.get("command") != self.command:
                 raise UsageError(f"--run-dir {self.path} holds a run of `{saved.get('command')}`, "
                                  f"not `{self.command}`: choose another --run-dir")
@@ -107,7 +110,8 @@ class RunFolder:
             self.path.mkdir(parents=True, exist_ok=True)
             atomic_write(self.file(CONFIG_FILE), to_toml(self.config))
         except OSError as exc:
-            raise InsituError(f"cannot write --run-dir {self.path}: {exc.strerror}") from None
+            raise UsageError(f"cannot write --run-dir {self.path}: {exc.strerror}; choose a writable "
+                             "folder") from None
         self._record("running")
 
     def file(self, name: str) -> Path:
@@ -198,14 +202,7 @@ def load_runs(folders) -> list[ComparedRun]:
     """Every summary row of every run folder, in order; a folder without a run is an error."""
     runs = []
     for folder in map(Path, folders):
-        record = folder / RUN_FILE
-        if not record.is_file():
-            raise UsageError(f"{folder} is not a run folder (no {RUN_FILE}): give folders written "
-                             "with --run-dir")
-        try:
-            saved = json.loads(record.read_text())
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot read {record}: {exc}") from None
+        saved = read_run(folder, "give folders written with --run-dir")
         rows = saved.get("rows") or [{"name": "", "algo": None, "samples": None, "seconds": None,
                                       "final_loss": None, "accuracy": None, "energy_j": None,
                                       "curve": []}]
