@@ -13,7 +13,7 @@ budget, resumable checkpoints and the result record.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Callable
+from typing import AbstractSet, Callable
 
 import numpy as np
 
@@ -109,7 +109,7 @@ def applies(config: TrainConfig, name: str) -> bool:
     return algo is None or not hasattr(config, name) or name in COMMON_OPTIONS | algo.options
 
 
-def check_applicable(config: TrainConfig, given, board: Board | None = None) -> None:
+def check_applicable(config: TrainConfig, given: AbstractSet[str], board: Board | None = None) -> None:
     """Refuse an option the user gave (``given``: parameter names) that the algorithm or the board
     does not use: it would be ignored silently."""
     algo = ALGORITHMS.get(config.algo)
@@ -131,7 +131,7 @@ def register(algorithm: Algorithm) -> Algorithm:
     return algorithm
 
 
-def prepare(config: TrainConfig, given=frozenset()) -> tuple[TrainConfig, Board]:
+def prepare(config: TrainConfig, given: AbstractSet[str] = frozenset()) -> tuple[TrainConfig, Board]:
     """``config`` with the algorithm's defaults filled in, checked (cheap: no data, no board, no
     pre-training), and its board; ``given``: the options the user set (one that does not apply to
     the algorithm or the board is refused)."""
@@ -156,7 +156,7 @@ def prepare(config: TrainConfig, given=frozenset()) -> tuple[TrainConfig, Board]
 
 
 def train(config: TrainConfig, advance: Callable[[int], None] = lambda n: None,
-          given=frozenset()) -> dict:
+          given: AbstractSet[str] = frozenset()) -> dict:
     """Train as ``config`` says; ``advance(n)`` is called as samples are consumed (progress);
     ``given``: the options the user set (see :func:`prepare`)."""
     config, board = prepare(config, given)

@@ -10,6 +10,7 @@ import contextlib
 import json
 import shutil
 from pathlib import Path
+from typing import Callable, TypeVar, cast
 
 import click
 
@@ -17,6 +18,8 @@ from insitu.cli import _Group       # the main group's error messages, also when
 from insitu.cli.options import option
 from insitu.cli.output import console, emit_json, report
 from insitu.errors import InsituError, UsageError
+
+T = TypeVar("T")
 
 METER_HELP = ("Power meter spec: synthetic:WATTS[@HZ] or synthetic:sine (generated, no instrument), "
               "visa:RESOURCE (a SCPI instrument), powershield:PORT (STM32 LPM01A), "
@@ -185,7 +188,7 @@ def record(ctx, meter_spec, trace, run_dir, plot, as_json, cmd):
         from insitu.runs import RunFolder
 
         folder = RunFolder(run_dir, "insitu power record", {"meter": meter_spec, "command": list(cmd)})
-    path = _check_out(trace if trace is not None else _run_dir_trace(run_dir), what)
+    path = _check_out(trace if trace is not None else _run_dir_trace(str(run_dir)), what)
     _check_plot(plot)
     if shutil.which(cmd[0]) is None:
         raise UsageError(f"command not found: {cmd[0]!r} (give a program on PATH or a path to one)")
@@ -235,7 +238,8 @@ def meter_options(fn):
                         help="Record power while the command runs: " + METER_HELP)(fn)
 
 
-def measured(meter_spec: str | None, power_out: str | None, fn, run_dir: str | Path | None = None):
+def measured(meter_spec: str | None, power_out: str | None, fn: Callable[[], T],
+             run_dir: str | Path | None = None) -> T:
     """``fn()``, under the meter ``meter_spec`` when one is given, and a dict value gets the
     record as ``power``; without a meter, ``fn()``.
 
@@ -263,6 +267,7 @@ def measured(meter_spec: str | None, power_out: str | None, fn, run_dir: str | P
     meter = open_meter(meter_spec)
     console.print(f"recording {meter.name} into {path}{chosen or ''}")
     value, rec = measure_call(meter, path, fn, notify=_warn, what=what)
+    value = cast(T, value)                      # what fn() returned
     if isinstance(value, dict):
         value["power"] = rec
     phases = ", ".join(f"{name} {p['energy_j']:.4g} J"
