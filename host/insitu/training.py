@@ -95,7 +95,6 @@ HOST_CHECKPOINT = frozenset({"checkpoint", "checkpoint_every"})
 #: Options that apply to some boards only: (applies to the board?, to which boards).
 BOARD_OPTIONS: dict[str, tuple[Callable[[Board, TrainConfig], bool], str]] = {
     "mode": (lambda b, c: b.is_twin, "simulated FPGA twins (a -sim board)"),
-    "bitstream": (lambda b, c: not b.is_twin, "real FPGA boards"),
     "heap": (lambda b, c: b.is_twin and not c.port, "microcontroller twins that insitu starts (no --port)"),
     "flash_dir": (lambda b, c: b.is_twin and not c.port,
                   "microcontroller twins that insitu starts (no --port)"),
