@@ -6,3 +6,20 @@ Subpackages: ``numerics`` (the one fixed-point spec), ``nn`` (NumPy training cor
 """
 
 __version__ = "0.1.0"
+
+
+def lazy_exports(package: str, where: dict[str, str]):
+    """``(__getattr__, __dir__)`` for a package whose public names (``where``: name -> module) are
+    imported on first use, so ``from insitu.lrt import KroneckerSum`` works while importing the
+    package stays cheap (the CLI imports every method package at start)."""
+    import importlib
+
+    def __getattr__(name: str):
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(where[name]), name)
+
+    def __dir__():
+        return sorted(where)
+
+    return __getattr__, __dir__

@@ -10,3 +10,14 @@
 The PSG arithmetic is specified once in :mod:`insitu.numerics` (``psg_*``); the PE3 sign path of
 the RTL (:mod:`insitu.rtl.pe3`) is tested against the same functions.
 """
+
+from insitu import lazy_exports
+
+__all__ = ["ResNet", "PSGLayer", "SignSGD", "EnergyCounter", "E2Config", "E2Learner", "train_row",
+           "run_experiment"]
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "ResNet": "insitu.e2train.resnet", "PSGLayer": "insitu.e2train.psg", "SignSGD": "insitu.e2train.psg",
+    "EnergyCounter": "insitu.e2train.energy", "E2Config": "insitu.e2train.experiment",
+    "E2Learner": "insitu.e2train.experiment", "train_row": "insitu.e2train.experiment",
+    "run_experiment": "insitu.e2train.experiment",
+})

@@ -1,10 +1,10 @@
 """Per-sample cost of streaming low-rank accumulation versus a dense gradient accumulator.
 
-Reference: Gonugondla et al., "Low-rank training of deep neural networks for emerging memory
-technology" (``shared/papers/lrt-low-rank-training-nvm.txt``), section 4.2.4: LRT costs
-O((n_i + n_o + q)·q²) operations per sample, plus O(n_i·n_o·q / B) amortized for the update,
-while expanding every Kronecker sum costs O(n_i·n_o) per sample; section 3 (LAM): the factors need
-r·(n_i + n_o)·b bits of auxiliary memory instead of n_i·n_o·b.
+Reference: Gural, Nadeau, Tikekar and Murmann, "Low-rank training of deep neural networks for
+emerging memory technology" (arXiv 2009.03887, ``shared/papers/lrt-low-rank-training-nvm.txt``),
+section 4.2.4: LRT costs O((n_i + n_o + q)·q²) operations per sample, plus O(n_i·n_o·q / B)
+amortized for the update, while expanding every Kronecker sum costs O(n_i·n_o) per sample;
+section 3 (LAM): the factors need r·(n_i + n_o)·b bits of auxiliary memory instead of n_i·n_o·b.
 
 :func:`run_bench` times, in this process, for square layers ``n_out = n_in = n``:
 

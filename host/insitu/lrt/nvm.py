@@ -1,8 +1,8 @@
 """Weights stored in non-volatile memory (NVM): write counting, energy, lifetime and drift.
 
-The LRT paper (Gonugondla et al., section 1) motivates low-rank training by the cost of NVM writes:
-RRAM writes cost far more energy than reads (10.9 pJ/bit versus 1.76 pJ/bit) and a cell endures
-about 10**6 writes. This module keeps the books for those costs:
+The LRT paper (Gural, Nadeau, Tikekar and Murmann, arXiv 2009.03887, section 1) motivates
+low-rank training by the cost of NVM writes: RRAM writes cost far more energy than reads
+(10.9 pJ/bit versus 1.76 pJ/bit) and a cell endures about 10**6 writes. This module keeps the books for those costs:
 
 * :class:`NVMArray` wraps one weight tensor of the training code *in place* and counts, per cell,
   the writes that really reach the memory: a cell is written only when its stored code changes.

@@ -1,8 +1,8 @@
 """The *online dataset* of the LRT paper: offline/validation/test sets and the online streams.
 
-Follows appendix G of Gonugondla et al., "Low-rank training of deep neural networks for emerging
-memory technology" (appendix F, "ONLINE DATASET", of the longer "Streaming Kronecker sum
-training"; both in ``shared/papers``):
+Follows appendix G of Gural, Nadeau, Tikekar and Murmann, "Low-rank training of deep neural
+networks for emerging memory technology" (arXiv 2009.03887; appendix F, "ONLINE DATASET", of the
+longer "Streaming Kronecker sum training"; both in ``shared/papers``):
 
 * the 60k training images are split 9k / 1k / 50k into offline-train, validation and online
   partitions (here proportionally for other dataset sizes: 15 % / 1/60 / the rest);

@@ -1,7 +1,8 @@
 """Transfer learning and algorithm comparison: the LRT paper's Table 1 at FashionMNIST scale.
 
-Reference: Gonugondla et al., "Low-rank training of deep neural networks for emerging memory
-technology" (``shared/papers/lrt-low-rank-training-nvm.txt``), section 7.2 and Table 1; UORO is
+Reference: Gural, Nadeau, Tikekar and Murmann, "Low-rank training of deep neural networks for
+emerging memory technology" (arXiv 2009.03887, ``shared/papers/lrt-low-rank-training-nvm.txt``),
+section 7.2 and Table 1; UORO is
 Tallec & Ollivier (2017), cited in section 2; max-norm is appendix E; the quantization model is
 appendix D; the square-root learning-rate scaling is appendices D and H.
 

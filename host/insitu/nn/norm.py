@@ -98,8 +98,9 @@ class BatchNorm(_NormBase):
 class StreamingBatchNorm(_NormBase):
     """Streaming batch norm for online (batch-size-1) training, as in the LRT paper.
 
-    Reference: Gonugondla et al., "Low-rank training of deep neural networks for emerging memory
-    technology" (``papers/lrt-low-rank-training-nvm.txt``, appendix F "Streaming batch
+    Reference: Gural, Nadeau, Tikekar and Murmann, "Low-rank training of deep neural networks for
+    emerging memory technology" (arXiv 2009.03887, ``papers/lrt-low-rank-training-nvm.txt``,
+    appendix F "Streaming batch
     normalization"; appendix E of the SKS version). The paper keeps two per-channel state
     variables, a mean ``mu_s`` and a mean of squares ``sq_s``, and for each sample ``i`` with
     per-sample statistics ``mu_i`` and ``sigma_i^2`` (over the sample's pixels of that channel;
