@@ -9,7 +9,7 @@ import insitu.sparse.quantize as Q
 import insitu.sparse.tasks as tasks
 from insitu.boards import get_board
 from insitu.errors import UsageError
-from insitu.training import TrainConfig, train
+from insitu.training import TrainConfig, prepare, train
 
 pytestmark = pytest.mark.unit
 
@@ -77,10 +77,14 @@ def test_a_flash_dir_that_cannot_be_a_folder_is_refused(no_slow_work, tmp_path):
 
 
 def test_good_options_pass_the_checks_without_slow_work(no_slow_work):
-    config = TrainConfig(algo="sparse", board=SIM, scheme="bias-6", heap=200_000)
+    config = TrainConfig(algo="sparse", board=SIM, model="mbv2-28", dataset="digits", scheme="bias-6",
+                         heap=200_000)
     assert runs.check_sparse(config, get_board(SIM)) == 200_000
-    # model and dataset left to the algorithm's defaults (as the CLI may call it)
-    assert runs.check_sparse(TrainConfig(board=SIM), get_board(SIM)) == 262144
+    # model and dataset left to the algorithm's defaults, filled in by training.prepare, which
+    # runs the algorithm's checks
+    config, board = prepare(TrainConfig(algo="sparse", board=SIM))
+    assert (config.model, config.dataset) == ("mbv2-28", "digits")
+    assert runs.check_sparse(config, board) == 262144
 
 
 def test_prepared_parses_the_scheme_before_the_data_and_the_pretraining(monkeypatch):

@@ -17,26 +17,26 @@ needs_fashion = pytest.mark.skipif(
     reason=f"FashionMNIST not installed in {FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist)")
 
 
-@pytest.mark.parametrize("changes,field", [
-    ({"variant": "sparse"}, "variant"),
-    ({"epochs": 0}, "epochs"),
-    ({"epochs": 1.5}, "epochs"),
-    ({"batch_size": 0}, "batch_size"),
-    ({"rank": True}, "rank"),
-    ({"train_samples": 0}, "train_samples"),
-    ({"eval_train_samples": -1}, "eval_train_samples"),
-    ({"lr": 0.0}, "lr"),
-    ({"lr": -1e-3}, "lr"),
-    ({"lr": math.nan}, "lr"),
-    ({"prune_threshold": 1.0}, "prune_threshold"),
-    ({"prune_threshold": -0.01}, "prune_threshold"),
-    ({"prior_weight": -1.0}, "prior_weight"),
-    ({"prior_weight": math.inf}, "prior_weight"),
-    ({"lr_schedule": "step"}, "lr_schedule"),
+@pytest.mark.parametrize("changes,option", [
+    ({"variant": "sparse"}, "--variant"),
+    ({"epochs": 0}, "--epochs"),
+    ({"epochs": 1.5}, "--epochs"),
+    ({"batch_size": 0}, "--batch-size"),
+    ({"rank": True}, "--rank"),
+    ({"train_samples": 0}, "--train-size"),
+    ({"eval_train_samples": -1}, "eval_train_samples"),      # no option sets it
+    ({"lr": 0.0}, "--lr"),
+    ({"lr": -1e-3}, "--lr"),
+    ({"lr": math.nan}, "--lr"),
+    ({"prune_threshold": 1.0}, "--prune-threshold"),
+    ({"prune_threshold": -0.01}, "--prune-threshold"),
+    ({"prior_weight": -1.0}, "--prior-weight"),
+    ({"prior_weight": math.inf}, "--prior-weight"),
+    ({"lr_schedule": "step"}, "--lr-schedule"),
 ])
-def test_validate_names_the_bad_field(changes, field):
+def test_validate_names_the_bad_option(changes, option):
     config = TTTrainConfig(**changes)
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=option):
         config.validate()
 
 
@@ -48,7 +48,7 @@ def test_validate_accepts_the_defaults_and_every_variant():
 
 
 def test_unknown_variant_message_lists_the_choices():
-    with pytest.raises(ValueError, match="unknown variant 'sparse'; choose one of dense, float"):
+    with pytest.raises(ValueError, match="unknown --variant 'sparse'; choose one of dense, float"):
         TTTrainConfig(variant="sparse").validate()
 
 
