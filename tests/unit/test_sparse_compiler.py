@@ -174,3 +174,24 @@ def test_accumulated_gradients_update_once_every_n_samples(seed):
 def test_a_bad_accumulation_is_refused():
     with pytest.raises(UsageError, match="gradient accumulation"):
         Options(accumulate=0)
+
+
+def test_a_layer_learning_rate_factor_scales_its_update_multipliers_only():
+    from insitu.sparse.compiler import LayerTables
+    g, scales = _setup(0)
+    head, other = g.convs[-1], g.convs[-2]
+    plain, scaled = LayerTables(g, scales, 0.01), LayerTables(g, scales, 0.01, {head.name: 4.0})
+    idx = np.arange(head.out_channels)
+    for fn in (lambda t, n: t.update_scales(n, np.arange(n.out_channels)), lambda t, n: t.bias_scales(n)):
+        m0, sh0 = (np.frombuffer(b, "<i4") for b in fn(plain, head))
+        m1, sh1 = (np.frombuffer(b, "<i4") for b in fn(scaled, head))
+        assert np.allclose(m1 * 2.0 ** -sh1, 4 * m0 * 2.0 ** -sh0, rtol=1e-6)
+        assert fn(plain, other) == fn(scaled, other)
+    assert idx.size
+    with pytest.raises(UsageError, match="learning-rate factors"):
+        compile_training(g, S.full_update(g), scales, Options(lr=0.01, lr_scale={"nope": 2.0}))
+    with pytest.raises(UsageError, match="positive"):
+        Options(lr_scale={head.name: 0})
+    a = compile_training(g, S.full_update(g), scales, Options(lr=0.01))
+    b = compile_training(g, S.full_update(g), scales, Options(lr=0.01, lr_scale={head.name: 4.0}))
+    assert a.arena_bytes == b.arena_bytes and len(a.program) == len(b.program)

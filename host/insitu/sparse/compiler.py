@@ -121,10 +121,16 @@ class Options:
     # buffers and applied once (the `apply` segment), with lr / accumulate: SGD on their mean, as
     # a batch of that size. The gradients then exist, so nothing is fused (reorder is moot).
     accumulate: int = 1
+    # Per-layer learning rate: layer name -> factor on lr (weights and bias of that layer). The
+    # float reference (insitu.sparse.reference) takes the same factors.
+    lr_scale: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not isinstance(self.accumulate, int) or self.accumulate < 1:
             raise UsageError(f"gradient accumulation must be a positive number of samples, got {self.accumulate!r}")
+        for name, f in self.lr_scale.items():
+            if not (isinstance(f, (int, float)) and f > 0):
+                raise UsageError(f"the learning-rate factor of {name} must be a positive number, got {f!r}")
 
 
 @dataclass
@@ -206,11 +212,19 @@ class LayerTables:
     as :func:`compile_training` computes it, and kept. A table that cannot be computed (a scale
     out of the integer range) fails each plan that uses it, with the compiler's message.
 
-    ``lr`` is the rate of one update (``Options.lr / Options.accumulate``). The graph must not
-    change while the tables are used."""
+    ``lr`` is the rate of one update (``Options.lr / Options.accumulate``), ``lr_scale`` the
+    per-layer factors on it (``Options.lr_scale``). The graph must not change while the tables
+    are used."""
 
-    def __init__(self, graph: Graph, grad_scales: dict[str, float], lr: float):
+    def layer_lr(self, n: Conv) -> float:
+        return self.lr * float(self.lr_scale.get(n.name, 1.0))
+
+    def __init__(self, graph: Graph, grad_scales: dict[str, float], lr: float, lr_scale: dict | None = None):
         self.graph, self.lr = graph, float(lr)
+        self.lr_scale = dict(lr_scale or {})
+        unknown = set(self.lr_scale) - {c.name for c in graph.convs}
+        if unknown:
+            raise UsageError(f"learning-rate factors for layers the model does not have: {sorted(unknown)}")
         self.grad_scales = dict(grad_scales)
         self.grad_scales[graph.output] = LOSS_GRAD_SCALE
         self._layers: dict[str, _Layer] = {}
@@ -254,7 +268,7 @@ class LayerTables:
             per_channel = []
             for s_w in n.w_scale:
                 try:
-                    per_channel.append(_rq(weight_update_scale(self.lr, s_g, s_x, float(s_w)),
+                    per_channel.append(_rq(weight_update_scale(self.layer_lr(n), s_g, s_x, float(s_w)),
                                            f"the weight update of {n.name}"))
                 except InsituError as exc:     # fails the schemes that select this channel only
                     per_channel.append(exc)
@@ -275,7 +289,7 @@ class LayerTables:
         """b_code -= lr * G_b_real / (s_w s_x) = rq(sum gy, lr * s_g / (s_w^2 s_x))."""
         if n.name not in self._biases:
             s_g, s_x = self.gradient_scale(n), self.graph.tensors[n.x].scale
-            self._biases[n.name] = _rq_arrays([_rq(self.lr * s_g / (float(s) ** 2 * s_x),
+            self._biases[n.name] = _rq_arrays([_rq(self.layer_lr(n) * s_g / (float(s) ** 2 * s_x),
                                                    f"the bias update of {n.name}") for s in n.w_scale])
         return self._biases[n.name]
 
@@ -651,7 +665,7 @@ def compile_training(graph: Graph, scheme: Scheme, grad_scales: dict[str, float]
         if widest > abi.MAX_ROW:
             raise InsituError(f"compile: conv {n.name} has rows of {widest} pixels; the firmware's kernels "
                               f"take at most {abi.MAX_ROW} (firmware/tte_kernels.py _CHUNK)")
-    tables = LayerTables(graph, grad_scales, options.lr / options.accumulate)
+    tables = LayerTables(graph, grad_scales, options.lr / options.accumulate, options.lr_scale)
     b = _Builder(tables, scheme, options)
     fwd, train_ops, argmax, apply_ops = _build(b, options)
     return _lower(b, graph, scheme, options, fwd, train_ops, argmax, apply_ops)
@@ -664,6 +678,8 @@ def plan_arena(tables: LayerTables, scheme: Scheme, options: Options | None = No
     if tables.lr != options.lr / options.accumulate:
         raise ValueError(f"plan_arena: the tables are for lr {tables.lr}, the options say "
                          f"{options.lr} / {options.accumulate}")
+    if tables.lr_scale != dict(options.lr_scale):
+        raise ValueError("plan_arena: the tables' per-layer learning rates differ from the options'")
     scheme.validate(tables.graph)
     b = _Builder(tables, scheme, options)
     fwd, train_ops, argmax, apply_ops = _build(b, options)
