@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import time
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -27,6 +28,7 @@ import numpy as np
 
 from insitu.checkpoint import load_checkpoint, save_checkpoint
 from insitu.checks import check_int
+from insitu.errors import InsituError
 from insitu.harness import RunPlan, check_resumable, run_training, say
 from insitu.io import atomic_write
 from insitu.lrt.nvm import NVMModel, make_drift
@@ -39,7 +41,7 @@ __all__ = ["ENVS", "SCHEMES", "AdaptLearner", "build_network", "check_adapt", "p
            "run_adapt", "plot_adapt", "default_cache_dir"]
 
 EMA_DECAY = 0.999
-_PRETRAIN_VERSION = 2          # bump when the network or pre-training changes
+_PRETRAIN_VERSION = 3          # bump when the network or pre-training changes
 
 
 def default_cache_dir() -> Path:
@@ -54,20 +56,34 @@ def build_network(arch: str, data: OnlineData, seed: int, config: LRTConfig):
                                seed=seed, conv_batch=config.conv_batch, dense_batch=config.dense_batch)
 
 
+#: The pre-training recipe (:func:`insitu.lrt.schemes.pretrain`); part of the cache key.
+PRETRAIN_RECIPE = dict(lr=0.1, batch=32, momentum=0.9, warmup=1.0, schedule="cosine", clip=2.0,
+                       centred_bn=True)
+PRETRAIN_EPOCHS = 20
+OFFLINE_SAMPLES = 20_000
+
+
 def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir=None, seed: int = 0,
-                     offline_samples: int = 20_000, epochs: int = 1, cache_dir=None,
-                     config: LRTConfig | None = None, advance=lambda n: None, say=say):
+                     offline_samples: int = OFFLINE_SAMPLES, epochs: int = PRETRAIN_EPOCHS,
+                     cache_dir=None, config: LRTConfig | None = None, advance=lambda n: None,
+                     say=say, recipe: dict | None = None):
     """The offline-trained network for ``seed`` (cached on disk: every scheme starts from it).
 
-    Returns ``(net, info)`` with ``info`` holding the validation accuracy and where it came from.
-    A pre-training (once per key) is announced with ``say``, and so is its end.
+    Each epoch trains on ``offline_samples`` fresh samples of the elastic-augmented offline
+    stream (epoch ``e`` on samples ``e·n .. (e+1)·n - 1``: new augmentations of the same 15 %
+    offline split, never the online images). ``recipe``: :data:`PRETRAIN_RECIPE` by default.
+    Returns ``(net, info)`` with ``info`` holding the validation accuracy, the per-epoch losses
+    and where it came from. A pre-training (once per key) is announced with ``say``, and so are
+    its epochs and its end; it is resumable per epoch (a ``.partial.npz`` checkpoint next to the
+    cache file, removed once the model is cached).
     """
     config = config or LRTConfig()
+    recipe = {**PRETRAIN_RECIPE, **(recipe or {})}
     data = OnlineData(dataset, data_dir, seed=seed)
     net = build_network(arch, data, seed, config)
     key = dict(arch=arch, dataset=data.name, seed=seed, offline_samples=offline_samples,
                epochs=epochs, conv_batch=config.conv_batch, dense_batch=config.dense_batch,
-               version=_PRETRAIN_VERSION)
+               recipe=recipe, version=_PRETRAIN_VERSION)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     path = cache / f"pretrained-{arch}-{digest}.npz"
@@ -76,20 +92,40 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
         if meta.get("key") == key:
             net.load_state_dict(arrays)
             return net, meta["info"]
+    partial = cache / f"pretrained-{arch}-{digest}.partial.npz"
     say(f"pre-training the {arch} offline on {offline_samples} samples x {epochs} epochs, once "
-        f"(cached in {path}; the next runs with these settings start at once)")
-    x, y = data.offline_train(offline_samples)
-    start = time.perf_counter()
-    pretrain(net, x.astype(np.float64), y, epochs=epochs, seed=seed, advance=advance)
+        f"(cached in {path}; the next runs with these settings start at once"
+        + ("; resuming from its last epoch)" if partial.exists() else ")"))
     xv, yv = data.validation()
-    info = {"validation_accuracy": evaluate(net, xv.astype(np.float64), yv),
-            "offline_samples": offline_samples, "epochs": epochs,
-            "pretrain_seconds": round(time.perf_counter() - start, 1)}
+    xv = xv.astype(np.float64)
+
+    def epoch_data(epoch):
+        return data.offline_train(offline_samples, start=epoch * offline_samples)
+
+    def on_epoch(epoch, record):
+        record["validation_accuracy"] = evaluate(net, xv[:2000], yv[:2000])
+        say(f"  pre-training epoch {epoch}/{epochs}: loss {record['loss']:.4f}, validation "
+            f"accuracy (2000 samples) {record['validation_accuracy']:.4f}, {record['seconds']:.0f} s")
+
+    start = time.perf_counter()
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        checkpoint = partial if os.access(cache, os.W_OK) else None
+    except OSError:
+        checkpoint = None        # a read-only cache: no resuming, and no caching either
+    history = pretrain(net, epoch_data, epochs=epochs, seed=seed, advance=advance,
+                       checkpoint=checkpoint, checkpoint_key=key, on_epoch=on_epoch, **recipe)
+    info = {"validation_accuracy": evaluate(net, xv, yv),
+            "offline_samples": offline_samples, "epochs": epochs, "recipe": recipe,
+            "epoch_log": history,
+            "pretrain_seconds": round(sum(r["seconds"] for r in history), 1),
+            "seconds_this_run": round(time.perf_counter() - start, 1)}
     say(f"pre-trained in {info['pretrain_seconds']:.0f} s: validation accuracy "
         f"{info['validation_accuracy']:.4f}")
     try:
         save_checkpoint(path, net.state_dict(), {"key": key, "info": info})
-    except OSError:
+        partial.unlink(missing_ok=True)
+    except (OSError, InsituError):
         pass                     # a read-only cache only costs the next run a pre-training
     return net, info
 
@@ -174,8 +210,8 @@ class AdaptLearner:
 
 def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "cnn",
               dataset: str = "fashion-mnist", data_dir=None, config: LRTConfig | None = None,
-              offline_samples: int = 20_000, pretrain_epochs: int = 1, segment: int = 10_000,
-              curve_points: int = 200, cache_dir=None, counts_out=None, checkpoint=None,
+              offline_samples: int = OFFLINE_SAMPLES, pretrain_epochs: int = PRETRAIN_EPOCHS,
+              segment: int = 10_000, curve_points: int = 200, cache_dir=None, counts_out=None, checkpoint=None,
               checkpoint_every: int = 1000, advance=lambda n: None) -> dict:
     """Deploy the pre-trained model in ``env`` and train it online with ``scheme``.
 
