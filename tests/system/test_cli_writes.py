@@ -16,7 +16,8 @@ pytestmark = pytest.mark.system
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 _SMALL = ("--env", "control", "--samples", "200", "--dense-batch", "20", "--dataset", "digits",
-          "--arch", "mlp", "--offline-samples", "300")
+          "--arch", "mlp", "--offline-samples", "300", "--lr", "0.05")   # from a trained base, LRT
+                                                                        # writes nothing in 200 samples at 0.01
 
 
 def _insitu(*args, env):

@@ -420,3 +420,10 @@ def test_bad_arguments_are_usage_errors(digits, call, match):
 def test_bad_constructor_arguments(kwargs, match):
     with pytest.raises(UsageError, match=match):
         OnlineData(**kwargs)
+
+
+def test_the_elastic_strength_is_the_datasets():
+    # The paper's alpha 34 is for MNIST's strokes; FashionMNIST's textures get a milder one.
+    assert OnlineData("fashion-mnist", seed=0).alpha == 8.0
+    assert OnlineData("digits", seed=0).alpha == 34.0
+    assert OnlineData("fashion-mnist", seed=0, alpha=34.0).alpha == 34.0

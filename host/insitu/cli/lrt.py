@@ -71,7 +71,8 @@ def _seed_list(text: str) -> tuple[int, ...]:
 @click.option("--segment", type=int, default=10_000, show_default=True,
               help="Samples per distribution-shift segment.")
 @click.option("--offline-samples", type=int, default=20_000, show_default=True,
-              help="Offline pre-training samples (the pre-trained model is cached).")
+              help="Offline pre-training samples per epoch (20 epochs, each on fresh augmentations "
+                   "of the offline images; the pre-trained model is cached).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the figure (PNG).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result JSON.")
 @click.option("--counts", type=click.Path(dir_okay=False), default=None,

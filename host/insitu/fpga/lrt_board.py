@@ -62,7 +62,8 @@ import numpy as np
 from insitu import nn
 from insitu.checks import check_int
 from insitu.harness import RunPlan, check_resumable, run_training, say
-from insitu.lrt.adapt import AdaptLearner, build_network, curve_positions, pretrained_model
+from insitu.lrt.adapt import (OFFLINE_SAMPLES, PRETRAIN_EPOCHS, AdaptLearner, build_network, curve_positions,
+                              pretrained_model)
 from insitu.lrt.online import OnlineData
 from insitu.accel.stream import pad_words
 from insitu.lrt.pe_ops import append_reciprocal
@@ -524,7 +525,8 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
                     rank: int = LRTConfig.rank, batch: int = LRTConfig.dense_batch,
                     lr: float = LRTConfig.lr, bias_lr: float | None = LRTConfig.bias_lr,
                     unbiased: bool = LRTConfig.unbiased, kappa_th: float | None = LRTConfig.kappa_th,
-                    offline_samples: int = 20_000, pretrain_epochs: int = 1, segment: int = 10_000,
+                    offline_samples: int = OFFLINE_SAMPLES, pretrain_epochs: int = PRETRAIN_EPOCHS,
+                    segment: int = 10_000,
                     test_samples: int = 1000, cache_dir=None, chunk: int = 1000,
                     curve_points: int = 200, checkpoint=None, checkpoint_every: int = 1000, identity: dict | None = None,
                     counters=None, advance: Callable[[int], None] = lambda n: None,

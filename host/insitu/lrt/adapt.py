@@ -83,7 +83,7 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
     net = build_network(arch, data, seed, config)
     key = dict(arch=arch, dataset=data.name, seed=seed, offline_samples=offline_samples,
                epochs=epochs, conv_batch=config.conv_batch, dense_batch=config.dense_batch,
-               recipe=recipe, version=_PRETRAIN_VERSION)
+               recipe=recipe, elastic=[data.alpha, data.sigma], version=_PRETRAIN_VERSION)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     path = cache / f"pretrained-{arch}-{digest}.npz"

@@ -307,6 +307,14 @@ def _generator(*words: int) -> np.random.Generator:
 
 # --- the dataset --------------------------------------------------------------------------------
 
+#: The elastic transform's strength per dataset. The paper's (Simard et al.'s and Ernestus's
+#: alpha = 34, sigma = 4) are for MNIST's strokes; on FashionMNIST they wipe out the textures that
+#: tell the classes apart: a linear classifier on 9k offline samples scores 84.6 % on undistorted
+#: validation images, 81.6 % at alpha 8, 77.7 % at 16 and 65.4 % at 34, and no float CNN trained
+#: here went past 82 % at 34. Alpha 8 keeps the augmentation's variety at the cost it has on MNIST.
+ELASTIC_ALPHA = {"mnist": 34.0, "fashion-mnist": 8.0, "digits": 34.0}
+
+
 class OnlineData:
     """The paper's offline, validation, test and online data built from one dataset.
 
@@ -315,7 +323,7 @@ class OnlineData:
     stream's segments (10k in the paper), each with its own augmentations; class clustering
     groups the classes in windows of ``segment // 10`` samples (1k in the paper). ``alpha`` and
     ``sigma`` are the elastic transform's (for 28x28; see :func:`elastic_transform`); ``alpha=0``
-    gives the undistorted base images.
+    gives the undistorted base images; ``alpha=None`` is :data:`ELASTIC_ALPHA`'s for the dataset.
 
     All getters return ``(x, y)``: ``x`` float32 ``(n, 1, H, W)`` in [0, 1], ``y`` int64 ``(n,)``.
     Streams are endless: they cycle through their base images, in a fresh random order (and with
@@ -323,13 +331,14 @@ class OnlineData:
     """
 
     def __init__(self, dataset: str = "fashion-mnist", data_dir=None, seed: int = 0,
-                 segment: int = 10_000, *, alpha: float = 34.0, sigma: float = 4.0):
+                 segment: int = 10_000, *, alpha: float | None = None, sigma: float = 4.0):
         if dataset not in dataset_names():
             raise UsageError(f"dataset must be one of {', '.join(dataset_names())}; "
                              f"got {dataset!r}")
         self.seed = _count(seed, "seed")
         self.segment = _count(segment, "segment", minimum=1)
         self.window = max(1, self.segment // 10)
+        alpha = ELASTIC_ALPHA.get(dataset, ELASTIC_ALPHA["mnist"]) if alpha is None else alpha
         self.alpha, self.sigma = float(alpha), float(sigma)
         if self.alpha < 0 or self.sigma <= 0:
             raise UsageError(f"alpha must be >= 0 and sigma > 0 (the elastic transform's), got "
