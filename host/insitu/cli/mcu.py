@@ -200,21 +200,28 @@ def build_twin(as_json):
               help="Processes training the analysis's configurations [default: the CPU count].")
 @click.option("--refresh", is_flag=True, help="Redo the contribution analysis even if it is cached.")
 @click.option("--validate/--no-validate", default=True, show_default=True,
-              help="Train both searches' schemes as the analysis trains a configuration and report the "
-                   "accuracy they reach (eq. 5 only predicts it as a sum of contributions).")
+              help="Train each search's candidates as the analysis trains a configuration and pick the one "
+                   "that trains best (eq. 5 only predicts accuracy as a sum of contributions).")
+@click.option("--keep", type=int, default=8, show_default=True,
+              help="Candidates of each search validated by training (1: its best-predicted scheme alone).")
+@click.option("--min-distance", "min_distance", type=int, default=4, show_default=True,
+              help="Genes (bias depth, layer ratios) in which the validated candidates differ pairwise, "
+                   "where the evaluated schemes allow (0: the plain top --keep).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the searched scheme's JSON here (what `insitu train --scheme` takes).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write the best-so-far curves of both searches here (PNG).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 def search(model, dataset, budget, evaluations, train_size, test_samples, lr, seed, workers, refresh, validate,
-           out, plot, as_json):
+           keep, min_distance, out, plot, as_json):
     """Search a sparse-update scheme under a memory budget (tiny-training §2.2, eq. 5).
 
     Runs the contribution analysis on the host simulator (each bias depth and each layer's
     weights at each ratio trained on the same samples; cached under the insitu cache), then an
     evolutionary and a random search maximizing the summed contributions with the compiler's
-    planned memory within --budget, with the same number of evaluations.
+    planned memory within --budget, with the same number of evaluations. With --validate, each
+    search's --keep best distinct candidates are trained (500 samples by default, as the analysis)
+    and the one that trains best is its pick; the scheme written is the better of the two picks.
 
     \b
     Example:
@@ -231,6 +238,10 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, se
 
     budget_bytes = parse_size(budget)
     _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr)
+    from insitu.checks import check_int
+
+    check_int("--keep", keep)
+    check_int("--min-distance", min_distance, 0)
     for path, what in ((out, "--out"), (plot, "--plot")):
         if path:
             check_writable(path, what)
@@ -238,7 +249,8 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, se
     result = _as_options(run_search, model, dataset, budget_bytes, prepare=_search_bundle,
                          evaluations=evaluations, train_samples=train_size, eval_samples=test_samples,
                          lr=lr, seed=seed, workers=workers, refresh=refresh,
-                        validate=validate, progress_factory=lambda what, total: progress(what, total),
+                        validate=validate, keep=keep, min_distance=min_distance,
+                        progress_factory=lambda what, total: progress(what, total),
                         say=lambda msg: console.print(msg))
     if out:
         write_json(out, result["scheme"], "--out")
@@ -271,22 +283,34 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, se
         t.add_row(str(k), name or "classifier", f"{100 * c['delta_bias'][str(k)]:+.1f}", *cells)
     print_table(t)
     s = Table(title=f"search under {format_size(budget_bytes)} ({result['budget_bytes']:,} B; Σ Δacc in points, "
-                    f"{evaluations} evaluations each, accuracy: the scheme trained)")
+                    f"{evaluations} evaluations each; trained: the best-predicted scheme and the pick of "
+                    f"{result['keep']} candidates validated by training)")
     checked = result["validation"] or {}
-    for col in ("search", "Σ Δacc", "arena", "feasible", "seconds", "accuracy"):
+    for col in ("search", "Σ Δacc", "arena", "feasible", "seconds", "best predicted: trained", "pick: Σ Δacc",
+                "pick: trained"):
         s.add_column(col, justify="left" if col == "search" else "right")
     for name, r in result["searches"].items():
         v = checked.get(name)
         s.add_row(name, f"{100 * r['objective']:+.2f}", f"{r['memory_bytes']:,} B", str(r["feasible"]),
-                  f"{r['seconds']:.1f}", f"{v['accuracy']:.3f}" if v else "-")
+                  f"{r['seconds']:.1f}", f"{v['plain']['accuracy']:.3f}" if v else "-",
+                  f"{100 * v['objective']:+.2f}" if v else "-", f"{v['accuracy']:.3f}" if v else "-")
     print_table(s)
+    for name, v in checked.items():
+        ct = Table(title=f"{name} search: candidates validated by training (* the pick)")
+        for col in ("", "Σ Δacc", "predicted", "trained", "arena", "scheme"):
+            ct.add_column(col, justify="left" if col in ("", "scheme") else "right")
+        for i, row in enumerate(v["candidates"]):
+            ct.add_row("*" if i == v["pick"] else "", f"{100 * row['objective']:+.2f}", f"{row['predicted']:.3f}",
+                      f"{row['accuracy']:.3f}", f"{row['memory_bytes']:,} B", row["scheme_text"])
+        print_table(ct)
     for name, v in checked.items():
         if v["accuracy"] < v["reference_accuracy"]:
             console.print(f"[yellow]warning[/]: the {name} scheme reaches {v['accuracy']:.3f}, below the classifier "
                           f"alone ({v['reference_accuracy']:.3f}): its contributions do not add up (training "
                           "several layers' weights at this --lr can diverge); try a lower --lr")
     for name, r in result["searches"].items():
-        report.print(f"{name}: {r['scheme_text']}", soft_wrap=True)
+        v = checked.get(name)
+        report.print(f"{name}: {v['scheme_text'] if v else r['scheme_text']}", soft_wrap=True)
     report.print(f"scheme ({result['scheme_from']}): {json.dumps(result['scheme'])}", soft_wrap=True)
     if out:
         report.print(f"written to {out}: insitu train --algo sparse --scheme \"$(cat {out})\"", soft_wrap=True)

@@ -15,7 +15,8 @@ __all__ = ["random_search", "brute_force"]
 
 
 def random_search(contrib, memory_fn: Callable[[Scheme], int], budget: int, evaluations: int = 5000,
-                  seed: int = 0, *, progress=None) -> SearchResult:
+                  seed: int = 0, *, progress=None,
+                  keep: int = 1, min_distance: int = 0) -> SearchResult:
     """The baseline of the paper's Fig. 13: ``evaluations`` distinct random schemes
     (:meth:`Sampler.random_genome`), the best one within the budget kept."""
     table = as_table(contrib)
@@ -23,7 +24,7 @@ def random_search(contrib, memory_fn: Callable[[Scheme], int], budget: int, eval
     rng = np.random.default_rng(seed)
     while not s.done:
         s.offer(*s.random_genome(rng))
-    return s.result()
+    return s.result(keep, min_distance)
 
 
 def brute_force(contrib, memory_fn: Callable[[Scheme], int], budget: int) -> tuple[float, Scheme]:

@@ -15,7 +15,8 @@ __all__ = ["evolutionary_search"]
 
 def evolutionary_search(contrib, memory_fn: Callable[[Scheme], int], budget: int, evaluations: int = 5000,
                         seed: int = 0, *, population: int | None = None, parent_ratio: float = 0.25,
-                        mutation_ratio: float = 0.5, mutate_prob: float = 0.05, progress=None) -> SearchResult:
+                        mutation_ratio: float = 0.5, mutate_prob: float = 0.05, progress=None,
+                        keep: int = 1, min_distance: int = 0) -> SearchResult:
     """Evolutionary search of eq. 5 (the paper's appendix D; the evolution of OFA/MCUNet):
 
     * a population of ``population`` distinct feasible random schemes (default: evaluations / 20,
@@ -87,4 +88,4 @@ def evolutionary_search(contrib, memory_fn: Callable[[Scheme], int], budget: int
             if value is not None:
                 children.append((value, table.canonical(*child)))
         pop = parents + children
-    return s.result()
+    return s.result(keep, min_distance)

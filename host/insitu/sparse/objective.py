@@ -13,14 +13,14 @@ and every bias it passes trains too (:meth:`Scheme.bias_layers`), so the scheme 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from insitu.errors import InsituError, UsageError
 from insitu.sparse.scheme import RATIOS, Scheme
 
-__all__ = ["CHOICES", "ContributionTable", "SearchResult", "Sampler", "as_table"]
+__all__ = ["CHOICES", "Candidate", "ContributionTable", "SearchResult", "Sampler", "as_table", "distance", "shortlist"]
 
 #: A layer's weight ratio in the search: 0 (frozen) or one of the scheme ratios.
 CHOICES = (0.0, *RATIOS)
@@ -72,6 +72,50 @@ class ContributionTable:
 
 
 @dataclass
+class Candidate:
+    """A feasible scheme a search evaluated: its eq. 5 objective (Σ Δacc) and planned memory."""
+
+    scheme: Scheme
+    objective: float
+    memory: int
+
+    def to_json(self) -> dict:
+        return {"scheme": self.scheme.to_json(), "scheme_text": self.scheme.describe(),
+                "objective": self.objective, "memory_bytes": self.memory}
+
+
+def distance(a: tuple, b: tuple) -> int:
+    """Genes in which two genomes differ (the bias depth ``k`` counting as one gene)."""
+    return int(a[0] != b[0]) + sum(1 for x, y in zip(a[1], b[1]) if x != y)
+
+
+def shortlist(values: dict, keep: int, min_distance: int = 0, first: tuple | None = None) -> list:
+    """The ``keep`` genomes of ``values`` (genome -> objective) to validate by training, best first:
+    in decreasing objective, each genome that differs in at least ``min_distance`` genes
+    (:func:`distance`) from every one already taken; places left over are filled by objective.
+
+    Why a distance: eq. 5 adds contributions each measured alone, and the top of its ranking is
+    crowded with near-copies of one large scheme (an evolutionary population converges), whose
+    trainings all share the same misprediction; candidates a few genes apart give the training
+    real alternatives to choose from. ``min_distance=0`` is the plain top ``keep``. ``first``: the
+    genome to start from (a search's best-so-far, which a tie may rank second); it stays first."""
+    if not isinstance(keep, (int, np.integer)) or keep < 1:
+        raise UsageError(f"keep must be a positive integer, got {keep!r}")
+    ranked = sorted(values, key=lambda g: (-values[g], g))
+    picks: list = [first] if first is not None else []
+    for g in ranked:
+        if len(picks) >= keep:
+            break
+        if g not in picks and all(distance(g, p) >= min_distance for p in picks):
+            picks.append(g)
+    if len(picks) < keep:
+        taken = set(picks)
+        picks += [g for g in ranked if g not in taken][:keep - len(picks)]
+    head = picks[:1] if first is not None else []
+    return head + sorted(picks[len(head):], key=lambda g: (-values[g], g))
+
+
+@dataclass
 class SearchResult:
     """One search's outcome. An evaluation is one distinct scheme sampled and planned (its memory
     checked against the budget, the cost of a search): ``curve[n-1]`` is the best objective among
@@ -87,12 +131,13 @@ class SearchResult:
     feasible: int
     seconds: float
     budget: int
+    candidates: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"method": self.method, "scheme": self.scheme.to_json(), "scheme_text": self.scheme.describe(),
                 "objective": self.objective, "memory_bytes": self.memory, "budget_bytes": self.budget,
                 "evaluations": self.evaluations, "feasible": self.feasible, "seconds": self.seconds,
-                "curve": list(self.curve)}
+                "curve": list(self.curve), "candidates": [c.to_json() for c in self.candidates]}
 
 
 class Sampler:
@@ -114,6 +159,7 @@ class Sampler:
         self.method, self.progress = method, progress
         self.seen: set = set()
         self.memory: dict = {}
+        self.values: dict = {}            # feasible genome -> objective
         self.curve: list = []
         self.feasible = 0
         self.best: tuple[float, tuple] | None = None
@@ -140,6 +186,7 @@ class Sampler:
         if mem <= self.budget:
             value = self.t.objective(*genome)
             self.memory[genome] = mem
+            self.values[genome] = value
             self.feasible += 1
             if self.best is None or value > self.best[0]:
                 self.best = (value, genome)
@@ -160,13 +207,18 @@ class Sampler:
                 genes[i] = int(rng.integers(1, len(CHOICES)))
         return k, tuple(genes)
 
-    def result(self) -> SearchResult:
+    def result(self, keep: int = 1, min_distance: int = 0) -> SearchResult:
+        """The best scheme, and in ``candidates`` the :func:`shortlist` of ``keep`` distinct feasible
+        schemes evaluated (the best first) for validation by training."""
         if self.best is None:
             raise InsituError(f"{self.method} search: none of the {len(self.curve)} schemes sampled fits the "
                               f"budget of {self.budget:,} B; raise the budget or the evaluations")
         value, genome = self.best
+        picks = shortlist(self.values, keep, min_distance, first=genome)
+        candidates = [Candidate(self.t.scheme(*g), self.values[g], self.memory[g]) for g in picks]
         return SearchResult(self.method, self.t.scheme(*genome), value, self.memory[genome], self.curve,
-                            len(self.curve), self.feasible, time.perf_counter() - self.started, self.budget)
+                            len(self.curve), self.feasible, time.perf_counter() - self.started, self.budget,
+                            candidates)
 
 
 def as_table(contrib) -> ContributionTable:

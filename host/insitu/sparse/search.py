@@ -27,14 +27,38 @@ from insitu.sparse.memory import MemoryModel, min_memory, scheme_key
 from insitu import resources
 from insitu.sparse.models import model_config
 from insitu.sparse.objective import SearchResult
-from insitu.sparse.scheme import RATIOS
+from insitu.sparse.scheme import RATIOS, Scheme
 from insitu.sparse.tasks import TASKS
 
-__all__ = ["DEFAULT_EVALUATIONS", "DEFAULT_TRAIN_SAMPLES", "DEFAULT_EVAL_SAMPLES", "compare", "run_search"]
+__all__ = ["DEFAULT_EVALUATIONS", "DEFAULT_TRAIN_SAMPLES", "DEFAULT_EVAL_SAMPLES", "DEFAULT_KEEP",
+           "DEFAULT_MIN_DISTANCE", "compare", "run_search", "validate_candidates"]
 
 DEFAULT_EVALUATIONS = 5000
 DEFAULT_TRAIN_SAMPLES = 500
 DEFAULT_EVAL_SAMPLES = 500
+#: Candidates of each search validated by training (the shortlist of :func:`objective.shortlist`).
+DEFAULT_KEEP = 8
+#: Genes in which the shortlisted candidates differ pairwise (where the evaluated schemes allow).
+DEFAULT_MIN_DISTANCE = 4
+
+
+def validate_candidates(candidates, score: Callable[[list], list]) -> tuple[list[dict], int]:
+    """Train each candidate (:class:`~insitu.sparse.objective.Candidate`, best predicted first)
+    with ``score(schemes) -> [accuracy, ...]`` and pick the one that trains best (ties: the
+    better predicted, i.e. the earlier). Returns ``(rows, index of the pick)``; a row holds the
+    scheme's JSON and text, its eq. 5 objective (Σ Δacc), planned memory and trained accuracy.
+
+    Eq. 5 adds contributions each measured alone and overpredicts schemes whose many layers'
+    weights train together; the short training is the measurement the sum only predicts."""
+    candidates = list(candidates)
+    if not candidates:
+        raise InsituError("validation: no candidate to train")
+    accuracies = [float(a) for a in score([c.scheme for c in candidates])]
+    if len(accuracies) != len(candidates):
+        raise InsituError(f"validation: {len(accuracies)} accuracies for {len(candidates)} candidates")
+    rows = [{**c.to_json(), "accuracy": a} for c, a in zip(candidates, accuracies)]
+    pick = max(range(len(rows)), key=lambda i: (accuracies[i], -i))
+    return rows, pick
 
 
 def compare(contrib, memory_fn, budget: int, evaluations: int, seed: int = 0,
@@ -58,13 +82,27 @@ def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, fl
                evaluations: int = DEFAULT_EVALUATIONS,
                train_samples: int = DEFAULT_TRAIN_SAMPLES, eval_samples: int | None = None, lr: float = 0.05,
                seed: int = 0, workers: int = 1, cache_dir=None, refresh: bool = False, validate: bool = True,
-               progress_factory=None, say=None) -> dict:
+               keep: int = DEFAULT_KEEP, min_distance: int = DEFAULT_MIN_DISTANCE, validate_random: bool = True,
+               analysis_seed: int | None = None, progress_factory=None, say=None) -> dict:
     """`insitu mcu search`: contribution analysis of ``model`` on ``task`` (cached), then the
     evolutionary and random searches of eq. 5 under ``budget`` bytes with the same number of
     evaluations. Returns the report as a dict (``scheme`` holds the searched scheme's JSON); with
     ``validate``, ``validation`` holds the accuracy each search's scheme really reaches when
     trained as the analysis's configurations were (the sum of contributions only predicts it).
 
+    Validation by training: each search keeps ``keep`` distinct feasible schemes it evaluated
+    (the best predicted, pairwise ``min_distance`` genes apart where it can:
+    :func:`insitu.sparse.objective.shortlist`); each is trained as the analysis trains a
+    configuration (same samples and lr, the sample order of ``seed``) and the one that trains best
+    is the search's pick (``validation[name]``: every candidate's predicted and trained accuracy,
+    the pick, and the best-predicted scheme's ``plain`` result). ``validate_random=False`` trains
+    only random search's best-predicted scheme (the plain baseline). ``keep=1``: each search's
+    best-predicted scheme alone, as before. The reported ``scheme`` is then the pick that trains
+    best (evolutionary on a tie); without ``validate``, the best predicted.
+
+    ``analysis_seed`` (default ``seed``): the seed of the prepared head and of the contribution
+    analysis (cached per seed); ``seed`` then only changes the searches' draws and the validation
+    training's sample order.
     ``prepare(model, task, lr, seed)``: the :class:`Bundle` the analysis trains on (the platform
     prepares the model's new head and the task's samples as its training loop would), called once
     the arguments are checked."""
@@ -74,8 +112,11 @@ def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, fl
     say = say or (lambda msg: None)
     progress_factory = progress_factory or (lambda what, total: contextlib.nullcontext(lambda n=1: None))
 
+    keep = check_int("keep", keep)
+    min_distance = check_int("min distance", min_distance, 0)
+    analysis_seed = seed if analysis_seed is None else check_int("analysis seed", analysis_seed, 0)
     started = time.perf_counter()
-    bundle = prepare(model, task, lr, seed)
+    bundle = prepare(model, task, lr, analysis_seed)
     memory = MemoryModel(bundle.graph, bundle.grad_scales, lr)
     floor = min_memory(bundle.graph, memory)
     if budget < floor:
@@ -87,14 +128,15 @@ def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, fl
     folder = cache_dir if cache_dir is not None else resources.cache_dir("mcu", "contributions")
     configs = len({scheme_key(s) for _, s in contribution_configs(bundle.graph)})
     with progress_factory(f"contribution analysis ({configs} trainings)", configs) as advance:
-        contrib, path, cached = load_or_analyze(bundle, model, task, train_samples, eval_samples, seed, workers,
-                                                folder, refresh, advance)
+        contrib, path, cached = load_or_analyze(bundle, model, task, train_samples, eval_samples, analysis_seed,
+                                                workers, folder, refresh, advance)
     say(f"contributions {'from the cache' if cached else 'measured'}: {path}")
     table = contrib.table()
     results = {}
     for name, fn in (("evolutionary", evolutionary_search), ("random", random_search)):
         with progress_factory(f"{name} search", evaluations) as advance:
-            results[name] = fn(table, memory, budget, evaluations, seed, progress=advance)
+            results[name] = fn(table, memory, budget, evaluations, seed, progress=advance,
+                               keep=keep if validate else 1, min_distance=min_distance)
     # The winners compiled by the real compiler (the plans the search used are its own passes).
     checked = {name: memory.compile(r.scheme) for name, r in results.items()}
     for name, r in results.items():
@@ -102,16 +144,49 @@ def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, fl
             raise InsituError(f"{name} search: the compiler plans {checked[name]:,} B for {r.scheme.describe()}, "
                               f"the search's plan said {r.memory:,} B; rerun (the fast plan is now off)")
     best = max(results.values(), key=lambda r: (r.objective, r.method == "evolutionary"))
+    best_scheme, best_from = best.scheme, best.method
     validation = None
     if validate:
-        # Eq. 5 assumes contributions add up; train the winners as the analysis trained each
-        # configuration and report what they really reach.
-        say("training the searched schemes to check the sum of contributions")
-        scored = score_schemes(bundle, [r.scheme for r in results.values()],
-                               train_samples=train_samples, eval_samples=eval_samples, seed=seed)
-        validation = {name: {"accuracy": acc, "predicted": contrib.reference_accuracy + r.objective,
-                             "reference_accuracy": contrib.reference_accuracy}
-                      for (name, r), (acc, _) in zip(results.items(), scored)}
+        # Eq. 5 assumes contributions add up; train each search's shortlist as the analysis trained
+        # each configuration, keep what really trains best (schemes shared by both trained once).
+        trained: dict = {}
+
+        def score(schemes):
+            todo = [s for s in dict.fromkeys(scheme_key(s) for s in schemes) if s not in trained]
+            by_key = {scheme_key(s): s for s in schemes}
+            if todo:
+                with progress_factory(f"validation ({len(todo)} trainings)", len(todo)) as advance:
+                    for key in todo:
+                        (acc, _), = score_schemes(bundle, [by_key[key]], train_samples=train_samples,
+                                                  eval_samples=eval_samples, seed=seed)
+                        trained[key] = acc
+                        advance(1)
+            return [trained[scheme_key(s)] for s in schemes]
+
+        say("training the searches' candidates to check the sum of contributions")
+        validation = {}
+        for name, r in results.items():
+            cands = r.candidates if (name == "evolutionary" or validate_random) else r.candidates[:1]
+            rows, pick = validate_candidates(cands, score)
+            plain = next(row for row in rows if row["scheme"] == r.scheme.to_json())
+            validation[name] = {"accuracy": rows[pick]["accuracy"], "objective": rows[pick]["objective"],
+                                "predicted": contrib.reference_accuracy + rows[pick]["objective"],
+                                "scheme": rows[pick]["scheme"], "scheme_text": rows[pick]["scheme_text"],
+                                "memory_bytes": rows[pick]["memory_bytes"], "pick": pick,
+                                "plain": {"accuracy": plain["accuracy"], "objective": plain["objective"],
+                                          "predicted": contrib.reference_accuracy + plain["objective"]},
+                                "candidates": [{**row, "predicted": contrib.reference_accuracy + row["objective"]}
+                                               for row in rows],
+                                "validated": len(rows), "reference_accuracy": contrib.reference_accuracy}
+            planned = memory.compile(Scheme.from_json(rows[pick]["scheme"]))
+            if planned != rows[pick]["memory_bytes"]:
+                raise InsituError(f"{name} search: the compiler plans {planned:,} B for {rows[pick]['scheme_text']}, "
+                                  f"the search's plan said {rows[pick]['memory_bytes']:,} B; rerun")
+        from_ = max(validation, key=lambda n: (validation[n]["accuracy"], n == "evolutionary"))
+        best_scheme, best_from = Scheme.from_json(validation[from_]["scheme"]), from_
+        best_objective, best_memory = validation[from_]["objective"], validation[from_]["memory_bytes"]
+    else:
+        best_objective, best_memory = best.objective, best.memory
     L = len(contrib.layers)
     return {
         "model": model, "task": task, "budget_bytes": budget, "lr": float(lr), "seed": int(seed),
@@ -124,11 +199,12 @@ def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, fl
                           "train_samples": int(train_samples), "eval_samples": int(eval_samples)},
         "searches": {name: r.to_json() for name, r in results.items()},
         "validation": validation,
-        "scheme": best.scheme.to_json(),
-        "scheme_text": best.scheme.describe(),
-        "scheme_from": best.method,
-        "objective": best.objective,
-        "memory_bytes": best.memory,
+        "scheme": best_scheme.to_json(),
+        "scheme_text": best_scheme.describe(),
+        "scheme_from": best_from,
+        "objective": best_objective,
+        "memory_bytes": best_memory,
+        "analysis_seed": int(analysis_seed), "keep": int(keep) if validate else 1, "min_distance": int(min_distance),
         "memory": {"plans": memory.compiles, "queries": memory.queries, "plan_seconds": memory.compile_seconds,
                    "fast_plan": memory.fallback is None, "fallback": memory.fallback},
         "seconds": time.perf_counter() - started,
