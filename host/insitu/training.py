@@ -51,6 +51,7 @@ class TrainConfig:
     heap: int | None = None            # a twin's heap in bytes (None: the board's training budget)
     flash_dir: str | None = None       # a twin's flash folder (None: a temporary one)
     twin: str | None = None            # the kind of twin started (None: the Cortex-M7 one)
+    lr_scale: tuple[str, ...] = ()     # per-layer lr factors, "LAYER=FACTOR" (or a {layer: factor} dict)
 
     def validate(self, models) -> None:
         """Checks after the algorithm's defaults are filled in; ``models``: the algorithm's."""
@@ -300,7 +301,7 @@ register(Algorithm(
     run=_run_sparse,
     check=_check_sparse,
     models=("mbv2-28", "mbv2-tiny"),
-    options=frozenset({"scheme", "port", "flash_dir", "heap", "twin"}),
+    options=frozenset({"scheme", "port", "flash_dir", "heap", "twin", "lr_scale"}),
     batch_size=1,               # 1, as in the paper; N > 1 accumulates N samples' gradients per update
     lr=0.05,
     dataset="digits",

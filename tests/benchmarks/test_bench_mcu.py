@@ -8,10 +8,17 @@ at least 7x below the full update's (no reordering), each measured.
 Run: .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_bench_mcu.py
 
 Writes docs/results/mcu/fig9-mbv2-28-digits.{json,png,txt}. The contribution analysis of the
-search is cached (minutes the first time, under ~/.cache/insitu/mcu/contributions). Settings by
-environment variable (a quick check: INSITU_MCU_BENCH_SAMPLES=20 INSITU_MCU_BENCH_OUT=/tmp/mcu):
+search is cached (minutes the first time, under ~/.cache/insitu/mcu/contributions). The default
+rates and data are docs/mcu.md's adapt setting (test_bench_mcu_int8.py): a backbone lr of 0.01,
+the classifier 5x that, the whole training split EPOCHS times (the harness's stream: a fresh
+permutation per epoch). Settings by environment variable (a quick check:
+INSITU_MCU_BENCH_SAMPLES=20 INSITU_MCU_BENCH_OUT=/tmp/mcu):
 
-  INSITU_MCU_BENCH_SAMPLES       training samples of every scheme and of the analysis (500)
+  INSITU_MCU_BENCH_EPOCHS        epochs of the training split (EPOCHS)
+  INSITU_MCU_BENCH_SAMPLES       training samples of every scheme and of the analysis
+                                 (default: the task's training split x EPOCHS)
+  INSITU_MCU_BENCH_LR            learning rate of every layer but the classifier (0.01)
+  INSITU_MCU_BENCH_HEAD          the classifier's lr factor (5; 1: one rate for every layer)
   INSITU_MCU_BENCH_EVAL_SAMPLES  test samples (default: the task's, at most 500)
   INSITU_MCU_BENCH_BUDGETS       budgets of the planned arena (32K,48K,64K)
   INSITU_MCU_BENCH_EVALUATIONS   schemes each search samples per budget (2000)
@@ -30,11 +37,15 @@ from insitu.io import atomic_write, atomic_write_json
 from insitu.mcu.compare import METHODS, format_text, plot_compare, run_compare
 from insitu.mcu.board_runs import Prepared
 from insitu.sparse.contributions import Bundle
+from insitu.sparse.models import model_config
+from insitu.sparse.tasks import load_task
 from insitu.training import sample_order
 
 pytestmark = pytest.mark.benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Epochs of the training split by default (the adapt setting of docs/mcu.md trains 3).
+EPOCHS = 3
 
 
 def _search_bundle(model: str, task: str, lr: float, seed: int) -> Bundle:
@@ -46,17 +57,28 @@ def _env_int(name: str, default):
     return int(value) if value else default
 
 
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
 def test_fig9_sparse_update_vs_baselines_at_equal_memory():
     model = os.environ.get("INSITU_MCU_BENCH_MODEL", "mbv2-28")
     task = os.environ.get("INSITU_MCU_BENCH_TASK", "digits")
     budgets = os.environ.get("INSITU_MCU_BENCH_BUDGETS", "32K,48K,64K")
     out = Path(os.environ.get("INSITU_MCU_BENCH_OUT") or ROOT / "docs" / "results" / "mcu")
+    n_train = len(load_task(task, model_config(model).input_size)[1])
+    samples = _env_int("INSITU_MCU_BENCH_SAMPLES", n_train * _env_int("INSITU_MCU_BENCH_EPOCHS", EPOCHS))
+    lr, head = _env_float("INSITU_MCU_BENCH_LR", 0.01), _env_float("INSITU_MCU_BENCH_HEAD", 5.0)
     started = time.perf_counter()
     print()
-    result = run_compare(model, task, budgets, prepare=_search_bundle, train_samples=_env_int("INSITU_MCU_BENCH_SAMPLES", 500),
-                         eval_samples=_env_int("INSITU_MCU_BENCH_EVAL_SAMPLES", None), lr=0.05, seed=0,
+    print(f"{model} on {task}: {samples} training samples ({samples / n_train:g} epochs of {n_train}), "
+          f"lr {lr:g}, classifier {head:g}x", flush=True)
+    result = run_compare(model, task, budgets, prepare=_search_bundle, train_samples=samples,
+                         eval_samples=_env_int("INSITU_MCU_BENCH_EVAL_SAMPLES", None), lr=lr, seed=0,
                          evaluations=_env_int("INSITU_MCU_BENCH_EVALUATIONS", 2000),
                          workers=max(1, os.cpu_count() or 1), measure_heap=True,
+                         lr_scale={"classifier": head} if head != 1 else None,
                          say=lambda msg: print(f"[{time.perf_counter() - started:7.1f} s] {msg}", flush=True))
     text = format_text(result)
     print(text)

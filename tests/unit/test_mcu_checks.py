@@ -57,10 +57,13 @@ def refused(**options) -> UsageError:
     ({"board": REAL, "port": "/dev/null", "twin": "unix"}, ["--twin"]),
     ({"board": REAL, "port": "/dev/null", "flash_dir": "flash"}, ["--flash-dir"]),
     ({"board": SIM, "dataset": "nope"}, ["--dataset 'nope'"]),
+    ({"board": SIM, "lr_scale": ("nope=2",)}, ["--lr-scale nope=2", "no layer 'nope'", "head.conv, classifier"]),
+    ({"board": SIM, "lr_scale": ("classifier=0",)}, ["--lr-scale classifier=0", "positive number"]),
+    ({"board": SIM, "lr_scale": ("classifier",)}, ["--lr-scale 'classifier'", "LAYER=FACTOR"]),
 ], ids=["missing-port", "unopenable-port", "no-port", "missing-twin-port", "bogus-scheme",
         "bogus-scheme-real-board", "scheme-layer", "scheme-too-deep", "scheme-ratio", "heap-below-runtime",
         "heap-over-twin", "negative-heap", "heap-on-real-board", "twin-on-real-board",
-        "flash-dir-on-real-board", "unknown-task"])
+        "flash-dir-on-real-board", "unknown-task", "lr-scale-layer", "lr-scale-factor", "lr-scale-no-equals"])
 def test_bad_options_are_refused_before_any_slow_work(no_slow_work, options, says):
     text = str(refused(**options))
     for part in says:
@@ -85,6 +88,32 @@ def test_good_options_pass_the_checks_without_slow_work(no_slow_work):
     config, board = prepare(TrainConfig(algo="sparse", board=SIM))
     assert (config.model, config.dataset) == ("mbv2-28", "digits")
     assert runs.check_sparse(config, board) == 262144
+
+
+def test_lr_scale_is_parsed_against_the_model_and_is_sparse_only(no_slow_work):
+    assert runs.parse_lr_scale("mbv2-28", ()) == {}
+    assert runs.parse_lr_scale("mbv2-28", ("classifier=5", "head.conv=0.5", "classifier=4")) == \
+        {"classifier": 4.0, "head.conv": 0.5}
+    assert runs.parse_lr_scale("mbv2-28", {"classifier": 5}) == {"classifier": 5.0}
+    config = TrainConfig(algo="sparse", board=SIM, lr_scale=("classifier=5",))
+    assert runs.check_sparse(*prepare(config, {"lr_scale"})) == 262144
+    with pytest.raises(UsageError, match="--lr-scale does not apply to --algo sgd"):
+        prepare(TrainConfig(algo="sgd", lr_scale=("classifier=5",)), {"lr_scale"})
+
+
+@pytest.mark.parametrize("args", [["--lr-scale", "nope=2"], ["lr-scale=nope=2"], ["lr-scale=classifier=5,nope=2"],
+                                  ["--config", "{config}"]], ids=["option", "override", "override-list", "config"])
+def test_train_command_refuses_a_bad_lr_scale(no_slow_work, tmp_path, args):
+    from click.testing import CliRunner
+
+    from insitu.cli import main
+
+    config = tmp_path / "config.toml"
+    config.write_text('lr-scale = ["classifier=5", "nope=2"]\n')
+    args = [a.format(config=config) for a in args]
+    result = CliRunner().invoke(main, ["train", "--board", SIM, "--algo", "sparse", "--samples", "2", *args])
+    assert result.exit_code == 2, result.output
+    assert "--lr-scale nope=2" in result.output and "no layer 'nope'" in result.output
 
 
 def test_prepared_parses_the_scheme_before_the_data_and_the_pretraining(monkeypatch):

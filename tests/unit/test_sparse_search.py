@@ -296,3 +296,149 @@ def test_search_command_refuses_bad_input_before_any_work(args, message):
     result = CliRunner().invoke(main, ["mcu", "search", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+# --------------------------------------------------------------------------- per-layer learning rates
+
+def _lr_bundle(lr_scale=None):
+    from insitu.sparse.quantize import new_head
+
+    g, _, x, _ = _setup(3)
+    g = new_head(g, 3)
+    y = (x.reshape(len(x), -1).astype(int).sum(axis=1) > 0).astype(int) + (x[:, 0, 0, 0] > 60)
+    gs = calibrate_gradients(g, x[:12], y[:12])
+    return Bundle(g, gs, x[:30], y[:30], x[30:], y[30:], sample_order, lr=0.05, lr_scale=lr_scale or {})
+
+
+def _spy_compiles(monkeypatch, module):
+    compiled = []
+
+    def spy(*args, **kwargs):
+        c = compile_training(*args, **kwargs)
+        compiled.append(c)
+        return c
+
+    monkeypatch.setattr(module, "compile_training", spy)
+    return compiled
+
+
+def test_one_rate_by_default_trains_as_before():
+    from insitu.sparse.simulate import Simulator
+
+    bundle = _lr_bundle()
+    g = bundle.graph
+    schemes = [S.classifier_only(g), S.bias_only(g, 3), S.full_update(g)]
+    got = score_schemes(bundle, schemes, train_samples=8, eval_samples=10, seed=1)
+    order = sample_order(30, 1, 0, 8)
+    for s, (acc, arena) in zip(schemes, got):
+        c = compile_training(g, s, bundle.grad_scales, Options(lr=0.05))         # the one-rate program
+        sim = Simulator(c)
+        sim.train(bundle.x_train[order], bundle.y_train[order])
+        assert (acc, arena) == (float(sim.accuracy(bundle.x_test[:10], bundle.y_test[:10])), c.arena_bytes)
+    assert score_schemes(bundle, schemes, train_samples=8, eval_samples=10, seed=1, lr_scale={}) == got
+
+
+def test_lr_scale_reaches_every_program_the_analysis_trains(monkeypatch):
+    from insitu.sparse import contributions as C
+    from insitu.sparse.compiler import LayerTables
+
+    compiled = _spy_compiles(monkeypatch, C)
+    plain, scaled = _lr_bundle(), _lr_bundle({"classifier": 5})
+    head = plain.graph.convs[-1]
+    assert head.name == "classifier"
+    a = analyze_contributions(plain, train_samples=4, eval_samples=5)
+    n = len(compiled)
+    b = analyze_contributions(scaled, train_samples=4, eval_samples=5)
+    assert n and len(compiled) == 2 * n
+    assert all(c.options.lr_scale == {} for c in compiled[:n])
+    assert all(c.options.lr_scale == {"classifier": 5.0} for c in compiled[n:])
+    assert a.settings["lr_scale"] == {} and b.settings["lr_scale"] == {"classifier": 5.0}
+    # the plans are the compiler's at those rates (a factor can cost a few bytes: an update's shift
+    # table no longer equal to, and shared with, another table of the layer)
+    model = MemoryModel(scaled.graph, scaled.grad_scales, 0.05, lr_scale={"classifier": 5.0})
+    assert all(b.memory[label] == model(s) for label, s in contribution_configs(scaled.graph))
+    # the same schemes, other update multipliers: the classifier's are 5x
+    for c0, c1 in zip(compiled[:n], compiled[n:]):
+        assert c0.scheme == c1.scheme
+        assert not np.array_equal(c0.program, c1.program) or c0.blob != c1.blob
+    t0 = LayerTables(plain.graph, plain.grad_scales, 0.05, compiled[0].options.lr_scale)
+    t1 = LayerTables(plain.graph, plain.grad_scales, 0.05, compiled[n].options.lr_scale)
+    (m0, s0), (m1, s1) = ((np.frombuffer(b_, "<i4") for b_ in t.bias_scales(head)) for t in (t0, t1))
+    assert np.allclose(m1 * 2.0 ** -s1, 5 * m0 * 2.0 ** -s0, rtol=1e-4)     # 15-bit multipliers
+    # an argument overrides the bundle's factors, as lr does
+    del compiled[:]
+    score_schemes(scaled, [S.classifier_only(plain.graph)], train_samples=4, eval_samples=5, lr_scale={})
+    assert compiled[-1].options.lr_scale == {}
+    score_schemes(scaled, [S.classifier_only(plain.graph)], train_samples=4, eval_samples=5)
+    assert compiled[-1].options.lr_scale == {"classifier": 5.0}
+
+
+def test_memory_model_plans_with_the_factors():
+    bundle = _lr_bundle()
+    g, gs = bundle.graph, bundle.grad_scales
+    model = MemoryModel(g, gs, 0.05, lr_scale={"classifier": 5.0}, verify=0)
+    assert model.options.lr_scale == {"classifier": 5.0}
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        s = _random_scheme(g, rng)
+        real = compile_training(g, s, gs, Options(lr=0.05, lr_scale={"classifier": 5.0})).arena_bytes
+        assert model(s) == real
+    assert model.fallback is None
+    with pytest.raises(UsageError, match="learning-rate factors"):
+        MemoryModel(g, gs, 0.05, lr_scale={"nope": 2.0})(S.classifier_only(g))
+
+
+def test_the_contributions_cache_key_holds_the_factors(tmp_path):
+    from insitu.sparse.contributions import contributions_path, graph_digest, load_or_analyze
+
+    plain, scaled = _lr_bundle(), _lr_bundle({"classifier": 5})
+    args = ("random-3", "synthetic", 4, 5, 0, 1, tmp_path)
+    a, path_a, cached = load_or_analyze(plain, *args)
+    assert not cached
+    # one rate keeps the key a cache written before per-layer rates has
+    old = {"model": "random-3", "task": "synthetic", "lr": 0.05, "train_samples": 4, "eval_samples": 5, "seed": 0,
+           "graph": graph_digest(plain.graph), "version": 2}
+    assert path_a == str(contributions_path(tmp_path, "random-3", "synthetic", old))
+    b, path_b, cached = load_or_analyze(scaled, *args)
+    assert not cached and path_b != path_a                   # an analysis at other rates is not reused
+    assert b.settings["lr_scale"] == {"classifier": 5.0} and "lr_scale" not in json.loads(
+        json.dumps(old))
+    assert load_or_analyze(scaled, *args)[1:] == (path_b, True)
+    assert load_or_analyze(plain, *args)[1:] == (path_a, True)
+    other = _lr_bundle({"classifier": 2})
+    assert load_or_analyze(other, *args)[1] not in (path_a, path_b)
+
+
+@pytest.mark.parametrize("command", ["search", "compare"])
+@pytest.mark.parametrize("value,message", [
+    ("classifier", "--lr-scale 'classifier': give LAYER=FACTOR"),
+    ("=5", "give LAYER=FACTOR"),
+    ("nope=5", "--lr-scale nope=5: mbv2-tiny has no layer 'nope'; its layers: stem,"),
+    ("classifier=0", "--lr-scale classifier=0: the factor must be a positive number"),
+    ("classifier=-2", "--lr-scale classifier=-2: the factor must be a positive number"),
+    ("classifier=fast", "--lr-scale classifier=fast: the factor must be a positive number"),
+    ("classifier=nan", "the factor must be a positive number"),
+])
+def test_lr_scale_option_refuses_bad_items_before_any_work(monkeypatch, command, value, message):
+    from click.testing import CliRunner
+
+    import insitu.sparse.quantize as Q
+    from insitu.cli import main
+
+    monkeypatch.setattr(Q, "pretrained", lambda *a, **k: pytest.fail("pretrained before --lr-scale was checked"))
+    budget = ["--budget", "8K"] if command == "search" else ["--budgets", "8K"]
+    result = CliRunner().invoke(main, ["mcu", command, "--model", "mbv2-tiny", *budget, "--lr-scale", "head.conv=2",
+                                       "--lr-scale", value])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_lr_scale_checks_of_the_library_name_the_option():
+    from insitu.sparse.search import check_lr_scale
+
+    assert check_lr_scale(None) is None and check_lr_scale({}) == {}
+    assert check_lr_scale({"classifier": 5}, ["stem", "classifier"]) == {"classifier": 5.0}
+    with pytest.raises(UsageError, match="lr scale of classifier must be a positive finite number"):
+        check_lr_scale({"classifier": 0})
+    with pytest.raises(UsageError, match="lr scale names layers the model does not have: nope; its layers: stem"):
+        check_lr_scale({"nope": 2}, ["stem", "classifier"])

@@ -180,3 +180,66 @@ def test_run_search_validates_each_searchs_shortlist(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match="keep"):
         run_search("mbv2-tiny", "digits", budget, prepare=prepare, evaluations=60, train_samples=8,
                    eval_samples=10, cache_dir=tmp_path, keep=0)
+
+
+# --------------------------------------------------------------------------- per-layer learning rates
+
+def _spy_compiles(monkeypatch, *modules):
+    from insitu.sparse.compiler import compile_training
+
+    options = []
+
+    def spy(graph, scheme, grad_scales, opts=None, *args, **kwargs):
+        options.append(opts)
+        return compile_training(graph, scheme, grad_scales, opts, *args, **kwargs)
+
+    for module in modules:
+        monkeypatch.setattr(module, "compile_training", spy)
+    return options
+
+
+def test_run_search_trains_and_plans_with_the_factors(tmp_path, monkeypatch):
+    import insitu.sparse.contributions as contributions_mod
+    import insitu.sparse.memory as memory_mod
+
+    options = _spy_compiles(monkeypatch, contributions_mod, memory_mod)
+    bundle = _bundle()
+    budget = MemoryModel(bundle.graph, bundle.grad_scales, 0.05)(S.bias_only(bundle.graph, 3))
+    kw = dict(prepare=lambda *_: bundle, evaluations=30, train_samples=6, eval_samples=8, cache_dir=tmp_path, keep=2)
+    plain = run_search("mbv2-tiny", "digits", budget, **kw)
+    assert plain["lr_scale"] == {} and options and all(o.lr_scale == {} for o in options)
+    del options[:]
+    scaled = run_search("mbv2-tiny", "digits", budget, lr_scale={"classifier": 5}, **kw)
+    assert scaled["lr_scale"] == {"classifier": 5.0}
+    assert options and all(o.lr_scale == {"classifier": 5.0} for o in options)    # analysis, validation, plans
+    assert not scaled["contributions"]["cached"]                                    # not the one-rate analysis
+    assert scaled["contributions"]["path"] != plain["contributions"]["path"]
+    assert bundle.lr_scale == {}                                                   # the prepared bundle is kept
+    with pytest.raises(UsageError, match="lr scale names layers the model does not have: nope"):
+        run_search("mbv2-tiny", "digits", budget, lr_scale={"nope": 2}, **kw)
+    with pytest.raises(UsageError, match="lr scale of classifier must be a positive"):
+        run_search("mbv2-tiny", "digits", budget, lr_scale={"classifier": -1},
+                   **{**kw, "prepare": lambda *_: pytest.fail("prepared before the factors were checked")})
+
+
+def test_run_compare_trains_every_scheme_with_the_factors(tmp_path, monkeypatch):
+    import insitu.mcu.compare as compare_mod
+    import insitu.sparse.contributions as contributions_mod
+    from insitu.mcu.compare import format_text, run_compare
+
+    monkeypatch.setenv("INSITU_CACHE", str(tmp_path))
+    options = _spy_compiles(monkeypatch, compare_mod, contributions_mod)
+    bundle = _bundle()
+    budget = MemoryModel(bundle.graph, bundle.grad_scales, 0.05)(S.bias_only(bundle.graph, 3))
+    kw = dict(prepare=lambda *_: bundle, train_samples=6, eval_samples=8, evaluations=20)
+    plain = run_compare("mbv2-tiny", "digits", [budget + 64], **kw)
+    assert plain["lr_scale"] == {} and all(o.lr_scale == {} for o in options)
+    n = len(options)
+    scaled = run_compare("mbv2-tiny", "digits", [budget + 64], lr_scale={"classifier": 5}, **kw)
+    assert scaled["lr_scale"] == {"classifier": 5.0}
+    assert len(options) > n and all(o.lr_scale == {"classifier": 5.0} for o in options[n:])
+    assert "lr 0.05 (classifier 5x)" in format_text(scaled) and "classifier 5x" not in format_text(plain)
+    full = [r for r in scaled["memory"]["rows"] if r["kind"] == "full"][0]
+    assert scaled["memory"]["rows"][0]["arena_bytes"] > full["arena_bytes"] > 0
+    with pytest.raises(UsageError, match="lr scale names layers the model does not have: nope"):
+        run_compare("mbv2-tiny", "digits", [budget], lr_scale={"nope": 2}, **kw)

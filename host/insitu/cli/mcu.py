@@ -35,8 +35,8 @@ def _search_bundle(model: str, task: str, lr: float, seed: int):
 
 #: How the contribution analysis (insitu.sparse) names its arguments, and their options here.
 _ANALYSIS_NAMES = (("train samples", "--train-size"), ("eval samples", "--test-samples"),
-                   ("evaluations", "--evaluations"), ("workers", "--workers"), ("lr", "--lr"),
-                   ("unknown task", "--dataset: unknown task"),
+                   ("evaluations", "--evaluations"), ("workers", "--workers"), ("lr scale", "--lr-scale"),
+                   ("lr", "--lr"), ("unknown task", "--dataset: unknown task"),
                    ("unknown model", "--model: unknown model"))
 
 
@@ -54,15 +54,26 @@ def _as_options(fn, *args, **kwargs):
         raise UsageError(message) from None
 
 
-def _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr):
-    """The analysis's options, checked before any work (exit 2, naming the option)."""
+def _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr, lr_scale=()):
+    """The analysis's options, checked before any work (exit 2, naming the option); returns the
+    per-layer lr factors of ``--lr-scale`` as ``{layer: factor}`` (None when not given)."""
     from insitu.checks import check_int
+    from insitu.mcu.board_runs import parse_lr_scale
     from insitu.sparse.search import check_analysis_options
 
     _as_options(check_analysis_options, model, dataset, train_size, evaluations,
                 workers if workers is not None else 1, lr)
     if test_samples is not None:
         check_int("--test-samples", test_samples)
+    return parse_lr_scale(model, lr_scale) if lr_scale else None
+
+
+#: The repeatable per-layer learning-rate option of the commands that train schemes.
+lr_scale_option = click.option(
+    "--lr-scale", "lr_scale", multiple=True, metavar="LAYER=FACTOR",
+    help="A layer's learning rate as a factor on --lr, repeatable (--lr-scale classifier=5: the new head "
+         "5x); every training (the analysis's too: cached per factors) uses it. A layer the model "
+         "does not have is refused with the list of its layers.")
 
 
 @click.group("mcu")
@@ -195,6 +206,7 @@ def build_twin(as_json):
 @option("--test-samples", "test_samples", aliases=("--eval-samples",), type=int, default=None,
         help="Contribution analysis: test samples scoring each configuration [default: 500 or all].")
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate (as insitu train's).")
+@lr_scale_option
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=int, default=None,
               help="Processes training the analysis's configurations [default: the CPU count].")
@@ -212,8 +224,8 @@ def build_twin(as_json):
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write the best-so-far curves of both searches here (PNG).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
-def search(model, dataset, budget, evaluations, train_size, test_samples, lr, seed, workers, refresh, validate,
-           keep, min_distance, out, plot, as_json):
+def search(model, dataset, budget, evaluations, train_size, test_samples, lr, lr_scale, seed, workers, refresh,
+           validate, keep, min_distance, out, plot, as_json):
     """Search a sparse-update scheme under a memory budget (tiny-training §2.2, eq. 5).
 
     Runs the contribution analysis on the host simulator (each bias depth and each layer's
@@ -226,6 +238,7 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, se
     \b
     Example:
       insitu mcu search --budget 128K --out scheme.json --plot curve.png
+      insitu mcu search --budget 64K --lr 0.01 --lr-scale classifier=5 --train-size 4314
       insitu train --board stm32f746-disco-sim --algo sparse --scheme "$(cat scheme.json)"
     """
     from insitu.checks import format_size, parse_size
@@ -237,7 +250,7 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, se
     from insitu.sparse.search import run_search
 
     budget_bytes = parse_size(budget)
-    _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr)
+    scale = _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr, lr_scale)
     from insitu.checks import check_int
 
     check_int("--keep", keep)
@@ -249,9 +262,9 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, se
     result = _as_options(run_search, model, dataset, budget_bytes, prepare=_search_bundle,
                          evaluations=evaluations, train_samples=train_size, eval_samples=test_samples,
                          lr=lr, seed=seed, workers=workers, refresh=refresh,
-                        validate=validate, keep=keep, min_distance=min_distance,
-                        progress_factory=lambda what, total: progress(what, total),
-                        say=lambda msg: console.print(msg))
+                         validate=validate, keep=keep, min_distance=min_distance, lr_scale=scale,
+                         progress_factory=lambda what, total: progress(what, total),
+                         say=lambda msg: console.print(msg))
     if out:
         write_json(out, result["scheme"], "--out")
     if plot:
@@ -406,6 +419,7 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
 @option("--test-samples", "test_samples", aliases=("--eval-samples",), type=int, default=None,
         help="Test samples scoring every scheme [default: 500 or all].")
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate (as insitu train's).")
+@lr_scale_option
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--evaluations", type=int, default=2000, show_default=True,
               help="Schemes each search samples per budget (memory planned).")
@@ -420,8 +434,8 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write grouped bars of accuracy per method and budget, and the memory, here (PNG).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
-def compare(model, dataset, budgets, train_size, test_samples, lr, seed, evaluations, workers, measure_heap,
-            board, out, plot, as_json):
+def compare(model, dataset, budgets, train_size, test_samples, lr, lr_scale, seed, evaluations, workers,
+            measure_heap, board, out, plot, as_json):
     """Sparse update vs. the paper's baselines at equal memory (tiny-training Fig. 9).
 
     For each budget: the classifier alone ("last layer"), the biases of the last K layers with the
@@ -434,13 +448,14 @@ def compare(model, dataset, budgets, train_size, test_samples, lr, seed, evaluat
     \b
     Example:
       insitu mcu compare --budgets 48K,64K,96K --measure-heap --plot fig9.png --out fig9.json
+      insitu mcu compare --budgets 32K,48K,64K --lr 0.01 --lr-scale classifier=5 --train-size 4314
     """
     from insitu.cli.output import emit_json, print_table, progress, report, write_json
     from insitu.io import check_writable
     from insitu.mcu.compare import parse_budgets, plot_compare, run_compare, scheme_lines, tables
 
     budget_list = parse_budgets(budgets)
-    _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr)
+    scale = _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr, lr_scale)
     for path, what in ((out, "--out"), (plot, "--plot")):
         if path:
             check_writable(path, what)
@@ -450,7 +465,7 @@ def compare(model, dataset, budgets, train_size, test_samples, lr, seed, evaluat
     result = _as_options(run_compare, model, dataset, budget_list, prepare=_search_bundle,
                          train_samples=train_size, eval_samples=test_samples, lr=lr, seed=seed,
                          evaluations=evaluations, workers=workers, measure_heap=measure_heap, board=board,
-                         progress_factory=lambda what, total: progress(what, total),
+                         lr_scale=scale, progress_factory=lambda what, total: progress(what, total),
                          say=(lambda msg: None) if as_json else (lambda msg: console.print(msg)))
     if out:
         write_json(out, result, "--out")

@@ -88,7 +88,9 @@ def _param_for(ctx: click.Context, key: str, where: str) -> click.Parameter:
 
 
 def _cast(ctx: click.Context, param: click.Parameter, value, where: str):
-    if isinstance(value, list):
+    if getattr(param, "multiple", False):        # a repeatable option: a list, or one item a=b,c=d
+        value = value if isinstance(value, list) else [v for v in str(value).split(",") if v]
+    elif isinstance(value, list):
         value = ",".join(map(str, value))
     try:
         return param.type_cast_value(ctx, value)

@@ -69,6 +69,10 @@ def _algo_help() -> str:
               help="sparse on a -sim board: the twin started: qemu, MicroPython on an emulated "
                    "Cortex-M7 (default; 32-bit, the board's heap), or unix, the MicroPython unix port "
                    "(faster, 64-bit).")
+@click.option("--lr-scale", "lr_scale", multiple=True, metavar="LAYER=FACTOR",
+              help="sparse: a layer's learning rate as a factor on --lr, repeatable (--lr-scale "
+                   "classifier=5: the new head 5x); a layer the model does not have is refused with "
+                   "the list of its layers.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw the run's curve (loss, train and test accuracy against samples) as a PNG.")
@@ -78,7 +82,7 @@ def _algo_help() -> str:
 @click.pass_context
 def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr, seed, checkpoint,
             checkpoint_every, mode, bitstream, rank, env, test_samples, scheme, port, flash_dir, heap,
-            twin, out, plot, as_json, meter, power_out, config, run_dir, overrides):
+            twin, lr_scale, out, plot, as_json, meter, power_out, config, run_dir, overrides):
     """Train a network on a board, or on its simulated twin (the default, ultra96v2-sim).
 
     The result has a curve (loss and accuracy at regular points); options come from the command

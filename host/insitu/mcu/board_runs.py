@@ -51,7 +51,7 @@ class Prepared:
     """Everything the host knows before touching a board: model, data, compiled program."""
 
     def __init__(self, model: str, task: str, scheme: str, lr: float, seed: int, reorder: bool = True,
-                 accumulate: int = 1):
+                 accumulate: int = 1, lr_scale: dict[str, float] | None = None):
         from insitu.sparse.models import model_config
         from insitu.sparse.quantize import new_head, pretrained
         from insitu.sparse.tasks import load_task
@@ -64,7 +64,8 @@ class Prepared:
         self.scheme = preset(self.graph, scheme)
         calib = np.random.default_rng(seed).permutation(len(self.y_train))[:CALIBRATION_SAMPLES]
         self.grad_scales = calibrate_gradients(self.graph, self.x_train[calib], self.y_train[calib], seed)
-        options = Options(lr=lr, reorder=reorder and accumulate == 1, accumulate=accumulate)
+        options = Options(lr=lr, reorder=reorder and accumulate == 1, accumulate=accumulate,
+                          lr_scale=dict(lr_scale or {}))
         self.compiled = compile_training(self.graph, self.scheme, self.grad_scales, options)
 
 
@@ -260,6 +261,41 @@ def check_scheme(model: str, scheme: str | None) -> None:
         raise UsageError(f"--scheme {scheme}: {str(exc).removeprefix('scheme: ')}") from None
 
 
+def parse_lr_scale(model: str, items, option: str = "--lr-scale") -> dict[str, float]:
+    """``LAYER=FACTOR`` items (``option``, repeatable; or a ``{layer: factor}`` mapping) as the
+    per-layer lr factors of :attr:`insitu.sparse.compiler.Options.lr_scale`, checked against
+    ``model``'s layer names (its graph built untrained, in milliseconds); a :class:`UsageError`
+    naming ``option`` if an item has no ``=``, names a layer the model does not have, or its factor
+    is not a positive number. A layer given twice takes its last factor."""
+    import math
+
+    from insitu.sparse.quantize import untrained_graph
+
+    pairs = list(items.items()) if isinstance(items, dict) else []
+    if not isinstance(items, dict):
+        for item in items or ():
+            name, sep, value = str(item).partition("=")
+            if not sep or not name.strip() or not value.strip():
+                raise UsageError(f"{option} {item!r}: give LAYER=FACTOR (e.g. {option} classifier=5)")
+            pairs.append((name.strip(), value.strip()))
+    if not pairs:
+        return {}
+    layers = [c.name for c in untrained_graph(model).convs]
+    scale: dict[str, float] = {}
+    for name, value in pairs:
+        if name not in layers:
+            raise UsageError(f"{option} {name}={value}: {model} has no layer {name!r}; its layers: "
+                             f"{', '.join(layers)}")
+        try:
+            factor = float(value)
+        except (TypeError, ValueError):
+            factor = math.nan
+        if isinstance(value, bool) or not math.isfinite(factor) or factor <= 0:
+            raise UsageError(f"{option} {name}={value}: the factor must be a positive number")
+        scale[name] = factor
+    return scale
+
+
 def check_sparse(config, board: Board) -> int:
     """Every check of ``insitu train --algo sparse`` that needs no pretraining, no data, no
     firmware build and no board: the heap, the twin, the port, the flash folder, the task and the
@@ -301,6 +337,7 @@ def check_sparse(config, board: Board) -> int:
     if dataset not in TASKS:
         raise UsageError(f"unknown --dataset {dataset!r} for --algo sparse; its tasks: {', '.join(TASKS)}")
     check_scheme(model, config.scheme)
+    parse_lr_scale(model, config.lr_scale)
     if config.port:
         check_port(config.port, board)
     return heap
@@ -313,8 +350,9 @@ def run_sparse(config, board: Board, advance) -> dict:
         from insitu.mcu import qemu
 
         qemu.firmware(print_to_stderr)          # the toolchain is there, the firmware built (once, cached)
+    lr_scale = parse_lr_scale(config.model, config.lr_scale)
     prep = Prepared(config.model, config.dataset, config.scheme or DEFAULT_SCHEME, config.lr, config.seed,
-                    accumulate=config.batch_size)
+                    accumulate=config.batch_size, lr_scale=lr_scale)
     compiled = prep.compiled
     check_fits(compiled, heap)
     test_samples = min(config.test_samples or 200, len(prep.y_test))
@@ -334,7 +372,7 @@ def run_sparse(config, board: Board, advance) -> dict:
         "board": board.name, "algo": "sparse", "model": config.model, "dataset": config.dataset,
         "twin": twin_kind,                        # qemu (Cortex-M7), unix, or None: a port given
         "scheme": compiled.scheme.to_json(), "scheme_text": compiled.scheme.describe(),
-        "samples": config.samples, "test_samples": test_samples, "lr": config.lr,
+        "samples": config.samples, "test_samples": test_samples, "lr": config.lr, "lr_scale": lr_scale,
         "batch_size": config.batch_size,          # > 1: gradients accumulated over that many samples
         **device,
         "accuracy": device["accuracy_after"],

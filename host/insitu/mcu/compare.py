@@ -35,13 +35,13 @@ from insitu.checks import check_int, format_size, parse_size
 from insitu.errors import InsituError, UsageError
 from insitu.mcu.board_runs import predicted_heap_bytes
 from insitu.sparse.compiler import Options, compile_training
-from insitu.sparse.contributions import Bundle, score_schemes
+from insitu.sparse.contributions import Bundle, lr_scale_of, score_schemes, with_lr_scale
 from insitu.sparse.memory import MemoryModel, canonical, scheme_key
 from insitu.sparse.scheme import Scheme, bias_only, classifier_only, full_update, last_k_layers
-from insitu.sparse.search import DEFAULT_EVAL_SAMPLES, check_analysis_options, run_search
+from insitu.sparse.search import DEFAULT_EVAL_SAMPLES, check_analysis_options, check_lr_scale, run_search
 
 __all__ = ["METHODS", "TARGET_RATIO", "HEAP_SAMPLES", "parse_budgets", "budget_label",
-           "measure_heap_of", "largest_fitting", "run_compare", "tables", "scheme_lines", "format_text",
+           "measure_heap_of", "largest_fitting", "run_compare", "rates_text", "tables", "scheme_lines", "format_text",
            "plot_compare"]
 
 #: The methods of Figure 9, in the order they are reported: (key, label).
@@ -130,15 +130,18 @@ def _ratio(a, b):
 def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, float, int], Bundle],
                 train_samples: int = 500, eval_samples: int | None = None, lr: float = 0.05, seed: int = 0,
                 evaluations: int = 2000, workers: int = 1, measure_heap: bool = False, board: str = DEFAULT_BOARD,
-                progress_factory=None, say=None) -> dict:
+                lr_scale: dict[str, float] | None = None, progress_factory=None, say=None) -> dict:
     """The comparison of Figure 9 at each of ``budgets`` (bytes, or sizes as ``parse_budgets``
     takes them) and the memory table; returns a JSON-serializable dict (see the module doc).
+    ``lr_scale``: per-layer factors on ``lr`` (``{"classifier": 5}``) every scheme, the search's
+    analysis included, trains with (None: the prepared bundle's; by default one rate).
     ``prepare(model, task, lr, seed)``: what every scheme trains on (as for
     :func:`insitu.sparse.search.run_search`), called once the arguments are checked."""
     started = time.perf_counter()
     budgets = parse_budgets(budgets)
     train_samples, evaluations, workers, lr = check_analysis_options(
         model, task, train_samples, evaluations, workers, lr)
+    lr_scale = check_lr_scale(lr_scale)
     if measure_heap:
         from insitu.boards import get_board
 
@@ -151,10 +154,13 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
 
     bundle = prepare(model, task, lr, seed)
     graph = bundle.graph
+    check_lr_scale(lr_scale, [c.name for c in graph.convs])
+    bundle = with_lr_scale(bundle, lr_scale)
+    lr_scale = lr_scale_of(bundle)
     n_test = len(bundle.y_test)
     eval_samples = min(DEFAULT_EVAL_SAMPLES, n_test) if eval_samples is None else eval_samples
     eval_samples = check_int("eval samples", eval_samples, 1, n_test, f"{task}'s test samples")
-    memory = MemoryModel(graph, bundle.grad_scales, lr)
+    memory = MemoryModel(graph, bundle.grad_scales, lr, lr_scale=lr_scale)
     floor = memory(classifier_only(graph))
     if budgets[0] < floor:
         raise UsageError(f"budget {budgets[0]:,} B ({format_size(budgets[0])}) is below what any scheme needs: "
@@ -185,7 +191,8 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
         try:
             search = run_search(model, task, budget, prepare=lambda *_: bundle, evaluations=evaluations,
                                 train_samples=train_samples, eval_samples=eval_samples, lr=lr, seed=seed,
-                                workers=workers, validate=False, progress_factory=progress_factory, say=say)
+                                workers=workers, validate=False, lr_scale=lr_scale,
+                                progress_factory=progress_factory, say=say)
         except UsageError:
             raise
         except InsituError as exc:                       # e.g. no sampled scheme fits a tight budget
@@ -202,8 +209,9 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
         per_budget.append((budget, entries))
 
     # Compile each scheme for real: its arena (the plan) and the heap predicted for it.
-    compiled = {key: compile_training(graph, s, bundle.grad_scales, Options(lr=lr)) for key, s in schemes.items()}
-    full_plain = compile_training(graph, full, bundle.grad_scales, Options(lr=lr, reorder=False))
+    compiled = {key: compile_training(graph, s, bundle.grad_scales, Options(lr=lr, lr_scale=lr_scale))
+                for key, s in schemes.items()}
+    full_plain = compile_training(graph, full, bundle.grad_scales, Options(lr=lr, reorder=False, lr_scale=lr_scale))
     say(f"training {len(schemes)} schemes on {train_samples} samples (test: {eval_samples})")
     with progress_factory(f"training {len(schemes)} schemes", len(schemes)) as advance:
         scored = _score_all(bundle, schemes, train_samples, eval_samples, seed, workers,
@@ -276,7 +284,8 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
             r["target_met"] = (r["ratio_measured_vs_full_no_reorder"] >= TARGET_RATIO) if r["kind"] == "sparse" \
                 else None
     return {
-        "model": model, "task": task, "lr": float(lr), "seed": int(seed), "train_samples": train_samples,
+        "model": model, "task": task, "lr": float(lr), "lr_scale": lr_scale, "seed": int(seed),
+        "train_samples": train_samples,
         "eval_samples": eval_samples, "evaluations": evaluations, "budgets": [int(b) for b in budgets],
         "classifier_arena_bytes": int(floor), "methods": [{"key": k, "label": label} for k, label in METHODS],
         "rows": rows,
@@ -327,6 +336,12 @@ def _short(name: str) -> str:
     return name.replace("full update, no reordering", "full, no reorder").replace("sparse under ", "sparse @ ")
 
 
+def rates_text(result: dict) -> str:
+    """`` (classifier 5x)``: the per-layer lr factors of a result, if any."""
+    scale = result.get("lr_scale") or {}
+    return f" ({', '.join(f'{name} {f:g}x' for name, f in scale.items())})" if scale else ""
+
+
 def tables(result: dict) -> list:
     """The report as rich tables: accuracy at equal memory (Fig. 9), planned memory (Fig. 10(a))
     and, when measured, the smallest heaps."""
@@ -334,7 +349,7 @@ def tables(result: dict) -> list:
 
     t = Table(title=f"{result['model']} on {result['task']}: accuracy at equal memory (planned arena <= budget; "
                     f"{result['train_samples']} training / {result['eval_samples']} test samples, "
-                    f"lr {result['lr']:g})")
+                    f"lr {result['lr']:g}{rates_text(result)})")
     for col in ("budget", "method", "scheme", "arena", "heap (pred.)", "accuracy"):
         t.add_column(col, justify="left" if col in ("budget", "method", "scheme") else "right", no_wrap=True)
     for row in result["rows"]:
@@ -430,7 +445,7 @@ def plot_compare(result: dict, path) -> None:
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 130)
     ax.set_title(f"{result['model']} on {result['task']}: accuracy at equal memory "
-                 f"({result['train_samples']} samples)", fontsize=10)
+                 f"({result['train_samples']} samples, lr {result['lr']:g}{rates_text(result)})", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", ncol=3)
     ax.grid(axis="y", alpha=0.3)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +26,7 @@ from insitu.sparse.objective import ContributionTable
 from insitu.sparse.scheme import RATIOS, Scheme, bias_only
 from insitu.sparse.simulate import Simulator
 
-__all__ = ["Bundle", "Contributions", "contribution_configs", "analyze_contributions", "score_schemes",
+__all__ = ["Bundle", "lr_scale_of", "with_lr_scale", "Contributions", "contribution_configs", "analyze_contributions", "score_schemes",
            "ratio_label", "contributions_key", "graph_digest", "CONTRIBUTIONS_VERSION", "contributions_path",
            "load_or_analyze"]
 
@@ -38,7 +38,8 @@ CONTRIBUTIONS_VERSION = 2
 class Bundle:
     """What the contribution analysis needs: the model with its new head, its gradient scales, the
     task's samples as input codes, and the training stream (a platform's prepared run, e.g.
-    :class:`insitu.mcu.board_runs.Prepared`, has all but the stream and lr).
+    :class:`insitu.mcu.board_runs.Prepared`, has all but the stream and lr). ``lr_scale``: the
+    per-layer factors on ``lr`` (:attr:`insitu.sparse.compiler.Options.lr_scale`; empty: one rate).
 
     ``sample_order(n_train, seed, start, count)``: the indices of the training samples
     ``start .. start+count`` of the stream for ``seed``, as the platform's training loop orders
@@ -52,11 +53,25 @@ class Bundle:
     y_test: np.ndarray
     sample_order: Callable[[int, int, int, int], np.ndarray]
     lr: float = 0.05
+    lr_scale: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_prepared(cls, prep, lr: float, sample_order: Callable[[int, int, int, int], np.ndarray]) -> "Bundle":
+    def from_prepared(cls, prep, lr: float, sample_order: Callable[[int, int, int, int], np.ndarray],
+                      lr_scale: dict[str, float] | None = None) -> "Bundle":
         return cls(prep.graph, prep.grad_scales, prep.x_train, prep.y_train, prep.x_test, prep.y_test,
-                   sample_order, lr)
+                   sample_order, lr, dict(lr_scale or {}))
+
+
+def lr_scale_of(bundle, lr_scale: dict | None = None) -> dict[str, float]:
+    """The per-layer lr factors a training of ``bundle`` uses: ``lr_scale`` if given, else the
+    bundle's (none: ``{}``, one rate), as ``{layer: float}``."""
+    scale = lr_scale if lr_scale is not None else (getattr(bundle, "lr_scale", None) or {})
+    return {str(k): float(v) for k, v in scale.items()}
+
+
+def with_lr_scale(bundle, lr_scale: dict | None):
+    """``bundle`` training with the per-layer lr factors ``lr_scale`` (None: as it is)."""
+    return bundle if lr_scale is None else replace(bundle, lr_scale=lr_scale_of(bundle, lr_scale))
 
 
 def ratio_label(r: float) -> str:
@@ -141,15 +156,18 @@ def _init_worker(payload: dict) -> None:
 def _run_config(scheme_json: dict) -> tuple[float, int]:
     """Train a fresh simulator with one scheme on the shared sample order; (accuracy, arena)."""
     w = _WORK
-    compiled = compile_training(w["graph"], Scheme.from_json(scheme_json), w["grad_scales"], Options(lr=w["lr"]))
+    compiled = compile_training(w["graph"], Scheme.from_json(scheme_json), w["grad_scales"],
+                                Options(lr=w["lr"], lr_scale=w["lr_scale"]))
     sim = Simulator(compiled)
     sim.train(w["x_train"], w["y_train"])
     return float(sim.accuracy(w["x_eval"], w["y_eval"])), int(compiled.arena_bytes)
 
 
-def _payload(bundle, lr: float, train_samples: int, eval_samples: int, seed: int) -> dict:
+def _payload(bundle, lr: float, train_samples: int, eval_samples: int, seed: int,
+             lr_scale: dict[str, float] | None = None) -> dict:
     order = bundle.sample_order(len(bundle.y_train), seed, 0, int(train_samples))
     return {"graph": bundle.graph, "grad_scales": dict(bundle.grad_scales), "lr": float(lr),
+            "lr_scale": dict(lr_scale or {}),
             "x_train": np.ascontiguousarray(bundle.x_train[order]),
             "y_train": np.ascontiguousarray(bundle.y_train[order]),
             "x_eval": np.ascontiguousarray(bundle.x_test[:eval_samples]),
@@ -157,12 +175,12 @@ def _payload(bundle, lr: float, train_samples: int, eval_samples: int, seed: int
 
 
 def score_schemes(bundle, schemes: list[Scheme], *, train_samples: int, eval_samples: int, seed: int = 0,
-                  lr: float | None = None) -> list[tuple[float, int]]:
+                  lr: float | None = None, lr_scale: dict | None = None) -> list[tuple[float, int]]:
     """``(accuracy, planned arena)`` of each scheme trained exactly as the contribution analysis
-    trains its configurations (same samples, same order, same test samples): what a searched
-    scheme really reaches, to set against the sum of contributions that chose it."""
+    trains its configurations (same samples, same order, same test samples, same rates): what a
+    searched scheme really reaches, to set against the sum of contributions that chose it."""
     lr = float(lr if lr is not None else getattr(bundle, "lr"))
-    _init_worker(_payload(bundle, lr, train_samples, eval_samples, seed))
+    _init_worker(_payload(bundle, lr, train_samples, eval_samples, seed, lr_scale_of(bundle, lr_scale)))
     try:
         return [_run_config(s.to_json()) for s in schemes]
     finally:
@@ -170,14 +188,15 @@ def score_schemes(bundle, schemes: list[Scheme], *, train_samples: int, eval_sam
 
 
 def analyze_contributions(bundle, *, train_samples: int = 300, eval_samples: int = 300, seed: int = 0,
-                          lr: float | None = None, workers: int = 1, progress=None,
-                          settings: dict | None = None) -> Contributions:
+                          lr: float | None = None, lr_scale: dict | None = None, workers: int = 1,
+                          progress=None, settings: dict | None = None) -> Contributions:
     """The contribution analysis of tiny-training §2.2 on the host simulator (bit-exact with the
     device): every configuration of :func:`contribution_configs` trains a fresh copy of
     ``bundle.graph`` (its new head) on the same ``train_samples`` (the stream of ``seed``, as
     ``insitu train`` orders them) and is scored on the first ``eval_samples`` test samples.
 
-    ``bundle``: a :class:`Bundle` or anything with its attributes (``lr`` may come as argument).
+    ``bundle``: a :class:`Bundle` or anything with its attributes (``lr`` and ``lr_scale``, the
+    per-layer factors on it, may come as arguments).
     ``workers > 1`` trains configurations in parallel processes. ``progress(n)`` is called as
     configurations finish.
 
@@ -190,6 +209,7 @@ def analyze_contributions(bundle, *, train_samples: int = 300, eval_samples: int
     count the biases twice.
     """
     lr = float(lr if lr is not None else getattr(bundle, "lr"))
+    lr_scale = lr_scale_of(bundle, lr_scale)
     graph = bundle.graph
     n_test = len(bundle.y_test)
     if not isinstance(train_samples, (int, np.integer)) or train_samples < 1:
@@ -198,7 +218,7 @@ def analyze_contributions(bundle, *, train_samples: int = 300, eval_samples: int
         raise UsageError(f"eval_samples must be in [1, {n_test}] (the task's test samples), got {eval_samples!r}")
     if not isinstance(workers, (int, np.integer)) or workers < 1:
         raise UsageError(f"workers must be a positive integer, got {workers!r}")
-    payload = _payload(bundle, lr, train_samples, eval_samples, seed)
+    payload = _payload(bundle, lr, train_samples, eval_samples, seed, lr_scale)
     configs = contribution_configs(graph)
     unique: dict[tuple, dict] = {}
     for _, scheme in configs:
@@ -231,7 +251,7 @@ def analyze_contributions(bundle, *, train_samples: int = 300, eval_samples: int
     acc = {label: results[scheme_key(s)][0] for label, s in configs}
     memory = {label: results[scheme_key(s)][1] for label, s in configs}
     weight_acc = {n: {ratio_label(r): acc[f"{n}@{ratio_label(r)}"] for r in RATIOS} for n in names[:-1]}
-    info = {"lr": lr, "train_samples": int(train_samples), "eval_samples": int(eval_samples), "seed": int(seed),
+    info = {"lr": lr, "lr_scale": lr_scale, "train_samples": int(train_samples), "eval_samples": int(eval_samples), "seed": int(seed),
             "configurations": len(configs), "trainings": len(keys), "workers": int(workers), **(settings or {})}
     return Contributions(names, acc["bias-1"], [acc[f"bias-{k}"] for k in range(1, L + 1)], weight_acc,
                          memory, info, time.perf_counter() - started)
@@ -262,10 +282,14 @@ def load_or_analyze(bundle: Bundle, model: str, task: str, train_samples: int, e
                     workers: int, cache_dir, refresh: bool = False, progress=None) -> tuple[Contributions, str, bool]:
     """The contribution analysis of ``model`` on ``task`` (``bundle``: their prepared graph and
     samples), from the cache when it holds one for the same settings and graph (else run and
-    cached): ``(contributions, path, cached)``."""
+    cached): ``(contributions, path, cached)``. Per-layer lr factors (``bundle.lr_scale``) are
+    part of the settings when there are any (one rate keeps the key it always had)."""
     settings = {"model": model, "task": task, "lr": float(bundle.lr), "train_samples": int(train_samples),
                 "eval_samples": int(eval_samples), "seed": int(seed), "graph": graph_digest(bundle.graph),
                 "version": CONTRIBUTIONS_VERSION}
+    lr_scale = lr_scale_of(bundle)
+    if lr_scale:
+        settings["lr_scale"] = lr_scale
     path = contributions_path(cache_dir, model, task, settings)
     if path.is_file() and not refresh:
         try:

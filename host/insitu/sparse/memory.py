@@ -39,7 +39,8 @@ def canonical(graph: Graph, scheme: Scheme) -> Scheme:
 
 
 class MemoryModel:
-    """``scheme -> planned peak bytes`` of one (graph, gradient scales, lr), memoized.
+    """``scheme -> planned peak bytes`` of one (graph, gradient scales, lr and its per-layer
+    factors ``lr_scale``), memoized.
 
     The key is the canonical scheme (:func:`canonical`): two writings of the same trained set
     share one plan. A plan is computed by :func:`~insitu.sparse.compiler.plan_arena` (the compiler's passes without
@@ -52,9 +53,10 @@ class MemoryModel:
     """
 
     def __init__(self, graph: Graph, grad_scales: dict[str, float], lr: float, reorder: bool = True,
-                 fast: bool = True, verify: int = 3):
+                 fast: bool = True, verify: int = 3, lr_scale: dict[str, float] | None = None):
         self.graph, self.grad_scales, self.lr, self.reorder = graph, dict(grad_scales), float(lr), reorder
-        self.options = Options(lr=self.lr, reorder=reorder)
+        self.lr_scale = dict(lr_scale or {})
+        self.options = Options(lr=self.lr, reorder=reorder, lr_scale=self.lr_scale)
         self.layers = [c.name for c in graph.convs]
         self._index = {n: i for i, n in enumerate(self.layers)}
         self.cache: dict[tuple, int] = {}
@@ -77,7 +79,7 @@ class MemoryModel:
     def _fast(self, scheme: Scheme) -> int | None:
         try:
             if self._tables is None:
-                self._tables = LayerTables(self.graph, self.grad_scales, self.lr)
+                self._tables = LayerTables(self.graph, self.grad_scales, self.lr, self.lr_scale)
             return int(plan_arena(self._tables, scheme, self.options))
         except InsituError:
             raise

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 from typing import Callable
 
 from insitu.checks import check_int, check_number, format_size, parse_size
 from insitu.errors import InsituError, UsageError
 from insitu.sparse.baselines import random_search
-from insitu.sparse.contributions import Bundle, contribution_configs, load_or_analyze, ratio_label, score_schemes
+from insitu.sparse.contributions import (Bundle, contribution_configs, load_or_analyze, lr_scale_of, ratio_label,
+                                         score_schemes, with_lr_scale)
 from insitu.sparse.evolution import evolutionary_search
 from insitu.sparse.memory import MemoryModel, min_memory, scheme_key
 from insitu import resources
@@ -31,7 +33,7 @@ from insitu.sparse.scheme import RATIOS, Scheme
 from insitu.sparse.tasks import TASKS
 
 __all__ = ["DEFAULT_EVALUATIONS", "DEFAULT_TRAIN_SAMPLES", "DEFAULT_EVAL_SAMPLES", "DEFAULT_KEEP",
-           "DEFAULT_MIN_DISTANCE", "compare", "run_search", "validate_candidates"]
+           "DEFAULT_MIN_DISTANCE", "check_lr_scale", "compare", "run_search", "validate_candidates"]
 
 DEFAULT_EVALUATIONS = 5000
 DEFAULT_TRAIN_SAMPLES = 500
@@ -78,12 +80,30 @@ def check_analysis_options(model: str, task: str, train_samples, evaluations, wo
             check_int("workers", workers), check_number("lr", lr))
 
 
+def check_lr_scale(lr_scale, layers=None) -> dict[str, float] | None:
+    """Per-layer learning-rate factors ``{layer: factor}`` (:attr:`insitu.sparse.compiler.Options.lr_scale`)
+    checked: each a positive finite number and, with ``layers`` (the model's layer names), a layer
+    the model has; a UsageError naming ``lr scale`` otherwise. None stays None (the bundle's own)."""
+    if lr_scale is None:
+        return None
+    if not isinstance(lr_scale, Mapping):
+        raise UsageError(f"lr scale must map layer names to factors, got {lr_scale!r}")
+    scale = {str(name): check_number(f"lr scale of {name}", f) for name, f in lr_scale.items()}
+    if layers is not None:
+        unknown = sorted(set(scale) - set(layers))
+        if unknown:
+            raise UsageError(f"lr scale names layers the model does not have: {', '.join(unknown)}; "
+                             f"its layers: {', '.join(layers)}")
+    return scale
+
+
 def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, float, int], Bundle],
                evaluations: int = DEFAULT_EVALUATIONS,
                train_samples: int = DEFAULT_TRAIN_SAMPLES, eval_samples: int | None = None, lr: float = 0.05,
                seed: int = 0, workers: int = 1, cache_dir=None, refresh: bool = False, validate: bool = True,
                keep: int = DEFAULT_KEEP, min_distance: int = DEFAULT_MIN_DISTANCE, validate_random: bool = True,
-               analysis_seed: int | None = None, progress_factory=None, say=None) -> dict:
+               analysis_seed: int | None = None, lr_scale: dict[str, float] | None = None,
+               progress_factory=None, say=None) -> dict:
     """`insitu mcu search`: contribution analysis of ``model`` on ``task`` (cached), then the
     evolutionary and random searches of eq. 5 under ``budget`` bytes with the same number of
     evaluations. Returns the report as a dict (``scheme`` holds the searched scheme's JSON); with
@@ -103,12 +123,16 @@ def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, fl
     ``analysis_seed`` (default ``seed``): the seed of the prepared head and of the contribution
     analysis (cached per seed); ``seed`` then only changes the searches' draws and the validation
     training's sample order.
+    ``lr_scale``: per-layer factors on ``lr`` (``{"classifier": 5}``; the analysis, the searches'
+    plans and the validation all train with them, and they are part of the analysis's cache key);
+    None: the prepared bundle's (by default none: one rate for every layer).
     ``prepare(model, task, lr, seed)``: the :class:`Bundle` the analysis trains on (the platform
     prepares the model's new head and the task's samples as its training loop would), called once
     the arguments are checked."""
     budget = parse_size(budget)
     train_samples, evaluations, workers, lr = check_analysis_options(
         model, task, train_samples, evaluations, workers, lr)
+    lr_scale = check_lr_scale(lr_scale)
     say = say or (lambda msg: None)
     progress_factory = progress_factory or (lambda what, total: contextlib.nullcontext(lambda n=1: None))
 
@@ -117,7 +141,10 @@ def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, fl
     analysis_seed = seed if analysis_seed is None else check_int("analysis seed", analysis_seed, 0)
     started = time.perf_counter()
     bundle = prepare(model, task, lr, analysis_seed)
-    memory = MemoryModel(bundle.graph, bundle.grad_scales, lr)
+    check_lr_scale(lr_scale, [c.name for c in bundle.graph.convs])
+    bundle = with_lr_scale(bundle, lr_scale)
+    lr_scale = lr_scale_of(bundle)
+    memory = MemoryModel(bundle.graph, bundle.grad_scales, lr, lr_scale=lr_scale)
     floor = min_memory(bundle.graph, memory)
     if budget < floor:
         raise UsageError(f"budget {budget:,} B is below what any scheme needs: training the classifier of "
@@ -189,7 +216,8 @@ def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, fl
         best_objective, best_memory = best.objective, best.memory
     L = len(contrib.layers)
     return {
-        "model": model, "task": task, "budget_bytes": budget, "lr": float(lr), "seed": int(seed),
+        "model": model, "task": task, "budget_bytes": budget, "lr": float(lr), "lr_scale": lr_scale,
+        "seed": int(seed),
         "min_memory_bytes": floor,
         "contributions": {"path": path, "cached": cached, "reference_accuracy": contrib.reference_accuracy,
                           "delta_bias": {str(k): contrib.delta_bias(k) for k in range(1, L + 1)},
