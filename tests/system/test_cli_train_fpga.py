@@ -27,6 +27,11 @@ def _board_toml(name: str) -> dict:
     return tomllib.loads((ROOT / "boards" / f"{name}.toml").read_text())
 
 
+# LRT on the MLP over digits: its base pre-trains in about 30 s (cached for the session's later
+# runs); the default CNN on FashionMNIST takes about 10 minutes, which the figure-2 runs exercise.
+LRT_SMALL = ("--algo", "lrt", "--model", "mlp", "--dataset", "digits")
+
+
 def _pl_clock_hz(board: str) -> int:
     """The PL clock of ``board`` (a twin's: its real board's) as boards/*.toml gives it."""
     real = _board_toml(board).get("twin_of", board)
@@ -56,9 +61,9 @@ def _assert_same_arrays(a: dict, b: dict, what: str) -> None:
 @pytest.mark.parametrize("board,args", [
     ("ultra96v2-sim", TT_TINY + ("--samples", "64", "--batch-size", "16", "--test-samples", "500")),
     ("zedboard-sim", TT_TINY + ("--samples", "64", "--batch-size", "16", "--test-samples", "500")),
-    ("ultra96v2-sim", ("--algo", "lrt", "--samples", "300", "--test-samples", "200",
-                       "--lr", "0.1", "--batch-size", "50")),
-    ("zedboard-sim", ("--algo", "lrt", "--samples", "300", "--test-samples", "200")),
+    ("ultra96v2-sim", LRT_SMALL + ("--samples", "300", "--test-samples", "200",
+                                   "--lr", "0.1", "--batch-size", "50")),
+    ("zedboard-sim", LRT_SMALL + ("--samples", "300", "--test-samples", "200")),
 ], ids=["tt-ultra96v2-sim", "tt-zedboard-sim", "lrt-ultra96v2-sim", "lrt-zedboard-sim"])
 def test_train_reports_the_fields_the_issue_asks_for(run_cli, tmp_path, board, args):
     out = tmp_path / "run.json"
@@ -171,7 +176,7 @@ def test_tt_resumed_run_reports_the_uninterrupted_final_loss(tt_runs):
     assert tt_runs["resumed"]["final_loss"] == tt_runs["straight"]["final_loss"]
 
 
-LRT_RESUME = ("--algo", "lrt", "--test-samples", "200", "--lr", "0.1", "--batch-size", "50")
+LRT_RESUME = LRT_SMALL + ("--test-samples", "200", "--lr", "0.1", "--batch-size", "50")
 
 
 def test_lrt_resumed_mid_batch_equals_the_uninterrupted_run(run_cli, tmp_path):
