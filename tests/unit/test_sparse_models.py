@@ -17,6 +17,7 @@ from insitu.sparse.compiler import compile_training
 from insitu.sparse.scheme import bias_only
 from insitu.sparse.simulate import Simulator
 from insitu.nn.gradcheck import layer_gradient_errors
+from test_sparse_pretrain import same_graph
 
 pytestmark = pytest.mark.unit
 
@@ -252,12 +253,7 @@ def test_pretrained_cache_round_trip(tiny, monkeypatch):
 
     monkeypatch.setattr(Q, "train_float", no_training)
     again = Q.pretrained("mbv2-tiny", cache_dir=folder)
-    assert [n.name for n in again.nodes] == [n.name for n in graph.nodes]
-    for a, b in zip(graph.convs, again.convs):
-        np.testing.assert_array_equal(a.weight, b.weight)
-        np.testing.assert_array_equal(a.bias, b.bias)
-        np.testing.assert_array_equal(a.w_scale, b.w_scale)
-    assert {k: v.scale for k, v in again.tensors.items()} == {k: v.scale for k, v in graph.tensors.items()}
+    same_graph(graph, again)
     assert again.meta == graph.meta
     # another configuration is another file; the root follows INSITU_CACHE
     assert Q.pretrained_path("mbv2-tiny", cache_dir=folder, epochs=1) != path
