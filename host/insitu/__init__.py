@@ -13,13 +13,14 @@ def lazy_exports(package: str, where: dict[str, str]):
     imported on first use, so ``from insitu.lrt import KroneckerSum`` works while importing the
     package stays cheap (the CLI imports every method package at start)."""
     import importlib
+    import sys
 
     def __getattr__(name: str):
         if name not in where:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return getattr(importlib.import_module(where[name]), name)
 
-    def __dir__():
-        return sorted(where)
+    def __dir__():                        # the package's own names and the lazy ones
+        return sorted(set(vars(sys.modules[package])) | set(where))
 
     return __getattr__, __dir__

@@ -301,6 +301,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
     window: list[float] = []               # the losses of the epoch in progress
     curve: list[dict] = []
     point_losses: list[float] = []         # the losses since the curve's last point
+    ends_at_budget = False
     saved = check_resumable(plan)
     if saved is not None:
         arrays, meta = saved
@@ -311,7 +312,10 @@ def run_training(plan: RunPlan, learner: Learner, *,
         window = run["epoch_losses"]
         curve, point_losses = run.get("curve", []), run.get("point_losses", [])
         if run.get("curve_ends_at_budget") and curve:
-            curve.pop()            # that run's last point; this run goes on past it
+            if done < plan.samples:
+                curve.pop()        # that run's last point; this run goes on past it
+            else:
+                ends_at_budget = True      # nothing left to run: the curve stays whole
         say(f"resumed from {checkpoint} at {done} samples")
         advance(done)
 
@@ -351,7 +355,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
     every = plan.curve_interval()
     correct_then = getattr(learner, "correct", None)
     trained_then = done
-    at_budget = False                # the last point marks the budget's end, not a regular point
+    at_budget = ends_at_budget       # the last point marks the budget's end, not a regular point
 
     def add_point(evaluated: dict | None = None, regular: bool = True) -> None:
         """A point of the curve here: with ``evaluated`` (an evaluation just made), else a probe.

@@ -34,7 +34,7 @@ RUN_FILE, CONFIG_FILE, RESULT_FILE, CURVE_FILE = "run.json", "config.toml", "res
 #: Options that set how much to run or where files go, not which run: a folder's run may be
 #: continued with more samples, or with checkpoints written more often.
 NOT_IDENTITY = frozenset({"samples", "epochs", "checkpoint", "checkpoint-every", "data-dir", "meter",
-                          "power-out"})
+                          "power-out", "counts", "out-dir"})
 #: The result keys a summary row takes its accuracy from, in order of preference.
 ACCURACY_KEYS = ("accuracy", "test_accuracy", "online_accuracy")
 CURVE_COLUMNS = ("run", "samples", "loss", "train_accuracy", "test_accuracy")
@@ -87,6 +87,7 @@ class RunFolder:
         self.path, self.command = Path(path), command
         self.config = json.loads(json.dumps(config, default=to_jsonable))
         self.resumed = False
+        self.kept_rows: list[dict] = []    # a finished run's figures, kept while it runs again
         self._check()
 
     def _check(self) -> None:
@@ -103,6 +104,7 @@ class RunFolder:
                 raise UsageError(f"--run-dir {self.path} holds another run ({differ}): choose "
                                  "another --run-dir, or the same options to continue that run")
             self.resumed = True
+            self.kept_rows = saved.get("rows") or []
 
     def start(self) -> None:
         """Create the folder and write the config and a ``running`` record."""
@@ -124,15 +126,17 @@ class RunFolder:
     def _record(self, status: str, rows: list[dict] | None = None, message: str | None = None) -> None:
         record = {"format": FORMAT, "command": self.command, "config": self.config, "status": status,
                   "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "message": message,
-                  "rows": rows or []}
+                  "rows": self.kept_rows if rows is None else rows}
         atomic_write_json(self.file(RUN_FILE), record)
 
-    def finish(self, result, rows: list[dict] | None = None) -> None:
-        """Write the result, its curves and the ``complete`` record (rows: :func:`summary_rows`)."""
+    def finish(self, result, rows: list[dict] | None = None, status: str = "complete",
+               message: str | None = None) -> None:
+        """Write the result, its curves and the record (rows: :func:`summary_rows`); ``status``
+        other than ``complete`` for a result of a run that failed (e.g. a measured command's)."""
         rows = summary_rows(result) if rows is None else rows
         atomic_write_json(self.file(RESULT_FILE), result)
         atomic_write(self.file(CURVE_FILE), curve_csv(rows))
-        self._record("complete", rows)
+        self._record(status, rows, message)
 
     @contextmanager
     def running(self):

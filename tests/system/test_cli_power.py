@@ -113,6 +113,15 @@ def test_a_crashing_command_leaves_a_valid_partial_csv_and_its_exit_code(tmp_pat
     assert rec["mean_w"] == pytest.approx(1.5)
 
 
+def test_a_crashing_command_in_a_run_folder_is_recorded_as_failed(tmp_path):
+    child, folder = tmp_path / "child.py", tmp_path / "run"
+    child.write_text(_CHILD.replace('print("trained", flush=True)', 'raise SystemExit(7)'))
+    run = power("record", "--meter", "synthetic:1.5@500", "--run-dir", folder, "--", sys.executable, child)
+    assert run.returncode == 7, run.stderr
+    record = json.loads((folder / "run.json").read_text())
+    assert record["status"] == "failed" and "exit 7" in record["message"] and record["rows"]
+
+
 def test_sigint_to_the_recorder_stops_the_command_and_keeps_a_valid_partial_csv(tmp_path):
     out = tmp_path / "run.csv"
     pid_file = tmp_path / "child.pid"

@@ -121,3 +121,17 @@ def test_runs_of_every_training_command_are_compared_in_one_table(run_cli, tmp_p
     # A rerun of the TT folder with another rank is refused, not overwritten.
     run = run_cli(*runs["tt"][:-1], "rank=2", "--run-dir", tmp_path / "tt")
     assert run.returncode == 2 and "rank 4 there, 2 here" in run.stderr
+
+
+def test_a_meter_from_the_config_records_and_a_run_folder_runs_again_with_it(run_cli, tmp_path):
+    """`meter = ...` in --config (or as KEY=VALUE) records power like --meter; the same run again
+    in its folder keeps the first trace and writes the next free one."""
+    config = tmp_path / "run.toml"
+    config.write_text('dataset = "digits"\nsamples = 320\nmeter = "synthetic:2"\n')
+    folder = tmp_path / "a"
+    for trace in ("power.csv", "power-1.csv"):
+        run = run_cli("train", "--config", config, "--run-dir", folder, "--json")
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["power"]["meter"]["meter"] == "synthetic:2"
+        assert (folder / trace).is_file(), sorted(p.name for p in folder.iterdir())
+    assert json.loads((folder / "run.json").read_text())["status"] == "complete"

@@ -192,6 +192,14 @@ def test_a_resumed_run_has_the_whole_curve_of_an_uninterrupted_one(tmp_path):
     assert again.curve == whole.curve and again.resumed_from == 40
 
 
+def test_a_finished_run_run_again_keeps_its_last_point(tmp_path):
+    first = run_training(plan(tmp_path, samples=50, curve_every=21), Scoring())
+    assert len(first.curve) >= 2 and first.curve[-1]["samples"] == 50
+    for _ in range(2):                   # nothing left to run, twice: the checkpoint keeps it too
+        again = run_training(plan(tmp_path, samples=50, curve_every=21), Scoring())
+        assert again.curve == first.curve and again.resumed_from == 50
+
+
 def test_epoch_evaluations_are_points_of_the_curve(tmp_path):
     out = run_training(plan(epoch_size=32, evaluate_every_epoch=True, curve_every=1000), Counter(),
                        evaluate=lambda: {"accuracy": 0.75})

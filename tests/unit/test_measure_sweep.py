@@ -353,3 +353,12 @@ def test_a_command_sweep_needs_the_command_line_to_know_the_command():
 
 def test_a_metric_can_index_a_list_result():
     assert sweep.metric_value([{"accuracy": 0.5}, {"accuracy": 0.7}], "1.accuracy") == 0.7
+
+
+def test_a_command_sweep_casts_a_repeatable_option_as_the_command_does():
+    from insitu.cli.sweep import command_spec
+
+    cast = command_spec("train").cast
+    assert cast("lr-scale", "classifier=5") == ("classifier=5",)
+    assert cast("lr-scale", ["classifier=5", "head.conv=2"]) == ("classifier=5", "head.conv=2")
+    assert cast("lr-scale", "classifier=5,head.conv=2") == ("classifier=5", "head.conv=2")

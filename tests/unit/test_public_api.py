@@ -17,6 +17,8 @@ def test_every_public_name_of_a_method_package_is_importable_from_it(package):
         assert getattr(module, name) is not None, f"{package}.{name}"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         getattr(module, "nope")
+    # dir() lists the lazy names beside the package's own (its docstring, its constants)
+    assert set(module.__all__) | {"__doc__", "__name__"} <= set(dir(module))
 
 
 def test_the_lrt_api_the_paper_names():

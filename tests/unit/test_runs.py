@@ -48,6 +48,17 @@ def test_a_run_that_raises_is_recorded_as_such(tmp_path, error, status):
     assert record["status"] == status and record["message"] == str(error)
 
 
+def test_a_finished_run_that_fails_when_run_again_keeps_its_figures(tmp_path):
+    with RunFolder(tmp_path, "insitu train", CONFIG).running() as folder:
+        folder.finish({"samples": 100, "accuracy": 0.9})
+    rows = json.loads((tmp_path / "run.json").read_text())["rows"]
+    with pytest.raises(ValueError):
+        with RunFolder(tmp_path, "insitu train", CONFIG).running():
+            raise ValueError("no board")
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["status"] == "failed" and record["rows"] == rows and rows[0]["accuracy"] == 0.9
+
+
 def test_compare_lists_every_row_and_the_options_that_differ(tmp_path):
     for name, lr in (("a", 0.1), ("b", 0.2)):
         folder = RunFolder(tmp_path / name, "insitu train", {**CONFIG, "lr": lr})

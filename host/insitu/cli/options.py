@@ -52,7 +52,7 @@ def flag_name(ctx: click.Context, name: str) -> str:
 # ------------------------------------------------------------------ config files and overrides
 
 #: Parameters that say where and how to report, never part of a run's config.
-NOT_CONFIG = frozenset({"config", "run_dir", "overrides", "as_json", "out", "plot"})
+NOT_CONFIG = frozenset({"config", "run_dir", "overrides", "as_json", "out", "out_dir", "plot"})
 
 
 def run_options(fn):
@@ -87,13 +87,20 @@ def _param_for(ctx: click.Context, key: str, where: str) -> click.Parameter:
                      f"`{ctx.command_path}` are: {known}")
 
 
-def _cast(ctx: click.Context, param: click.Parameter, value, where: str):
-    if getattr(param, "multiple", False):        # a repeatable option: a list, or one item a=b,c=d
+def cast_value(ctx: click.Context, param: click.Parameter, value):
+    """A value from a config file (TOML) or an override as ``param`` takes it from the command
+    line; raises ``click.BadParameter``. A list is a comma-separated value, or the items of a
+    repeatable option (where one string ``a=b,c=d`` is two items)."""
+    if getattr(param, "multiple", False):
         value = value if isinstance(value, list) else [v for v in str(value).split(",") if v]
     elif isinstance(value, list):
         value = ",".join(map(str, value))
+    return param.type_cast_value(ctx, value)
+
+
+def _cast(ctx: click.Context, param: click.Parameter, value, where: str):
     try:
-        return param.type_cast_value(ctx, value)
+        return cast_value(ctx, param, value)
     except click.BadParameter as exc:
         raise UsageError(f"{flag_name(ctx, param.name or '')} in {where}: {exc.message}") from None
 

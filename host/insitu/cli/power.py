@@ -204,8 +204,11 @@ def record(ctx, meter_spec, trace, run_dir, plot, as_json, cmd):
         if folder:
             from insitu.runs import summary_row
 
+            code = exit_code_of(result)
             folder.finish(result, [summary_row("", {"energy_j": result["energy_j"],
-                                                    "seconds": result["duration_s"]})])
+                                                    "seconds": result["duration_s"]})],
+                          status={0: "complete", 130: "interrupted"}.get(code, "failed"),
+                          message=None if code == 0 else result.get("message"))
     if as_json:
         emit_json(result)
     else:
@@ -258,7 +261,8 @@ def measured(meter_spec: str | None, power_out: str | None, fn: Callable[[], T],
     if power_out:
         what, path = "--power-out", _check_out(power_out, "--power-out")
     elif run_dir is not None:
-        what, path = "--run-dir", _check_out(_run_dir_trace(run_dir), "--run-dir")
+        # A run folder run again (resumed, or a sweep's point) keeps its earlier traces.
+        what, path = "--run-dir", _check_out(free_trace(_run_dir_trace(run_dir)), "--run-dir")
     else:
         what, path = "--power-out", free_trace(RUN_DIR_TRACE)
         _check_out(path, "--power-out")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from insitu.cli.options import NOT_CONFIG, option
+from insitu.cli.options import NOT_CONFIG, cast_value, option
 from insitu.cli.output import console, emit_json, progress, report
 from insitu.errors import UsageError
 
@@ -48,11 +48,8 @@ def command_spec(name: str):
             paths.append(key)
 
     def cast(key: str, value):
-        param = by_key[key]
-        if isinstance(value, list):
-            value = ",".join(map(str, value))
         try:
-            return param.type_cast_value(ctx, value)
+            return cast_value(ctx, by_key[key], value)
         except click.BadParameter as exc:
             raise ValueError(exc.message) from None
 

@@ -121,7 +121,8 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
         config = dataclasses.replace(config, checkpoint=str(folder.checkpoint))
     with (folder.running() if folder else contextlib.nullcontext()):
         with progress(f"training on {config.board}", total=config.samples) as advance:
-            result = measured(meter, power_out, lambda: train(config, advance, given),
+            # meter and power_out may come from --config or KEY=VALUE: read the resolved values.
+            result = measured(params["meter"], params["power_out"], lambda: train(config, advance, given),
                               run_dir=folder.path if folder else None)
         plot_path = plot or (folder.file("plot.png") if folder else None)
         if plot_path:

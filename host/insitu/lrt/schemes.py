@@ -142,7 +142,8 @@ def pretrain(net: QNet, x, y=None, epochs: int = 1, lr: float = 0.01, batch: int
 
     ``x`` and ``y``: the training set of every epoch, or ``x`` a function ``epoch -> (x, y)`` (a
     fresh window of an augmented stream per epoch) and ``y`` None. ``checkpoint``: a path the
-    whole training state is saved to atomically after every epoch and resumed from when it
+    whole training state is saved to atomically after every epoch but the last (the caller
+    keeps the trained network) and resumed from when it
     exists and its ``checkpoint_key`` matches (it is left in place; delete it when done).
     Returns one record per epoch: ``{"epoch", "loss", "lr", "seconds"}``.
     """
