@@ -416,12 +416,11 @@ class OnlineData:
         return self._shift(positions)
 
     def segment_augmentations(self, k: int) -> list[str]:
-        """The augmentations of shift segment ``k``: none for segment 0 (the control data), then
-        each of the 15 non-empty combinations once per 15 segments, in a seeded order."""
+        """The augmentations of shift segment ``k``: each of the 15 non-empty combinations once
+        per 15 segments, in a seeded order. Segment 0 is shifted too: the paper applies "unique
+        additional augmentations to every contiguous 10k samples" (appendix G)."""
         k = _count(k, "k")
-        if k == 0:
-            return []
-        cycle, index = divmod(k - 1, len(_COMBINATIONS))
+        cycle, index = divmod(k, len(_COMBINATIONS))
         return list(_COMBINATIONS[self._combination_order(cycle)[index]])
 
     def segments(self, n: int) -> list[dict]:
