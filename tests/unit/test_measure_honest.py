@@ -214,7 +214,7 @@ def test_measured_default_trace_is_the_first_free_power_csv(tmp_path, monkeypatc
         second["power"]["by_phase"]["train"]["energy_j"] / 40)
 
 
-def test_measured_with_run_dir_writes_there_and_refuses_a_used_one(tmp_path):
+def test_measured_with_run_dir_writes_there_and_a_second_run_takes_the_next_trace(tmp_path):
     from insitu.cli.power import measured
 
     run_dir = tmp_path / "runs" / "a"
@@ -222,10 +222,11 @@ def test_measured_with_run_dir_writes_there_and_refuses_a_used_one(tmp_path):
     assert value["power"]["csv"] == str(run_dir / "power.csv")
     assert sorted(p.name for p in run_dir.iterdir()) == ["power.csv", "power.json", "power.phases.jsonl"]
     assert json.loads((run_dir / "power.json").read_text())["training_samples"] == 40
-    called = []
-    with pytest.raises(UsageError, match="--run-dir: .*power.csv exists already"):
-        measured("synthetic:1@500", None, lambda: called.append(1), run_dir=run_dir)
-    assert not called
+    first = (run_dir / "power.csv").read_bytes()
+    # The folder's run again (resumed, or a sweep's point rerun): its trace is kept.
+    value = measured("synthetic:1@500", None, _work(), run_dir=run_dir)
+    assert value["power"]["csv"] == str(run_dir / "power-1.csv")
+    assert (run_dir / "power.csv").read_bytes() == first
     # --power-out wins over the run folder
     value = measured("synthetic:1@500", str(tmp_path / "mine.csv"), _work(), run_dir=run_dir)
     assert value["power"]["csv"] == str(tmp_path / "mine.csv")

@@ -235,7 +235,7 @@ def meter_options(fn):
     fn = click.option("--power-out", type=click.Path(dir_okay=False), default=None,
                       help="With --meter: the power trace CSV, new (an existing trace, record or "
                            "marker file is refused) [default: the first free of power.csv, "
-                           "power-1.csv, ...; DIR/power.csv with --run-dir]; the record (.json) and "
+                           "power-1.csv, ...; in the --run-dir folder the same way]; the record (.json) and "
                            "phase markers (.phases.jsonl) go beside it.")(fn)
     return click.option("--meter", default=None, metavar="SPEC",
                         help="Record power while the command runs: " + METER_HELP)(fn)
