@@ -438,7 +438,7 @@ def test_lr_scale_checks_of_the_library_name_the_option():
 
     assert check_lr_scale(None) is None and check_lr_scale({}) == {}
     assert check_lr_scale({"classifier": 5}, ["stem", "classifier"]) == {"classifier": 5.0}
-    with pytest.raises(UsageError, match="lr scale of classifier must be a positive finite number"):
+    with pytest.raises(UsageError, match="lr scale classifier=0: the factor must be a positive number"):
         check_lr_scale({"classifier": 0})
-    with pytest.raises(UsageError, match="lr scale names layers the model does not have: nope; its layers: stem"):
+    with pytest.raises(UsageError, match="lr scale nope=2: the model has no layer 'nope'; its layers: stem"):
         check_lr_scale({"nope": 2}, ["stem", "classifier"])

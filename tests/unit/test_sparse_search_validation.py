@@ -215,9 +215,9 @@ def test_run_search_trains_and_plans_with_the_factors(tmp_path, monkeypatch):
     assert not scaled["contributions"]["cached"]                                    # not the one-rate analysis
     assert scaled["contributions"]["path"] != plain["contributions"]["path"]
     assert bundle.lr_scale == {}                                                   # the prepared bundle is kept
-    with pytest.raises(UsageError, match="lr scale names layers the model does not have: nope"):
+    with pytest.raises(UsageError, match="lr scale nope=2.0: .* has no layer 'nope'"):
         run_search("mbv2-tiny", "digits", budget, lr_scale={"nope": 2}, **kw)
-    with pytest.raises(UsageError, match="lr scale of classifier must be a positive"):
+    with pytest.raises(UsageError, match="lr scale classifier=-1: the factor must be a positive number"):
         run_search("mbv2-tiny", "digits", budget, lr_scale={"classifier": -1},
                    **{**kw, "prepare": lambda *_: pytest.fail("prepared before the factors were checked")})
 
@@ -241,5 +241,5 @@ def test_run_compare_trains_every_scheme_with_the_factors(tmp_path, monkeypatch)
     assert "lr 0.05 (classifier 5x)" in format_text(scaled) and "classifier 5x" not in format_text(plain)
     full = [r for r in scaled["memory"]["rows"] if r["kind"] == "full"][0]
     assert scaled["memory"]["rows"][0]["arena_bytes"] > full["arena_bytes"] > 0
-    with pytest.raises(UsageError, match="lr scale names layers the model does not have: nope"):
+    with pytest.raises(UsageError, match="lr scale nope=2.0: .* has no layer 'nope'"):
         run_compare("mbv2-tiny", "digits", [budget], lr_scale={"nope": 2}, **kw)

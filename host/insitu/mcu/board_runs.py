@@ -264,36 +264,25 @@ def check_scheme(model: str, scheme: str | None) -> None:
 def parse_lr_scale(model: str, items, option: str = "--lr-scale") -> dict[str, float]:
     """``LAYER=FACTOR`` items (``option``, repeatable; or a ``{layer: factor}`` mapping) as the
     per-layer lr factors of :attr:`insitu.sparse.compiler.Options.lr_scale`, checked against
-    ``model``'s layer names (its graph built untrained, in milliseconds); a :class:`UsageError`
-    naming ``option`` if an item has no ``=``, names a layer the model does not have, or its factor
-    is not a positive number. A layer given twice takes its last factor."""
-    import math
-
+    ``model``'s layer names (its graph built untrained, in milliseconds) by
+    :func:`insitu.sparse.search.check_lr_scale`; a :class:`UsageError` naming ``option`` if an item
+    has no ``=``. A layer given twice takes its last factor."""
     from insitu.sparse.quantize import untrained_graph
+    from insitu.sparse.search import check_lr_scale
 
-    pairs = list(items.items()) if isinstance(items, dict) else []
-    if not isinstance(items, dict):
+    if isinstance(items, dict):
+        pairs = dict(items)
+    else:
+        pairs = {}
         for item in items or ():
             name, sep, value = str(item).partition("=")
             if not sep or not name.strip() or not value.strip():
                 raise UsageError(f"{option} {item!r}: give LAYER=FACTOR (e.g. {option} classifier=5)")
-            pairs.append((name.strip(), value.strip()))
+            pairs[name.strip()] = value.strip()
     if not pairs:
         return {}
     layers = [c.name for c in untrained_graph(model).convs]
-    scale: dict[str, float] = {}
-    for name, value in pairs:
-        if name not in layers:
-            raise UsageError(f"{option} {name}={value}: {model} has no layer {name!r}; its layers: "
-                             f"{', '.join(layers)}")
-        try:
-            factor = float(value)
-        except (TypeError, ValueError):
-            factor = math.nan
-        if isinstance(value, bool) or not math.isfinite(factor) or factor <= 0:
-            raise UsageError(f"{option} {name}={value}: the factor must be a positive number")
-        scale[name] = factor
-    return scale
+    return check_lr_scale(pairs, layers, model=model, option=option) or {}
 
 
 def check_sparse(config, board: Board) -> int:

@@ -154,7 +154,7 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
 
     bundle = prepare(model, task, lr, seed)
     graph = bundle.graph
-    check_lr_scale(lr_scale, [c.name for c in graph.convs])
+    check_lr_scale(lr_scale, [c.name for c in graph.convs], model=model)
     bundle = with_lr_scale(bundle, lr_scale)
     lr_scale = lr_scale_of(bundle)
     n_test = len(bundle.y_test)

@@ -80,20 +80,32 @@ def check_analysis_options(model: str, task: str, train_samples, evaluations, wo
             check_int("workers", workers), check_number("lr", lr))
 
 
-def check_lr_scale(lr_scale, layers=None) -> dict[str, float] | None:
+def check_lr_scale(lr_scale, layers=None, *, model: str = "the model",
+                   option: str = "lr scale") -> dict[str, float] | None:
     """Per-layer learning-rate factors ``{layer: factor}`` (:attr:`insitu.sparse.compiler.Options.lr_scale`)
-    checked: each a positive finite number and, with ``layers`` (the model's layer names), a layer
-    the model has; a UsageError naming ``lr scale`` otherwise. None stays None (the bundle's own)."""
+    checked, the one rule for the library and the CLI: each factor a positive finite number (a
+    string such as ``"5"`` is read as one) and, with ``layers`` (``model``'s layer names), a layer
+    the model has; a UsageError naming ``option`` and the item otherwise. None stays None (the
+    bundle's own)."""
+    import math
+
     if lr_scale is None:
         return None
     if not isinstance(lr_scale, Mapping):
-        raise UsageError(f"lr scale must map layer names to factors, got {lr_scale!r}")
-    scale = {str(name): check_number(f"lr scale of {name}", f) for name, f in lr_scale.items()}
-    if layers is not None:
-        unknown = sorted(set(scale) - set(layers))
-        if unknown:
-            raise UsageError(f"lr scale names layers the model does not have: {', '.join(unknown)}; "
-                             f"its layers: {', '.join(layers)}")
+        raise UsageError(f"{option} must map layer names to factors, got {lr_scale!r}")
+    scale: dict[str, float] = {}
+    for name, value in lr_scale.items():
+        name = str(name)
+        if layers is not None and name not in layers:
+            raise UsageError(f"{option} {name}={value}: {model} has no layer {name!r}; its layers: "
+                             f"{', '.join(layers)}")
+        try:
+            factor = math.nan if isinstance(value, bool) else float(value)
+        except (TypeError, ValueError):
+            factor = math.nan
+        if not math.isfinite(factor) or factor <= 0:
+            raise UsageError(f"{option} {name}={value}: the factor must be a positive number")
+        scale[name] = factor
     return scale
 
 
@@ -141,7 +153,7 @@ def run_search(model: str, task: str, budget, *, prepare: Callable[[str, str, fl
     analysis_seed = seed if analysis_seed is None else check_int("analysis seed", analysis_seed, 0)
     started = time.perf_counter()
     bundle = prepare(model, task, lr, analysis_seed)
-    check_lr_scale(lr_scale, [c.name for c in bundle.graph.convs])
+    check_lr_scale(lr_scale, [c.name for c in bundle.graph.convs], model=model)
     bundle = with_lr_scale(bundle, lr_scale)
     lr_scale = lr_scale_of(bundle)
     memory = MemoryModel(bundle.graph, bundle.grad_scales, lr, lr_scale=lr_scale)
