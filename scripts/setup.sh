@@ -3,10 +3,14 @@
 # missing and skips pip when nothing changed). Sourced by scripts/demo.sh and scripts/test.sh.
 #
 #   INSITU_VENV   where the virtual environment lives (default: .venv in the project root)
-#   PYTHON        the interpreter to build it from (default: python3; 3.11 or 3.12: pynq 4 needs <= 3.12)
+#   PYTHON        the interpreter to build it from (default: python3; 3.10 to 3.12: pynq 4 needs <= 3.12)
 #   INSITU_SETUP_MCU=1 (or `setup.sh --mcu`)  also the Cortex-M7 twin: its Debian toolchain (about
 #                 850 MB installed, so the demo leaves it out), the MicroPython source, one build
 #   INSITU_MICROPYTHON_SRC  MicroPython v1.28.0 source archive or tree for the twin's build
+#   INSITU_SETUP_BOARD_IMAGE=1 (or `setup.sh --board-image`)  also the FPGA boards' image twin: the
+#                 PYNQ v3.0.1 image's Python 3.10 packages (scripts/board-image-requirements.txt)
+#                 in a cached folder that a fresh venv sees as the image's system site-packages
+#   INSITU_PYTHON310  the CPython 3.10 for it (default: python3.10 on PATH, else pyenv's newest 3.10)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +20,15 @@ python="${PYTHON:-python3}"
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 setup_mcu="${INSITU_SETUP_MCU:-0}"
-if [ "${1:-}" = "--mcu" ]; then setup_mcu=1; shift; fi
+setup_board_image="${INSITU_SETUP_BOARD_IMAGE:-0}"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --mcu) setup_mcu=1; shift ;;
+        --board-image) setup_board_image=1; shift ;;
+        *) break ;;
+    esac
+done
+cache_root="${INSITU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/insitu}"
 
 # --- Debian packages: Icarus Verilog for cocotb, FashionMNIST, venv support -----------------------
 need_debs=()
@@ -47,8 +59,8 @@ if [ ${#need_debs[@]} -gt 0 ]; then
 fi
 
 # --- the virtual environment ---------------------------------------------------------------------
-if ! "$python" -c 'import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] <= (3, 12)))'; then
-    say "$python is $("$python" --version 2>&1); insitu needs Python 3.11 or 3.12 (pynq 4 supports no newer)."
+if ! "$python" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 12)))'; then
+    say "$python is $("$python" --version 2>&1); insitu needs Python 3.10 to 3.12 (pynq 4 supports no newer)."
     say "set PYTHON=/path/to/python3.11 and run again"
     exit 1
 fi
@@ -73,7 +85,7 @@ export PATH="$venv/bin:$PATH"
 # --- the Cortex-M7 twin (only with --mcu): MicroPython v1.28.0 for QEMU, built once and cached ------
 if [ "$setup_mcu" = 1 ]; then
     release="micropython-1.28.0.tar.xz"
-    cache="${INSITU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/insitu}/mcu-twin"
+    cache="$cache_root/mcu-twin"
     if [ -z "${INSITU_MICROPYTHON_SRC:-}" ] && [ ! -f "$root/../shared/vendor/micropython-1.28.0-src.tar.gz" ] \
         && [ ! -f "$cache/$release" ]; then
         say "downloading the MicroPython v1.28.0 release archive into $cache"
@@ -83,4 +95,46 @@ if [ "$setup_mcu" = 1 ]; then
         mv "$cache/$release.part" "$cache/$release"
     fi
     "$venv/bin/insitu" mcu build-twin >/dev/null
+fi
+
+# --- the board-image twin (only with --board-image): PYNQ v3.0.1's Python 3.10 packages, cached ----
+# A folder of packages installed with --target, keyed by the requirements' hash: a fresh venv made
+# with `--without-pip` and a .pth file naming it sees them as the image's venv sees jammy's system
+# site-packages (tests/system/board_image.py makes one per test). The image's pip (22.0.2) is in it.
+if [ "$setup_board_image" = 1 ]; then
+    is_py310() { [ -n "$1" ] && "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' 2>/dev/null; }
+    py310="${INSITU_PYTHON310:-}"
+    if [ -z "$py310" ]; then
+        # pyenv's shim for python3.10 exists even where no 3.10 is selected: try each candidate.
+        for candidate in "$(command -v python3.10 || true)" \
+                "$(ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.10.*/bin/python 2>/dev/null | sort -V | tail -1)"; do
+            if is_py310 "$candidate"; then py310="$candidate"; break; fi
+        done
+    fi
+    if ! is_py310 "$py310"; then
+        say "the board-image twin needs CPython 3.10 (the PYNQ 3.x images' Python), and none was found:"
+        say "install one (pyenv install 3.10, or uv python install 3.10) and set INSITU_PYTHON310=/path/to/python3.10"
+        exit 1
+    fi
+    reqs="$root/scripts/board-image-requirements.txt"
+    no_deps=(pynq==3.0.1 pynqmetadata==0.1.2 pynqutils==0.1.3)   # sdists the image installs as is
+    key="$( (cat "$reqs"; echo "${no_deps[*]}"; "$py310" --version) | sha256sum | cut -c1-16)"
+    image="$cache_root/board-image/$key"
+    if [ ! -f "$image/complete" ]; then
+        say "building the board-image twin (Python 3.10 + the PYNQ v3.0.1 image's packages) in $image, once (about a minute)"
+        mkdir -p "$cache_root/board-image"
+        tmp="$(mktemp -d "$cache_root/board-image/.build.XXXXXX")"
+        "$py310" -m venv "$tmp/tools"
+        "$tmp/tools/bin/python" -m pip install -q --disable-pip-version-check setuptools==59.6.0 wheel==0.37.1
+        "$tmp/tools/bin/python" -m pip install -q --disable-pip-version-check --target "$tmp/site" \
+            -r "$reqs" pip==22.0.2
+        "$tmp/tools/bin/python" -m pip install -q --disable-pip-version-check --target "$tmp/site" \
+            --no-deps --no-build-isolation "${no_deps[@]}"
+        ln -s "$py310" "$tmp/python"
+        touch "$tmp/complete"
+        rm -rf "$image"
+        mv "$tmp" "$image"
+    fi
+    ln -sfn "$key" "$cache_root/board-image/current"    # what the tests use when not told
+    export INSITU_BOARD_IMAGE="$image"
 fi

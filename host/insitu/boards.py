@@ -8,12 +8,12 @@ hold: an unknown key is an error too (it is usually a typo).
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from insitu.errors import BoardFileError, UsageError
+from insitu.io import tomllib
 from insitu.resources import package_dir
 
 KINDS = ("fpga-soc", "mcu")

@@ -3,6 +3,8 @@
 Every run file, checkpoint and report insitu writes goes through :func:`atomic_write`: the data is
 written to a temporary file in the same folder, flushed to disk, then renamed over the target
 (``os.replace`` is atomic on POSIX), so readers see the old file or the new one, never a mix.
+
+``tomllib`` is imported from here: Python 3.10 has it as the ``tomli`` package.
 """
 
 from __future__ import annotations
@@ -11,6 +13,11 @@ import json
 import os
 import tempfile
 from pathlib import Path
+
+try:
+    import tomllib  # novermin (3.11+; tomli is the same parser for 3.10)
+except ModuleNotFoundError:        # Python 3.10, the PYNQ 3.x board images
+    import tomli as tomllib
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:

@@ -15,7 +15,7 @@ from insitu.fpga.deploy import DEFAULT_REMOTE_DIR, OVERLAY_SEARCH_DIR
 
 
 @click.command("deploy")
-@click.option("--board", required=True, help="The FPGA board: ultra96v2 or zedboard.")
+@click.option("--board", required=True, help="The FPGA board: ultra96v2 or zedboard (or a -sim twin).")
 @option("--out-dir", "out_dir", aliases=("--out",), type=click.Path(file_okay=False), required=True,
         help="Bundle folder (created; an earlier bundle there is replaced).")
 @option("--bitstream", "bit", aliases=("--bit",), type=click.Path(exists=True, dir_okay=False),
@@ -36,18 +36,22 @@ from insitu.fpga.deploy import DEFAULT_REMOTE_DIR, OVERLAY_SEARCH_DIR
 def command(board, out_dir, bit, hwh, wheel, host, user, remote_dir, dry_run, as_json, train_args):
     """Make a bundle that trains on a board running PYNQ, and optionally run it there over SSH.
 
-    The bundle holds the overlay (insitu_<board>.bit/.hwh), this insitu as a wheel, run.sh and a
-    manifest with checksums. On the board, `bash run.sh` installs the wheel (pip --no-deps, into
-    the PYNQ Python) and runs `insitu train --board <board> --bitstream ...` with TRAIN_ARGS,
-    writing result.json beside it. Without an overlay the bundle is still made, and run.sh says
-    how to get one.
+    The bundle holds the overlay (insitu_<board>.bit/.hwh), this insitu as a wheel with the
+    pure-Python wheels PYNQ 3.x images lack, run.sh and a manifest with checksums. On the board,
+    as root, `bash run.sh` installs them offline into the PYNQ Python (pip checks the image's
+    versions) and runs `insitu train --board <board> --bitstream ...` with TRAIN_ARGS (--algo tt
+    unless they name one), writing result.json beside it. TRAIN_ARGS are checked here first, as
+    the board would check them. Without an overlay the bundle is still made, and run.sh says
+    how to get one. A twin board (ultra96v2-sim, zedboard-sim) gets the twin overlay: a rehearsal
+    on the board-image twin (docs/fpga.md).
 
     With --host, the bundle is copied with rsync (or scp -r) and started with ssh, using your own
     SSH keys and configuration: no password is asked for or stored, host keys are checked.
 
     \b
     Examples:
-      insitu deploy --board ultra96v2 --out-dir bundle -- --samples 6000 --json
+      insitu deploy --board ultra96v2 --out-dir bundle -- --algo tt --samples 6000 --json
+      insitu deploy --board zedboard-sim --out-dir twin-bundle -- --model tiny --samples 64
       insitu deploy --board ultra96v2 --out-dir bundle --bitstream my.bit --hwh my.hwh
       insitu deploy --board ultra96v2 --out-dir bundle --host pynq --user root --dry-run
     """
@@ -57,8 +61,8 @@ def command(board, out_dir, bit, hwh, wheel, host, user, remote_dir, dry_run, as
         raise UsageError("--user, --remote-dir and --dry-run go with --host")
     remote_dir = remote_dir or DEFAULT_REMOTE_DIR
     deploy.check_board(board)
-    deploy.check_train_args(train_args)
-    _parse_train_args(train_args)
+    train_args = deploy.check_train_args(train_args)
+    _check_train_args(board, train_args)
     if host:                                   # refuse a bad host before minutes of building
         deploy.ssh_commands(host, user, remote_dir, out_dir, rsync=True)
     _check_out_dir(deploy, out_dir)
@@ -112,14 +116,18 @@ def _check_out_dir(deploy, out_dir) -> None:
         raise UsageError(f"cannot write --out-dir {out_dir}: {existing} is not a writable folder") from None
 
 
-def _parse_train_args(args) -> None:
-    """Parse TRAIN_ARGS with `insitu train`'s own options here, so that a typo fails now rather
-    than on the board (the wheel carries this same command)."""
-    from insitu.cli.train import command as train_command
+def _check_train_args(board: str, args) -> None:
+    """Check TRAIN_ARGS with `insitu train`'s own options and checks, as the board will (the wheel
+    carries this same command), so that a typo or an option the board refuses fails now."""
+    from insitu.cli.train import checked_config, command as train_command
 
     if {"-h", "--help"} & set(args):
         raise UsageError("--help is not a training argument; see `insitu train --help`")
+    # What run.sh adds; the .bit's name only matters for the checks' wording.
+    bundle_args = ["--board", board, "--bitstream", "insitu_board.bit"]
     try:
-        train_command.make_context("insitu train", list(args))
+        with train_command.make_context("insitu train", [*args, *bundle_args]) as ctx:
+            checked_config(ctx)
     except click.ClickException as exc:
-        raise UsageError(f"arguments after -- (for insitu train): {exc.format_message()}") from None
+        raise UsageError(f"arguments after -- (for insitu train on {board}): "
+                         f"{exc.format_message()}") from None

@@ -111,7 +111,7 @@ def resolve_config(ctx: click.Context) -> set[str]:
 
     The command line wins over the overrides, and they over the file; an option given both on the
     command line and as an override, with different values, is an error."""
-    import tomllib
+    from insitu.io import tomllib
 
     given = {name for name in ctx.params if name not in NOT_CONFIG
              and ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}

@@ -15,6 +15,22 @@ from insitu.io import atomic_write_json
 from insitu.training import ALGORITHMS, TrainConfig, applies, prepare, train
 
 
+def checked_config(ctx: click.Context) -> tuple[TrainConfig, set[str]]:
+    """The run's config from the parsed options and the names the user set, checked before any
+    work (data, pre-training, a board, a meter): the options apply and are sound. `insitu deploy`
+    runs the same checks on a bundle's train arguments."""
+    given = resolve_config(ctx)
+    params = ctx.params
+    if params["heap"] is not None:
+        from insitu.checks import parse_size
+
+        params["heap"] = parse_size(params["heap"])
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    config = TrainConfig(**{k: v for k, v in params.items() if k in fields})
+    prepare(config, given)
+    return config, given
+
+
 def _algo_help() -> str:
     return "; ".join(f"{a.name}: {a.summary}" for a in ALGORITHMS.values())
 
@@ -104,17 +120,8 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
       insitu train --board stm32f746-disco-sim --algo sparse --twin unix            # faster twin
       insitu train --board stm32f746-disco --port /dev/ttyACM0 --algo sparse --scheme bias-6
     """
-    given = resolve_config(ctx)
+    config, given = checked_config(ctx)
     params = ctx.params
-    if params["heap"] is not None:
-        from insitu.checks import parse_size
-
-        params["heap"] = parse_size(params["heap"])
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    config = TrainConfig(**{k: v for k, v in params.items() if k in fields})
-    # Before any work (data, pre-training, a board, a meter): the options apply and are sound, the
-    # results can be written.
-    prepare(config, given)
     check_outputs(ctx, "out", "plot", "checkpoint", "power_out")
     folder = run_folder(ctx, "insitu train", lambda name: applies(config, name))
     if folder is not None and config.checkpoint is None and applies(config, "checkpoint"):

@@ -4,13 +4,20 @@ A bundle is one folder::
 
     insitu_<board>.bit, insitu_<board>.hwh   the overlay (the pair pynq.Overlay loads), if any
     wheels/insitu-<version>-py3-none-any.whl  this insitu, built offline
-    run.sh                                    on the board: install the wheel, train
+    wheels/*.whl                              the pure-Python packages PYNQ 3.x images lack
+    run.sh                                    on the board: check, install the wheels, train
     manifest.json                             board, files with sha256, versions, train arguments
 
-``run.sh`` installs the wheel with ``pip install --no-deps`` into the board's PYNQ Python (it
-sources ``/etc/profile.d/pynq_venv.sh`` where the image has it, as PYNQ 3.x images do) and runs
-``insitu train --board <board> --bitstream <bundle>/insitu_<board>.bit`` with the bundle's train
-arguments, writing the result to ``result.json`` beside it.
+``run.sh`` runs as root (pynq needs it), sources the image's XRT and PYNQ venv profile scripts
+(``ssh host bash run.sh`` reads no profile.d), installs insitu into the board's PYNQ Python with
+``pip install --no-index --find-links wheels`` (pip checks the versions the image has against
+insitu's floors and takes only what is missing from the bundle) and runs ``insitu train --board
+<board> --bitstream <bundle>/insitu_<board>.bit`` with the bundle's train arguments, writing the
+result to ``result.json`` beside it. The train arguments are checked here, as ``insitu train``
+on the board would check them, before anything is built.
+
+A bundle for a twin board (``--board ultra96v2-sim``) is the same, with the twin overlay that
+``insitu train`` writes: it rehearses a deployment on the board-image twin (docs/fpga.md).
 
 Copying and starting it (``--host``) uses the user's own ssh/scp/rsync and SSH configuration:
 keys and host aliases come from ``~/.ssh``; nothing here stores or passes a password, host keys
@@ -48,37 +55,65 @@ BIT_FIELDS = {b"a": "design", b"b": "part", b"c": "date", b"d": "time"}
 DEFAULT_REMOTE_DIR = "insitu-bundle"
 #: Fail rather than prompt (no key), and fail fast (no route). Host keys stay checked.
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
-#: Options of `insitu train` that the bundle sets itself.
-RESERVED_TRAIN_OPTIONS = ("--board", "--bitstream", "--out")
+#: Options of `insitu train` that the bundle sets itself; `--config` names a file the bundle lacks.
+RESERVED_TRAIN_OPTIONS = ("--board", "--bitstream", "--out", "--config")
+#: What the bundle trains when its train arguments name no algorithm (sgd does not run on the PL).
+DEFAULT_BOARD_ALGO = "tt"
+#: The pure-Python packages that insitu's board path needs and the PYNQ 3.x images lack (or have
+#: too old: jammy's Pygments 2.11 is below rich's floor), pinned as scripts/constraints.txt pins
+#: them (a unit test keeps the two equal). pip on the board installs only those it needs.
+BOARD_WHEELS = ("rich==15.0.0", "markdown-it-py==4.3.0", "mdurl==0.1.2", "pygments==2.21.0",
+                "tomli==2.4.1", "tomli-w==1.2.0", "threadpoolctl==3.8.0")
+#: The oldest Python of the boards' images (PYNQ 3.x: Ubuntu 22.04's 3.10).
+BOARD_PYTHON = "3.10"
 # What the source copy for the wheel leaves out (as the packaging test does: an in-tree build
 # would leave build/ behind, and setuptools packs a stale build/lib into later wheels).
 _SOURCE_IGNORE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
                   ".hypothesis", "sim_build", "out", ".*.tmp", ".*.old")
 
 
-def deploy_boards() -> list[str]:
-    """The boards a bundle can be made for: real FPGA SoC boards (not twins, not the MCU)."""
+def deploy_boards(twins: bool = False) -> list[str]:
+    """The boards a bundle can be made for: the FPGA SoC boards (and, with ``twins``, their
+    simulated twins, for a rehearsal on the board-image twin)."""
     from insitu.boards import load_boards
 
-    return [b.name for b in load_boards().values() if b.kind == "fpga-soc" and not b.is_twin]
+    return [b.name for b in load_boards().values()
+            if b.kind == "fpga-soc" and (twins or not b.is_twin)]
 
 
 def check_board(name: str) -> str:
-    boards = deploy_boards()
-    if name not in boards:
-        twin = name.removesuffix("-sim") in boards and name.endswith("-sim")
-        raise UsageError(f"deploy needs a real FPGA board running PYNQ, not {name!r}; boards: "
-                         f"{', '.join(boards)}" + (f" (a twin runs here: insitu train --board {name})"
-                                                   if twin else ""))
+    if name not in deploy_boards(twins=True):
+        raise UsageError(f"deploy needs an FPGA board running PYNQ, not {name!r}; boards: "
+                         f"{', '.join(deploy_boards())} (or their twins, "
+                         f"{', '.join(b + '-sim' for b in deploy_boards())})")
     return name
 
 
+def is_twin_board(name: str) -> bool:
+    return name not in deploy_boards()
+
+
+def overlay_name(board: str) -> str:
+    """insitu_<board>: a twin's overlay is its real board's block design."""
+    from insitu.accel.ip import bitstream_name
+
+    return bitstream_name(board.removesuffix("-sim") if is_twin_board(board) else board)
+
+
 def check_train_args(args) -> list[str]:
+    """The train arguments with the bundle's default algorithm; the reserved options refused
+    (what the board itself refuses is checked by the CLI with `insitu train`'s own checks)."""
     for arg in args:
         if arg.split("=", 1)[0] in RESERVED_TRAIN_OPTIONS:
-            raise UsageError(f"{arg.split('=', 1)[0]} is set by the bundle itself; remove it from "
+            option = arg.split("=", 1)[0]
+            why = ("the file is not in the bundle; give its options as arguments" if option == "--config"
+                   else "it is set by the bundle itself")
+            raise UsageError(f"{option} cannot be a bundle's train argument: {why}; remove it from "
                              "the arguments after --")
-    return list(args)
+    args = list(args)
+    if not any(a == "--algo" or a.startswith("--algo=") for a in args):
+        args = ["--algo", DEFAULT_BOARD_ALGO, *args]
+    return args
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,27 +224,75 @@ def build_wheel(root: Path, dest: Path) -> Path:
     return wheels[0]
 
 
+def board_wheels(progress=lambda msg: None) -> list[Path]:
+    """The wheels of :data:`BOARD_WHEELS`, pure Python for the boards' Python; downloaded from
+    PyPI once into insitu's cache (``board-wheels``), then taken from there offline."""
+    from insitu.resources import cache_dir
+
+    folder = cache_dir("board-wheels")
+    found = {}
+    for pin in BOARD_WHEELS:
+        name, version = pin.split("==")
+        stem = re.sub(r"[-_.]+", "_", name).lower()
+        hits = [w for w in folder.glob("*.whl")
+                if w.name.lower().startswith(f"{stem}-{version}-") and w.name.endswith("-none-any.whl")]
+        if hits:
+            found[pin] = hits[0]
+    missing = [pin for pin in BOARD_WHEELS if pin not in found]
+    if missing:
+        progress(f"downloading the pure-Python wheels a PYNQ image lacks into {folder} (once): "
+                 + " ".join(missing))
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            fetch = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                 "--python-version", BOARD_PYTHON, "--implementation", "py", "--platform", "any",
+                 "--dest", tmp, *missing], capture_output=True, text=True)
+            if fetch.returncode != 0:
+                tail = "\n".join(fetch.stderr.strip().splitlines()[-3:])
+                raise InsituError(f"cannot download the wheels the board needs ({' '.join(missing)}) "
+                                  f"from PyPI into {folder}: copy them there from a machine with "
+                                  f"network access (pip download --no-deps PACKAGE==VERSION), then "
+                                  f"deploy again:\n{tail}")
+            for wheel in Path(tmp).glob("*.whl"):
+                os.replace(wheel, folder / wheel.name)      # whole files only: a rename
+        return board_wheels()
+    return [found[pin] for pin in BOARD_WHEELS]
+
+
 _RUN_SH = r"""#!/usr/bin/env bash
 # insitu bundle for @BOARD@, made by `insitu deploy` at @CREATED@.
-# On the board (PYNQ image), usually as root:  bash run.sh
+# On the board (PYNQ image), as root:  sudo bash run.sh   (or ssh root@board bash run.sh)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
-
-# PYNQ 3.x images keep pynq in a virtual environment that this profile script activates; older
-# images install it system-wide.
-if [ -f /etc/profile.d/pynq_venv.sh ]; then
-    set +u
-    source /etc/profile.d/pynq_venv.sh
-    set -u
-fi
+say() { echo "insitu: $*" >&2; }
 
 if [ "@HAVE_OVERLAY@" != yes ]; then
-    echo "insitu: this bundle has no overlay; on the computer that made it: "@HINT@ >&2
+    say "this bundle has no overlay; on the computer that made it: "@HINT@
     exit 1
 fi
+# pynq maps the PL's registers through /dev/mem and loads bitstreams: only root may.
 if [ "$(id -u)" -ne 0 ]; then
-    echo "insitu: warning: not root; pynq needs root to load an overlay (sudo bash $here/run.sh)" >&2
+    say "run.sh must run as root (pynq maps the PL through /dev/mem): sudo bash $here/run.sh"
+    exit 1
+fi
+
+# What a login shell would have read: XRT's environment (pynq finds the board's device only
+# where XILINX_XRT is set) and the venv that PYNQ 3.x images keep pynq in. Older images (v2.x)
+# have neither and install pynq system-wide.
+set +u
+for profile in /etc/profile.d/xrt_setup.sh /etc/profile.d/pynq_venv.sh; do
+    if [ -f "$profile" ]; then source "$profile" >/dev/null; fi
+done
+set -u
+if [ "@TWIN@" != yes ] && [ -z "${XILINX_XRT:-}" ] && [ -d /opt/xilinx/xrt ]; then
+    say "warning: XILINX_XRT is not set and /etc/profile.d/xrt_setup.sh is missing; pynq may find no board"
+fi
+
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (@PY_MAJOR@, @PY_MINOR@))'; then
+    say "insitu needs Python @PY_MAJOR@.@PY_MINOR@ or newer; this image's python3 is $(python3 --version 2>&1)"
+    exit 1
 fi
 
 # A bundle that arrived incomplete or altered is refused before anything is installed.
@@ -222,34 +305,31 @@ if bad:
     sys.exit("insitu: files changed since the bundle was made: " + " ".join(bad))
 EOF
 
-python3 -m pip install --no-deps --no-index --force-reinstall --quiet "wheels/@WHEEL@"
-# --no-deps: warn about what the board's Python lacks instead of fetching it.
-python3 - <<'EOF'
-import importlib.metadata as md, re, sys
-missing = []
-for req in md.requires("insitu") or []:
-    if "extra ==" not in req:
-        name = re.split(r"[ ;<>=!~\[(]", req, maxsplit=1)[0]
-        try:
-            md.version(name)
-        except md.PackageNotFoundError:
-            missing.append(name)
-if missing:
-    print("insitu: warning: not installed on this board: " + " ".join(missing), file=sys.stderr)
-EOF
+# pip checks the versions the image has against insitu's requirements and installs, from the
+# bundle only (--no-index: the board may be offline), what is missing or too old.
+if ! log="$(python3 -m pip install --disable-pip-version-check --no-index --find-links wheels \
+        "wheels/@WHEEL@" 2>&1)"; then
+    echo "$log" | tail -n 5 >&2
+    say "the board's Python cannot satisfy insitu's requirements (above): install what pip names" \
+        "with the image's package manager (apt-get install python3-NAME), or put its wheel into $here/wheels"
+    exit 1
+fi
+# The same version may be installed from an earlier bundle: this bundle's code replaces it.
+python3 -m pip install --disable-pip-version-check --no-deps --no-index --force-reinstall --quiet \
+    "wheels/@WHEEL@"
 
 rm -f result.json
 python3 -m insitu train --board @BOARD@ --bitstream "$here/@BIT@" --out "$here/result.json" @ARGS@
-echo "insitu: result in $here/result.json" >&2
+say "result in $here/result.json"
 """
 
 
 def run_script(board: str, wheel: str, overlay: bool, train_args, created: str, hint: str) -> str:
-    from insitu.accel.ip import bitstream_name
-
+    major, minor = BOARD_PYTHON.split(".")
     values = {"BOARD": board, "CREATED": created, "HAVE_OVERLAY": "yes" if overlay else "no",
-              "HINT": shlex.quote(hint), "WHEEL": wheel, "BIT": f"{bitstream_name(board)}.bit",
-              "ARGS": shlex.join(train_args)}
+              "HINT": shlex.quote(hint), "WHEEL": wheel, "BIT": f"{overlay_name(board)}.bit",
+              "ARGS": shlex.join(train_args), "TWIN": "yes" if is_twin_board(board) else "no",
+              "PY_MAJOR": major, "PY_MINOR": minor}
     text = _RUN_SH
     for key, value in values.items():
         text = text.replace(f"@{key}@", value)
@@ -296,14 +376,20 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
     """
     from insitu import __version__
     from insitu.accel import regmap
-    from insitu.accel.ip import bitstream_name
 
     check_board(board)
     train_args = check_train_args(train_args)
     out = check_out_dir(Path(out))
-    overlay = find_overlay(board, bit, hwh, search_dir)
-    if overlay:
-        check_overlay(board, *overlay)
+    twin = is_twin_board(board)
+    if twin:
+        if bit is not None or hwh is not None:
+            raise UsageError(f"a bundle for the twin {board} carries the twin overlay that insitu "
+                             "writes for it: leave out --bitstream and --hwh")
+        overlay = None
+    else:
+        overlay = find_overlay(board, bit, hwh, search_dir)
+        if overlay:
+            check_overlay(board, *overlay)
     root = None
     if wheel is not None:
         wheel = check_wheel(wheel)
@@ -314,7 +400,8 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
                              "deploy cannot build the wheel for the board: pass --wheel FILE "
                              "(an insitu-*.whl of this version)")
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    hint = None if overlay else overlay_hint(board, search_dir)
+    hint = None if overlay or twin else overlay_hint(board, search_dir)
+    extra_wheels = board_wheels(progress)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -329,13 +416,22 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
             progress(f"building the insitu wheel from {root}")
             built = build_wheel(root, tmp / "wheels")
         names = [f"wheels/{built.name}"]
-        if overlay:
+        for extra in extra_wheels:
+            shutil.copy2(extra, tmp / "wheels" / extra.name)
+            names.append(f"wheels/{extra.name}")
+        name = overlay_name(board)
+        if twin:
+            from .twin import write_twin_overlay
+
+            write_twin_overlay(board.removesuffix("-sim"), tmp)
+            names += [f"{name}.bit", f"{name}.hwh"]
+        elif overlay:
             for src, suffix in zip(overlay, (".bit", ".hwh")):
-                shutil.copy2(src, tmp / f"{bitstream_name(board)}{suffix}")
-                names.append(f"{bitstream_name(board)}{suffix}")
+                shutil.copy2(src, tmp / f"{name}{suffix}")
+                names.append(f"{name}{suffix}")
         script = tmp / "run.sh"
-        script.write_text(run_script(board, built.name, overlay is not None, train_args, created,
-                                     hint or ""))
+        script.write_text(run_script(board, built.name, overlay is not None or twin, train_args,
+                                     created, hint or ""))
         script.chmod(0o755)
         names.insert(0, "run.sh")
         manifest = {
@@ -345,10 +441,13 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
                          "regmap_hex": f"{regmap.VERSION:#010x}"},
             "train_args": train_args,
             "files": {n: {"sha256": _sha256(tmp / n), "bytes": (tmp / n).stat().st_size} for n in names},
-            "overlay": ({"bit": f"{bitstream_name(board)}.bit", "hwh": f"{bitstream_name(board)}.hwh",
-                         "from": [str(Path(p).resolve()) for p in overlay]} if overlay else None),
+            "overlay": ({"bit": f"{name}.bit", "hwh": f"{name}.hwh",
+                         "from": ("the twin overlay" if twin else
+                                  [str(Path(p).resolve()) for p in overlay])}
+                        if overlay or twin else None),
             "overlay_hint": hint,
             "wheel": names[1],
+            "board_wheels": [f"wheels/{w.name}" for w in extra_wheels],
             "run": "bash run.sh",
         }
         from insitu.io import atomic_write_json

@@ -115,9 +115,11 @@ class _Design:
 
     def cell(self, name: str, vlnv: str, modtype: str, params: dict,
              modclass: str = "PERIPHERAL") -> ET.Element:
+        # IS_PL as every Vivado .hwh has it: pynqmetadata 0.1.2 (PYNQ v3.0.1 images) finds the
+        # processing system as the cell with IS_PL="FALSE" and fails without one.
         mod = ET.SubElement(self.modules_el, "MODULE", FULLNAME=f"/{name}", INSTANCE=name,
                             VLNV=vlnv, MODTYPE=modtype, MODCLASS=modclass, IPTYPE="PERIPHERAL",
-                            IS_ENABLE="1")
+                            IS_ENABLE="1", IS_PL="FALSE" if modclass == "PROCESSOR" else "TRUE")
         pars = ET.SubElement(mod, "PARAMETERS")
         component = {"Component_Name": f"{BD_NAME}_{name}_0", "EDK_IPTYPE": "PERIPHERAL"}
         for key, value in {**component, **params}.items():

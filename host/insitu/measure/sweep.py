@@ -58,12 +58,12 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 from insitu.errors import InsituError, UsageError
+from insitu.io import tomllib
 from insitu.io import atomic_write, atomic_write_json, to_jsonable
 
 __all__ = ["EXPERIMENTS", "Experiment", "register", "COMMANDS", "Command", "SweepConfig", "Point",
