@@ -4,6 +4,7 @@
 # go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-INSITU_SETUP_MCU=1 source "$root/scripts/setup.sh"      # the tests run on the Cortex-M7 twin too
+# The tests run on the Cortex-M7 twin and the FPGA boards' image twin (Python 3.10, pynq 3.0.1) too.
+INSITU_SETUP_MCU=1 INSITU_SETUP_BOARD_IMAGE=1 source "$root/scripts/setup.sh"
 cd "$root"
 exec python -m pytest "$@"

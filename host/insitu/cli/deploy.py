@@ -123,11 +123,12 @@ def _check_train_args(board: str, args) -> None:
 
     if {"-h", "--help"} & set(args):
         raise UsageError("--help is not a training argument; see `insitu train --help`")
-    # What run.sh adds; the .bit's name only matters for the checks' wording.
-    bundle_args = ["--board", board, "--bitstream", "insitu_board.bit"]
     try:
-        with train_command.make_context("insitu train", [*args, *bundle_args]) as ctx:
-            checked_config(ctx)
+        # The board first (an algorithm that does not run there says so), then with the
+        # --bitstream that run.sh adds.
+        for bundle_args in (["--board", board], ["--board", board, "--bitstream", "insitu_board.bit"]):
+            with train_command.make_context("insitu train", [*args, *bundle_args]) as ctx:
+                checked_config(ctx)
     except click.ClickException as exc:
         raise UsageError(f"arguments after -- (for insitu train on {board}): "
                          f"{exc.format_message()}") from None

@@ -23,7 +23,6 @@ from insitu.tt.experiment import Model, TTLearner, TTTrainConfig, accuracy
 
 from . import power
 from .boards import open_board
-from .lrt_board import run_board_adapt
 from .regs import bitstream_params
 from .tt_board import NETWORKS, BoardExecutor, check_fits, mac_counters
 
@@ -162,6 +161,9 @@ def run_lrt(config, board, advance) -> dict:
                                 ("lr", config.lr)) if v is not None}
     with _rails(board) as recorder:
         try:
+            # Imported here: the TT path on a board needs none of LRT's modules.
+            from .lrt_board import run_board_adapt
+
             result = run_board_adapt(accel, config.env, config.samples, seed=config.seed,
                                      arch=config.model, dataset=config.dataset,
                                      data_dir=config.data_dir,
