@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from insitu.lrt.sks import KroneckerSum, core_rotation, mgs_project
+from insitu.lrt.sks import KroneckerSum, core_rotation, mgs_project, svd
 
 
 def _low_rank_pairs(rng, n, m, rank, count):
@@ -216,3 +216,35 @@ def test_huge_inputs_and_bad_states_are_refused():
     state["cx"] = np.array([1.0, -1.0])
     with pytest.raises(ValueError, match="negative weights"):
         ks.load_state_dict(state)
+
+
+def test_jacobi_svd_is_an_svd_with_sorted_values_a_fixed_sign_and_a_complete_u():
+    """sks.svd (plain loops, so that numba and NumPy round alike) against LAPACK's values, on the
+    cores C = c_L c_Rᵀ + diag(c_x, 0) of q = 2..17: full, rank-deficient, rank 1, repeated values,
+    huge and tiny scales; and on zero and exactly rank-deficient matrices."""
+    rng = np.random.default_rng(8)
+    cases = [np.zeros((3, 3)), np.outer([1.0, 2.0, 0.0, 0.0], [0.0, 1.0, 0.0, 3.0])]
+    for q in range(2, 18):
+        for trial in range(4):
+            scale = 10.0 ** rng.uniform(-60, 60)
+            cx = np.sort(rng.random(q - 1))[::-1] * scale
+            if trial == 1:
+                cx[q // 2:] = 0.0          # rank-deficient
+            elif trial == 2:
+                cx[:] = 0.0                # rank 1
+            elif trial == 3:
+                cx[:] = cx[0]              # repeated singular values
+            cases.append(scale * np.outer(rng.standard_normal(q), rng.standard_normal(q))
+                         + np.diag(np.append(cx, 0.0)))
+    for C in cases:
+        q = C.shape[0]
+        U, s, V = svd(C)
+        ref = np.linalg.svd(C, compute_uv=False)
+        scale = max(ref[0], 1e-300)
+        assert np.all(np.diff(s) <= 0) and np.all(s >= 0)
+        np.testing.assert_allclose(s, ref, rtol=0, atol=1e-14 * q * scale)
+        np.testing.assert_allclose((U * s) @ V.T, C, rtol=0, atol=1e-14 * q * scale)
+        for M in (U, V):
+            np.testing.assert_allclose(M.T @ M, np.eye(q), rtol=0, atol=1e-14 * q)
+        biggest = np.abs(V).argmax(axis=0)
+        assert np.all(V[biggest, np.arange(q)] > 0)

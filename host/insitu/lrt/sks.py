@@ -16,8 +16,17 @@ State: orthonormal bases ``Q_L`` (n_out × q) and ``Q_R`` (n_in × q), q = r + 1
    the new ``c_x``.
 
 The two halves are separate functions (:func:`mgs_project`, :func:`rotate`, :func:`core_rotation`)
-so the RTL golden model and the board driver can run them on different engines. They are compiled
-with numba because the trainer feeds one pair per output pixel, hundreds of pairs per sample.
+so the RTL golden model and the board driver can run them on different engines.
+
+numba is optional. The kernels are compiled with numba where it imports (the trainer feeds one
+pair per output pixel, hundreds of pairs per sample; compiled is several hundred times faster);
+elsewhere (no numba wheels on 32-bit ARM, numba too new for the NumPy installed) the same source
+runs as plain Python. ``INSITU_NUMBA=0`` (or false, no, off) in the environment, read at import,
+forces the plain path; ``USES_NUMBA`` says which path runs. Both paths give bit-identical results:
+the kernels use only loops of scalar IEEE operations in a fixed order — no ``np.sum`` (pairwise in
+NumPy, sequential in numba), no ``@`` (two BLAS builds), no LAPACK (:func:`svd` is a one-sided
+Jacobi SVD in loops) — and numba runs without fastmath, so it neither fuses multiply-adds nor
+reorders sums.
 
 Choices the paper leaves open (documented here, tested in ``tests/unit/test_lrt_sks.py``):
 
@@ -34,24 +43,57 @@ Choices the paper leaves open (documented here, tested in ``tests/unit/test_lrt_
 
 from __future__ import annotations
 
-import numba
+import math
+import os
+
 import numpy as np
 
 from insitu.numerics import max_abs_format
 
-__all__ = ["KroneckerSum", "LowRankSum", "mgs_project", "rotate", "core_rotation"]
+__all__ = ["KroneckerSum", "LowRankSum", "mgs_project", "rotate", "core_rotation", "svd",
+           "USES_NUMBA"]
+
+
+def _load_numba():
+    """numba if it should and can be used, else None (the kernels then run as plain Python)."""
+    if os.environ.get("INSITU_NUMBA", "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        import numba
+    except Exception:   # not installed, or built for another NumPy (numba >= 0.58 on NumPy 1.21)
+        return None
+    return numba
+
+
+_numba = _load_numba()
+USES_NUMBA = _numba is not None
+
+
+def _kernel(fn):
+    # No fastmath: without it LLVM neither fuses multiply-adds nor reorders sums, so the compiled
+    # kernel rounds exactly as the interpreted source does.
+    return _numba.njit(cache=True)(fn) if _numba is not None else fn
+
 
 # Status codes of one streamed pair.
 ADDED, SKIPPED, ZERO = 0, 1, 2
 
 _REORTHOGONALIZE_BELOW = 0.7071067811865476   # 1/sqrt(2): "twice is enough" (Kahan, Parlett)
+# Squared once here, so that both paths compare against the same constant (CPython's ``x ** 2``
+# calls libm's pow, numba multiplies: they need not round alike).
+_REORTHOGONALIZE_BELOW2 = _REORTHOGONALIZE_BELOW * _REORTHOGONALIZE_BELOW
 _MAX_MAGNITUDE = 1e75                           # inputs above this could overflow norms
 _ROUNDING_LEVEL = 1e-12                         # relative size of a singular value that is noise
+
+_EPS = 2.220446049250313e-16                    # float64 machine epsilon
+_JACOBI_MAX_SWEEPS = 60                         # q <= 17 converges in well under 15
+# A column whose squared norm (in C scaled to a max |entry| near 1) is below this counts as zero.
+_JACOBI_NEGLIGIBLE = 1e-280
 
 
 # ----------------------------------------------------------------------------- vector work
 
-@numba.njit(cache=True)
+@_kernel
 def mgs_project(Q, x, r, c):
     """Modified Gram-Schmidt against the first ``r`` columns of ``Q``.
 
@@ -76,7 +118,7 @@ def mgs_project(Q, x, r, c):
         norm2 = 0.0
         for i in range(n):
             norm2 += res[i] * res[i]
-        if norm2 >= _REORTHOGONALIZE_BELOW ** 2 * x_norm2:
+        if norm2 >= _REORTHOGONALIZE_BELOW2 * x_norm2:
             break
     norm = np.sqrt(norm2)
     c[r] = norm
@@ -88,7 +130,7 @@ def mgs_project(Q, x, r, c):
     return norm
 
 
-@numba.njit(cache=True)
+@_kernel
 def rotate(Q, M):
     """``Q[:, :r] ← Q · M`` for a q × r rotation ``M`` (the basis update)."""
     n, q = Q.shape
@@ -107,7 +149,163 @@ def rotate(Q, M):
 
 # ------------------------------------------------------------------------------- core work
 
-@numba.njit(cache=True)
+@_kernel
+def svd(C):
+    """``(U, σ, V)`` with ``C = U diag(σ) Vᵀ`` for a square ``C``: one-sided Jacobi, plain loops.
+
+    Not ``np.linalg.svd``: NumPy and numba reach LAPACK through different builds (NumPy's own,
+    scipy's), which need not round alike; these loops round the same compiled or interpreted.
+    σ is descending (ties keep column order); each pair (u_j, v_j) is signed so that the largest
+    |entry| of v_j (the first on ties) is positive; the u_j of zero singular values complete U to
+    an orthonormal basis (Gram-Schmidt on the unit vector with the largest residual).
+    """
+    q = C.shape[0]
+    # Scale by a power of 2 (exact) to a max |entry| near 1: squared column norms can neither
+    # overflow (inputs up to 1e75 give entries near 1e153) nor underflow.
+    cmax = 0.0
+    for i in range(q):
+        for j in range(q):
+            cmax = max(cmax, abs(C[i, j]))
+    e = 0
+    if cmax > 0.0:
+        e = min(1000, max(-1000, math.frexp(cmax)[1]))
+    down = math.ldexp(1.0, -e)
+    A = np.empty((q, q))
+    for i in range(q):
+        for j in range(q):
+            A[i, j] = C[i, j] * down
+    V = np.zeros((q, q))
+    for i in range(q):
+        V[i, i] = 1.0
+    tol = q * _EPS
+    # Cyclic sweeps in a fixed order, rotating column pairs (i, j) until all are orthogonal.
+    for _sweep in range(_JACOBI_MAX_SWEEPS):
+        rotated = False
+        for i in range(q - 1):
+            for j in range(i + 1, q):
+                alpha = 0.0
+                beta = 0.0
+                gamma = 0.0
+                for k in range(q):
+                    aki = A[k, i]
+                    akj = A[k, j]
+                    alpha += aki * aki
+                    beta += akj * akj
+                    gamma += aki * akj
+                if alpha < _JACOBI_NEGLIGIBLE or beta < _JACOBI_NEGLIGIBLE:
+                    continue
+                if abs(gamma) <= tol * np.sqrt(alpha) * np.sqrt(beta):
+                    continue
+                rotated = True
+                zeta = (beta - alpha) / (2.0 * gamma)
+                # The smaller root of t² + 2ζt − 1 = 0; 1/(2|ζ|) where ζ² would overflow.
+                if abs(zeta) < 1e150:
+                    t = 1.0 / (abs(zeta) + np.sqrt(1.0 + zeta * zeta))
+                else:
+                    t = 0.5 / abs(zeta)
+                if zeta < 0.0:
+                    t = -t
+                cs = 1.0 / np.sqrt(1.0 + t * t)
+                sn = cs * t
+                for k in range(q):
+                    aki = A[k, i]
+                    akj = A[k, j]
+                    A[k, i] = cs * aki - sn * akj
+                    A[k, j] = sn * aki + cs * akj
+                    vki = V[k, i]
+                    vkj = V[k, j]
+                    V[k, i] = cs * vki - sn * vkj
+                    V[k, j] = sn * vki + cs * vkj
+        if not rotated:
+            break
+    # The column norms are the singular values; order them descending (a stable selection sort).
+    norm2 = np.empty(q)
+    for j in range(q):
+        s = 0.0
+        for k in range(q):
+            s += A[k, j] * A[k, j]
+        norm2[j] = s
+    order = np.empty(q, dtype=np.int64)
+    taken = np.zeros(q, dtype=np.bool_)
+    for pos in range(q):
+        best = -1
+        for j in range(q):
+            if not taken[j] and (best < 0 or norm2[j] > norm2[best]):
+                best = j
+        taken[best] = True
+        order[pos] = best
+    U = np.zeros((q, q))
+    Vs = np.empty((q, q))
+    sig = np.zeros(q)
+    up = math.ldexp(1.0, e)
+    null = np.zeros(q, dtype=np.bool_)
+    for pos in range(q):
+        j = order[pos]
+        # The sign convention: the largest |entry| of v_j is positive.
+        big = 0
+        for k in range(1, q):
+            if abs(V[k, j]) > abs(V[big, j]):
+                big = k
+        flip = -1.0 if V[big, j] < 0.0 else 1.0
+        for k in range(q):
+            Vs[k, pos] = flip * V[k, j]
+        if norm2[j] < _JACOBI_NEGLIGIBLE:
+            null[pos] = True           # no direction of its own: completed below
+            continue
+        s = np.sqrt(norm2[j])
+        sig[pos] = s * up
+        for k in range(q):
+            U[k, pos] = flip * (A[k, j] / s)
+    # Complete U: for each zero singular value, the unit vector that keeps most of its length
+    # after two Gram-Schmidt passes against the columns already set.
+    w = np.empty(q)
+    best_w = np.empty(q)
+    for pos in range(q):
+        if not null[pos]:
+            continue
+        best_norm2 = -1.0
+        for m in range(q):
+            for k in range(q):
+                w[k] = 0.0
+            w[m] = 1.0
+            for _pass in range(2):
+                for col in range(q):
+                    if null[col] and col >= pos:
+                        continue        # not set yet
+                    p = 0.0
+                    for k in range(q):
+                        p += U[k, col] * w[k]
+                    for k in range(q):
+                        w[k] -= p * U[k, col]
+            wn2 = 0.0
+            for k in range(q):
+                wn2 += w[k] * w[k]
+            if wn2 > best_norm2:
+                best_norm2 = wn2
+                for k in range(q):
+                    best_w[k] = w[k]
+        wn = np.sqrt(best_norm2)
+        for k in range(q):
+            U[k, pos] = best_w[k] / wn
+    return U, sig, Vs
+
+
+@_kernel
+def _times(X, Y):
+    """``X @ Y`` in plain loops (``@`` would be BLAS: another rounding in each path)."""
+    n, q = X.shape
+    r = Y.shape[1]
+    out = np.zeros((n, r))
+    for i in range(n):
+        for j in range(r):
+            s = 0.0
+            for k in range(q):
+                s += X[i, k] * Y[k, j]
+            out[i, j] = s
+    return out
+
+
+@_kernel
 def core_rotation(cL, cR, cx, signs, unbiased):
     """The q × q work of one sample: ``(M_L, M_R, new_cx)``.
 
@@ -118,11 +316,13 @@ def core_rotation(cL, cR, cx, signs, unbiased):
     """
     q = cL.shape[0]
     r = q - 1
-    C = np.outer(cL, cR)
+    C = np.empty((q, q))
+    for i in range(q):
+        for j in range(q):
+            C[i, j] = cL[i] * cR[j]
     for i in range(r):
         C[i, i] += cx[i]
-    U, sig, Vt = np.linalg.svd(C)
-    V = Vt.T.copy()
+    U, sig, V = svd(C)
     # Singular values at rounding level are zeros: mixing them in would add sqrt(eps)-size noise
     # to an estimate that is exact (a sum of rank <= r).
     for i in range(q):
@@ -134,7 +334,7 @@ def core_rotation(cL, cR, cx, signs, unbiased):
         for i in range(r):
             Qx[i, i] = 1.0
             new_cx[i] = sig[i]
-        return U @ Qx, V @ Qx, new_cx
+        return _times(U, Qx), _times(V, Qx), new_cx
 
     # m (0-based m0): the first j with (q - j - 1)·σ_j <= Σ_{l >= j} σ_l; it is at most q - 2
     # because the condition always holds there.
@@ -155,28 +355,34 @@ def core_rotation(cL, cR, cx, signs, unbiased):
         # The tail is empty: nothing to mix, the estimate is exact.
         for i in range(m0, r):
             Qx[i, i] = 1.0
-        return U @ Qx, V @ Qx, new_cx
+        return _times(U, Qx), _times(V, Qx), new_cx
     x0 = np.empty(k + 1)
+    x0_norm2 = 0.0
     for i in range(k + 1):
         x0[i] = np.sqrt(max(0.0, 1.0 - sig[m0 + i] * k / s1))
-    x0 /= np.sqrt(np.sum(x0 * x0))
+        x0_norm2 += x0[i] * x0[i]
+    x0_norm = np.sqrt(x0_norm2)
+    for i in range(k + 1):
+        x0[i] /= x0_norm
     # Householder reflection H = I - 2 v vᵀ / |v|² with v = x0 - e1 maps e1 to x0; its other
     # columns are an orthonormal basis X of x0's complement (|v| > 0 since x0_1 <= 1/√2 here).
     v = x0.copy()
     v[0] -= 1.0
-    vv = np.sum(v * v)
+    vv = 0.0
+    for i in range(k + 1):
+        vv += v[i] * v[i]
     for a in range(k + 1):
         for b in range(k):
             h = (1.0 if a == b + 1 else 0.0) - 2.0 * v[a] * v[b + 1] / vv
             Qx[m0 + a, m0 + b] = signs[a] * h
     for i in range(m0, r):
         new_cx[i] = s1 / k
-    return U @ Qx, V @ Qx, new_cx
+    return _times(U, Qx), _times(V, Qx), new_cx
 
 
 # ------------------------------------------------------------------------------ the stream
 
-@numba.njit(cache=True)
+@_kernel
 def _add_pairs(QL, QR, cx, dz, a, signs, unbiased, kappa_th, counts):
     """Stream pairs ``dz[p] ⊗ a[p]`` into the state; ``counts`` gets added/skipped/zero."""
     q = QL.shape[1]
