@@ -83,6 +83,11 @@ def test_a_bundle_trains_on_the_board_image_as_on_the_host(tmp_path, wheel, boar
                             "import sys, pynq, insitu; print(sys.version_info[:2], pynq.__version__, insitu.__file__)"],
                            capture_output=True, text=True, env=image_env(venv_bin), check=True).stdout
     assert where.startswith("(3, 10) 3.0.1 ") and str(tmp_path / "image-venv") in where
+    # The LRT path imports there too, and runs its kernels uncompiled (the image has no numba).
+    lrt = subprocess.run([str(venv_bin / "python3"), "-c",
+                          "import insitu.fpga.lrt_board, insitu.lrt.sks as s; print(s.USES_NUMBA)"],
+                         capture_output=True, text=True, env=image_env(venv_bin))
+    assert lrt.stdout.strip() == "False", lrt.stderr
 
     host = insitu_cli("train", "--board", board, *TRAIN_ARGS, "--json", cwd=tmp_path)
     assert host.returncode == 0, host.stderr
