@@ -9,12 +9,12 @@ nothing written, and the sgd baseline unchanged. Timings are printed (run with -
 import json
 import re
 import time
-import tomllib
 
 import numpy as np
 import pytest
 
 from conftest import ROOT
+from insitu.io import tomllib
 from insitu.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.system

@@ -162,7 +162,7 @@ def test_the_checker_sees_the_sources():
 def test_every_package_folder_ships_in_the_wheel():
     """pyproject.toml lists the packages explicitly: a new subpackage must be listed, or the
     installed command fails to import it (the source checkout would not notice)."""
-    import tomllib
+    from insitu.io import tomllib
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     folders = {"insitu." + p.parent.name for p in SOURCE_ROOTS["insitu"].glob("*/__init__.py")}

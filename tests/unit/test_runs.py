@@ -1,10 +1,10 @@
 """Run folders: one run per folder, never overwritten, statuses recorded, comparison."""
 
 import json
-import tomllib
 
 import pytest
 
+from insitu.io import tomllib
 from insitu.errors import UsageError
 from insitu.harness import Interrupted
 from insitu.runs import RunFolder, compare, differences
