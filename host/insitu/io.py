@@ -17,7 +17,7 @@ from pathlib import Path
 try:
     import tomllib  # novermin (3.11+; tomli is the same parser for 3.10)
 except ModuleNotFoundError:        # Python 3.10, the PYNQ 3.x board images
-    import tomli as tomllib
+    import tomli as tomllib  # pyright: ignore[reportMissingImports]
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:

@@ -35,7 +35,9 @@ def wheel(tmp_path_factory):
     """insitu's wheel, built once, as deploy builds it from the source tree."""
     from insitu.fpga.deploy import build_wheel, project_root
 
-    return build_wheel(project_root(), tmp_path_factory.mktemp("wheel"))
+    root = project_root()
+    assert root is not None, "the tests run from the source tree"
+    return build_wheel(root, tmp_path_factory.mktemp("wheel"))
 
 
 def _bundle(tmp: Path, board: str, wheel: Path, *train_args: str) -> Path:

@@ -441,10 +441,10 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
                          "regmap_hex": f"{regmap.VERSION:#010x}"},
             "train_args": train_args,
             "files": {n: {"sha256": _sha256(tmp / n), "bytes": (tmp / n).stat().st_size} for n in names},
-            "overlay": ({"bit": f"{name}.bit", "hwh": f"{name}.hwh",
-                         "from": ("the twin overlay" if twin else
-                                  [str(Path(p).resolve()) for p in overlay])}
-                        if overlay or twin else None),
+            "overlay": ({"bit": f"{name}.bit", "hwh": f"{name}.hwh", "from": "the twin overlay"} if twin
+                        else {"bit": f"{name}.bit", "hwh": f"{name}.hwh",
+                              "from": [str(Path(p).resolve()) for p in overlay]} if overlay
+                        else None),
             "overlay_hint": hint,
             "wheel": names[1],
             "board_wheels": [f"wheels/{w.name}" for w in extra_wheels],
