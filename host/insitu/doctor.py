@@ -59,9 +59,9 @@ def run_checks() -> list[Check]:
     from insitu.data import dataset_info
 
     checks = []
-    py_ok = (3, 11) <= sys.version_info[:2] <= (3, 12)
+    py_ok = (3, 10) <= sys.version_info[:2] <= (3, 12)
     checks.append(Check("python", "everything", py_ok, sys.version.split()[0],
-                        None if py_ok else "use Python 3.11 or 3.12 (pynq 4 supports no newer)"))
+                        None if py_ok else "use Python 3.10 to 3.12 (the boards' images have 3.10; pynq 4 supports no newer)"))
     numpy_version = _dist_version("numpy") or "missing"
     numpy_ok = numpy_version != "missing" and int(numpy_version.split(".")[0]) < 2
     checks.append(Check("numpy", "everything (pynq 4 needs numpy<2)", numpy_ok, numpy_version,

@@ -84,25 +84,17 @@ def userland(arch: str, *, build: bool = True, timeout: float = 1800) -> Path:
     return root
 
 
-def insitu_site(dest: Path, python: str = sys.executable) -> Path:
+def insitu_site(dest: Path) -> Path:
     """The working tree's insitu as a wheel unzipped into ``dest`` (a folder for PYTHONPATH).
 
     The wheel, not ``host/``: it maps ``rtl/``, ``boards/`` and ``firmware/`` into the package as
-    an installed insitu has them. Built from a clean copy (an in-tree build leaves build/ behind,
-    and setuptools packs a stale build/lib into later wheels)."""
+    an installed insitu has them. Built as ``insitu deploy`` builds it (offline, from a clean copy
+    of the tree)."""
+    from insitu.fpga.deploy import build_wheel
+
     dest = Path(dest)
     with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / "src"
-        shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
-            ".hypothesis", "sim_build", "out"))
-        build = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                                "--disable-pip-version-check", "-w", str(Path(tmp) / "dist"), str(source)],
-                               capture_output=True, text=True)
-        if build.returncode != 0:
-            raise RuntimeError(f"building insitu's wheel failed:\n{build.stderr[-3000:]}")
-        (wheel,) = (Path(tmp) / "dist").glob("insitu-*.whl")
-        with zipfile.ZipFile(wheel) as z:
+        with zipfile.ZipFile(build_wheel(ROOT, Path(tmp))) as z:
             z.extractall(dest)
     return dest
 
@@ -112,17 +104,17 @@ def guest_command(arch: str, root: Path, args) -> list[str]:
     return [spec.qemu, "-L", str(root), "-cpu", spec.cpu, str(root / "usr/bin/python3"), *map(str, args)]
 
 
-def run_python(arch: str, root: Path, args, *, pythonpath=(), env=None, timeout: float = 600,
-               cwd=None) -> subprocess.CompletedProcess:
+def run_python(arch: str, root: Path, args, *, pythonpath=(), env=None, timeout: float | None = 600,
+               cwd=None, capture: bool = True) -> subprocess.CompletedProcess:
     """``python3 ARGS`` of the root on the emulated board CPU; ``pythonpath`` goes first on its
     path. The host's Python settings are not passed on (PYTHONPATH, PYTHONHOME, user site), and
     nothing writes bytecode (the root is precompiled; the cache stays as built)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    clean.update(PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0")
+    clean.update(PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1")
     if pythonpath:
         clean["PYTHONPATH"] = os.pathsep.join(map(str, pythonpath))
     clean.update(env or {})
-    return subprocess.run(guest_command(arch, root, args), capture_output=True, text=True,
+    return subprocess.run(guest_command(arch, root, args), capture_output=capture, text=True,
                           timeout=timeout, env=clean, cwd=cwd or ROOT)
 
 
@@ -136,10 +128,8 @@ def main(argv=None) -> int:
     root = userland(arch)
     with tempfile.TemporaryDirectory() as tmp:
         site = insitu_site(Path(tmp) / "site")
-        run = subprocess.run(guest_command(arch, root, args), env={
-            **{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
-            "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(site)})
-    return run.returncode
+        return run_python(arch, root, args, pythonpath=[site], timeout=None, cwd=os.getcwd(),
+                          capture=False).returncode
 
 
 if __name__ == "__main__":
