@@ -55,8 +55,8 @@ def cache_root() -> Path:
 
 def userland(arch: str, *, build: bool = True, timeout: float = 1800) -> Path:
     """The root of ``arch``'s userland: the script says whether its cached copy is current (a
-    no-op then) and builds it otherwise, which needs root, apt and the network (about a minute
-    per architecture). Raises :class:`Unavailable` with the reason when there is none."""
+    no-op then) and builds it otherwise, which needs root, apt and the network (1-2 minutes per
+    architecture). Raises :class:`Unavailable` with the reason when there is none."""
     spec = ARCHES[arch]
     if not build:
         root = cache_root() / arch

@@ -90,7 +90,8 @@ class DeviceMemory:
 
     def allocate(self, device, shape, dtype, **kwargs) -> PynqBuffer:
         dtype = np.dtype(dtype)
-        nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
+        # int64: on a 32-bit PS np.prod of a shape is int32 and wraps past 2**31 without a word
+        nbytes = max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)
         backing = np.zeros(nbytes, np.uint8)
         address = self.next_address
         self.next_address += -(-nbytes // 4096) * 4096           # page-aligned, as CMA hands out
