@@ -158,10 +158,13 @@ def test_max_abs_format_never_saturates_and_is_the_finest(values, bits):
     fmt = nx.max_abs_format(x, bits)
     codes = fmt.quantize_code(x)
     assert np.all(np.abs(fmt.to_float(codes) - x) <= fmt.lsb / 2)     # nothing clipped
-    # The range is symmetric (chosen by max |x|): one step finer, +max|x| would saturate.
+    # The range is symmetric (chosen by max |x|): one step finer, +max|x| would saturate: it
+    # takes the largest code and is off by at least half an LSB (exactly half where max|x| lies
+    # half an LSB above that code and rounds up, as 7.5 does in 4 bits).
     finer = fmt.with_frac(fmt.frac + 1)
     peak = np.max(np.abs(x))
-    assert abs(finer.to_float(finer.quantize_code(peak)) - peak) > finer.lsb / 2
+    assert finer.quantize_code(peak) == (1 << (bits - 1)) - 1
+    assert abs(finer.to_float(finer.quantize_code(peak)) - peak) >= finer.lsb / 2
 
 
 def test_max_abs_format_of_zeros_and_non_finite():
