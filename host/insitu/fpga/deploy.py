@@ -224,12 +224,8 @@ def build_wheel(root: Path, dest: Path) -> Path:
     return wheels[0]
 
 
-def board_wheels(progress=lambda msg: None) -> list[Path]:
-    """The wheels of :data:`BOARD_WHEELS`, pure Python for the boards' Python; downloaded from
-    PyPI once into insitu's cache (``board-wheels``), then taken from there offline."""
-    from insitu.resources import cache_dir
-
-    folder = cache_dir("board-wheels")
+def _cached_board_wheels(folder: Path) -> dict[str, Path]:
+    """The wheels of :data:`BOARD_WHEELS` already in ``folder``, by pin."""
     found = {}
     for pin in BOARD_WHEELS:
         name, version = pin.split("==")
@@ -238,6 +234,16 @@ def board_wheels(progress=lambda msg: None) -> list[Path]:
                 if w.name.lower().startswith(f"{stem}-{version}-") and w.name.endswith("-none-any.whl")]
         if hits:
             found[pin] = hits[0]
+    return found
+
+
+def board_wheels(progress=lambda msg: None) -> list[Path]:
+    """The wheels of :data:`BOARD_WHEELS`, pure Python for the boards' Python; downloaded from
+    PyPI once into insitu's cache (``board-wheels``), then taken from there offline."""
+    from insitu.resources import cache_dir
+
+    folder = cache_dir("board-wheels")
+    found = _cached_board_wheels(folder) if folder.is_dir() else {}
     missing = [pin for pin in BOARD_WHEELS if pin not in found]
     if missing:
         progress(f"downloading the pure-Python wheels a PYNQ image lacks into {folder} (once): "
@@ -256,7 +262,10 @@ def board_wheels(progress=lambda msg: None) -> list[Path]:
                                   f"deploy again:\n{tail}")
             for wheel in Path(tmp).glob("*.whl"):
                 os.replace(wheel, folder / wheel.name)      # whole files only: a rename
-        return board_wheels()
+        found = _cached_board_wheels(folder)
+        still = [pin for pin in BOARD_WHEELS if pin not in found]
+        if still:
+            raise InsituError(f"pip downloaded no pure-Python wheel of {' '.join(still)} into {folder}")
     return [found[pin] for pin in BOARD_WHEELS]
 
 
