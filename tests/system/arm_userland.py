@@ -47,10 +47,10 @@ class Unavailable(RuntimeError):
 
 
 def cache_root() -> Path:
-    """Where the script caches its roots (the same rule as ``insitu.resources.cache_dir``)."""
-    base = os.environ.get("INSITU_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "insitu"
-    return Path(base) / "arm-userland"
+    """Where the script caches its roots (insitu's cache, as the script computes it too)."""
+    from insitu.resources import cache_dir
+
+    return cache_dir("arm-userland")
 
 
 def userland(arch: str, *, build: bool = True, timeout: float = 1800) -> Path:
