@@ -20,5 +20,13 @@ class DatasetError(InsituError):
     """A dataset file that is missing, truncated or corrupt; the message names the file."""
 
 
+class DataFileError(DatasetError):
+    """A file of the user's own dataset (``--dataset folder:|npz:|csv:``) that cannot be used as
+    given (unreadable, empty class, bad labels, NaN, shapes that differ). Exit code 2, like the
+    other bad arguments: the user fixes the file."""
+
+    exit_code = 2
+
+
 class BoardFileError(InsituError):
     """A malformed board TOML file; the message names the file and the key."""

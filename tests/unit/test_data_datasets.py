@@ -10,7 +10,7 @@ import pytest
 
 from insitu.data import (FASHION_MNIST_DIR, Dataset, dataset_info, dataset_names, list_datasets,
                          load_dataset, write_idx)
-from insitu.data.datasets import _stratified_split
+from insitu.data.files import stratified_split as _stratified_split
 from insitu.errors import DatasetError, UsageError
 
 pytestmark = pytest.mark.unit

@@ -23,6 +23,13 @@ def command():
       mnist          MNIST, 60000/10000 28x28 images; not packaged: download the four IDX files
                      and pass --data-dir DIR
       digits         scikit-learn's 8x8 digits, always available (stratified 80/20 split)
+
+    \b
+    Your own data, wherever --dataset is taken (docs/own-data.md):
+      folder:DIR     one sub-folder of PNG/JPEG/BMP images per class (or DIR/train/, DIR/test/)
+      npz:FILE       arrays x_train, y_train, x_test, y_test (or x, y)
+      csv:FILE       a table with a header row and a label column
+    `insitu data info SPEC` shows what the files become.
     """
 
 
@@ -54,8 +61,15 @@ def list_command(as_json: bool):
 def info_command(name: str, data_dir: Path | None, as_json: bool):
     """Load dataset NAME, check it fully, and print its splits, shape and classes.
 
-    NAME is one of: fashion-mnist, mnist, digits (see `insitu data list`). Exits 1 if files are
-    missing or corrupt (the message names the file), 2 for an unknown NAME.
+    NAME is one of: fashion-mnist, mnist, digits (see `insitu data list`), or your files:
+    folder:DIR, npz:FILE, csv:FILE. Exits 1 if a built-in dataset's files are missing or
+    corrupt, 2 for an unknown NAME or a file of yours that cannot be used (the message names
+    the file and what is wrong).
+
+    \b
+    Examples:
+      insitu data info digits
+      insitu data info folder:my-images --json
     """
     info = dataset_info(name, data_dir)
     if as_json:
@@ -68,8 +82,11 @@ def info_command(name: str, data_dir: Path | None, as_json: bool):
     shape = "x".join(str(n) for n in info["sample_shape"])
     table.add_row("description", escape(info["description"]))
     table.add_row("splits", splits)
-    table.add_row("sample shape", f"{shape} {info['dtype']} (labels {info['label_dtype']})")
-    table.add_row("classes", f"{info['num_classes']}: " + escape(", ".join(info["class_names"])))
+    what = {1: "grey images", 3: "RGB images", None: "features"}[info["channels"]]
+    table.add_row("sample shape", f"{shape} {info['dtype']} {what} (labels {info['label_dtype']})")
+    counts = info["train_per_class"]
+    table.add_row("classes", f"{info['num_classes']}: " + escape(", ".join(
+        f"{name} ({count})" for name, count in zip(info["class_names"], counts))) + " train samples")
     table.add_row("source", escape(info["source"]))
     print_table(table)
 

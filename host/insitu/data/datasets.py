@@ -9,8 +9,14 @@ name               where it comes from                                          
 ``digits``         scikit-learn's bundled ``load_digits`` (always available), split 80/20  1438/359
 =================  =====================================================================  =======
 
-Images are always ``uint8`` of shape ``(N, H, W)`` and labels ``int64``; the arrays of a loaded
-dataset are read-only because loads are cached per process and shared between callers
+Besides these names, ``--dataset`` takes the user's own files: ``folder:DIR`` (one sub-folder of
+images per class), ``npz:FILE`` (arrays) and ``csv:FILE`` (a table); :mod:`insitu.data.files` says
+what each becomes, and :mod:`insitu.data.images` the one rule that brings images to a model's
+input (:meth:`Dataset.fit_images`).
+
+The built-in datasets' images are ``uint8`` of shape ``(N, H, W)``; the user's may be RGB
+``(N, H, W, 3)`` too, or float32 features ``(N, F)`` in [0, 1]. Labels are ``int64``. The arrays
+of a loaded dataset are read-only because loads are cached per process and shared between callers
 (``x = ds.x_train.copy()`` to get arrays you may modify, or :meth:`Dataset.float_images`).
 """
 
@@ -22,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
+from insitu.data.files import stratified_split
 from insitu.data.idx import read_idx
 from insitu.errors import DatasetError, UsageError
 
-__all__ = ["Dataset", "load_dataset", "dataset_info", "list_datasets", "dataset_names",
+__all__ = ["Dataset", "load_dataset", "frozen", "dataset_info", "list_datasets", "dataset_names",
            "FASHION_MNIST_DIR", "DIGITS_TEST_FRACTION", "DIGITS_SPLIT_SEED"]
 
 #: Where the Debian package ``dataset-fashion-mnist`` installs the files.
@@ -35,9 +42,11 @@ DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0
 
 
-@dataclass(frozen=True)
+# eq=False: identity hashing, so that fitted copies can be cached per dataset.
+@dataclass(frozen=True, eq=False)
 class Dataset:
-    """A dataset split into train and test: uint8 images ``(N, H, W)`` and int64 labels."""
+    """A dataset split into train and test: uint8 images ``(N, H, W)`` or ``(N, H, W, 3)``, or
+    float32 features ``(N, F)`` in [0, 1]; int64 labels 0..K-1."""
 
     name: str
     x_train: np.ndarray
@@ -47,11 +56,44 @@ class Dataset:
     num_classes: int
     source: str
     class_names: tuple[str, ...] = field(default=())
+    #: What loading found and did (a folder's image mode, size, resampled count...), for `data info`.
+    details: dict = field(default_factory=dict, compare=False)
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
-        """The shape of one image, e.g. ``(28, 28)``."""
+        """The shape of one sample, e.g. ``(28, 28)``, ``(32, 32, 3)`` or ``(12,)`` features."""
         return tuple(self.x_train.shape[1:])
+
+    @property
+    def kind(self) -> str:
+        """``"images"`` (uint8) or ``"features"`` (float vectors)."""
+        return "features" if self.x_train.ndim == 2 else "images"
+
+    @property
+    def channels(self) -> int | None:
+        """1 (grey) or 3 (RGB) for images, None for features."""
+        return None if self.kind == "features" else (3 if self.x_train.ndim == 4 else 1)
+
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        """``(H, W)`` of the images, None for features."""
+        return None if self.kind == "features" else tuple(self.x_train.shape[1:3])
+
+    def require_images(self, who: str) -> None:
+        """Raise a UsageError naming ``who`` (e.g. ``--model cnn``) when these are features."""
+        if self.kind != "images":
+            raise UsageError(f"{who} takes images, and --dataset {self.name} holds feature vectors "
+                             f"{self.sample_shape}; use a model that takes vectors (e.g. --model mlp)")
+
+    def fit_images(self, size: tuple[int, int] | None = None, channels: int | None = None) -> "Dataset":
+        """This dataset with its images brought to a model's input by the one rule of
+        :mod:`insitu.data.images` (channels, then size); ``self`` when nothing changes."""
+        from insitu.data.images import fit_images
+
+        self.require_images("resizing")
+        if channels in (None, self.channels) and size in (None, self.image_size):
+            return self
+        return _fitted(self, None if size is None else tuple(size), channels)
 
     @property
     def splits(self) -> dict[str, int]:
@@ -67,11 +109,22 @@ class Dataset:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
 
     def float_images(self, split: str = "train", dtype=np.float32) -> np.ndarray:
-        """The images of ``split`` as a new float array scaled to [0, 1] (pixel / 255)."""
+        """The samples of ``split`` as a new float array in [0, 1]: pixel / 255 for images,
+        the (already scaled) features as they are."""
         images, _ = self.split(split)
         out = images.astype(dtype)
-        out /= 255
+        if self.kind == "images":
+            out /= 255
         return out
+
+
+@functools.lru_cache(maxsize=8)
+def _fitted(ds: Dataset, size, channels) -> Dataset:
+    from insitu.data.images import fit_images
+
+    return frozen(Dataset(ds.name, fit_images(ds.x_train, size, channels), ds.y_train,
+                          fit_images(ds.x_test, size, channels), ds.y_test, ds.num_classes,
+                          ds.source, ds.class_names, ds.details))
 
 
 # --- the registry -------------------------------------------------------------------------------
@@ -119,13 +172,20 @@ def _spec(name: str) -> _Spec:
 
 
 def load_dataset(name: str, data_dir: str | Path | None = None) -> Dataset:
-    """Load a dataset by name (see the module docstring for the names).
+    """Load a dataset by name (see the module docstring for the names), or the user's files
+    (``folder:DIR``, ``npz:FILE``, ``csv:FILE``: :mod:`insitu.data.files`).
 
     ``data_dir`` is a directory with the four IDX files (fashion-mnist, mnist); it overrides the
     default location. Raises :class:`UsageError` for an unknown name and :class:`DatasetError`
     when files are missing or corrupt. Loads are cached per process; the returned arrays are
     read-only.
     """
+    from insitu.data import files
+
+    if name not in _registry() and files.is_file_spec(name):
+        if data_dir is not None:
+            raise UsageError(f"--dataset {name} names its files itself; leave out --data-dir")
+        return _load_files(files.parse_spec(name))
     spec = _spec(name)
     if spec.kind == "sklearn":
         if data_dir is not None:
@@ -135,20 +195,43 @@ def load_dataset(name: str, data_dir: str | Path | None = None) -> Dataset:
     return _load_idx_dataset(spec, Path(data_dir) if data_dir is not None else None)
 
 
+def _load_files(spec) -> Dataset:
+    from insitu.data.files import load_file_dataset
+
+    path = spec.path.resolve()
+    stat = path.stat() if path.exists() else None
+    # A folder's files are keyed (and cached on disk) by the loader itself; a file by its identity.
+    key = (str(path), stat.st_mtime_ns, stat.st_size) if stat and path.is_file() else None
+    return _load_files_cached(spec, key) if key else load_file_dataset(spec)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_files_cached(spec, key) -> Dataset:
+    from insitu.data.files import load_file_dataset
+
+    return load_file_dataset(spec)
+
+
 def dataset_info(name: str, data_dir: str | Path | None = None) -> dict:
     """A JSON-ready summary of a dataset; loads (and so fully checks) it."""
-    spec = _spec(name)
     ds = load_dataset(name, data_dir)
+    registry = _registry()
+    description = (registry[name].description if name in registry
+                   else f"your {ds.kind} ({name.split(':', 1)[0] if ':' in name else 'files'})")
     return {
         "name": ds.name,
-        "description": spec.description,
+        "description": description,
+        "kind": ds.kind,
+        "channels": ds.channels,
         "splits": ds.splits,
         "sample_shape": list(ds.sample_shape),
         "num_classes": ds.num_classes,
         "class_names": list(ds.class_names),
+        "train_per_class": np.bincount(ds.y_train, minlength=ds.num_classes).tolist(),
         "dtype": str(ds.x_train.dtype),
         "label_dtype": str(ds.y_train.dtype),
         "source": ds.source,
+        "details": ds.details,
     }
 
 
@@ -260,7 +343,7 @@ def _load_idx_cached(name: str, directory: str, files: tuple) -> Dataset:
     if train_shape != test_shape:
         raise DatasetError(f"{paths['test', 'images']}: image shape {test_shape} differs from "
                            f"the train images' {train_shape}; the files do not belong together")
-    return _frozen(Dataset(name, *arrays["train"], *arrays["test"], num_classes=spec.num_classes,
+    return frozen(Dataset(name, *arrays["train"], *arrays["test"], num_classes=spec.num_classes,
                            source=directory, class_names=spec.class_names))
 
 
@@ -285,33 +368,16 @@ def _load_digits() -> Dataset:
     # datasets so that every pipeline sees uint8 images: round(v * 255 / 16), so 16 -> 255.
     images = np.rint(bunch.images * (255 / 16)).astype(np.uint8)
     labels = bunch.target.astype(np.int64)
-    train, test = _stratified_split(labels, DIGITS_TEST_FRACTION, DIGITS_SPLIT_SEED)
+    train, test = stratified_split(labels, DIGITS_TEST_FRACTION, DIGITS_SPLIT_SEED)
     spec = _spec("digits")
-    return _frozen(Dataset("digits", images[train], labels[train], images[test], labels[test],
+    return frozen(Dataset("digits", images[train], labels[train], images[test], labels[test],
                            num_classes=spec.num_classes, class_names=spec.class_names,
                            source=f"sklearn.datasets.load_digits (scikit-learn); stratified "
                                   f"{1 - DIGITS_TEST_FRACTION:.0%}/{DIGITS_TEST_FRACTION:.0%} "
                                   f"split, seed {DIGITS_SPLIT_SEED}"))
 
 
-def _stratified_split(labels: np.ndarray, test_fraction: float, seed: int):
-    """Indices ``(train, test)`` holding ``test_fraction`` of each class out, in original order.
-
-    Uses the legacy ``RandomState``, whose stream NumPy keeps stable across versions (unlike
-    ``default_rng`` or scikit-learn's splitters), so the split is the same everywhere.
-    """
-    rng = np.random.RandomState(seed)
-    test = []
-    for cls in np.unique(labels):
-        members = np.flatnonzero(labels == cls)
-        n_test = int(round(len(members) * test_fraction))
-        test.append(rng.permutation(members)[:n_test])
-    test = np.sort(np.concatenate(test))
-    train = np.setdiff1d(np.arange(len(labels)), test)
-    return train, test
-
-
-def _frozen(ds: Dataset) -> Dataset:
+def frozen(ds: Dataset) -> Dataset:
     # The Dataset is cached and shared: read-only arrays make an in-place edit by one caller an
     # error instead of a silent change to everyone else's data.
     for array in (ds.x_train, ds.y_train, ds.x_test, ds.y_test):

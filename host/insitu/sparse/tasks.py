@@ -17,9 +17,9 @@ task                 what it is
                      carries the class: trousers, dresses, sleeves).
 ===================  =========================================================================
 
-Resampling (:func:`resize`) is separable and linear: area averaging when shrinking (every
-source pixel counts in proportion to its overlap, no aliasing), bilinear interpolation on pixel
-centres when enlarging, then rounding to uint8. Equal sizes pass through untouched.
+Resampling (:func:`resize`) is the data's one rule (:mod:`insitu.data.images`): separable and
+linear, area averaging when shrinking, bilinear interpolation on pixel centres when enlarging,
+then rounding to uint8. Equal sizes pass through untouched.
 
 :func:`load_task` returns ``(x_train, y_train, x_test, y_test, num_classes)`` with uint8 images
 ``(N, size, size)`` and int64 labels; feed them to the int8 graph through
@@ -33,6 +33,7 @@ import functools
 import numpy as np
 
 from insitu.data import load_dataset
+from insitu.data.images import resize_images
 from insitu.errors import UsageError
 
 __all__ = ["TASKS", "ADAPTATION_TASKS", "PRETRAIN_TASK", "load_task", "pretrain_task", "resize",
@@ -46,37 +47,13 @@ FASHION_SHIFT_TRAIN = 8000
 FASHION_SHIFT_SEED = 0
 
 
-def _resample_matrix(n_in: int, n_out: int) -> np.ndarray:
-    """``(n_out, n_in)`` rows of weights summing to 1: area averaging (shrink) or bilinear on
-    pixel centres with edge clamping (enlarge)."""
-    m = np.zeros((n_out, n_in))
-    if n_out <= n_in:
-        r = n_in / n_out
-        for i in range(n_out):
-            lo, hi = i * r, (i + 1) * r
-            for j in range(int(np.floor(lo)), min(n_in, int(np.ceil(hi)))):
-                m[i, j] = min(hi, j + 1) - max(lo, j)
-        return m / r
-    for i in range(n_out):
-        c = min(max((i + 0.5) * n_in / n_out - 0.5, 0.0), n_in - 1.0)
-        j = min(int(np.floor(c)), n_in - 2)
-        f = c - j
-        m[i, j] += 1 - f
-        m[i, j + 1] += f
-    return m
-
-
 def resize(images: np.ndarray, size: int) -> np.ndarray:
-    """uint8 ``(N, H, W)`` -> uint8 ``(N, size, size)`` (see the module docstring)."""
+    """uint8 ``(N, H, W)`` -> uint8 ``(N, size, size)`` by the data's one resampling rule
+    (:func:`insitu.data.images.resize_images`)."""
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 3:
         raise ValueError(f"resize expects uint8 (N, H, W) images, got {images.dtype}{images.shape}")
-    n, h, w = images.shape
-    if (h, w) == (size, size):
-        return images.copy()
-    rows, cols = _resample_matrix(h, size), _resample_matrix(w, size)
-    out = np.matmul(np.matmul(rows.astype(np.float32), images.astype(np.float32)), cols.T.astype(np.float32))
-    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    return resize_images(images, (size, size))
 
 
 def float_inputs(images: np.ndarray, dtype=np.float32) -> np.ndarray:

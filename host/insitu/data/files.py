@@ -1,0 +1,500 @@
+"""The user's own data as a :class:`~insitu.data.datasets.Dataset`: image folders, arrays, tables.
+
+``--dataset`` takes, besides the built-in names, one of these (options after commas)::
+
+    folder:DIR[,test=0.2][,seed=0]      one sub-folder per class of PNG/JPEG/BMP images;
+                                        DIR/train/ and DIR/test/ if the split is given
+    npz:FILE[,test=0.2][,seed=0]        x_train, y_train, x_test, y_test -- or x, y
+    csv:FILE[,label=COLUMN][,test=0.2][,seed=0]
+                                        a table with a header row; one row per sample
+
+A bare path works too when its kind is plain (a directory, ``*.npz``, ``*.csv``).
+
+What each becomes:
+
+- **Images** are uint8 ``(N, H, W)`` (grey) or ``(N, H, W, 3)`` (RGB). A folder is RGB if any of
+  its images is in colour, else grey; images of another size than the folder's most common one
+  are resampled to it (:mod:`insitu.data.images`), and ``data info`` says how many. Arrays may be
+  uint8, or floats in [0, 1] (scaled by 255 and rounded), channel-last ``(N, H, W, C)`` or
+  channel-first ``(N, C, H, W)`` with C = 1 or 3.
+- **Features** (a table, or 2-D arrays ``(N, F)``) are float32, each column scaled to [0, 1] by the
+  train split's minimum and maximum (test values outside are clipped; a constant column is 0),
+  the inputs' range that the fixed-point methods assume for images too.
+- **Labels** are integers 0..K-1, every class present in the train split. A table's labels may
+  be names instead (any non-integer text): they are sorted and numbered 0..K-1. A folder's classes
+  are its sub-folders, in sorted order.
+- **Split.** Without a given split, a seeded stratified split holds ``test`` (default 0.2) of
+  each class out, with the same rule as the built-in ``digits`` (the same everywhere).
+
+A decoded image folder is cached (``~/.cache/insitu/datasets/``, or ``$INSITU_CACHE_DIR``), keyed by
+every file's path, size and modification time, so a second run reads one ``.npz``; the first run
+says where it writes it. Every error names the file and what is wrong, and is a
+:class:`DataFileError` (exit 2): it happens before any training.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from insitu.errors import DataFileError, UsageError
+
+__all__ = ["FileSpec", "parse_spec", "is_file_spec", "load_file_dataset", "IMAGE_SUFFIXES",
+           "DEFAULT_TEST_FRACTION", "DEFAULT_SPLIT_SEED", "LABEL_COLUMNS"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+DEFAULT_TEST_FRACTION = 0.2
+DEFAULT_SPLIT_SEED = 0
+#: Column names a table's labels are looked for under (case-insensitive), before the last column.
+LABEL_COLUMNS = ("label", "class", "target", "y")
+KINDS = ("folder", "npz", "csv")
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """A parsed ``--dataset`` of the user's files."""
+
+    kind: str                      # folder | npz | csv
+    path: Path
+    test: float = DEFAULT_TEST_FRACTION
+    seed: int = DEFAULT_SPLIT_SEED
+    label: str | None = None       # csv: the label column
+
+    @property
+    def text(self) -> str:
+        return f"{self.kind}:{self.path}"
+
+
+def is_file_spec(name: str) -> bool:
+    """Whether ``--dataset name`` names the user's files rather than a built-in dataset."""
+    kind = name.split(":", 1)[0]
+    return (kind in KINDS and ":" in name) or os.sep in name or Path(name).suffix.lower() in (".npz", ".csv") \
+        or Path(name).is_dir()
+
+
+def parse_spec(name: str) -> FileSpec:
+    """``folder:DIR,test=0.3`` and the like (see the module docstring) as a :class:`FileSpec`."""
+    kind, sep, rest = name.partition(":")
+    if not sep or kind not in KINDS:
+        kind, rest = "", name
+    path_text, *options = rest.split(",")
+    if not path_text:
+        raise UsageError(f"--dataset {name!r}: no path; give e.g. folder:DIR, npz:FILE or csv:FILE")
+    path = Path(path_text).expanduser()
+    if not kind:
+        kind = ("folder" if path.is_dir() else "npz" if path.suffix.lower() == ".npz"
+                else "csv" if path.suffix.lower() == ".csv" else "")
+        if not kind:
+            raise UsageError(f"--dataset {name!r}: not a built-in dataset, a directory, a .npz or "
+                             "a .csv; say which with folder:, npz: or csv:")
+    fields: dict = {}
+    for option in options:
+        key, eq, value = option.partition("=")
+        allowed = ("test", "seed", "label") if kind == "csv" else ("test", "seed")
+        if not eq or key not in allowed:
+            raise UsageError(f"--dataset {name!r}: unknown option {option!r}; {kind}: takes "
+                             + ", ".join(f"{k}=..." for k in allowed))
+        fields[key] = value
+    try:
+        test = float(fields.get("test", DEFAULT_TEST_FRACTION))
+        seed = int(fields.get("seed", DEFAULT_SPLIT_SEED))
+    except ValueError:
+        raise UsageError(f"--dataset {name!r}: test= takes a fraction and seed= an integer") from None
+    if not 0 < test < 1:
+        raise UsageError(f"--dataset {name!r}: test={test} must be a fraction between 0 and 1")
+    return FileSpec(kind, path, test, seed, fields.get("label"))
+
+
+def load_file_dataset(spec: FileSpec):
+    """Load and check the user's files; the :class:`Dataset` they become."""
+    loaders = {"folder": _load_folder, "npz": _load_npz, "csv": _load_csv}
+    if spec.kind == "folder" and not spec.path.is_dir():
+        raise DataFileError(f"{spec.path}: no such directory (--dataset folder:DIR takes a folder "
+                            "with one sub-folder of images per class)")
+    if spec.kind != "folder" and not spec.path.is_file():
+        raise DataFileError(f"{spec.path}: no such file (--dataset {spec.kind}:FILE)")
+    return loaders[spec.kind](spec)
+
+
+# ------------------------------------------------------------------------------------- checks
+
+def check_labels(labels, where: str, num_classes: int | None = None) -> np.ndarray:
+    """int64 labels; integers 0..K-1, else a :class:`DataFileError` that names ``where``."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise DataFileError(f"{where}: labels must be one integer per sample (shape (N,)), got "
+                            f"shape {labels.shape}")
+    if labels.dtype.kind == "f":
+        if not np.all(np.isfinite(labels)) or np.any(labels != np.round(labels)):
+            bad = labels[~(np.isfinite(labels) & (labels == np.round(labels)))][0]
+            raise DataFileError(f"{where}: labels must be integers 0..K-1, found {bad!r}")
+    elif labels.dtype.kind not in "iub":
+        raise DataFileError(f"{where}: labels must be integers 0..K-1, got {labels.dtype} values")
+    labels = labels.astype(np.int64)
+    if len(labels) and labels.min() < 0:
+        raise DataFileError(f"{where}: labels must be integers 0..K-1, found {labels.min()}")
+    if num_classes is not None and len(labels) and labels.max() >= num_classes:
+        raise DataFileError(f"{where}: label {labels.max()} is not one of the {num_classes} "
+                            f"classes 0..{num_classes - 1} of the train split")
+    return labels
+
+
+def _class_count(y_train: np.ndarray, where: str) -> int:
+    """K, the class count, from the train labels: every class 0..K-1 must have a sample."""
+    if len(y_train) == 0:
+        raise DataFileError(f"{where}: the train split is empty")
+    k = int(y_train.max()) + 1
+    missing = sorted(set(range(k)) - set(np.unique(y_train).tolist()))
+    if missing:
+        raise DataFileError(f"{where}: labels must be 0..K-1 with every class in the train split; "
+                            f"class(es) {', '.join(map(str, missing[:10]))} of 0..{k - 1} have no "
+                            "train sample")
+    if k < 2:
+        raise DataFileError(f"{where}: one class only (label 0); training needs at least two")
+    return k
+
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int):
+    """Indices ``(train, test)`` holding ``test_fraction`` of each class out, in original order.
+
+    Uses the legacy ``RandomState``, whose stream NumPy keeps stable across versions (unlike
+    ``default_rng`` or scikit-learn's splitters), so the split is the same everywhere.
+    """
+    rng = np.random.RandomState(seed)
+    test = []
+    for cls in np.unique(labels):
+        members = np.flatnonzero(labels == cls)
+        n_test = int(round(len(members) * test_fraction))
+        test.append(rng.permutation(members)[:n_test])
+    test = np.sort(np.concatenate(test)) if test else np.zeros(0, np.int64)
+    train = np.setdiff1d(np.arange(len(labels)), test)
+    return train, test
+
+
+def _split_note(spec: FileSpec) -> str:
+    return (f"stratified {1 - spec.test:.0%}/{spec.test:.0%} split, seed {spec.seed}")
+
+
+def _scaled_features(x_train: np.ndarray, x_test: np.ndarray):
+    """Each column scaled to [0, 1] by the train split's range (see the module docstring)."""
+    lo, hi = x_train.min(axis=0), x_train.max(axis=0)
+    span = np.where(hi > lo, hi - lo, 1.0)
+    scale = lambda x: np.clip((x - lo) / span, 0.0, 1.0).astype(np.float32)  # noqa: E731
+    return scale(x_train), scale(x_test)
+
+
+def _dataset(spec: FileSpec, x_train, y_train, x_test, y_test, class_names=None, note: str = "",
+             details: dict | None = None):
+    from insitu.data.datasets import Dataset, frozen
+
+    where = str(spec.path)
+    num_classes = _class_count(y_train, where)
+    check_labels(y_test, f"{where} (test split)", num_classes)
+    if class_names is None or len(class_names) != num_classes:
+        class_names = [str(k) for k in range(num_classes)]
+    if x_train.ndim == 2:
+        x_train, x_test = _scaled_features(x_train.astype(np.float64), x_test.astype(np.float64))
+        note += "; features scaled to [0, 1] per column by the train split's min and max"
+    return frozen(Dataset(spec.text, np.ascontiguousarray(x_train), y_train,
+                          np.ascontiguousarray(x_test), y_test, num_classes,
+                          source=f"{spec.path.resolve()}{note}", class_names=tuple(class_names),
+                          details=dict(details or {})))
+
+
+# ------------------------------------------------------------------------------------- arrays
+
+def _as_samples(x, where: str) -> np.ndarray:
+    """Arrays as images (uint8 ``(N, H, W[, 3])``) or features (float ``(N, F)``)."""
+    x = np.asarray(x)
+    if x.dtype.kind not in "uif" or x.ndim not in (2, 3, 4):
+        raise DataFileError(f"{where}: expected numbers of shape (N, F) features, (N, H, W) or "
+                            f"(N, H, W, C) / (N, C, H, W) images, got {x.dtype} of shape {x.shape}")
+    if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+        index = np.argwhere(~np.isfinite(x))[0]
+        raise DataFileError(f"{where}: NaN or infinite value at index {tuple(index.tolist())}; "
+                            "remove or impute it first")
+    if x.ndim == 2:
+        return x.astype(np.float64)
+    if x.ndim == 4:
+        if x.shape[3] in (1, 3):
+            pass
+        elif x.shape[1] in (1, 3):
+            x = np.moveaxis(x, 1, 3)
+        else:
+            raise DataFileError(f"{where}: 4-D images need 1 or 3 channels, first (N, C, H, W) or "
+                                f"last (N, H, W, C); got shape {x.shape}")
+        x = x[..., 0] if x.shape[3] == 1 else x
+    if x.dtype == np.uint8:
+        return np.ascontiguousarray(x)
+    lo, hi = float(x.min(initial=0)), float(x.max(initial=0))
+    if x.dtype.kind == "f" and lo >= 0 and hi <= 1:
+        return np.rint(x * 255).astype(np.uint8)
+    if lo >= 0 and hi <= 255 and np.all(x == np.round(x)):
+        return x.astype(np.uint8)
+    raise DataFileError(f"{where}: image values range {lo:g}..{hi:g}; give uint8 pixels 0..255 "
+                        "or floats in [0, 1] (or 2-D (N, F) arrays for features)")
+
+
+def _load_npz(spec: FileSpec):
+    where = str(spec.path)
+    try:
+        with np.load(spec.path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except Exception as exc:        # zipfile, pickle and format errors alike: not a readable .npz
+        raise DataFileError(f"{where}: not a readable .npz file ({exc})") from None
+    names = [str(n) for n in arrays.pop("class_names", [])]
+    if {"x_train", "y_train", "x_test", "y_test"} <= set(arrays):
+        x_train = _as_samples(arrays["x_train"], f"{where}: x_train")
+        x_test = _as_samples(arrays["x_test"], f"{where}: x_test")
+        y_train = check_labels(arrays["y_train"], f"{where}: y_train")
+        y_test = check_labels(arrays["y_test"], f"{where}: y_test")
+        note = "; its own train/test split"
+    elif {"x", "y"} <= set(arrays):
+        x = _as_samples(arrays["x"], f"{where}: x")
+        y = check_labels(arrays["y"], f"{where}: y")
+        _same_length(where, x, y, "x", "y")
+        train, test = stratified_split(y, spec.test, spec.seed)
+        x_train, y_train, x_test, y_test = x[train], y[train], x[test], y[test]
+        note = "; " + _split_note(spec)
+    else:
+        raise DataFileError(f"{where}: holds {', '.join(sorted(arrays)) or 'no arrays'}; a dataset "
+                            ".npz holds x_train, y_train, x_test, y_test (or x, y and is split "
+                            "here), and optionally class_names")
+    _same_length(where, x_train, y_train, "x_train", "y_train")
+    _same_length(where, x_test, y_test, "x_test", "y_test")
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise DataFileError(f"{where}: x_test's samples have shape {x_test.shape[1:]}, x_train's "
+                            f"{x_train.shape[1:]}; they must be the same")
+    return _dataset(spec, x_train, y_train, x_test, y_test, names or None, note)
+
+
+def _same_length(where, x, y, x_name, y_name) -> None:
+    if len(x) != len(y):
+        raise DataFileError(f"{where}: {x_name} holds {len(x)} samples but {y_name} {len(y)} labels")
+
+
+# ------------------------------------------------------------------------------------- tables
+
+def _load_csv(spec: FileSpec):
+    where = str(spec.path)
+    try:
+        with open(spec.path, newline="", encoding="utf-8-sig") as f:
+            rows = [row for row in csv.reader(f) if any(cell.strip() for cell in row)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataFileError(f"{where}: not a readable CSV file ({exc})") from None
+    if len(rows) < 2:
+        raise DataFileError(f"{where}: needs a header row and at least one sample row")
+    header = [h.strip() for h in rows[0]]
+    if all(_is_number(h) for h in header):
+        raise DataFileError(f"{where}: the first row is numbers; a table needs a header row that "
+                            "names its columns (one of them the label)")
+    label_at = _label_column(spec, header)
+    split_at = next((i for i, h in enumerate(header) if h.lower() == "split"), None)
+    features = [i for i in range(len(header)) if i not in (label_at, split_at)]
+    if not features:
+        raise DataFileError(f"{where}: no feature columns besides the label {header[label_at]!r}")
+    x = np.empty((len(rows) - 1, len(features)))
+    labels, splits = [], []
+    for r, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise DataFileError(f"{where}, line {r}: {len(row)} fields, the header has {len(header)}")
+        for c, i in enumerate(features):
+            value = _number(row[i])
+            if value is None or not math.isfinite(value):
+                raise DataFileError(f"{where}, line {r}, column {header[i]!r}: {row[i]!r} is not a "
+                                    "finite number (NaN and empty cells are refused: impute or drop "
+                                    "them first)")
+            x[r - 2, c] = value
+        labels.append(row[label_at].strip())
+        splits.append(row[split_at].strip().lower() if split_at is not None else "")
+    y, names = _table_labels(labels, f"{where}, column {header[label_at]!r}")
+    if split_at is not None:
+        bad = sorted(set(splits) - {"train", "test"})
+        if bad:
+            raise DataFileError(f"{where}, column {header[split_at]!r}: {bad[0]!r}; its values are "
+                                "train or test")
+        train, test = (np.flatnonzero(np.asarray(splits) == s) for s in ("train", "test"))
+        note = f"; its split column {header[split_at]!r}"
+    else:
+        train, test = stratified_split(y, spec.test, spec.seed)
+        note = "; " + _split_note(spec)
+    note += f"; label column {header[label_at]!r}, {len(features)} features"
+    return _dataset(spec, x[train], y[train], x[test], y[test], names, note,
+                    {"feature_columns": [header[i] for i in features]})
+
+
+def _is_number(text: str) -> bool:
+    return _number(text) is not None
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _label_column(spec: FileSpec, header: list[str]) -> int:
+    lowered = [h.lower() for h in header]
+    if spec.label is not None:
+        if spec.label.lower() not in lowered:
+            raise DataFileError(f"{spec.path}: no column {spec.label!r} (label=); its columns: "
+                                f"{', '.join(header)}")
+        return lowered.index(spec.label.lower())
+    for name in LABEL_COLUMNS:
+        if name in lowered:
+            return lowered.index(name)
+    return len(header) - 1
+
+
+def _table_labels(labels: list[str], where: str):
+    """int64 labels and class names: integers must be 0..K-1; text is numbered in sorted order."""
+    if all(_is_number(v) for v in labels):
+        values = np.asarray([float(v) for v in labels])
+        return check_labels(values, where), None
+    if any(not v for v in labels):
+        raise DataFileError(f"{where}: a row has no label")
+    names = sorted(set(labels))
+    index = {name: k for k, name in enumerate(names)}
+    return np.asarray([index[v] for v in labels], np.int64), names
+
+
+# ------------------------------------------------------------------------------------- folders
+
+def _image_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _class_folders(directory: Path) -> list[Path]:
+    folders = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not folders:
+        raise DataFileError(f"{directory}: no class folders; an image folder holds one sub-folder of "
+                            "images per class (DIR/cat/1.png, DIR/dog/2.png), or train/ and test/ "
+                            "folders that do")
+    for folder in folders:
+        if not _image_files(folder):
+            raise DataFileError(f"{folder}: class folder holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    return folders
+
+
+def _load_folder(spec: FileSpec):
+    root = spec.path
+    split_given = (root / "train").is_dir() and (root / "test").is_dir()
+    if split_given:
+        classes = [f.name for f in _class_folders(root / "train")]
+        test_classes = [f.name for f in _class_folders(root / "test")]
+        unknown = sorted(set(test_classes) - set(classes))
+        if unknown:
+            raise DataFileError(f"{root / 'test' / unknown[0]}: class folder {unknown[0]!r} is not "
+                                f"in {root / 'train'}")
+        parts = {split: [(f, classes.index(c)) for c in names for f in _image_files(root / split / c)]
+                 for split, names in (("train", classes), ("test", test_classes))}
+        files = parts["train"] + parts["test"]
+    else:
+        classes = [f.name for f in _class_folders(root)]
+        files = [(f, k) for k, c in enumerate(classes) for f in _image_files(root / c)]
+    images, details = _decoded(root, [f for f, _ in files])
+    labels = np.asarray([k for _, k in files], np.int64)
+    if split_given:
+        n = len(parts["train"])
+        train, test = np.arange(n), np.arange(n, len(files))
+        note = "; its train/ and test/ folders"
+    else:
+        train, test = stratified_split(labels, spec.test, spec.seed)
+        note = "; " + _split_note(spec)
+    note += f"; {details['mode']} images {details['size'][0]}x{details['size'][1]}"
+    if details["resized"]:
+        note += f" ({details['resized']} of other sizes resampled to it)"
+    return _dataset(spec, images[train], labels[train], images[test], labels[test], classes, note,
+                    details)
+
+
+def cache_dir() -> Path:
+    """Where decoded folders are cached: ``$INSITU_CACHE_DIR/datasets`` or ``~/.cache/insitu/datasets``."""
+    base = os.environ.get("INSITU_CACHE_DIR")
+    return (Path(base) if base else Path.home() / ".cache" / "insitu") / "datasets"
+
+
+def _decoded(root: Path, files: list[Path]):
+    """uint8 images of ``files`` (one size and mode, see the module docstring), cached."""
+    import json
+
+    from insitu.io import atomic_write
+
+    key = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    cached = cache_dir() / f"folder-{key.hexdigest()[:24]}.npz"
+    if cached.is_file():
+        try:
+            with np.load(cached, allow_pickle=False) as f:
+                return f["images"], json.loads(str(f["details"]))
+        except Exception:           # a damaged cache file is decoded again and replaced
+            pass
+    images, details = _decode_all(files)
+    import io
+    buffer = io.BytesIO()
+    np.savez(buffer, images=images, details=np.asarray(json.dumps(details)))
+    try:
+        atomic_write(cached, buffer.getvalue())
+        print(f"decoded {len(files)} images of {root}; cached in {cached} ({cached.stat().st_size:,} "
+              "bytes; delete it to free the space)", file=sys.stderr)
+    except OSError as exc:
+        print(f"decoded {len(files)} images of {root}; not cached ({exc})", file=sys.stderr)
+    return images, details
+
+
+def _decode_all(files: list[Path]):
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise UsageError("image folders need Pillow: pip install pillow (it is in insitu[host]); "
+                         "or pass the images as a .npz") from None
+    from insitu.data.images import resize_images
+
+    decoded = []
+    for path in files:
+        try:
+            with Image.open(path) as image:
+                image.load()
+                decoded.append(_pixels(image))
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+            raise DataFileError(f"{path}: unreadable image ({exc})") from None
+    colour = any(a.ndim == 3 for a in decoded)
+    sizes = Counter(a.shape[:2] for a in decoded)
+    size = max(sizes, key=lambda s: (sizes[s], s[0] * s[1]))      # the most common, then largest
+    out = np.empty((len(decoded), *size, *((3,) if colour else ())), np.uint8)
+    resized = 0
+    for i, a in enumerate(decoded):
+        if colour and a.ndim == 2:
+            a = np.repeat(a[..., None], 3, axis=2)
+        if a.shape[:2] != size:
+            a, resized = resize_images(a[None], size)[0], resized + 1
+        out[i] = a
+    return out, {"mode": "RGB" if colour else "grey", "size": list(size), "resized": resized,
+                 "files": len(files)}
+
+
+def _pixels(image) -> np.ndarray:
+    """uint8 ``(H, W)`` for a grey image, ``(H, W, 3)`` for a colour one (alpha dropped)."""
+    if image.mode in ("I", "I;16", "I;16B", "I;16L", "F"):          # 16-bit and float grey
+        a = np.asarray(image, dtype=np.float64)
+        peak = 65535.0 if a.max(initial=0) > 255 else 255.0
+        return np.clip(np.rint(a * (255.0 / peak)), 0, 255).astype(np.uint8)
+    if image.mode in ("1", "L", "LA", "P") and (image.mode != "P" or _grey_palette(image)):
+        return np.asarray(image.convert("L"), dtype=np.uint8)
+    return np.asarray(image.convert("RGB"), dtype=np.uint8)
+
+
+def _grey_palette(image) -> bool:
+    rgb = np.asarray(image.convert("RGB"))
+    return bool(np.all(rgb[..., 0] == rgb[..., 1]) and np.all(rgb[..., 1] == rgb[..., 2]))
