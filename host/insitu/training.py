@@ -13,6 +13,7 @@ budget, resumable checkpoints and the result record.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import AbstractSet, Callable
 
 import numpy as np
@@ -20,7 +21,7 @@ import numpy as np
 from insitu import nn
 from insitu.boards import Board, get_board, load_boards
 from insitu.checks import check_int, check_number
-from insitu.data import load_dataset
+from insitu.data import check_dataset, load_dataset
 from insitu.errors import InsituError, UsageError
 from insitu.harness import RunPlan, run_identity, run_training, sample_order, say
 from insitu.nn.networks import NETWORKS
@@ -53,8 +54,9 @@ class TrainConfig:
     twin: str | None = None            # the kind of twin started (None: the Cortex-M7 one)
     lr_scale: tuple[str, ...] = ()     # per-layer lr factors, "LAYER=FACTOR" (or a {layer: factor} dict)
 
-    def validate(self, models) -> None:
-        """Checks after the algorithm's defaults are filled in; ``models``: the algorithm's."""
+    def validate(self, models, model_files: tuple[str, ...] = ()) -> None:
+        """Checks after the algorithm's defaults are filled in; ``models``: the algorithm's, and
+        ``model_files`` the suffixes of model files it takes (``.onnx``)."""
         for name in ("samples", "checkpoint_every", "batch_size", "rank", "test_samples", "heap"):
             value = getattr(self, name)
             if value is not None:
@@ -62,9 +64,14 @@ class TrainConfig:
         check_int("--seed", self.seed, low=0)
         if self.lr is not None:
             check_number("--lr", self.lr)
-        if self.model not in models:
+        if model_files and Path(str(self.model)).suffix.lower() in model_files:
+            if not Path(str(self.model)).is_file():
+                raise UsageError(f"--model {self.model}: no such file")
+        elif self.model not in models:
+            files = f", or a {' / '.join(model_files)} file" if model_files else ""
             raise UsageError(f"unknown --model {self.model!r} for --algo {self.algo}; its models: "
-                             f"{', '.join(models)}")
+                             f"{', '.join(models)}{files}")
+        check_dataset(self.dataset, self.data_dir)
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,8 @@ class Algorithm:
     check: Callable[[TrainConfig, Board], object] | None = None
     #: models the algorithm trains (the first is its default), and its default batch size and lr
     models: tuple[str, ...] = ()
+    #: suffixes of model files that --model takes besides the names (sparse: ".onnx")
+    model_files: tuple[str, ...] = ()
     batch_size: int | None = 32
     lr: float | None = 0.05
     dataset: str = "fashion-mnist"
@@ -142,7 +151,7 @@ def prepare(config: TrainConfig, given: AbstractSet[str] = frozenset()) -> tuple
                      dataset=algo.dataset if config.dataset is None else config.dataset,
                      batch_size=algo.batch_size if config.batch_size is None else config.batch_size,
                      lr=algo.lr if config.lr is None else config.lr)
-    config.validate(algo.models)
+    config.validate(algo.models, algo.model_files)
     if board.kind not in algo.board_kinds:
         fits = [b.name for b in load_boards().values() if b.kind in algo.board_kinds]
         raise UsageError(f"algorithm {algo.name!r} does not run on {board.name} ({board.kind}); "
@@ -205,8 +214,18 @@ class SGDLearner:
 
 def _run_sgd(config: TrainConfig, board: Board, advance) -> dict:
     data = load_dataset(config.dataset, config.data_dir)
-    x_train = data.float_images("train")[:, None]        # NCHW, one channel
-    x_test = data.float_images("test")[:, None]
+    if config.model == "cnn":
+        # The CNN is a grey network of any size its two 2x2 pools leave positive: RGB is brought
+        # to grey by the data's one rule.
+        data.require_images("--model cnn")
+        if min(data.image_size) < 4:
+            raise UsageError(f"--model cnn needs images of at least 4x4 (two 2x2 pools); --dataset "
+                             f"{config.dataset} has {data.image_size[0]}x{data.image_size[1]}")
+        data = data.fit_images(channels=1)
+    x_train = data.float_images("train")              # the mlp flattens any sample
+    x_test = data.float_images("test")
+    if config.model == "cnn":                         # NCHW, one channel
+        x_train, x_test = x_train[:, None], x_test[:, None]
     y_test = data.y_test
     if config.test_samples is not None:
         x_test, y_test = x_test[:config.test_samples], y_test[:config.test_samples]
@@ -301,6 +320,7 @@ register(Algorithm(
     run=_run_sparse,
     check=_check_sparse,
     models=("mbv2-28", "mbv2-tiny"),
+    model_files=(".onnx",),
     options=frozenset({"scheme", "port", "flash_dir", "heap", "twin", "lr_scale"}),
     batch_size=1,               # 1, as in the paper; N > 1 accumulates N samples' gradients per update
     lr=0.05,

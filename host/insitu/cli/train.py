@@ -41,8 +41,9 @@ def _algo_help() -> str:
 @click.option("--algo", default=TrainConfig.algo, show_default=True,
               help=f"Training algorithm. {_algo_help()}.")
 @click.option("--dataset", default=None,
-              help="Dataset (see `insitu data list`); sparse: the adaptation task, digits (default) or "
-                   "fashion-shift. Default: fashion-mnist, sparse: digits.")
+              help="Dataset (see `insitu data list`), or your files: folder:DIR (a sub-folder of "
+                   "images per class), npz:FILE, csv:FILE (docs/own-data.md); sparse: also the "
+                   "adaptation task fashion-shift. Default: fashion-mnist, sparse: digits.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder with the dataset's IDX files (default: where Debian installs it).")
 @click.option("--model", default=None,
@@ -108,6 +109,7 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
     Examples:
       insitu train --samples 6000 --json
       insitu train --board ultra96v2-sim --dataset digits --model cnn
+      insitu train --dataset folder:my-images --model cnn --samples 2000   # your own images
       insitu train --checkpoint run.ckpt.npz     # interrupt it, run again: it resumes
       insitu train --run-dir runs/a lr=0.1 --plot a.png     # a run folder; insitu runs compare
       insitu train --config runs/a/config.toml seed=1 --run-dir runs/b

@@ -11,6 +11,7 @@ from insitu.data.datasets import (
     DIGITS_TEST_FRACTION,
     FASHION_MNIST_DIR,
     Dataset,
+    check_dataset,
     dataset_info,
     dataset_names,
     list_datasets,
@@ -18,6 +19,6 @@ from insitu.data.datasets import (
 )
 from insitu.data.idx import read_idx, write_idx
 
-__all__ = ["Dataset", "load_dataset", "dataset_info", "dataset_names", "list_datasets",
+__all__ = ["Dataset", "load_dataset", "check_dataset", "dataset_info", "dataset_names", "list_datasets",
            "read_idx", "write_idx", "FASHION_MNIST_DIR", "DIGITS_TEST_FRACTION",
            "DIGITS_SPLIT_SEED"]

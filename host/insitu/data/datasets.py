@@ -32,7 +32,7 @@ from insitu.data.files import stratified_split
 from insitu.data.idx import read_idx
 from insitu.errors import DatasetError, UsageError
 
-__all__ = ["Dataset", "load_dataset", "frozen", "dataset_info", "list_datasets", "dataset_names",
+__all__ = ["Dataset", "load_dataset", "check_dataset", "frozen", "dataset_info", "list_datasets", "dataset_names",
            "FASHION_MNIST_DIR", "DIGITS_TEST_FRACTION", "DIGITS_SPLIT_SEED"]
 
 #: Where the Debian package ``dataset-fashion-mnist`` installs the files.
@@ -167,8 +167,25 @@ def dataset_names() -> list[str]:
 def _spec(name: str) -> _Spec:
     registry = _registry()
     if name not in registry:
-        raise UsageError(f"unknown dataset {name!r}; known datasets: {', '.join(registry)}")
+        raise UsageError(f"unknown dataset {name!r}; known datasets: {', '.join(registry)}; or your "
+                     "files: folder:DIR, npz:FILE, csv:FILE (docs/own-data.md)")
     return registry[name]
+
+
+def check_dataset(name: str, data_dir: str | Path | None = None) -> None:
+    """The cheap checks of ``--dataset name`` (before any slow work): a known name, or the user's
+    files whose spec parses and whose path exists. Loading checks the contents."""
+    from insitu.data import files
+
+    if name in _registry():
+        return
+    if not files.is_file_spec(name):
+        _spec(name)                                      # the unknown-name error
+    spec = files.parse_spec(name)
+    if data_dir is not None:
+        raise UsageError(f"--dataset {name} names its files itself; leave out --data-dir")
+    if not spec.path.exists():
+        raise UsageError(f"--dataset {name}: {spec.path} does not exist")
 
 
 def load_dataset(name: str, data_dir: str | Path | None = None) -> Dataset:
@@ -183,8 +200,7 @@ def load_dataset(name: str, data_dir: str | Path | None = None) -> Dataset:
     from insitu.data import files
 
     if name not in _registry() and files.is_file_spec(name):
-        if data_dir is not None:
-            raise UsageError(f"--dataset {name} names its files itself; leave out --data-dir")
+        check_dataset(name, data_dir)
         return _load_files(files.parse_spec(name))
     spec = _spec(name)
     if spec.kind == "sklearn":
