@@ -22,6 +22,7 @@ from insitu import nn
 from insitu.boards import Board, get_board, load_boards
 from insitu.checks import check_int, check_number
 from insitu.data import check_dataset, load_dataset
+from insitu.data.files import is_file_spec
 from insitu.errors import InsituError, UsageError
 from insitu.harness import RunPlan, run_identity, run_training, sample_order, say
 from insitu.nn.networks import NETWORKS
@@ -71,7 +72,8 @@ class TrainConfig:
             files = f", or a {' / '.join(model_files)} file" if model_files else ""
             raise UsageError(f"unknown --model {self.model!r} for --algo {self.algo}; its models: "
                              f"{', '.join(models)}{files}")
-        check_dataset(self.dataset, self.data_dir)
+        if self.dataset and is_file_spec(self.dataset):    # names are checked by each algorithm
+            check_dataset(self.dataset, self.data_dir)
 
 
 @dataclass(frozen=True)

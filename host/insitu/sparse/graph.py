@@ -37,12 +37,23 @@ ACTIVATIONS = ("none", "relu", "relu6")
 INPUT_SCALE = 1.0 / 128
 
 
-def input_codes(images: np.ndarray) -> np.ndarray:
-    """uint8 images ``(N, H, W)`` (or one ``(H, W)``) as int8 input codes ``(..., 1, H, W)``."""
+def channels_first(images: np.ndarray) -> np.ndarray:
+    """uint8 images as the graph's ``(..., C, H, W)`` layout: grey ``(N, H, W)`` (or one ``(H, W)``)
+    get a channel axis ``(N, 1, H, W)``; channel-last ``(N, H, W, C)`` (RGB: C = 3) are transposed
+    to ``(N, C, H, W)``. One RGB image is ``(1, H, W, 3)``: ``(H, W, 3)`` reads as 3-pixel-wide grey."""
     images = np.asarray(images)
     if images.dtype != np.uint8:
         raise ValueError(f"input images must be uint8, got {images.dtype}")
-    return (images.astype(np.int16) - 128).astype(np.int8)[..., None, :, :]
+    if images.ndim == 4:
+        return np.ascontiguousarray(np.moveaxis(images, -1, 1))
+    if images.ndim not in (2, 3):
+        raise ValueError(f"input images must be (N, H, W), (H, W) or (N, H, W, C), got shape {images.shape}")
+    return images[..., None, :, :]
+
+
+def input_codes(images: np.ndarray) -> np.ndarray:
+    """uint8 images (see :func:`channels_first`) as int8 input codes ``(..., C, H, W)``."""
+    return (channels_first(images).astype(np.int16) - 128).astype(np.int8)
 
 
 @dataclass
@@ -215,11 +226,14 @@ def conv_out(size: int, kernel: int, stride: int, pad: int) -> int:
 
 # --------------------------------------------------------------------------- quantization rules
 
-def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-output-channel symmetric int8: ``(codes, scales)`` with max |code| = 127 per channel."""
+def quantize_weight(w: np.ndarray, scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-output-channel symmetric int8: ``(codes, scales)`` with max |code| = 127 per channel, or
+    the codes of the given per-channel ``scale`` (a graph's own, e.g. read back from a file)."""
     w = np.asarray(w, dtype=np.float64)
-    peak = np.abs(w.reshape(len(w), -1)).max(axis=1)
-    scale = np.where(peak > 0, peak / 127, 1.0)
+    if scale is None:
+        peak = np.abs(w.reshape(len(w), -1)).max(axis=1)
+        scale = np.where(peak > 0, peak / 127, 1.0)
+    scale = np.asarray(scale, np.float64)
     codes = nx.saturate(nx.round_half_up(w / scale.reshape(-1, *([1] * (w.ndim - 1)))), 8)
     return codes.astype(np.int8), scale
 

@@ -54,7 +54,7 @@ from insitu.sparse import golden
 from insitu.sparse.models import (MobileNetV2, Unit, build_model, float_accuracy, folded_forward,
                                folded_units, model_config, train_float)
 
-__all__ = ["quantize_model", "calibrate_scales", "build_graph", "int8_forward", "int8_accuracy",
+__all__ = ["quantize_model", "calibrate_scales", "activation_scale", "build_graph", "int8_forward", "int8_accuracy",
            "new_head", "HEAD_INIT", "HEAD_RANGE", "pretrained", "pretrained_path", "checkpoint_path",
            "untrained_graph", "estimate_seconds",
            "PRETRAIN_DEFAULTS",
@@ -83,7 +83,8 @@ def _peak(values: np.ndarray, percentile: float) -> float:
 
 def calibrate_scales(units: list[Unit], x: np.ndarray, percentile: float = CALIBRATION_PERCENTILE,
                      batch_size: int = 250) -> dict[str, float]:
-    """Scale of every activation tensor (graph names) from float inputs ``x`` ``(N, 1, H, W)``."""
+    """Scale of every activation tensor (graph names) from float inputs ``x`` ``(N, 1, H, W)``
+    (:func:`activation_scale` of each)."""
     records: dict[str, list[np.ndarray]] = {}
     for i in range(0, len(x), batch_size):
         rec: dict[str, np.ndarray] = {}
@@ -91,10 +92,15 @@ def calibrate_scales(units: list[Unit], x: np.ndarray, percentile: float = CALIB
         for k, v in rec.items():
             records.setdefault(OUTPUT_TENSOR if k == "classifier" else k, []).append(v)
     scales = {INPUT_TENSOR: g.INPUT_SCALE}
-    for name, parts in records.items():
-        peak = _peak(np.concatenate(parts), percentile)
-        scales[name] = peak / 127 if peak > 0 else 1.0 / 127      # a dead tensor: any scale works
+    scales.update({name: activation_scale(parts, percentile) for name, parts in records.items()})
     return scales
+
+
+def activation_scale(parts: list[np.ndarray], percentile: float = CALIBRATION_PERCENTILE) -> float:
+    """The int8 scale of one activation tensor from its float values over the calibration set
+    (``parts``: one array per batch): its ``percentile`` of ``|value|`` maps to code 127."""
+    peak = _peak(np.concatenate([np.ravel(p) for p in parts]), percentile)
+    return peak / 127 if peak > 0 else 1.0 / 127      # a dead tensor: any scale works
 
 
 def build_graph(units: list[Unit], scales: dict[str, float], input_size: int, meta: dict | None = None) -> g.Graph:

@@ -35,6 +35,7 @@ import numpy as np
 from insitu.data import load_dataset
 from insitu.data.images import resize_images
 from insitu.errors import UsageError
+from insitu.sparse.graph import channels_first
 
 __all__ = ["TASKS", "ADAPTATION_TASKS", "PRETRAIN_TASK", "load_task", "pretrain_task", "resize",
            "float_inputs", "FASHION_SHIFT_TRAIN", "FASHION_SHIFT_SEED"]
@@ -57,12 +58,9 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
 
 
 def float_inputs(images: np.ndarray, dtype=np.float32) -> np.ndarray:
-    """uint8 ``(N, H, W)`` -> the float model's input ``(N, 1, H, W)``: ``(pixel - 128) / 128``,
-    the real value of the int8 graph's input codes."""
-    images = np.asarray(images)
-    if images.dtype != np.uint8:
-        raise ValueError(f"input images must be uint8, got {images.dtype}")
-    return ((images.astype(dtype) - 128) / 128)[:, None]
+    """uint8 ``(N, H, W)`` -> the float model's input ``(N, 1, H, W)`` (channel-last ``(N, H, W, C)``
+    -> ``(N, C, H, W)``): ``(pixel - 128) / 128``, the real value of the int8 graph's input codes."""
+    return (channels_first(images).astype(dtype) - 128) / 128
 
 
 def pretrain_task(input_size: int):
