@@ -68,14 +68,32 @@ def pretrain_task(input_size: int):
     return load_task(PRETRAIN_TASK, input_size)
 
 
-def load_task(name: str, input_size: int):
+def load_task(name: str, input_size: int, channels: int = 1):
     """``(x_train, y_train, x_test, y_test, num_classes)`` of a task at ``input_size`` (uint8
-    ``(N, input_size, input_size)`` images, int64 labels). Unknown names raise UsageError."""
-    if name not in TASKS:
-        raise UsageError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+    ``(N, input_size, input_size)`` images, or ``(N, size, size, 3)`` for ``channels=3``; int64
+    labels). A task is one of :data:`TASKS` or the user's files (``folder:DIR``, ``npz:FILE``),
+    brought to the input by the data's one rule (:meth:`insitu.data.Dataset.fit_images`).
+    Unknown names raise UsageError."""
+    from insitu.data.files import is_file_spec
+
+    if name not in TASKS and not is_file_spec(name):
+        raise UsageError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}, or your images: "
+                         "folder:DIR, npz:FILE")
     if not isinstance(input_size, (int, np.integer)) or input_size < 4:
         raise UsageError(f"input size must be an integer >= 4, got {input_size!r}")
-    return _load(name, int(input_size))
+    if channels not in (1, 3):
+        raise UsageError(f"the model's input has {channels} channels; images have 1 (grey) or 3 (RGB)")
+    if is_file_spec(name):
+        ds = load_dataset(name)
+        ds.require_images(f"the MCU models (input {channels}x{input_size}x{input_size})")
+        ds = ds.fit_images((int(input_size), int(input_size)), channels)
+        return ds.x_train, ds.y_train, ds.x_test, ds.y_test, ds.num_classes
+    x_train, y_train, x_test, y_test, classes = _load(name, int(input_size))
+    if channels == 3:               # a built-in grey task for an RGB model: the rule's grey -> RGB
+        from insitu.data.images import to_channels
+
+        x_train, x_test = to_channels(x_train, 3), to_channels(x_test, 3)
+    return x_train, y_train, x_test, y_test, classes
 
 
 @functools.lru_cache(maxsize=8)
