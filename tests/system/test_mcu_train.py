@@ -411,7 +411,7 @@ EARLY = {
     "heap-on-real-board": (("--board", REAL_BOARD, "--port", "/dev/nonexistent", "--heap", "64K"), ["--heap"]),
     "flash-dir-unwritable": (("--board", SIM_BOARD, "--flash-dir", "/proc/insitu-flash"),
                              ["--flash-dir /proc/insitu-flash", "cannot be written"]),
-    "unknown-task": (("--board", SIM_BOARD, "--dataset", "nope"), ["--dataset 'nope'"]),
+    "unknown-task": (("--board", SIM_BOARD, "--dataset", "nope"), ["--dataset: unknown task 'nope'"]),
 }
 
 

@@ -56,7 +56,7 @@ def refused(**options) -> UsageError:
     ({"board": REAL, "port": "/dev/nonexistent", "heap": 65536}, ["--heap"]),
     ({"board": REAL, "port": "/dev/null", "twin": "unix"}, ["--twin"]),
     ({"board": REAL, "port": "/dev/null", "flash_dir": "flash"}, ["--flash-dir"]),
-    ({"board": SIM, "dataset": "nope"}, ["--dataset 'nope'"]),
+    ({"board": SIM, "dataset": "nope"}, ["--dataset: unknown task 'nope'"]),
     ({"board": SIM, "lr_scale": ("nope=2",)}, ["--lr-scale nope=2", "no layer 'nope'", "head.conv, classifier"]),
     ({"board": SIM, "lr_scale": ("classifier=0",)}, ["--lr-scale classifier=0", "positive number"]),
     ({"board": SIM, "lr_scale": ("classifier",)}, ["--lr-scale 'classifier'", "LAYER=FACTOR"]),

@@ -30,7 +30,7 @@ from insitu import resources
 from insitu.sparse.models import model_config
 from insitu.sparse.objective import SearchResult
 from insitu.sparse.scheme import RATIOS, Scheme
-from insitu.sparse.tasks import TASKS
+from insitu.sparse.tasks import check_task
 
 __all__ = ["DEFAULT_EVALUATIONS", "DEFAULT_TRAIN_SAMPLES", "DEFAULT_EVAL_SAMPLES", "DEFAULT_KEEP",
            "DEFAULT_MIN_DISTANCE", "check_lr_scale", "compare", "run_search", "validate_candidates"]
@@ -74,8 +74,7 @@ def check_analysis_options(model: str, task: str, train_samples, evaluations, wo
     """The options every contribution analysis takes (the search's and the comparison's), checked
     before any work: ``(train_samples, evaluations, workers, lr)``, or a UsageError naming one."""
     model_config(model)                                # unknown model: UsageError
-    if task not in TASKS:
-        raise UsageError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+    check_task(task)
     return (check_int("train samples", train_samples), check_int("evaluations", evaluations),
             check_int("workers", workers), check_number("lr", lr))
 

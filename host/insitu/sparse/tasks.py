@@ -37,7 +37,7 @@ from insitu.data.images import resize_images
 from insitu.errors import UsageError
 from insitu.sparse.graph import channels_first
 
-__all__ = ["TASKS", "ADAPTATION_TASKS", "PRETRAIN_TASK", "load_task", "pretrain_task", "resize",
+__all__ = ["TASKS", "ADAPTATION_TASKS", "PRETRAIN_TASK", "check_task", "load_task", "pretrain_task", "resize",
            "float_inputs", "FASHION_SHIFT_TRAIN", "FASHION_SHIFT_SEED"]
 
 PRETRAIN_TASK = "fashion-mnist"
@@ -68,6 +68,23 @@ def pretrain_task(input_size: int):
     return load_task(PRETRAIN_TASK, input_size)
 
 
+def check_task(name: str, option: str = "--dataset") -> None:
+    """The cheap check of a task name (before any slow work): one of :data:`TASKS`, or the user's
+    image files (``folder:DIR``, ``npz:FILE``) that exist. Raises UsageError."""
+    from insitu.data import check_dataset
+    from insitu.data.files import is_file_spec, parse_spec
+
+    if name in TASKS:
+        return
+    if not is_file_spec(name):
+        raise UsageError(f"{option}: unknown task {name!r}; known tasks: {', '.join(TASKS)}, or your "
+                         "images: folder:DIR, npz:FILE")
+    if parse_spec(name).kind == "csv":
+        raise UsageError(f"{option} {name}: the MCU models take images, and a CSV table holds "
+                         "feature vectors; give a folder:DIR or an npz:FILE of images")
+    check_dataset(name)
+
+
 def load_task(name: str, input_size: int, channels: int = 1):
     """``(x_train, y_train, x_test, y_test, num_classes)`` of a task at ``input_size`` (uint8
     ``(N, input_size, input_size)`` images, or ``(N, size, size, 3)`` for ``channels=3``; int64
@@ -76,9 +93,7 @@ def load_task(name: str, input_size: int, channels: int = 1):
     Unknown names raise UsageError."""
     from insitu.data.files import is_file_spec
 
-    if name not in TASKS and not is_file_spec(name):
-        raise UsageError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}, or your images: "
-                         "folder:DIR, npz:FILE")
+    check_task(name, "task")
     if not isinstance(input_size, (int, np.integer)) or input_size < 4:
         raise UsageError(f"input size must be an integer >= 4, got {input_size!r}")
     if channels not in (1, 3):
