@@ -370,11 +370,10 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
     if samples < 1:
         raise UsageError(f"--samples must be at least 1, got {samples}")
     from insitu.sparse.models import model_config
-    from insitu.sparse.tasks import TASKS
+    from insitu.sparse.tasks import check_task
 
     _as_options(model_config, model)
-    if task not in TASKS:
-        raise UsageError(f"--dataset: unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+    check_task(task)
     high_bytes = parse_size(high) if high else spec.mcu["training_budget_bytes"]
     if twin_kind == "qemu":
         from insitu.mcu import qemu

@@ -292,7 +292,7 @@ def check_sparse(config, board: Board) -> int:
     bytes the run will have. ``insitu.training.prepare`` calls it with the algorithm's defaults
     filled in, before any work; :func:`run_sparse` again."""
     from insitu.checks import check_int
-    from insitu.sparse.tasks import TASKS
+    from insitu.sparse.tasks import check_task
 
     model, dataset = config.model, config.dataset
 
@@ -323,8 +323,7 @@ def check_sparse(config, board: Board) -> int:
                              "before the training arena; give a larger --heap")
         if config.flash_dir:
             check_flash_dir(config.flash_dir)
-    if dataset not in TASKS:
-        raise UsageError(f"unknown --dataset {dataset!r} for --algo sparse; its tasks: {', '.join(TASKS)}")
+    check_task(dataset)
     check_scheme(model, config.scheme)
     parse_lr_scale(model, config.lr_scale)
     if config.port:
