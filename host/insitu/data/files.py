@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
+import json
 import math
 import os
 import sys
@@ -425,8 +427,6 @@ def cache_dir() -> Path:
 
 def _decoded(root: Path, files: list[Path]):
     """uint8 images of ``files`` (one size and mode, see the module docstring), cached."""
-    import json
-
     from insitu.io import atomic_write
 
     key = hashlib.sha256()
@@ -441,7 +441,6 @@ def _decoded(root: Path, files: list[Path]):
         except Exception:           # a damaged cache file is decoded again and replaced
             pass
     images, details = _decode_all(files)
-    import io
     buffer = io.BytesIO()
     np.savez(buffer, images=images, details=np.asarray(json.dumps(details)))
     try:
