@@ -33,6 +33,10 @@ def _search_bundle(model: str, task: str, lr: float, seed: int):
 
     return Bundle.from_prepared(Prepared(model, task, "classifier", lr, seed), lr, sample_order)
 
+#: --model of the commands that train: a built-in name or an ONNX file.
+MODEL_HELP = ("The model: a built-in pretrained one (mbv2-28, mbv2-tiny) or FILE.onnx, a float CNN taking pixels p as "
+              "(p - 128) / 128 (see `insitu mcu import --help`).")
+
 #: How the contribution analysis (insitu.sparse) names its arguments, and their options here.
 _ANALYSIS_NAMES = (("train samples", "--train-size"), ("eval samples", "--test-samples"),
                    ("evaluations", "--evaluations"), ("workers", "--workers"), ("lr scale", "--lr-scale"),
@@ -86,6 +90,8 @@ def command():
       insitu mcu search             a sparse-update scheme under a memory budget
       insitu mcu minheap            the smallest heap a compiled scheme trains in
       insitu mcu compare            bias / last layers / searched schemes at equal memory (Fig. 9)
+      insitu mcu import FILE.onnx   an ONNX model as the int8 graph: layers, MACs, memory on the board
+      insitu mcu export OUT.onnx    a model's int8 graph as a float ONNX file (--model mbv2-28)
     """
 
 
@@ -194,7 +200,7 @@ def build_twin(as_json):
 # --------------------------------------------------------------------------- insitu mcu search
 
 @command.command("search")
-@click.option("--model", default="mbv2-28", show_default=True, help="The pretrained model (mbv2-28, mbv2-tiny).")
+@click.option("--model", default="mbv2-28", show_default=True, help=MODEL_HELP)
 @option("--dataset", "dataset", aliases=("--task",), default="digits", show_default=True,
         help="The adaptation task (digits, fashion-shift).")
 @click.option("--budget", required=True,
@@ -332,7 +338,7 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, lr
 @command.command("minheap")
 @click.option("--board", default="stm32f746-disco-sim", show_default=True,
               help="The twin to probe (a simulated microcontroller board).")
-@click.option("--model", default="mbv2-28", show_default=True, help="The pretrained model (mbv2-28, mbv2-tiny).")
+@click.option("--model", default="mbv2-28", show_default=True, help=MODEL_HELP)
 @click.option("--dataset", "task", default="digits", show_default=True,
               help="The adaptation task (digits, fashion-shift, fashion-mnist).")
 @click.option("--scheme", default="bias-6", show_default=True,
@@ -369,10 +375,10 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
                          "(e.g. --board stm32f746-disco-sim)")
     if samples < 1:
         raise UsageError(f"--samples must be at least 1, got {samples}")
-    from insitu.sparse.models import model_config
+    from insitu.sparse.model_source import check_model
     from insitu.sparse.tasks import check_task
 
-    _as_options(model_config, model)
+    _as_options(check_model, model)
     check_task(task)
     high_bytes = parse_size(high) if high else spec.mcu["training_budget_bytes"]
     if twin_kind == "qemu":
@@ -407,7 +413,7 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
 
 
 @command.command("compare")
-@click.option("--model", default="mbv2-28", show_default=True, help="The pretrained model (mbv2-28, mbv2-tiny).")
+@click.option("--model", default="mbv2-28", show_default=True, help=MODEL_HELP)
 @option("--dataset", "dataset", aliases=("--task",), default="digits", show_default=True,
         help="The adaptation task (digits, fashion-shift).")
 @click.option("--budgets", required=True,
@@ -484,3 +490,13 @@ def compare(model, dataset, budgets, train_size, test_samples, lr, lr_scale, see
         if r.get("target_met") is False:
             console.print(f"[yellow]warning[/]: {r['name']} is only {r['ratio_measured_vs_full_no_reorder']:.1f}x "
                           f"below the full update (measured), not {result['memory']['target_ratio']:g}x")
+
+
+def _register_model_commands() -> None:
+    from insitu.cli import mcu_models
+
+    command.add_command(mcu_models.import_command)
+    command.add_command(mcu_models.export_command)
+
+
+_register_model_commands()

@@ -52,15 +52,20 @@ class Prepared:
 
     def __init__(self, model: str, task: str, scheme: str, lr: float, seed: int, reorder: bool = True,
                  accumulate: int = 1, lr_scale: dict[str, float] | None = None):
-        from insitu.sparse.models import model_config
-        from insitu.sparse.quantize import new_head, pretrained
+        from insitu.sparse.model_source import calibration_images, model_graph, model_input_shape
+        from insitu.sparse.quantize import new_head
         from insitu.sparse.tasks import load_task
 
         check_scheme(model, scheme)              # in milliseconds, before the data and the pretraining
-        size = model_config(model).input_size
-        x_train, self.y_train, x_test, self.y_test, classes = load_task(task, size)
+        channels, height, width = model_input_shape(model)
+        if height != width:
+            raise UsageError(f"model {model} takes {height}x{width} images; the MCU tasks are square")
+        x_train, self.y_train, x_test, self.y_test, classes = load_task(task, height, channels)
         self.x_train, self.x_test = input_codes(x_train), input_codes(x_test)
-        self.graph = new_head(pretrained(model), classes, seed)
+        # A new head for the task, built-in or imported alike (an ONNX model without insitu's
+        # scales is calibrated on the task's training images).
+        self.model_graph = model_graph(model, calibration_images(x_train))
+        self.graph = new_head(self.model_graph, classes, seed)
         self.scheme = preset(self.graph, scheme)
         calib = np.random.default_rng(seed).permutation(len(self.y_train))[:CALIBRATION_SAMPLES]
         self.grad_scales = calibrate_gradients(self.graph, self.x_train[calib], self.y_train[calib], seed)
@@ -69,9 +74,10 @@ class Prepared:
         self.compiled = compile_training(self.graph, self.scheme, self.grad_scales, options)
 
 
-def runtime_heap_bytes(compiled: Compiled) -> int:
-    """Heap the firmware needs besides the arena for this program."""
-    calls = sum(len(c) for c in compiled.calls.values())
+def runtime_heap_bytes(compiled: Compiled | int) -> int:
+    """Heap the firmware needs besides the arena for this program (or a program of that many
+    kernel calls)."""
+    calls = compiled if isinstance(compiled, int) else sum(len(c) for c in compiled.calls.values())
     return RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL * calls
 
 
@@ -250,10 +256,12 @@ def check_flash_dir(flash_dir: str) -> None:
 
 def check_scheme(model: str, scheme: str | None) -> None:
     """Parse ``scheme`` against ``model``'s graph (its layer names and shapes, built untrained in
-    milliseconds: no pretraining, no data); a :class:`UsageError` naming --scheme if wrong."""
-    from insitu.sparse.quantize import untrained_graph
+    milliseconds: no pretraining, no data); a :class:`UsageError` naming --scheme if wrong (or
+    naming the model if it is unknown, or a file that is missing or not a usable ONNX model)."""
+    from insitu.sparse.model_source import check_model, model_untrained_graph
 
-    graph = untrained_graph(model)
+    check_model(model)
+    graph = model_untrained_graph(model)
     scheme = scheme or DEFAULT_SCHEME
     try:
         preset(graph, scheme).validate(graph)
@@ -267,7 +275,7 @@ def parse_lr_scale(model: str, items, option: str = "--lr-scale") -> dict[str, f
     ``model``'s layer names (its graph built untrained, in milliseconds) by
     :func:`insitu.sparse.search.check_lr_scale`; a :class:`UsageError` naming ``option`` if an item
     has no ``=``. A layer given twice takes its last factor."""
-    from insitu.sparse.quantize import untrained_graph
+    from insitu.sparse.model_source import model_untrained_graph
     from insitu.sparse.search import check_lr_scale
 
     if isinstance(items, dict):
@@ -281,7 +289,7 @@ def parse_lr_scale(model: str, items, option: str = "--lr-scale") -> dict[str, f
             pairs[name.strip()] = value.strip()
     if not pairs:
         return {}
-    layers = [c.name for c in untrained_graph(model).convs]
+    layers = [c.name for c in model_untrained_graph(model).convs]
     return check_lr_scale(pairs, layers, model=model, option=option) or {}
 
 

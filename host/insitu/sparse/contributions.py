@@ -275,7 +275,12 @@ def graph_digest(graph: Graph) -> str:
 
 
 def contributions_path(cache_dir, model: str, task: str, settings: dict) -> Path:
-    return Path(cache_dir) / f"{model}-{task}-{contributions_key(**settings)}.json"
+    """``<model label>-<task>-<settings digest>.json``: an ONNX model is named by its file's stem and
+    sha256 (:func:`insitu.sparse.model_source.model_label`), a task by a file-name-safe form."""
+    from insitu.sparse.model_source import model_label
+
+    task_label = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in task)
+    return Path(cache_dir) / f"{model_label(model)}-{task_label}-{contributions_key(**settings)}.json"
 
 
 def load_or_analyze(bundle: Bundle, model: str, task: str, train_samples: int, eval_samples: int, seed: int,
@@ -284,7 +289,9 @@ def load_or_analyze(bundle: Bundle, model: str, task: str, train_samples: int, e
     samples), from the cache when it holds one for the same settings and graph (else run and
     cached): ``(contributions, path, cached)``. Per-layer lr factors (``bundle.lr_scale``) are
     part of the settings when there are any (one rate keeps the key it always had)."""
-    settings = {"model": model, "task": task, "lr": float(bundle.lr), "train_samples": int(train_samples),
+    from insitu.sparse.model_source import model_label
+
+    settings = {"model": model_label(model), "task": task, "lr": float(bundle.lr), "train_samples": int(train_samples),
                 "eval_samples": int(eval_samples), "seed": int(seed), "graph": graph_digest(bundle.graph),
                 "version": CONTRIBUTIONS_VERSION}
     lr_scale = lr_scale_of(bundle)

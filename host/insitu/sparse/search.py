@@ -27,7 +27,7 @@ from insitu.sparse.contributions import (Bundle, contribution_configs, load_or_a
 from insitu.sparse.evolution import evolutionary_search
 from insitu.sparse.memory import MemoryModel, min_memory, scheme_key
 from insitu import resources
-from insitu.sparse.models import model_config
+from insitu.sparse.model_source import check_model
 from insitu.sparse.objective import SearchResult
 from insitu.sparse.scheme import RATIOS, Scheme
 from insitu.sparse.tasks import check_task
@@ -73,7 +73,7 @@ def compare(contrib, memory_fn, budget: int, evaluations: int, seed: int = 0,
 def check_analysis_options(model: str, task: str, train_samples, evaluations, workers, lr):
     """The options every contribution analysis takes (the search's and the comparison's), checked
     before any work: ``(train_samples, evaluations, workers, lr)``, or a UsageError naming one."""
-    model_config(model)                                # unknown model: UsageError
+    check_model(model)                                 # unknown model, bad .onnx file: UsageError
     check_task(task)
     return (check_int("train samples", train_samples), check_int("evaluations", evaluations),
             check_int("workers", workers), check_number("lr", lr))
