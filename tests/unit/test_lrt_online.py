@@ -411,7 +411,7 @@ def test_bad_arguments_are_usage_errors(digits, call, match):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"dataset": "cifar"}, "dataset must be one of .*digits"),
+    ({"dataset": "cifar"}, "unknown dataset 'cifar'.*digits"),
     ({"dataset": "digits", "segment": 0}, "segment must be an integer >= 1"),
     ({"dataset": "digits", "seed": -1}, "seed must be"),
     ({"dataset": "digits", "alpha": -1.0}, "alpha must be >= 0"),

@@ -23,6 +23,7 @@ def command():
       insitu e2train run --techniques smd,slu,psg --epochs 6 --json
       insitu e2train run --ablation --epochs 6 --out-dir e2 --plot e2/accuracy_energy.png
       insitu e2train run --techniques psg --meter synthetic:sine --power-out e2/power.csv
+      insitu e2train run --dataset folder:my_images --train-size 800 --test-samples 200
     """
 
 
@@ -63,7 +64,14 @@ def _fmt(value, spec=".3f", scale=1.0):
 @click.option("--width", type=int, default=8, show_default=True, help="Channels of the first ResNet stage.")
 @click.option("--blocks-per-stage", type=int, default=2, show_default=True,
               help="Residual blocks per stage (ResNet-(6n+2)).")
-@click.option("--dataset", default="fashion-mnist", show_default=True)
+@click.option("--downsample", type=int, default=2, show_default=True,
+              help="Average-pool the images by this factor before the ResNet (2: 28x28 -> 14x14, "
+                   "4x cheaper; 1 keeps small images whole).")
+@click.option("--dataset", default="fashion-mnist", show_default=True,
+              help="Images: a built-in dataset (see `insitu data list`) or your files, folder:DIR or "
+                   "npz:FILE; RGB images are 3 input channels.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder with a built-in dataset's IDX files (MNIST needs one).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @option("--out-dir", "out_dir", aliases=("--out",), type=click.Path(file_okay=False, path_type=Path),
         default=None, help="Folder for e2train.json and rows/<row>-<key>.json (+ .npz weights); finished rows "
@@ -90,11 +98,12 @@ def run(ctx, **_):
     resolve_config(ctx)
     p = ctx.params
     (techniques, ablation, epochs, batch_size, train_size, test_samples, lr, psg_lr, smd_p,
-     smd_energy_ratio, beta, slu_alpha, slu_target, width, blocks_per_stage, dataset, seed, out_dir,
-     plot, as_json, meter, power_out) = (p[k] for k in (
+     smd_energy_ratio, beta, slu_alpha, slu_target, width, blocks_per_stage, downsample, dataset,
+     data_dir, seed, out_dir, plot, as_json, meter, power_out) = (p[k] for k in (
         "techniques", "ablation", "epochs", "batch_size", "train_size", "test_samples", "lr", "psg_lr",
         "smd_p", "smd_energy_ratio", "beta", "slu_alpha", "slu_target", "width", "blocks_per_stage",
-        "dataset", "seed", "out_dir", "plot", "as_json", "meter", "power_out"))
+        "downsample", "dataset", "data_dir", "seed", "out_dir", "plot", "as_json", "meter",
+        "power_out"))
     folder = run_folder(ctx, "insitu e2train run")
     if folder is not None:
         out_dir = Path(out_dir) if out_dir else folder.path
@@ -107,7 +116,7 @@ def run(ctx, **_):
                           train_samples=train_size, test_samples=test_samples, lr=lr, psg_lr=psg_lr,
                           smd_p=smd_p, smd_energy_ratio=smd_energy_ratio, beta=beta, slu_alpha=slu_alpha,
                           slu_target=slu_target, width=width, blocks_per_stage=blocks_per_stage,
-                          dataset=dataset, seed=seed)
+                          downsample=downsample, dataset=dataset, data_dir=data_dir, seed=seed)
     if "slu" in {t for r in rows for t in r} and blocks_per_stage < 1:
         raise UsageError("SLU gates residual blocks, and a ResNet with --blocks-per-stage 0 has none; "
                          "use --blocks-per-stage 1 or more, or leave slu out of --techniques")
@@ -117,12 +126,13 @@ def run(ctx, **_):
         check_writable(plot, "--plot")                        # before the training (exit 2)
     if out_dir:
         check_writable(Path(out_dir) / "e2train.json", "--out-dir")
+    data = usage_errors(experiment.load_data, config)         # a dataset it cannot take: exit 2
 
     def work():
         total = experiment.total_samples(config, rows)
         with progress("e2train", total=total, enabled=not as_json) as advance:
             return usage_errors(experiment.run_experiment, config, rows, out_dir, advance,
-                                log=lambda msg: console.print(f"[yellow]{msg}[/]"))
+                                log=lambda msg: console.print(f"[yellow]{msg}[/]"), data=data)
 
     with (folder.running() if folder else contextlib.nullcontext()):
         summary = measured(meter, power_out, work, run_dir=folder.path if folder else None)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from insitu.cli.options import resolve_config, run_folder, run_options
+from insitu.cli.options import option, resolve_config, run_folder, run_options
 
 from insitu.cli.output import (emit_json, per_run_path, progress, report, usage_errors,
                                write_json)
@@ -25,6 +25,8 @@ def command():
     Examples:
       insitu lrt adapt --env shift --scheme lrt-maxnorm --samples 10000 --json
       insitu lrt adapt --env analog --scheme all --samples 10000 --plot analog.png
+      insitu lrt adapt --env shift --dataset folder:my_images --samples 2000
+      insitu lrt adapt --env control --model mlp --dataset csv:table.csv --samples 2000
       insitu lrt transfer --json
       insitu lrt bench --json
     """
@@ -55,9 +57,13 @@ def _seed_list(text: str) -> tuple[int, ...]:
               default="lrt-maxnorm", show_default=True, help="Online training scheme (all: the five).")
 @click.option("--samples", type=int, default=10_000, show_default=True, help="Online samples.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--arch", type=click.Choice(["cnn", "mlp"]), default="cnn", show_default=True,
-              help="cnn: the paper's four-conv, two-dense network; mlp: a dense network.")
-@click.option("--dataset", default="fashion-mnist", show_default=True)
+@option("--model", "arch", aliases=("--arch",), type=click.Choice(["cnn", "mlp"]), default="cnn",
+        show_default=True,
+        help="cnn: the paper's four-conv, two-dense network (grey images, sides >= 8); mlp: a dense "
+             "network (any images, or feature vectors).")
+@click.option("--dataset", default="fashion-mnist", show_default=True,
+              help="A built-in dataset (see `insitu data list`) or your files: folder:DIR, npz:FILE, "
+                   "csv:FILE. RGB images are taken grey; feature vectors need --model mlp.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder with the dataset's IDX files (MNIST needs one).")
 @click.option("--lr", type=float, default=0.01, show_default=True, help="Weight learning rate η.")
@@ -173,7 +179,9 @@ def adapt(ctx, **_):
               help="Comma-separated seeds, one run each (one integer: that one seed). Until this "
                    "release --seeds was a count: --seeds 3 is now --seeds 0,1,2.")
 @click.option("--samples", type=int, default=None, help="Online samples per run (default: the module's).")
-@click.option("--dataset", default="fashion-mnist", show_default=True)
+@click.option("--dataset", default="fashion-mnist", show_default=True,
+              help="A built-in dataset or your files (folder:DIR, npz:FILE, csv:FILE); images are "
+                   "taken grey by a CNN, feature vectors by a dense network of the same width.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder with the dataset's IDX files (MNIST needs one).")
 @click.option("--pretrain-samples", type=int, default=None,

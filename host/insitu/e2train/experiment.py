@@ -1,4 +1,5 @@
-"""E²-Train runs: a small ResNet on FashionMNIST with any of SMD, SLU and PSG, and 32-bit SGD.
+"""E²-Train runs: a small ResNet on FashionMNIST (or any image dataset) with any of SMD, SLU and
+PSG, and 32-bit SGD.
 
 One row (a configuration) is an :class:`E2Learner` driven by the run harness
 (:func:`insitu.harness.run_training`: the sample stream, per-epoch evaluation, checkpoints,
@@ -26,6 +27,15 @@ The paper's protocol, scaled to a 2-core CPU (section 4.1 and appendix B):
   (0.67: 8 epochs for the baseline's 6 at p = 0.5); ``smd_energy_ratio = 1 - smd_p`` keeps the
   baseline's epochs.
 * The images are 2x2 average pooled to 14x14 (a 4x cheaper ResNet on this CPU) and standardised.
+
+Any ``--dataset`` of images runs (:func:`insitu.data.load_dataset`: the built-ins, or the user's
+``folder:``, ``npz:``): the ResNet takes the dataset's channels (grey as 1, RGB as 3 input
+channels, ``in_channels``) and its size after the ``downsample`` pooling (any size: its global
+average pool makes the head size-free; ``--downsample 1`` keeps small images whole), and has one
+output per class. Feature vectors (``csv:``, 2-D arrays) are refused (exit 2) before any work: a
+ResNet convolves pixels. A row's key names the user's files by a hash of their arrays
+(:func:`insitu.nn.networks.dataset_key`), so a changed file is trained again, never served from
+``OUT/rows``.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import numpy as np
 
 from insitu import nn
 from insitu.checkpoint import save_checkpoint
+from insitu.errors import UsageError
 from insitu.harness import RunPlan, run_training, sample_order
 from insitu.io import atomic_write_json
 from insitu.measure.phases import phase
@@ -62,7 +73,8 @@ OPTIONS = {"epochs": "--epochs", "batch_size": "--batch-size", "train_samples": 
            "test_samples": "--test-samples", "lr": "--lr", "psg_lr": "--psg-lr", "smd_p": "--smd-p",
            "smd_energy_ratio": "--smd-energy-ratio", "beta": "--beta", "slu_alpha": "--slu-alpha",
            "slu_target": "--slu-target", "width": "--width", "blocks_per_stage": "--blocks-per-stage",
-           "dataset": "--dataset", "seed": "--seed"}
+           "downsample": "--downsample", "dataset": "--dataset", "data_dir": "--data-dir",
+           "seed": "--seed"}
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,7 @@ class E2Config:
     downsample: int = 2                 # average-pool the images by this factor
     dataset: str = "fashion-mnist"
     seed: int = 0
+    data_dir: str | None = None         # where a built-in's files are (not part of a row's key)
 
     def __post_init__(self):
         opt = OPTIONS
@@ -111,17 +124,20 @@ class E2Config:
         if self.weight_decay < 0 or self.psg_weight_decay < 0:
             raise ValueError("the weight decays must be >= 0")
 
-    def key(self, techniques: tuple[str, ...] = TECHNIQUES) -> str:
+    def key(self, techniques: tuple[str, ...] = TECHNIQUES, data_key: str | None = None) -> str:
         """A hash of :meth:`row_fields`: a cached row is reused only when its key matches, so
         rows are shared across runs."""
-        blob = json.dumps(self.row_fields(techniques), sort_keys=True).encode()
+        blob = json.dumps(self.row_fields(techniques, data_key), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
-    def row_fields(self, techniques: tuple[str, ...]) -> dict:
+    def row_fields(self, techniques: tuple[str, ...], data_key: str | None = None) -> dict:
         """What a row's result depends on: the config less the settings of techniques the row
         does not use (the baseline ignores beta, SMD's p...), the energy model's version and the
-        training loop's."""
+        training loop's; the dataset as ``data_key`` names it (:attr:`Data.key`: a built-in's
+        name, the user's files with a hash of their arrays), not where its files are."""
         fields = asdict(self)
+        fields.pop("data_dir")
+        fields["dataset"] = data_key or self.dataset
         for technique, names in _TECHNIQUE_FIELDS.items():
             if technique not in techniques:
                 for name in names:
@@ -160,33 +176,52 @@ class Data:
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
+    #: The dataset as rows' keys name it (None: the config's dataset name).
+    key: str | None = None
 
 
 def load_data(config: E2Config) -> Data:
-    """A class-balanced-by-chance subset of the dataset, pooled and standardised (float32 NCHW)."""
+    """A class-balanced-by-chance subset of the dataset, pooled and standardised (float32 NCHW,
+    one channel per image channel). Feature vectors, too few samples, or images smaller than the
+    pooling are refused (UsageError or ValueError, before any training)."""
     from insitu.data import load_dataset
+    from insitu.nn.networks import dataset_key
 
-    ds = load_dataset(config.dataset)
+    ds = load_dataset(config.dataset, config.data_dir)
+    if ds.kind != "images":
+        raise UsageError(f"E2-Train's ResNet takes images, and --dataset {ds.name} holds feature "
+                         f"vectors {ds.sample_shape}: give it images (folder:DIR, or npz:FILE of "
+                         "(N, H, W[, 3]) arrays); vectors train with --model mlp of "
+                         "`insitu train` or `insitu lrt adapt`")
     if config.train_samples > len(ds.x_train) or config.test_samples > len(ds.x_test):
         raise ValueError(f"{config.dataset} has {len(ds.x_train)} training and {len(ds.x_test)} test "
                          f"images; asked for {OPTIONS['train_samples']} {config.train_samples} and "
-                         f"{OPTIONS['test_samples']} {config.test_samples}")
+                         f"{OPTIONS['test_samples']} {config.test_samples}: give "
+                         f"{OPTIONS['train_samples']} {len(ds.x_train)} and "
+                         f"{OPTIONS['test_samples']} {len(ds.x_test)} or less")
+    k = config.downsample
+    if min(ds.image_size) < k:
+        h, w = ds.image_size
+        raise ValueError(f"{OPTIONS['downsample']} {k} average-pools {k}x{k} pixels into one, and "
+                         f"--dataset {ds.name} has {h}x{w} images: use {OPTIONS['downsample']} "
+                         f"{min(h, w)} or less (1 keeps them whole)")
     rng = np.random.default_rng(config.seed)
     tr = rng.permutation(len(ds.x_train))[:config.train_samples]
     te = rng.permutation(len(ds.x_test))[:config.test_samples]
 
     def prep(images):
         x = images.astype(np.float32) / 255.0
-        k = config.downsample
+        x = x[:, None] if x.ndim == 3 else np.moveaxis(x, 3, 1)      # NCHW: RGB is 3 channels
         if k > 1:
-            n, h, w = x.shape
-            x = x[:, :h // k * k, :w // k * k].reshape(n, h // k, k, w // k, k).mean(axis=(2, 4))
-        return x[:, None]
+            n, c, h, w = x.shape
+            x = x[..., :h // k * k, :w // k * k].reshape(n, c, h // k, k, w // k, k).mean(axis=(3, 5))
+        return np.ascontiguousarray(x)
 
     x_train, x_test = prep(ds.x_train[tr]), prep(ds.x_test[te])
     mean, std = x_train.mean(), x_train.std()
     return Data((x_train - mean) / std, ds.y_train[tr].astype(np.int64),
-                (x_test - mean) / std, ds.y_test[te].astype(np.int64), ds.num_classes)
+                (x_test - mean) / std, ds.y_test[te].astype(np.int64), ds.num_classes,
+                key=dataset_key(ds))
 
 
 # ------------------------------------------------------------------------------------------ one run
@@ -317,14 +352,15 @@ def train_row(config: E2Config, techniques: tuple[str, ...], data: Data,
     learner = E2Learner(config, techniques, data)
     n = len(data.x_train)
     epochs = run_epochs(config, techniques)
-    plan = RunPlan("insitu e2train run", {"row": name, **config.row_fields(techniques)},
+    plan = RunPlan("insitu e2train run", {"row": name, **config.row_fields(techniques, data.key)},
                    samples=epochs * n, step=config.batch_size, checkpoint=checkpoint,
                    checkpoint_every=n, epoch_size=n, evaluate_every_epoch=True,
                    samples_option="--epochs")
     outcome = run_training(plan, learner, evaluate=learner.evaluate, advance=advance, say=say)
     if weights_path is not None:
         save_checkpoint(weights_path, learner.model.state_dict(),
-                        {"row": name, "config": asdict(config), "key": config.key(techniques)})
+                        {"row": name, "config": asdict(config),
+                         "key": config.key(techniques, data.key)})
     return {
         "row": name, "techniques": list(techniques),
         "accuracy": outcome.evaluation["test_accuracy"], "history": outcome.history,
@@ -348,22 +384,23 @@ def _row_path(out: Path, name: str, key: str) -> Path:
 
 def run_experiment(config: E2Config, rows: list[tuple[str, ...]], out: Path | None = None,
                    advance: Callable[[int], None] = lambda n: None,
-                   log: Callable[[str], None] = lambda msg: None) -> dict:
+                   log: Callable[[str], None] = lambda msg: None, data: Data | None = None) -> dict:
     """Train the 32-bit SGD baseline and ``rows``; savings are against the baseline.
 
     With ``out``, finished rows are kept in ``out/rows`` and reused when their key matches, and
     the row in progress keeps a checkpoint there (a rerun resumes it; ``log`` tells). Each
     trained row is a measurement phase (:func:`insitu.measure.phases.phase`, a no-op without a
     recorder) around the harness's ``train`` and ``test`` phases, so a power meter attributes
-    measured energy to the row as well as to its training and its evaluations.
+    measured energy to the row as well as to its training and its evaluations. ``data``: the
+    config's :func:`load_data`, when the caller has it already.
     """
-    data = load_data(config)
+    data = data or load_data(config)
     results = {}
     for techniques in [()] + [r for r in rows if r]:
         name = row_name(techniques)
         if name in results:
             continue
-        key = config.key(techniques)
+        key = config.key(techniques, data.key)
         path = _row_path(out, name, key) if out else None
         if path and path.exists():
             cached = json.loads(path.read_text())

@@ -28,6 +28,13 @@ processor, their batch-norm statistics too (the prefix runs in inference mode, a
 at once); the adapted layer's 16-bit bias is trained on the processor every sample, as the LRT
 schemes of :mod:`insitu.lrt.schemes` train it.
 
+Any dataset of :mod:`insitu.lrt.online` runs here (images of any size, RGB made grey, feature
+vectors for the MLP): the frozen layers on the processor take any input, and the PE only ever
+sees the adapted layer, whose columns are the network's fixed hidden width (64 or 128). What a
+dataset can change is the layer's rows, its K classes: they must fit the PE's memories (K ≤ 256
+for the CNN, K ≤ 128 for the MLP) and exceed the rank (rank ≤ min(7, K − 1)); both are checked
+before pre-training, and refused naming the limit.
+
 Differences from :class:`insitu.lrt.schemes.OnlineTrainer` (scheme ``lrt``), and why:
 
 * every ``batch`` samples the PE writes the update; ρ_min (skip an update that changes < 1 % of the
@@ -68,6 +75,7 @@ from insitu.lrt.online import OnlineData
 from insitu.accel.stream import pad_words
 from insitu.lrt.pe_ops import append_reciprocal
 from insitu.lrt.qnet import QNet
+from insitu.nn.networks import dataset_key
 from insitu.lrt.sks import random_orthonormal, core_rotation
 from insitu.lrt.schemes import LRTConfig, loss_gradient, evaluate
 from insitu.numerics import LRT_BASIS, LRT_BIAS, LRT_PE_WORD_BITS, LRT_WEIGHT, max_abs_format
@@ -359,10 +367,19 @@ class LRTBoardTrainer:
             raise ValueError(f"layer {layer.name} stores {layer.weight_format}, the PE's weight memory "
                              f"holds {LRT_WEIGHT}: build the network with the default weight format")
         m, n = layer.weight.shape
+        # The last layer's m rows are the dataset's classes, its n columns the network's hidden
+        # width (fixed): the class count is what a dataset can push past the PE's memories.
         if max(m, n) > params.lrt_rows_max or m * n > params.lrt_cells_max:
-            raise ValueError(f"layer {layer.name} ({m} x {n}) does not fit the LRT PE (rows and columns "
-                             f"<= {params.lrt_rows_max}, cells <= {params.lrt_cells_max}): use a network "
-                             "with a smaller last layer or a bitstream generated with larger LRT memories")
+            classes = min(params.lrt_rows_max, params.lrt_cells_max // n)
+            raise ValueError(f"layer {layer.name} ({m} classes x {n}) does not fit the LRT PE (rows and "
+                             f"columns <= {params.lrt_rows_max}, cells <= {params.lrt_cells_max}): "
+                             f"with {n} inputs it adapts at most {classes} classes; use a dataset "
+                             "with fewer classes, `insitu lrt adapt` (no PE), or a bitstream "
+                             "generated with larger LRT memories")
+        if isinstance(rank, int) and 1 <= rank < params.lrt_cols_max and rank >= m:
+            raise ValueError(f"rank {rank} is too large for the {m} classes of the dataset: the "
+                             f"adapted layer {layer.name} is {m} x {n}, and a rank-{m} estimate "
+                             f"would be full rank; use --rank {m - 1} or lower")
         check_pe_fit(m, n, rank, params, kappa_th)
         check_int("batch", batch, 1, 2**31, "samples per weight update")
         if not (isinstance(lr, (int, float)) and np.isfinite(lr) and lr > 0):
@@ -552,7 +569,8 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
     # Everything that can be wrong, found before minutes of pre-training.
     LRTBoardTrainer.check(build_network(arch, data, seed, config), params, rank=rank, batch=batch,
                           lr=lr, bias_lr=bias_lr, kappa_th=kappa_th)
-    context = {"env": env, "dataset": data.name, "arch": arch, "offline_samples": offline_samples,
+    context = {"env": env, "dataset": dataset_key(data.dataset), "arch": arch,
+               "offline_samples": offline_samples,
                "pretrain_epochs": pretrain_epochs, "segment": segment}
     plan = RunPlan("insitu train --algo lrt",
                    {**(identity or {}), **context, "rank": rank, "batch": batch, "lr": lr,

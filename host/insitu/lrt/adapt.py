@@ -33,7 +33,8 @@ from insitu.harness import RunPlan, check_resumable, run_training, say
 from insitu.io import atomic_write
 from insitu.lrt.nvm import NVMModel, make_drift
 from insitu.lrt.online import ENVS, OnlineData
-from insitu.lrt.qnet import ARCHITECTURES
+from insitu.lrt.qnet import ARCHITECTURES, PAPER_CNN_MIN_SIZE
+from insitu.nn.networks import dataset_key, image_input
 from insitu.lrt.schemes import SCHEMES, LRTConfig, OnlineTrainer, check_rank, evaluate, pretrain
 from insitu.resources import cache_dir
 
@@ -49,10 +50,16 @@ def default_cache_dir() -> Path:
 
 
 def build_network(arch: str, data: OnlineData, seed: int, config: LRTConfig):
-    """The untrained network for ``data``; its streaming batch norms use the pseudo-batches."""
+    """The untrained network for ``data`` (its size and classes); its streaming batch norms use the
+    pseudo-batches. The CNN takes images of sides >= 8 only (UsageError otherwise: exit 2, before
+    any work); the MLP flattens any sample, images or feature vectors."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
-    return ARCHITECTURES[arch](sample_shape=data.sample_shape[1:], classes=data.num_classes,
+    shape = data.sample_shape
+    if arch == "cnn":
+        shape = image_input(data.dataset, "--model cnn (the LRT paper's CNN)", PAPER_CNN_MIN_SIZE,
+                            why="three 2x2 pools").image_size
+    return ARCHITECTURES[arch](sample_shape=shape, classes=data.num_classes,
                                seed=seed, conv_batch=config.conv_batch, dense_batch=config.dense_batch)
 
 
@@ -81,7 +88,7 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
     recipe = {**PRETRAIN_RECIPE, **(recipe or {})}
     data = OnlineData(dataset, data_dir, seed=seed)
     net = build_network(arch, data, seed, config)
-    key = dict(arch=arch, dataset=data.name, seed=seed, offline_samples=offline_samples,
+    key = dict(arch=arch, dataset=dataset_key(data.dataset), seed=seed, offline_samples=offline_samples,
                epochs=epochs, conv_batch=config.conv_batch, dense_batch=config.dense_batch,
                recipe=recipe, elastic=[data.alpha, data.sigma], version=_PRETRAIN_VERSION)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -229,7 +236,8 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
     data = OnlineData(dataset, data_dir, seed=seed, segment=segment)
     check_adapt(arch, data, config)
     # What makes a checkpoint this run's: everything but the sample budget and file places.
-    identity = {"env": env, "scheme": scheme, "seed": seed, "arch": arch, "dataset": data.name,
+    identity = {"env": env, "scheme": scheme, "seed": seed, "arch": arch,
+                "dataset": dataset_key(data.dataset),
                 "config": vars(config), "offline_samples": offline_samples,
                 "pretrain_epochs": pretrain_epochs, "segment": segment}
     plan = RunPlan("insitu lrt adapt", identity, samples, min(1000, checkpoint_every), checkpoint,

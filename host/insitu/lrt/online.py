@@ -14,6 +14,18 @@ longer "Streaming Kronecker sum training"; both in ``shared/papers``):
 * the analog and digital environments drift the *weights* (done by the trainer); their images are
   the plain online stream, like the control environment.
 
+Any ``--dataset`` (:func:`insitu.data.load_dataset`: the built-ins, or the user's ``folder:``,
+``npz:``, ``csv:``) gives these streams, with the number of classes it has:
+
+* **images** are grey here: the augmentations are defined on one channel, so RGB images are
+  brought to grey by the data layer's one rule (``Dataset.fit_images(channels=1)``), and every
+  image keeps the dataset's size (the elastic and spatial parameters scale with it);
+* **feature vectors** (a table, 2-D arrays) have no pixels to warp: the streams cycle through the
+  plain vectors in fresh orders (no elastic transform), and the shift stream uses only the two
+  augmentations defined on vectors, class clustering (CD) and white noise (WN, per feature), in
+  their three combinations, so that every segment is shifted too; spatial transforms (ST) and
+  background gradients (BG) are image-only and never applied to them. Samples are ``(n, F)``.
+
 Every sample is a pure function of ``(seed, stream, index)``: sample ``i`` draws its randomness
 from its own generator, so any window of a stream can be produced on its own and equals the same
 window of a longer request (``offline_train(100, start=50)`` is the tail of ``offline_train(150)``).
@@ -33,11 +45,11 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import ndimage
 
-from insitu.data import dataset_names, load_dataset
+from insitu.data import load_dataset
 from insitu.errors import UsageError
 from insitu.lrt import ENVS
 
-__all__ = ["OnlineData", "ENVS", "AUGMENTATIONS", "elastic_transform", "spatial_transform",
+__all__ = ["OnlineData", "ENVS", "AUGMENTATIONS", "VECTOR_AUGMENTATIONS", "elastic_transform", "spatial_transform",
            "background_gradient", "white_noise", "class_clustering"]
 
 #: The distribution-shift augmentations, in the order they are applied to an image (CD only
@@ -282,9 +294,14 @@ def class_clustering(labels, rng: np.random.Generator, strength: float = 1.0,
 
 
 _IMAGE_AUGMENTATIONS = {"ST": spatial_transform, "BG": background_gradient, "WN": white_noise}
-# The 15 non-empty combinations of the four augmentations, each in AUGMENTATIONS order.
-_COMBINATIONS = tuple(tuple(a for bit, a in enumerate(AUGMENTATIONS) if mask >> bit & 1)
-                      for mask in range(1, 2 ** len(AUGMENTATIONS)))
+#: The augmentations defined on feature vectors (the shift stream of a features dataset).
+VECTOR_AUGMENTATIONS = ("CD", "WN")
+
+
+def _combinations(augmentations: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """The non-empty combinations of ``augmentations`` (15 of the four), each in their order."""
+    return tuple(tuple(a for bit, a in enumerate(augmentations) if mask >> bit & 1)
+                 for mask in range(1, 2 ** len(augmentations)))
 
 
 # --- argument checks ----------------------------------------------------------------------------
@@ -313,6 +330,8 @@ def _generator(*words: int) -> np.random.Generator:
 #: validation images, 81.6 % at alpha 8, 77.7 % at 16 and 65.4 % at 34, and no float CNN trained
 #: here went past 82 % at 34. Alpha 8 keeps the augmentation's variety at the cost it has on MNIST.
 ELASTIC_ALPHA = {"mnist": 34.0, "fashion-mnist": 8.0, "digits": 34.0}
+#: The user's images: the milder strength, which keeps textures (strokes survive it too).
+DEFAULT_ELASTIC_ALPHA = 8.0
 
 
 class OnlineData:
@@ -325,25 +344,27 @@ class OnlineData:
     ``sigma`` are the elastic transform's (for 28x28; see :func:`elastic_transform`); ``alpha=0``
     gives the undistorted base images; ``alpha=None`` is :data:`ELASTIC_ALPHA`'s for the dataset.
 
-    All getters return ``(x, y)``: ``x`` float32 ``(n, 1, H, W)`` in [0, 1], ``y`` int64 ``(n,)``.
-    Streams are endless: they cycle through their base images, in a fresh random order (and with
-    fresh elastic distortions) each cycle; test cycles in the dataset's order.
+    All getters return ``(x, y)``: ``x`` float32 ``(n, 1, H, W)`` in [0, 1] (images) or ``(n, F)``
+    (features), ``y`` int64 ``(n,)``. Streams are endless: they cycle through their base samples,
+    in a fresh random order (and with fresh elastic distortions) each cycle; test cycles in the
+    dataset's order. ``dataset`` is the grey (or features) dataset they are drawn from.
     """
 
     def __init__(self, dataset: str = "fashion-mnist", data_dir=None, seed: int = 0,
                  segment: int = 10_000, *, alpha: float | None = None, sigma: float = 4.0):
-        if dataset not in dataset_names():
-            raise UsageError(f"dataset must be one of {', '.join(dataset_names())}; "
-                             f"got {dataset!r}")
         self.seed = _count(seed, "seed")
         self.segment = _count(segment, "segment", minimum=1)
         self.window = max(1, self.segment // 10)
-        alpha = ELASTIC_ALPHA.get(dataset, ELASTIC_ALPHA["mnist"]) if alpha is None else alpha
+        alpha = ELASTIC_ALPHA.get(dataset, DEFAULT_ELASTIC_ALPHA) if alpha is None else alpha
         self.alpha, self.sigma = float(alpha), float(sigma)
         if self.alpha < 0 or self.sigma <= 0:
             raise UsageError(f"alpha must be >= 0 and sigma > 0 (the elastic transform's), got "
                              f"alpha={alpha}, sigma={sigma}")
-        self.dataset = load_dataset(dataset, data_dir)
+        ds = load_dataset(dataset, data_dir)
+        self.images = ds.kind == "images"
+        self.dataset = ds.fit_images(channels=1) if self.images else ds
+        self.augmentations = AUGMENTATIONS if self.images else VECTOR_AUGMENTATIONS
+        self._combos = _combinations(self.augmentations)
 
         # The paper's 9k / 1k / 50k of 60k: 15 %, 1/60 and the rest.
         n = len(self.dataset.y_train)
@@ -369,9 +390,9 @@ class OnlineData:
         return self.dataset.name
 
     @property
-    def sample_shape(self) -> tuple[int, int, int]:
-        """The shape of one sample of ``x``: ``(1, H, W)``."""
-        return (1, *self.dataset.sample_shape)
+    def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one sample of ``x``: ``(1, H, W)``, or ``(F,)`` for features."""
+        return (1, *self.dataset.sample_shape) if self.images else self.dataset.sample_shape
 
     @property
     def num_classes(self) -> int:
@@ -417,11 +438,12 @@ class OnlineData:
 
     def segment_augmentations(self, k: int) -> list[str]:
         """The augmentations of shift segment ``k``: each of the 15 non-empty combinations once
-        per 15 segments, in a seeded order. Segment 0 is shifted too: the paper applies "unique
-        additional augmentations to every contiguous 10k samples" (appendix G)."""
+        per 15 segments (features: the 3 of CD and WN per 3), in a seeded order. Segment 0 is
+        shifted too: the paper applies "unique additional augmentations to every contiguous 10k
+        samples" (appendix G)."""
         k = _count(k, "k")
-        cycle, index = divmod(k, len(_COMBINATIONS))
-        return list(_COMBINATIONS[self._combination_order(cycle)[index]])
+        cycle, index = divmod(k, len(self._combos))
+        return list(self._combos[self._combination_order(cycle)[index]])
 
     def segments(self, n: int) -> list[dict]:
         """The segments of the first ``n`` shift samples: ``{"start", "stop", "augmentations"}``."""
@@ -469,6 +491,8 @@ class OnlineData:
     def _stream(self, stream: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         images, labels, _ = self._pool(stream)
         base = self._base(stream, positions)
+        if not self.images:                 # vectors: nothing to warp
+            return images[base].astype(np.float32), labels[base].astype(np.int64)
         x = np.empty((len(positions), *self.sample_shape), dtype=np.float32)
         for lo in range(0, len(positions), _CHUNK):
             part = slice(lo, lo + _CHUNK)
@@ -481,7 +505,7 @@ class OnlineData:
         # Built cycle by cycle (cached): each cycle's first combination depends on the last one.
         while len(self._combo_orders) <= cycle:
             index = len(self._combo_orders)
-            order = _generator(self.seed, _SHIFT, _COMBOS, index).permutation(len(_COMBINATIONS))
+            order = _generator(self.seed, _SHIFT, _COMBOS, index).permutation(len(self._combos))
             # No combination twice in a row across a cycle boundary.
             if index > 0 and order[0] == self._combo_orders[-1][-1]:
                 order[[0, 1]] = order[[1, 0]]
@@ -509,6 +533,8 @@ class OnlineData:
                 mask = segments == k
                 plain[mask] = k * self.segment + self._cluster_order(k)[offsets[mask]]
         x, y = self._stream(_ONLINE, plain)
+        # The augmentations take (N, H, W) planes: an image's, or a vector as a 1 x F plane.
+        planes = x[:, 0] if self.images else x[:, None]
         for k, augmentations in combos.items():
             steps = [a for a in augmentations if a in _IMAGE_AUGMENTATIONS]
             if not steps:
@@ -517,8 +543,8 @@ class OnlineData:
             for lo in range(0, len(where), _CHUNK):
                 part = where[lo:lo + _CHUNK]
                 rngs = [_generator(self.seed, _SHIFT, _SAMPLE, p) for p in positions[part]]
-                batch = x[part, 0]
+                batch = planes[part]
                 for step in steps:
                     batch = _IMAGE_AUGMENTATIONS[step](batch, rngs)
-                x[part, 0] = batch
+                planes[part] = batch
         return x, y

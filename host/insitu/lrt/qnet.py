@@ -27,7 +27,11 @@ from insitu import nn
 from insitu.numerics import (LRT_ACCUMULATOR, LRT_ACTIVATION, LRT_GRADIENT, LRT_WEIGHT,
                              FixedPoint)
 
-__all__ = ["QWeightLayer", "QReLU", "QNormalize", "QNet", "paper_cnn", "dense_net", "ARCHITECTURES"]
+__all__ = ["QWeightLayer", "QReLU", "QNormalize", "QNet", "paper_cnn", "dense_net", "ARCHITECTURES",
+           "PAPER_CNN_MIN_SIZE"]
+
+#: The smallest image side :func:`paper_cnn` takes: its three 2x2 max pools leave 1 pixel of 8.
+PAPER_CNN_MIN_SIZE = 8
 
 # Initial weights are drawn with this standard deviation inside [-1, 1]; α restores He scaling.
 _INIT_STD = 0.5
@@ -188,7 +192,8 @@ def paper_cnn(sample_shape=(28, 28), classes=10, seed=0, conv_batch=10, dense_ba
 
     The paper gives no widths; these keep a sample's pixel pairs near a thousand:
     conv 1→8 (28×28) pool, conv 8→16 (14×14) pool, conv 16→16, conv 16→16 (7×7) pool,
-    dense 144→64, dense 64→classes.
+    dense 144→64, dense 64→classes. Grey images of any ``sample_shape`` (H, W) with sides
+    >= :data:`PAPER_CNN_MIN_SIZE` (the pools floor odd sides): dense 16·(H//8)·(W//8)→64.
     """
     h, w = sample_shape
     stages = []
@@ -212,7 +217,8 @@ def paper_cnn(sample_shape=(28, 28), classes=10, seed=0, conv_batch=10, dense_ba
 
 
 def dense_net(sample_shape=(28, 28), classes=10, seed=0, hidden=(128,), dense_batch=100, **_) -> QNet:
-    """A dense network (flatten, hidden layers with streaming batch norm, classifier)."""
+    """A dense network (flatten, hidden layers with streaming batch norm, classifier); any
+    ``sample_shape`` (images or feature vectors)."""
     n_in = int(np.prod(sample_shape))
     stages = [nn.Flatten()]
     for i, width in enumerate(hidden, start=1):

@@ -75,8 +75,10 @@ def check_rank(net: QNet, rank: int) -> None:
     for layer in net.weight_layers:
         n_out, n_in = layer.weight_matrix.shape
         if rank >= min(n_out, n_in):
+            classes = (f"; its {n_out} outputs are the dataset's classes"
+                       if layer is net.weight_layers[-1] and n_out <= n_in else "")
             raise ValueError(f"rank {rank} is too large for layer {layer.name} "
-                             f"({n_out} x {n_in}): it must be < {min(n_out, n_in)}")
+                             f"({n_out} x {n_in}): it must be < {min(n_out, n_in)}{classes}")
 
 
 def loss_gradient(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:

@@ -12,8 +12,10 @@ recovers the layer online with SGD, UORO, biased SVD and unbiased LRT at several
 rates. Here, at our scale:
 
 1. *Pre-training*: a small float CNN (``insitu.nn``: two 3×3 conv/pool stages, a 512-unit hidden
-   Dense + ReLU, a 10-way Dense; SGD with momentum 0.9, lr 0.05, batch 64) trained
-   ``pretrain_epochs`` epochs on ``pretrain_samples`` training images.
+   Dense + ReLU, a K-way Dense for the dataset's K classes; SGD with momentum 0.9, lr 0.05, batch
+   64) trained ``pretrain_epochs`` epochs on ``pretrain_samples`` training images. Images are taken
+   grey (RGB by the data layer's rule) at their own size (sides >= 4); a dataset of feature vectors
+   gets the dense equivalent instead (``insitu.nn.networks.mlp``: one 512-unit hidden layer).
 2. *The quantized layer*: the 512 penultimate features (ResNet-34 also has 512) of ``samples``
    *other* training images (footnote 7: training data on purpose) are scaled by the power of two
    ``s_a`` that puts their 99.9th percentile (on pre-training images) inside [0, 2), and
@@ -72,7 +74,7 @@ from insitu.numerics import (
     LRT_WEIGHT,
     round_half_up,
 )
-from insitu.nn.networks import cnn
+from insitu.nn.networks import CNN_MIN_SIZE, cnn, image_input, mlp
 
 __all__ = [
     "ALGORITHMS",
@@ -257,18 +259,21 @@ def _logits(features, weight, bias, alpha):
 
 def _prepare(data, samples, dataset, pretrain_samples, pretrain_epochs, seed, progress) -> _Problem:
     started = time.perf_counter()
-    x = data.float_images("train")[:, None]
+    classes = int(data.num_classes)
+    if data.kind == "images":
+        data = image_input(data, "the transfer experiment's CNN", CNN_MIN_SIZE, why="two 2x2 pools")
+        model = cnn(data.sample_shape, classes, seed, hidden=HIDDEN)
+        x, x_test = data.float_images("train")[:, None], data.float_images("test")[:, None]
+    else:
+        model = mlp(data.sample_shape, classes, seed, hidden=HIDDEN)
+        x, x_test = data.float_images("train"), data.float_images("test")
     y = np.asarray(data.y_train, dtype=np.int64)
-    if x.ndim != 4:
-        raise ArgumentError(f"dataset {dataset!r} has no 2-D images; the CNN needs them")
     if pretrain_samples + samples > len(x):
         raise ArgumentError(f"samples ({samples}) + pretrain_samples ({pretrain_samples}) exceed "
-                               f"the {len(x)} training images of {dataset}")
-    classes = int(data.num_classes)
+                               f"the {len(x)} training samples of {dataset}")
     perm = np.random.default_rng([seed, 0]).permutation(len(x))
     pre_idx, online_idx = perm[:pretrain_samples], perm[pretrain_samples:pretrain_samples + samples]
 
-    model = cnn(data.sample_shape, classes, seed, hidden=HIDDEN)
     optimizer = nn.SGD(model, lr=0.05, momentum=0.9)
     for epoch in range(pretrain_epochs):
         order = np.random.default_rng([seed, 1, epoch]).permutation(pre_idx)
@@ -295,7 +300,6 @@ def _prepare(data, samples, dataset, pretrain_samples, pretrain_epochs, seed, pr
     alpha_w = _pow2_ceil(float(np.max(np.abs(w_float))))      # |W / α_w| <= 1: nothing clips
     weight = LRT_WEIGHT.quantize(w_float / alpha_w)
     bias = LRT_BIAS.quantize(b_float)
-    x_test = data.float_images("test")[:, None]
     test_accuracy = float(np.mean(np.argmax(model.predict(x_test), axis=1) == data.y_test))
     info = {
         "dataset": dataset,
