@@ -1,10 +1,12 @@
-"""The FashionMNIST experiment of the TT paper (Table 1): five variants, one training loop.
+"""The FashionMNIST experiment of the TT paper (Table 1): five variants, one training loop, on any
+dataset (the network's modes for it: :mod:`.network`).
 
 The loop is the run harness (:mod:`insitu.harness`) driving a :class:`TTLearner`; ``insitu train
 --algo tt`` runs the same learner with the accelerator as the PE ops' executor
 (:mod:`insitu.fpga.board_runs`).
 
-``dense`` is the vanilla network (896 -> 512 -> 16 dense layers, float); the others are the two TT
+``dense`` is the vanilla network (896 -> 512 -> 16 dense layers, float, for FashionMNIST: the TT
+network's padded sizes); the others are the two TT
 layers in float or fixed point (4-bit BinaryConnect factors, golden-model PEs), without or with the
 rank-adaptive prior. Every variant trains with Adam on mini-batches (the paper's appendix B) and
 records per epoch: accuracies, TT ranks, parameters and memory.
@@ -25,9 +27,9 @@ from insitu.checks import check_int
 from insitu.data import load_dataset
 from insitu.harness import RunPlan, run_training, sample_order
 
-from .model import FLOAT_BITS, PAPER_LAYERS, TTNet, pad_images
+from .model import FLOAT_BITS, PAPER_LAYERS, TTNet
+from .network import EVAL_BATCH, fit_input, parse_input_size, parse_modes, tt_shape
 from .prior import LAMBDA_FLOOR
-from .schedule import layer_schedule
 
 VARIANTS = {
     # name: (tensorized, quantized, prior)
@@ -37,8 +39,10 @@ VARIANTS = {
     "float-prior": (True, False, True),
     "fixed-prior": (True, True, True),
 }
-CLASSES = 10
+CLASSES = 10                 # FashionMNIST's (other datasets: their own)
 LR_SCHEDULES = ("constant", "cosine")
+#: The config fields that shape the network (--tt-modes, --input-size).
+SHAPE_OPTIONS = ("tt_modes", "input_size")
 
 
 @dataclass
@@ -56,12 +60,15 @@ class TTTrainConfig:
     seed: int = 0
     dataset: str = "fashion-mnist"
     data_dir: str | None = None
+    tt_modes: tuple[int, ...] | None = None    # the first layer's input modes (None: the rule's)
+    input_size: tuple[int, ...] | None = None  # images brought to (H, W[, C]) first (None: as they are)
 
     #: How the errors name each field: the option of `insitu tt train` that sets it.
     OPTIONS = {"variant": "--variant", "epochs": "--epochs", "batch_size": "--batch-size",
                "lr": "--lr", "lr_schedule": "--lr-schedule", "rank": "--rank",
                "prune_threshold": "--prune-threshold", "prior_weight": "--prior-weight",
-               "train_samples": "--train-size", "seed": "--seed", "dataset": "--dataset"}
+               "train_samples": "--train-size", "seed": "--seed", "dataset": "--dataset",
+               "tt_modes": "--tt-modes", "input_size": "--input-size"}
 
     def validate(self) -> None:
         opt = self.OPTIONS
@@ -80,63 +87,76 @@ class TTTrainConfig:
             raise ValueError(f"{opt['prune_threshold']} must be in [0, 1), got {self.prune_threshold}")
         if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
             raise ValueError(f"{opt['prior_weight']} must be >= 0, got {self.prior_weight}")
-        if VARIANTS[self.variant][0]:
-            # Every op of a training step must fit the PEs (the float variants run the same ops).
-            for k, (in_modes, out_modes) in enumerate(PAPER_LAYERS):
-                try:
-                    layer_schedule(in_modes, out_modes, self.rank, self.batch_size, input_grad=k > 0)
-                except ValueError as exc:
-                    raise ValueError(f"{opt['rank']} {self.rank} with {opt['batch_size']} "
-                                     f"{self.batch_size} does not fit the PEs: {exc}") from None
+        # The shape options' syntax; whether the network fits the PEs depends on the data
+        # (prepare_data).
+        if self.tt_modes is not None:
+            parse_modes(self.tt_modes, opt["tt_modes"])
+        if self.input_size is not None:
+            parse_input_size(self.input_size, opt["input_size"])
 
 
-def load_training_data(config: TTTrainConfig):
-    """Validate ``config`` and load its data: ``(x_train, y_train, x_test, y_test)``, padded.
+def prepare_data(config: TTTrainConfig):
+    """Validate ``config``, load its dataset (brought to ``input_size`` if given) and choose the
+    network for it: ``(dataset, TTShape)``.
 
-    Raises ValueError for anything the user chose wrong (the CLI's exit 2), before any training.
+    Raises ValueError for anything the user chose wrong (the CLI's exit 2), before any training:
+    the TT variants' every op must fit the PEs (the float variants run the same ops).
     """
     config.validate()
-    data = load_dataset(config.dataset, config.data_dir)
-    if data.sample_shape != (28, 28) or data.num_classes != CLASSES:
-        raise ValueError(f"the TT network takes 28x28 images of {CLASSES} classes; {config.dataset} "
-                         f"has {data.sample_shape} samples of {data.num_classes} classes")
+    data = fit_input(load_dataset(config.dataset, config.data_dir), config.input_size)
     if config.train_samples is not None and config.train_samples > len(data.x_train):
         raise ValueError(f"{config.OPTIONS['train_samples']} {config.train_samples} exceeds the "
                          f"{len(data.x_train)} training samples of {config.dataset}")
-    return (pad_images(data.x_train / 255.0), np.asarray(data.y_train),
-            pad_images(data.x_test / 255.0), np.asarray(data.y_test))
+    shape = tt_shape(data.sample_shape, data.num_classes, rank=config.rank, batch=config.batch_size,
+                     modes=config.tt_modes, check=VARIANTS[config.variant][0])
+    return data, shape
 
 
-def dense_network(seed: int) -> nn.Sequential:
-    """The vanilla baseline: the same 896 -> 512 -> 16 sizes as dense float layers."""
-    sizes = [math.prod(PAPER_LAYERS[0][0]), math.prod(PAPER_LAYERS[0][1]), math.prod(PAPER_LAYERS[1][1])]
+def load_training_data(config: TTTrainConfig):
+    """:func:`prepare_data`, and the data as the network's input vectors:
+    ``(shape, x_train, y_train, x_test, y_test)``."""
+    data, shape = prepare_data(config)
+    return (shape, shape.vectors(data.float_images("train", np.float64)), np.asarray(data.y_train),
+            shape.vectors(data.float_images("test", np.float64)), np.asarray(data.y_test))
+
+
+def _sizes(layers) -> list[int]:
+    return [math.prod(layers[0][0]), math.prod(layers[0][1]), math.prod(layers[1][1])]
+
+
+def dense_network(seed: int, layers=PAPER_LAYERS) -> nn.Sequential:
+    """The vanilla baseline: the TT layers' sizes (896 -> 512 -> 16 for FashionMNIST) as dense
+    float layers."""
+    sizes = _sizes(layers)
     return nn.Sequential(nn.Dense(sizes[0], sizes[1], seed=seed), nn.ReLU(),
                          nn.Dense(sizes[1], sizes[2], seed=seed + 1))
 
 
-def dense_memory_bits() -> int:
+def dense_memory_bits(layers=PAPER_LAYERS) -> int:
     """Memory of the vanilla network: every weight and bias as a 32-bit float (the reference)."""
-    net_sizes = [(math.prod(i), math.prod(o)) for i, o in PAPER_LAYERS]
+    net_sizes = [(math.prod(i), math.prod(o)) for i, o in layers]
     return sum(i * o + o for i, o in net_sizes) * FLOAT_BITS
 
 
 class Model:
     """The variant's network behind one interface: logits, a training step, size figures."""
 
-    def __init__(self, config: TTTrainConfig, train_size: int, layers=PAPER_LAYERS, executor=None):
+    def __init__(self, config: TTTrainConfig, train_size: int, layers=PAPER_LAYERS, executor=None,
+                 classes: int = CLASSES):
         self.tensorized, quantized, self.use_prior = VARIANTS[config.variant]
         self.config = config
         self.train_size = train_size
+        self.layers, self.classes = layers, classes
         if self.tensorized:
             self.net = TTNet(layers, rank=config.rank, quantized=quantized, seed=config.seed,
-                             classes=CLASSES, executor=executor)
+                             classes=classes, executor=executor)
         else:
-            self.net = dense_network(config.seed)
+            self.net = dense_network(config.seed, layers)
         self.optimizer = nn.Adam(self.net, lr=config.lr)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         out = self.net.forward(x, train=False)
-        return out if self.tensorized else out[:, :CLASSES]
+        return out if self.tensorized else out[:, :self.classes]
 
     def step(self, x: np.ndarray, y: np.ndarray) -> float:
         if self.tensorized:
@@ -150,9 +170,9 @@ class Model:
             return loss
         self.net.zero_grad()
         logits = self.net.forward(x)
-        loss, dlogits = nn.softmax_cross_entropy(logits[:, :CLASSES], y)
+        loss, dlogits = nn.softmax_cross_entropy(logits[:, :self.classes], y)
         full = np.zeros_like(logits)
-        full[:, :CLASSES] = dlogits
+        full[:, :self.classes] = dlogits
         self.net.backward(full)
         self.optimizer.step()
         return loss
@@ -201,7 +221,7 @@ class Model:
             params = sum(p.value.size for p in self.net.parameters())
             bits, ranks = params * FLOAT_BITS, None
         return {"parameters": params, "memory_bits": bits,
-                "memory_reduction": dense_memory_bits() / bits, "ranks": ranks}
+                "memory_reduction": dense_memory_bits(self.layers) / bits, "ranks": ranks}
 
 
 def learning_rate(config: TTTrainConfig, progress: float) -> float:
@@ -211,7 +231,7 @@ def learning_rate(config: TTTrainConfig, progress: float) -> float:
     return config.lr * 0.5 * (1 + math.cos(math.pi * progress / config.epochs))
 
 
-def accuracy(model: Model, x: np.ndarray, y: np.ndarray, batch: int = 250) -> float:
+def accuracy(model: Model, x: np.ndarray, y: np.ndarray, batch: int = EVAL_BATCH) -> float:
     correct = 0
     for start in range(0, len(x), batch):
         correct += int(np.sum(model.logits(x[start:start + batch]).argmax(axis=1) == y[start:start + batch]))
@@ -260,6 +280,9 @@ def run_identity(config: TTTrainConfig) -> dict:
     key.pop("data_dir")
     if config.lr_schedule == "constant":
         key.pop("epochs")
+    for name in SHAPE_OPTIONS:             # unset: the checkpoints of earlier versions resume
+        if key[name] is None:
+            key.pop(name)
     return key
 
 
@@ -270,13 +293,14 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
     ``checkpoint`` (.npz): written atomically after every epoch (and on SIGINT/SIGTERM); when it
     exists, the run resumes from it and ends exactly where an uninterrupted run would.
     """
-    x_train, y_train, x_test, y_test = load_training_data(config)
+    shape, x_train, y_train, x_test, y_test = load_training_data(config)
     rng = np.random.default_rng(config.seed)
     if config.train_samples is not None:
         pick = rng.permutation(len(x_train))[:config.train_samples]
         x_train, y_train = x_train[pick], y_train[pick]
     eval_pick = rng.permutation(len(x_train))[:config.eval_train_samples]
-    learner = TTLearner(Model(config, len(x_train)), x_train, y_train, config.seed)
+    learner = TTLearner(Model(config, len(x_train), shape.layers, classes=shape.classes), x_train,
+                        y_train, config.seed)
 
     def evaluate() -> dict:
         return {"train_accuracy": accuracy(learner.model, x_train[eval_pick], y_train[eval_pick]),
@@ -300,7 +324,8 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
         "parameters": final["parameters"],
         "memory_bits": final["memory_bits"],
         "memory_reduction": final["memory_reduction"],
-        "dense_memory_bits": dense_memory_bits(),
+        "dense_memory_bits": dense_memory_bits(shape.layers),
+        "network": shape.describe(),
         "ranks": final["ranks"],
         "epochs": config.epochs,
         "train_samples": len(x_train),

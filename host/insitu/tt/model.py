@@ -1,7 +1,7 @@
 """The tensorized network of the TT paper and its float and low-precision (BinaryConnect) training.
 
 Two TT layers (896 = 7x4x2x16 -> 512 = 4x4x2x16 -> 16 = 1x16), ReLU between, 10 classes padded to
-16 outputs. Contractions run through the PE op schedule; the rest is the processor's work, as on the
+16 outputs: the paper's shapes for FashionMNIST; :mod:`.network` chooses them for any dataset. Contractions run through the PE op schedule; the rest is the processor's work, as on the
 board: bias, ReLU, loss, the straight-through estimator, the factor and lambda updates, pruning.
 
 Low precision (``quantized=True``), section 3.2-3.3 of the paper:
@@ -144,7 +144,7 @@ class TTNet(Layer):
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.ttms[0].shape[1]:
             raise ValueError(f"inputs must be (N, {self.ttms[0].shape[1]}); got {x.shape} "
-                             "(pad 28x28 images with pad_images)")
+                             "(lay samples out with network.TTShape.vectors; 28x28 images: pad_images)")
         cache = []
         a = x
         for k, (ttm, bias) in enumerate(zip(self.ttms, self.biases)):

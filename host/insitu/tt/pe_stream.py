@@ -338,31 +338,52 @@ def pe3_operands(dy, x, in_modes, out_modes) -> tuple[np.ndarray, np.ndarray]:
 def cfg_error(cfg: PEConfig, params=DEFAULT_PARAMS):
     """The :class:`~insitu.accel.regmap.ErrorCode` the PE reports at START for ``cfg`` (``NONE``: it
     runs), checked in the RTL's order (``rtl/pe1.py``, ``pe2.py``, ``pe3.py``)."""
+    broken = broken_limit(cfg, params)
+    return ErrorCode.NONE if broken is None else broken[0]
 
+
+def broken_limit(cfg: PEConfig, params=DEFAULT_PARAMS) -> tuple[ErrorCode, str] | None:
+    """The first limit of the generated design that ``cfg`` breaks, in the RTL's order, as its
+    error code and a sentence naming the limit (an :class:`AcceleratorParams` field where one sets
+    it), its value and the op's size that breaks it; None when the PE takes ``cfg``."""
     a, b, c, d = cfg.a, cfg.b, cfg.c, cfg.d
-    bad_shift = not params.shift_min <= cfg.shift <= params.shift_max
     if min(a, b, c, d) == 0:
-        return ErrorCode.ZERO_SIZE
+        return ErrorCode.ZERO_SIZE, "a size is 0"
+    chunks = c // C_LANES
     if cfg.kind in PE3_KINDS:
-        checks = [(c != C_LANES, ErrorCode.C_LANES), (a % d != 0, ErrorCode.BLOCK),
-                  (b > params.pe3_b_max, ErrorCode.TILE)]
+        if c != C_LANES:
+            return ErrorCode.C_LANES, (f"c = {c}: PE3 takes exactly c_lanes = {C_LANES} (its lanes "
+                                       "along the last input mode)")
+        if a % d:
+            return ErrorCode.BLOCK, f"a = {a} is not a multiple of d = {d} (rows per X block)"
+        if b > params.pe3_b_max:
+            return ErrorCode.TILE, (f"the batch b = {b} exceeds pe3_b_max = {params.pe3_b_max} "
+                                    "(PE3's X block buffer)")
+    elif c % C_LANES:
+        return ErrorCode.C_LANES, f"c = {c} is not a multiple of c_lanes = {C_LANES}"
     elif cfg.kind == "PE1":
-        chunks = c // C_LANES
-        checks = [(c % C_LANES != 0, ErrorCode.C_LANES),
-                  (b * chunks > params.pe1_row_entries, ErrorCode.TILE),
-                  (b * d * chunks > params.factor_words // params.c_lanes, ErrorCode.FACTOR_WORDS)]
+        if b * chunks > params.pe1_row_entries:
+            return ErrorCode.TILE, (f"b*c/{C_LANES} = {b * chunks} row entries exceed pe1_row_entries = "
+                                    f"{params.pe1_row_entries} (PE1's row tile)")
+        if b * d * chunks > params.factor_words // params.c_lanes:
+            return ErrorCode.FACTOR_WORDS, (f"the factor operand b*d*c = {b * d * c} words exceeds "
+                                            f"factor_words = {params.factor_words}")
     else:
         factor_entries = params.factor_words // params.pe_rows
-        checks = [(c % C_LANES != 0, ErrorCode.C_LANES), (b > params.pe2_b_max, ErrorCode.TILE),
-                  (a * c >= (1 << 32) // factor_entries, ErrorCode.TILE),
-                  (b * -(-d // PE_ROWS) > factor_entries, ErrorCode.FACTOR_WORDS)]
-    checks.append((bad_shift, ErrorCode.SHIFT))
-    if cfg.kind == "PE3_PSG":
-        checks.append((getattr(cfg, "tau", 1) == 0, ErrorCode.PSG_TAU))
-    for failed, code in checks:
-        if failed:
-            return code
-    return ErrorCode.NONE
+        if b > params.pe2_b_max:
+            return ErrorCode.TILE, f"b = {b} exceeds pe2_b_max = {params.pe2_b_max} (PE2's tile)"
+        if a * c >= (1 << 32) // factor_entries:
+            return ErrorCode.TILE, (f"a*c = {a * c} reaches 2^32 / (factor_words/{params.pe_rows}) = "
+                                    f"{(1 << 32) // factor_entries} (PE2's 32-bit beat count)")
+        if b * -(-d // PE_ROWS) > factor_entries:
+            return ErrorCode.FACTOR_WORDS, (f"the factor operand b*ceil(d/{PE_ROWS})*{PE_ROWS} = "
+                                            f"{b * -(-d // PE_ROWS) * PE_ROWS} words exceeds "
+                                            f"factor_words = {params.factor_words}")
+    if not params.shift_min <= cfg.shift <= params.shift_max:
+        return ErrorCode.SHIFT, f"SHIFT {cfg.shift} is outside [{params.shift_min}, {params.shift_max}]"
+    if cfg.kind == "PE3_PSG" and getattr(cfg, "tau", 1) == 0:
+        return ErrorCode.PSG_TAU, "PSG_TAU is 0 (the threshold must be >= 1)"
+    return None
 
 
 def operands_from_stream(cfg: PEConfig, words) -> tuple[np.ndarray, np.ndarray]:

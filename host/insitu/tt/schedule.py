@@ -126,8 +126,8 @@ def check_op(op: Op, limits: PELimits = DEFAULT_LIMITS) -> None:
                              f"{C_LANES} (pad the last input mode)")
     if op.factor_words > limits.factor_words:
         raise ValueError(f"{op.kind} op {op.dst!r}: the factor operand needs {op.factor_words} "
-                         f"words; the PE buffer holds {limits.factor_words} (lower the TT ranks or "
-                         "split the mode)")
+                         f"words; the PE buffer holds {limits.factor_words} (factor_words: lower the "
+                         "TT ranks or split the mode)")
 
 
 def _prod(values) -> int:
