@@ -16,8 +16,8 @@ The operators it takes (:data:`SUPPORTED`):
   inputs after) right after a Conv (or a folded BN): fused into the conv, as the int8 graph's
   activation is a clamp of the conv's output. An activation after an ``Add`` is refused: the
   training compiler passes the add's gradient on unmasked;
-* ``Add`` of two tensors of one shape (a residual); ``Add`` of a constant only as the bias of a
-  MatMul classifier;
+* ``Add`` of two tensors of one shape (a residual); ``Add`` of a per-channel constant right after
+  a Conv, Gemm or MatMul (a MatMul's bias): folded into its bias;
 * ``GlobalAveragePool``; ``Flatten`` / ``Reshape`` of the pooled ``(C, 1, 1)`` map to a vector;
 * ``Gemm`` (transA 0, any alpha, beta, transB) and ``MatMul`` (+ ``Add`` bias) on that vector:
   a 1x1 conv on the pooled 1x1 map, as :func:`~insitu.sparse.quantize.build_graph` makes the
@@ -174,8 +174,8 @@ class _Reader:
         self.flat: set[str] = set()                # ONNX tensors that are vectors (N, C)
         self.nodes: list[FloatNode] = []
         self.made_by: dict[str, FloatNode] = {}    # int8 tensor -> its node
-        # A conv's output may still take a BN ("bn"), an activation ("act"), a bias ("bias": a
-        # MatMul's): int8 tensor -> what it takes, and the ONNX tensor it is now.
+        # A conv's output may still take a BN ("bn"), an activation ("act"), a bias Add ("bias"),
+        # until its activation: int8 tensor -> what it takes, and the ONNX tensor it is now.
         self.open: dict[str, set[str]] = {}
         self.head: dict[str, str] = {}
         self.node_names: set[str] = set()
@@ -276,7 +276,7 @@ class _Reader:
 
     # ------------------------------------------------------------------ node kinds
 
-    def add_conv(self, node, x: str, weight, bias, stride=1, pad=0, groups=1, takes=("bn", "act")) -> None:
+    def add_conv(self, node, x: str, weight, bias, stride=1, pad=0, groups=1) -> None:
         name = self._node_name(node, "conv")
         o = weight.shape[0]
         c, h, w = self.shapes[x]
@@ -285,7 +285,7 @@ class _Reader:
         unit = Unit(name, np.asarray(weight, np.float64), np.asarray(bias, np.float64).reshape(o), stride, pad,
                     groups, "none")
         self.emit(node, FloatNode("conv", name, (x,), y, unit), y)
-        self.open[y], self.head[y] = set(takes), node.output[0]
+        self.open[y], self.head[y] = {"bn", "act", "bias"}, node.output[0]
 
     def emit(self, node, n: FloatNode, y: str) -> None:
         self.nodes.append(n)
@@ -308,7 +308,7 @@ class _Reader:
             raise self.refuse(node, f"its input {src} is also read elsewhere, so it cannot be folded into {made.name}")
         if what not in self.open[t]:
             why = {"bn": "a BatchNormalization after the activation (or a second one)",
-                   "act": "a second activation", "bias": "a second bias"}[what]
+                   "act": "a second activation", "bias": "a bias Add after the activation"}[what]
             raise self.refuse(node, f"{why} cannot be folded into {made.name}")
         self.alias(node, t)
         return made
@@ -392,14 +392,15 @@ class _Reader:
         if consts:
             if len(consts) == 2:
                 raise self.refuse(node, "an Add of two constants")
-            conv = self.fusing(SimpleNamespace(input=[node.input[1 - consts[0]]], output=node.output,
-                                               op_type="Add", name=node.name), "bias")
-            o = conv.unit.weight.shape[0]
-            c = self.consts[node.input[consts[0]]]
-            if c.size not in (1, o) or (c.size == o and c.shape[-1] != o):
-                raise self.refuse(node, f"a constant of shape {list(c.shape)} added to {o} channels")
+            src = node.input[1 - consts[0]]
+            c, o = self.consts[node.input[consts[0]]], self.shapes[self.act(node, 1 - consts[0], None)][0]
+            # A per-channel constant: (O,) on a vector, (O, 1, 1) on a map (leading 1s allowed).
+            channel_axis = -1 if src in self.flat else -3
+            if c.size != 1 and (c.size != o or c.ndim < -channel_axis or c.shape[channel_axis] != o):
+                raise self.refuse(node, f"a constant of shape {list(c.shape)} added to a tensor of {o} channels "
+                                        "(only a per-channel bias folds into the conv before it)")
+            conv = self.fusing(SimpleNamespace(input=[src], output=node.output, op_type="Add", name=node.name), "bias")
             conv.unit.bias = conv.unit.bias + np.broadcast_to(c.reshape(-1), (o,))
-            self.open[conv.y].discard("bias")
             return
         ta, tb = self.act(node, 0, None), self.act(node, 1, None)
         flat = node.input[0] in self.flat
@@ -438,12 +439,12 @@ class _Reader:
         ok = len(shape) == 2 and (shape[1] == c or (shape[1] == -1 and shape[0] in (-1, 0, 1)))
         self._flatten(node, ok, f"shape {shape}")
 
-    def _classifier(self, node, weight, bias, takes) -> None:
+    def _classifier(self, node, weight, bias) -> None:
         x = self.act(node, 0, flat=True)
         c = self.shapes[x][0]
         if weight.ndim != 2 or weight.shape[1] != c:
             raise self.refuse(node, f"weight of shape {list(weight.shape)} on a vector of {c}")
-        self.add_conv(node, x, weight[:, :, None, None], bias, takes=takes)
+        self.add_conv(node, x, weight[:, :, None, None], bias)
         self.flat.add(node.output[0])
 
     def _op_Gemm(self, node, a) -> None:
@@ -456,11 +457,11 @@ class _Reader:
         if c is not None and c.size not in (1, o):
             raise self.refuse(node, f"bias C of shape {list(c.shape)} for {o} outputs")
         bias = np.zeros(o) if c is None else float(a.get("beta", 1.0)) * np.broadcast_to(c.reshape(-1), (o,))
-        self._classifier(node, w, bias, ("bn", "act"))
+        self._classifier(node, w, bias)
 
     def _op_MatMul(self, node, a) -> None:
         b = self.const(node, 1, "weight (B)")
-        self._classifier(node, b.T, np.zeros(b.shape[-1]), ("bn", "act", "bias"))
+        self._classifier(node, b.T, np.zeros(b.shape[-1]))
 
     def _op_Identity(self, node, a) -> None:
         if node.input[0] in self.consts:
@@ -515,7 +516,8 @@ def read_onnx(path: str | Path) -> FloatNet:
     onnx = _onnx()
     try:
         model = onnx.load(str(path))
-        onnx.checker.check_model(model)
+        if model.graph.node:                            # (an empty file parses as an empty model)
+            onnx.checker.check_model(model)
     except Exception as exc:                            # DecodeError, ValidationError, ...: not usable ONNX
         raise UsageError(f"model {path}: not an ONNX model ({type(exc).__name__}: {str(exc).strip()[:300]})") from None
     if not model.graph.node:
