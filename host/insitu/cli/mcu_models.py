@@ -77,7 +77,7 @@ def import_command(model, task, board, scheme, as_json):
                  f"{'fits' if tr['fits'] else 'does not fit'}", soft_wrap=True)
     if tr["why"]:
         console.print(f"[yellow]{tr['why']}[/]", soft_wrap=True)
-    console.print(INPUT_NOTE, soft_wrap=True)
+    report.print(INPUT_NOTE, soft_wrap=True)
 
 
 @click.command("export")

@@ -540,12 +540,14 @@ def calibrate(net: FloatNet, images: np.ndarray, percentile: float) -> dict[str,
     if x.shape[1:] != net.shapes[net.input] or not len(x):
         raise UsageError(f"calibration images of shape {x.shape[1:]} (C, H, W) for a model that takes "
                          f"{net.shapes[net.input]}")
+    # The max (percentile 100, the default) needs each batch's max only, not every activation.
+    keep = (lambda v: np.abs(v).max(keepdims=True)) if percentile >= 100 else (lambda v: v)
     records: dict[str, list[np.ndarray]] = {}
     for i in range(0, len(x), _CALIBRATION_BATCH):
         rec: dict[str, np.ndarray] = {}
         net.forward(x[i:i + _CALIBRATION_BATCH], rec)
         for name, v in rec.items():
-            records.setdefault(name, []).append(v)
+            records.setdefault(name, []).append(keep(v))
     scales = {name: activation_scale(parts, percentile) for name, parts in records.items()}
     scales[net.input] = g.INPUT_SCALE
     return scales
