@@ -10,23 +10,48 @@ import click
 from insitu.cli.options import check_outputs, resolve_config, run_folder, run_options
 from insitu.cli.output import emit_json, progress, report
 from insitu.cli.power import measured, meter_options
-from insitu.errors import InsituError
+from insitu.cli.tt import parse_shape_options, tt_shape_options
+from insitu.errors import InsituError, UsageError
 from insitu.io import atomic_write_json
 from insitu.training import ALGORITHMS, TrainConfig, applies, prepare, train
 
 
+@dataclasses.dataclass
+class _TrainConfig(TrainConfig):
+    """TrainConfig with --algo tt's network shape, which the TT board run reads
+    (insitu.fpga.board_runs.run_tt)."""
+
+    tt_modes: tuple[int, ...] | None = None
+    input_size: tuple[int, ...] | None = None
+
+
+#: --algo tt's options that TrainConfig's applicability check does not know: checked here.
+TT_SHAPE = frozenset({"tt_modes", "input_size"})
+
+
+def _applies(config: TrainConfig, name: str) -> bool:
+    return config.algo == "tt" if name in TT_SHAPE else applies(config, name)
+
+
 def checked_config(ctx: click.Context) -> tuple[TrainConfig, set[str]]:
-    """The run's config from the parsed options and the names the user set, checked before any
-    work (data, pre-training, a board, a meter): the options apply and are sound. `insitu deploy`
-    runs the same checks on a bundle's train arguments."""
+    """The run's config from the parsed options and the names the user set (less the TT shape
+    options, checked here), checked before any work (data, pre-training, a board, a meter): the
+    options apply and are sound. `insitu deploy` runs the same checks on a bundle's train
+    arguments."""
     given = resolve_config(ctx)
     params = ctx.params
     if params["heap"] is not None:
         from insitu.checks import parse_size
 
         params["heap"] = parse_size(params["heap"])
+    for name in sorted(TT_SHAPE & given):
+        if params["algo"] != "tt":
+            raise UsageError(f"--{name.replace('_', '-')} does not apply to --algo {params['algo']} "
+                             "(it is an option of --algo tt): leave it out")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    config = TrainConfig(**{k: v for k, v in params.items() if k in fields})
+    config = _TrainConfig(**{k: v for k, v in params.items() if k in fields},
+                          **parse_shape_options(params))
+    given = given - TT_SHAPE
     prepare(config, given)
     return config, given
 
@@ -68,6 +93,7 @@ def _algo_help() -> str:
 @click.option("--bitstream", type=click.Path(dir_okay=False), default=None,
               help="Real FPGA boards: the overlay .bit (its .hwh beside it).")
 @click.option("--rank", type=int, default=None, help="tt: TT rank (paper 16, tiny 4); lrt: SKS rank (4).")
+@tt_shape_options("tt: ")
 @click.option("--env", type=click.Choice(["control", "shift"]), default=TrainConfig.env, show_default=True,
               help="lrt: the online environment (docs/lrt.md).")
 @click.option("--test-samples", type=int, default=None,
@@ -99,7 +125,8 @@ def _algo_help() -> str:
 @click.pass_context
 def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr, seed, checkpoint,
             checkpoint_every, mode, bitstream, rank, env, test_samples, scheme, port, flash_dir, heap,
-            twin, lr_scale, out, plot, as_json, meter, power_out, config, run_dir, overrides):
+            twin, lr_scale, out, plot, as_json, meter, power_out, config, run_dir, overrides,
+            tt_modes, input_size):
     """Train a network on a board, or on its simulated twin (the default, ultra96v2-sim).
 
     The result has a curve (loss and accuracy at regular points); options come from the command
@@ -115,6 +142,7 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
       insitu train --config runs/a/config.toml seed=1 --run-dir runs/b
       insitu train --algo tt --samples 6000 --json             # TT training on the twin's PEs
       insitu train --algo tt --mode rtl --samples 64 --json     # one step on the compiled RTL
+      insitu train --algo tt --dataset folder:my-images --input-size 20x20 --samples 6000
       insitu train --algo tt --model tiny --mode rtl-amaranth --samples 4 --batch-size 4 --test-samples 8
       insitu train --algo lrt --env shift --samples 2000 --json
       insitu train --board ultra96v2 --bitstream insitu_ultra96v2.bit --algo tt   # on the board
@@ -125,7 +153,7 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
     config, given = checked_config(ctx)
     params = ctx.params
     check_outputs(ctx, "out", "plot", "checkpoint", "power_out")
-    folder = run_folder(ctx, "insitu train", lambda name: applies(config, name))
+    folder = run_folder(ctx, "insitu train", lambda name: _applies(config, name))
     if folder is not None and config.checkpoint is None and applies(config, "checkpoint"):
         config = dataclasses.replace(config, checkpoint=str(folder.checkpoint))
     with (folder.running() if folder else contextlib.nullcontext()):

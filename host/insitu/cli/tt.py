@@ -24,9 +24,33 @@ def command():
     Examples:
       insitu tt train --variant fixed-prior --epochs 10 --json
       insitu tt train --variant all --epochs 10 --plot tt.png --out tt.json
+      insitu tt train --dataset folder:my-images --input-size 20x20 --epochs 5   # your images
       insitu tt report fixed.json fixed-prior.json --plot tt.png
       insitu tt schedule --batch-size 64
     """
+
+
+def tt_shape_options(prefix: str = ""):
+    """``--tt-modes`` and ``--input-size``: the TT network's shape for the dataset (docs/tt.md),
+    options of `insitu tt train` and `insitu train --algo tt` (``prefix``: ``"tt: "`` there)."""
+    def decorate(fn):
+        fn = click.option("--input-size", default=None, metavar="HxW[xC]",
+                          help=f"{prefix}bring the images to HxW first (C: 1 grey, 3 RGB; default: as "
+                               "they are) by the data's one resampling rule; images are resized only "
+                               "when asked.")(fn)
+        return click.option("--tt-modes", default=None, metavar="I1,...,Id",
+                            help=f"{prefix}the first TT layer's input modes (paper: 4, tiny: 3; the "
+                                 "last 16, the PEs' lanes). Default: the most balanced that fit the "
+                                 "PEs.")(fn)
+    return decorate
+
+
+def parse_shape_options(params: dict) -> dict:
+    """``{"tt_modes": ..., "input_size": ...}`` parsed from the options' text (exit 2 if bad)."""
+    from insitu.tt.network import parse_input_size, parse_modes
+
+    return {name: None if params[name] is None else usage_errors(parse, params[name])
+            for name, parse in (("tt_modes", parse_modes), ("input_size", parse_input_size))}
 
 
 def _int_list(text: str, option: str) -> tuple[int, ...]:
@@ -53,9 +77,11 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
 @option("--train-size", "train_size", aliases=("--train-samples",), type=int, default=None,
         help="Train on a subset of this many samples of the training set (default: all).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--dataset", default="fashion-mnist", show_default=True)
+@click.option("--dataset", default="fashion-mnist", show_default=True,
+              help="Dataset (see `insitu data list`), or your files: folder:DIR, npz:FILE, csv:FILE.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder with the dataset's IDX files.")
+@tt_shape_options()
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of accuracy and TT ranks per epoch.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result JSON.")
@@ -66,7 +92,10 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
 @run_options
 @click.pass_context
 def train(ctx, **_):
-    """Train the two-layer TT network on FashionMNIST (the paper's Table 1).
+    """Train the two-layer TT network on FashionMNIST (the paper's Table 1), or any dataset.
+
+    The network's tensor modes follow the dataset (docs/tt.md): a shape the PEs cannot take is
+    refused before training, naming the limit.
 
     Options also come from a --config TOML file and KEY=VALUE arguments; --run-dir keeps the run
     (config, result, curve, checkpoints, plot) for `insitu runs compare`.
@@ -74,7 +103,7 @@ def train(ctx, **_):
     from insitu.runs import summary_row
     from insitu.tt.report import format_table, plot_history
     from insitu.harness import say
-    from insitu.tt.experiment import TTTrainConfig, load_training_data, run_tt_training
+    from insitu.tt.experiment import TTTrainConfig, prepare_data, run_tt_training
 
     resolve_config(ctx)
     p = ctx.params
@@ -90,17 +119,16 @@ def train(ctx, **_):
                              lr_schedule=p["lr_schedule"], rank=p["rank"],
                              prune_threshold=p["prune_threshold"], prior_weight=p["prior_weight"],
                              train_samples=train_size, seed=p["seed"], dataset=p["dataset"],
-                             data_dir=p["data_dir"]) for v in variants]
-    for config in configs:
-        usage_errors(load_training_data, config)
+                             data_dir=p["data_dir"], **parse_shape_options(p)) for v in variants]
+    datasets = [usage_errors(prepare_data, config)[0] for config in configs]
     for path, what in ((plot, "--plot"), (out, "--out"), (checkpoint, "--checkpoint")):
         if path:
             check_writable(path, what)          # before the training (exit 2)
 
     results = []
     with (folder.running() if folder else contextlib.nullcontext()):
-        for config in configs:
-            total = epochs * (train_size or 60_000)
+        for config, data in zip(configs, datasets):
+            total = epochs * (train_size or len(data.y_train))
             with progress(f"tt {config.variant}", total=total) as advance:
                 results.append(run_tt_training(config, advance=advance, say=say,
                                                checkpoint=per_run_path(checkpoint, config.variant,
@@ -193,11 +221,12 @@ def schedule(in_modes, out_modes, ranks, batch, first_layer, as_json):
 def bench(batch, steps, as_json):
     """Training samples per second of the float and fixed-point executors, MACs per sample."""
     from insitu.tt.bench import format_bench, run_bench
-
     from insitu.tt.experiment import TTTrainConfig
+    from insitu.tt.network import tt_shape
 
     check_int("--steps", steps)
     usage_errors(TTTrainConfig(variant="fixed", batch_size=batch).validate)
+    usage_errors(tt_shape, (28, 28), 10, batch=batch)          # the paper's network fits the PEs
     result = run_bench(batch=batch, steps=steps)
     if as_json:
         emit_json(result)

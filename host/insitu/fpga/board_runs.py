@@ -19,12 +19,13 @@ from insitu.errors import UsageError
 from insitu.harness import RunPlan, run_identity, run_training, say
 from insitu.measure.energy import estimate_energy
 from insitu.measure.rails import RailsRecording
-from insitu.tt.experiment import Model, TTLearner, TTTrainConfig, accuracy
+from insitu.tt.experiment import SHAPE_OPTIONS, Model, TTLearner, TTTrainConfig, accuracy
+from insitu.tt.network import ARCHITECTURES, fit_input, tt_shape
 
 from . import power
 from .boards import open_board
 from .regs import bitstream_params
-from .tt_board import NETWORKS, BoardExecutor, check_fits, mac_counters
+from .tt_board import BoardExecutor, mac_counters
 
 
 def _executor_name(board, accel) -> str:
@@ -33,8 +34,9 @@ def _executor_name(board, accel) -> str:
 
 def _identity(config) -> dict:
     """What makes two runs the same run (a run on the RTL twin resumes on the fast one: they
-    compute the same)."""
-    return run_identity(config, drop=("bitstream", "mode", "test_samples"))
+    compute the same; the TT shape options when unset: earlier checkpoints resume)."""
+    unset = tuple(name for name in SHAPE_OPTIONS if getattr(config, name, None) is None)
+    return run_identity(config, drop=("bitstream", "mode", "test_samples", *unset))
 
 
 def _energy(board, accel, counters: dict, recorder) -> dict:
@@ -95,29 +97,38 @@ class BoardTTLearner(TTLearner):
 def run_tt(config, board, advance) -> dict:
     """The TT network trained with 4-bit factors and the rank-adaptive prior, contractions on
     the PEs (:mod:`insitu.fpga.tt_board`): the loop of ``insitu tt train`` with the accelerator
-    as the executor, a constant learning rate and a sample budget."""
-    layers, transform, default_rank = NETWORKS[config.model]
-    rank = config.rank or default_rank
+    as the executor, a constant learning rate and a sample budget. The network's modes follow the
+    dataset (:mod:`insitu.tt.network`) within the bitstream's bounds (its CAP_* registers): the
+    PEs take any sizes up to them; one beyond them is refused, naming the limit, before training.
+
+    ``config``: :class:`insitu.training.TrainConfig`, with ``tt_modes`` and ``input_size`` where
+    the caller has them (`insitu train`'s --tt-modes, --input-size)."""
+    rank = config.rank or ARCHITECTURES[config.model].rank
+    shape_options = {name: getattr(config, name, None) for name in SHAPE_OPTIONS}
     tt_config = TTTrainConfig(variant="fixed-prior", batch_size=config.batch_size, lr=config.lr,
                               rank=rank, seed=config.seed, dataset=config.dataset,
-                              lr_schedule="constant")
-    data = load_dataset(config.dataset, config.data_dir)
-    if data.sample_shape != (28, 28) or data.num_classes != 10:
-        raise UsageError(f"the TT networks take 28x28 images of 10 classes; {config.dataset} has "
-                         f"{data.sample_shape} samples of {data.num_classes} classes")
-    accel = open_board(board, config.mode, config.bitstream)
+                              lr_schedule="constant", **shape_options)
     try:
-        check_fits(layers, rank, config.batch_size, bitstream_params(accel.read))
+        tt_config.validate()
+        data = fit_input(load_dataset(config.dataset, config.data_dir), tt_config.input_size)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    x_train = transform(data.x_train / 255.0)
-    x_test = transform(data.x_test / 255.0)
+    accel = open_board(board, config.mode, config.bitstream)
+    try:
+        shape = tt_shape(data.sample_shape, data.num_classes, model=config.model, rank=rank,
+                         batch=config.batch_size, modes=tt_config.tt_modes,
+                         params=bitstream_params(accel.read))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    x_train = shape.vectors(data.float_images("train", np.float64))
+    x_test = shape.vectors(data.float_images("test", np.float64))
     if config.test_samples:
         x_test, y_test = x_test[:config.test_samples], data.y_test[:config.test_samples]
     else:
         y_test = data.y_test
     executor = BoardExecutor(accel)
-    model = Model(tt_config, len(x_train), layers=layers, executor=executor)
+    model = Model(tt_config, len(x_train), layers=shape.layers, executor=executor,
+                  classes=shape.classes)
     learner = BoardTTLearner(model, x_train, data.y_train, config.seed, accel, executor)
     plan = RunPlan("insitu train --algo tt", _identity(config), config.samples, config.batch_size,
                    config.checkpoint, config.checkpoint_every, epoch_size=len(x_train))
@@ -128,8 +139,8 @@ def run_tt(config, board, advance) -> dict:
         energy = _energy(board, accel, mac_counters(executor.macs), recorder)
     return {
         "board": board.name, "algo": "tt", "executor": _executor_name(board, accel),
-        "dataset": config.dataset, "model": config.model, **outcome.record(),
-        "epochs": outcome.samples / len(x_train),
+        "dataset": config.dataset, "model": config.model, "network": shape.describe(),
+        **outcome.record(), "epochs": outcome.samples / len(x_train),
         "batch_size": config.batch_size, "lr": config.lr, "seed": config.seed,
         "accuracy": outcome.evaluation["accuracy"], "test_samples": int(len(y_test)),
         "ranks": model.net.ranks, "pruned_ranks": learner.pruned, **model.figures(),

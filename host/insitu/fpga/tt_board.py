@@ -14,9 +14,10 @@ codes bit for bit, so a board run equals ``insitu tt train`` of the same network
 both are the same loop (:class:`insitu.tt.experiment.TTLearner` in the run harness) with one
 executor or the other (``tests/unit/test_tt_loop_executors.py``).
 
-Two networks: ``paper`` (the TT paper's FashionMNIST network, 896 -> 512 -> 16, rank 16) and
-``tiny`` (images pooled 2x2 to 14x14 and padded to 16x16, 256 -> 64 -> 16, rank 4), small enough
-to train on the RTL in simulation.
+Two networks (:data:`insitu.tt.network.ARCHITECTURES`, their modes chosen for the dataset):
+``paper`` (the TT paper's FashionMNIST network, 896 -> 512 -> 16, rank 16) and ``tiny`` (images
+pooled 2x2, for FashionMNIST 14x14 padded to 16x16, 256 -> 64 -> 16, rank 4), small enough to train
+on the RTL in simulation.
 """
 
 from __future__ import annotations
@@ -26,37 +27,19 @@ from collections import Counter
 import numpy as np
 
 from insitu.tt.execute import FixedExecutor, factor_operand
-from insitu.tt.model import PAPER_LAYERS, pad_images
 from insitu.accel.regmap import PE_OPS
-from insitu.tt.pe_stream import (config_for, cfg_error, pe3_operands, stream_in,
-                                 unpack_out)
-from insitu.tt.schedule import layer_schedule
-
-#: 256 = 4x4x16 -> 64 = 1x4x16 -> 16 = 4x16 -> 1x16.
-TINY_LAYERS = (((4, 4, 16), (1, 4, 16)), ((4, 16), (1, 16)))
+from insitu.tt.network import ARCHITECTURES, tt_shape
+from insitu.tt.pe_stream import config_for, pe3_operands, stream_in, unpack_out
 
 
-def tiny_images(x: np.ndarray) -> np.ndarray:
-    """``(N, 28, 28)`` images -> ``(N, 256)``: 2x2 mean pooling to 14x14, zero-padded to 16x16."""
-    x = np.asarray(x, dtype=np.float64).reshape(len(x), 14, 2, 14, 2).mean(axis=(2, 4))
-    out = np.zeros((len(x), 16, 16))
-    out[:, :14, :14] = x
-    return out.reshape(len(x), -1)
+def _network_28x28(name: str):
+    shape = tt_shape((28, 28), 10, model=name)
+    return shape.layers, shape.vectors, shape.architecture.rank
 
 
-#: name -> (layers, input transform of (N, 28, 28) images in [0, 1], default rank)
-NETWORKS = {"paper": (PAPER_LAYERS, pad_images, 16), "tiny": (TINY_LAYERS, tiny_images, 4)}
-
-
-def check_fits(layers, rank: int, batch: int, params) -> None:
-    """Every op of a training step must be one the PEs accept (else a ValueError naming it)."""
-    for k, (in_modes, out_modes) in enumerate(layers):
-        for op in layer_schedule(in_modes, out_modes, rank, batch, input_grad=k > 0):
-            code = cfg_error(config_for(op, out_modes=out_modes), params)
-            if code:
-                raise ValueError(f"rank {rank} with batch {batch}: layer {k + 1}'s {op.kind} op "
-                                 f"{op.src}->{op.dst} (a={op.a}, b={op.b}, c={op.c}, d={op.d}) does "
-                                 f"not fit the accelerator ({code.name}); lower the rank or batch")
+#: name -> (layers, input transform of (N, 28, 28) images in [0, 1], default rank): the networks
+#: for FashionMNIST (``insitu train --algo tt`` chooses them for its dataset).
+NETWORKS = {name: _network_28x28(name) for name in ARCHITECTURES}
 
 
 class BoardExecutor(FixedExecutor):
