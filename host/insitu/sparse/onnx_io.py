@@ -54,6 +54,7 @@ import hashlib
 import json
 import math
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -661,8 +662,6 @@ def export_onnx(graph_or_model: g.Graph | str, path: str | Path) -> Path:
     path = Path(path)
     data = model.SerializeToString()
     # The round trip, checked on the bytes about to be written.
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="insitu-export-") as tmp:
         probe = Path(tmp) / "model.onnx"
         probe.write_bytes(data)
