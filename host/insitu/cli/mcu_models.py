@@ -32,7 +32,6 @@ def import_command(model, task, board, scheme, as_json):
     Identity, Dropout. The same FILE.onnx works as --model of `insitu train --algo sparse`,
     `insitu mcu search`, `insitu mcu compare` and `insitu mcu minheap`.
 
-    \b
     The input convention: a uint8 pixel p is (p - 128) / 128 (one NCHW float input with 1 or
     3 channels, fixed height and width); fold another normalization into the first conv.
 
