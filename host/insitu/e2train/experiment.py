@@ -214,7 +214,8 @@ def load_data(config: E2Config) -> Data:
         x = x[:, None] if x.ndim == 3 else np.moveaxis(x, 3, 1)      # NCHW: RGB is 3 channels
         if k > 1:
             n, c, h, w = x.shape
-            x = x[..., :h // k * k, :w // k * k].reshape(n, c, h // k, k, w // k, k).mean(axis=(3, 5))
+            x = x[..., :h // k * k, :w // k * k]
+            x = x.reshape(n, c, h // k, k, w // k, k).mean(axis=(3, 5))
         return np.ascontiguousarray(x)
 
     x_train, x_test = prep(ds.x_train[tr]), prep(ds.x_test[te])

@@ -49,8 +49,8 @@ from insitu.data import load_dataset
 from insitu.errors import UsageError
 from insitu.lrt import ENVS
 
-__all__ = ["OnlineData", "ENVS", "AUGMENTATIONS", "VECTOR_AUGMENTATIONS", "elastic_transform", "spatial_transform",
-           "background_gradient", "white_noise", "class_clustering"]
+__all__ = ["OnlineData", "ENVS", "AUGMENTATIONS", "VECTOR_AUGMENTATIONS", "elastic_transform",
+           "spatial_transform", "background_gradient", "white_noise", "class_clustering"]
 
 #: The distribution-shift augmentations, in the order they are applied to an image (CD only
 #: reorders samples; the geometric ST comes before the photometric BG, noise last).
@@ -342,7 +342,8 @@ class OnlineData:
     stream's segments (10k in the paper), each with its own augmentations; class clustering
     groups the classes in windows of ``segment // 10`` samples (1k in the paper). ``alpha`` and
     ``sigma`` are the elastic transform's (for 28x28; see :func:`elastic_transform`); ``alpha=0``
-    gives the undistorted base images; ``alpha=None`` is :data:`ELASTIC_ALPHA`'s for the dataset.
+    gives the undistorted base images; ``alpha=None`` is :data:`ELASTIC_ALPHA`'s for the dataset
+    (:data:`DEFAULT_ELASTIC_ALPHA` for the user's images; feature vectors are never warped).
 
     All getters return ``(x, y)``: ``x`` float32 ``(n, 1, H, W)`` in [0, 1] (images) or ``(n, F)``
     (features), ``y`` int64 ``(n,)``. Streams are endless: they cycle through their base samples,
