@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from insitu.accel.params import DEFAULT_PARAMS
 from insitu.numerics import (TT_FACTOR_BITS, TT_PE_DATA_BITS, AutoScale, accumulator_bits,
                              code_range, tt_autoscale, tt_pe_format)
 
@@ -147,7 +148,13 @@ class FixedExecutor:
         scale = self._scale(prefix + op.dst,
                             lambda: np.ldexp(contract(op, buffers[op.src], other, *modes), -acc_frac))
         fmt = scale.format
-        out = self.compute(op, buffers[op.src], other, modes, shift=acc_frac - fmt.frac)
+        shift = acc_frac - fmt.frac
+        if not DEFAULT_PARAMS.shift_min <= shift <= DEFAULT_PARAMS.shift_max:
+            # The PEs rescale by SHIFT in [shift_min, shift_max] only (a collapsed layer's tiny
+            # sums ask for more): the output takes the nearest scale they give.
+            shift = min(max(shift, DEFAULT_PARAMS.shift_min), DEFAULT_PARAMS.shift_max)
+            fmt = tt_pe_format(acc_frac - shift)
+        out = self.compute(op, buffers[op.src], other, modes, shift=shift)
         if observe:
             scale.observe(fmt.to_float(out))      # the scale of this buffer at the next step
         buffers[op.dst], fracs[op.dst] = out, fmt.frac
