@@ -25,7 +25,7 @@ from insitu.data import check_dataset, load_dataset
 from insitu.data.files import is_file_spec
 from insitu.errors import InsituError, UsageError
 from insitu.harness import RunPlan, run_identity, run_training, sample_order, say
-from insitu.nn.networks import NETWORKS
+from insitu.nn.networks import CNN_MIN_SIZE, NETWORKS, image_input
 
 @dataclass
 class TrainConfig:
@@ -216,14 +216,8 @@ class SGDLearner:
 
 def _run_sgd(config: TrainConfig, board: Board, advance) -> dict:
     data = load_dataset(config.dataset, config.data_dir)
-    if config.model == "cnn":
-        # The CNN is a grey network of any size its two 2x2 pools leave positive: RGB is brought
-        # to grey by the data's one rule.
-        data.require_images("--model cnn")
-        if min(data.image_size) < 4:
-            raise UsageError(f"--model cnn needs images of at least 4x4 (two 2x2 pools); --dataset "
-                             f"{config.dataset} has {data.image_size[0]}x{data.image_size[1]}")
-        data = data.fit_images(channels=1)
+    if config.model == "cnn":       # grey, at the dataset's own size (see insitu.nn.networks)
+        data = image_input(data, "--model cnn", CNN_MIN_SIZE, why="two 2x2 pools")
     x_train = data.float_images("train")              # the mlp flattens any sample
     x_test = data.float_images("test")
     if config.model == "cnn":                         # NCHW, one channel

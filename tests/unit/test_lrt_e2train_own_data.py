@@ -17,7 +17,6 @@ from insitu.lrt.online import VECTOR_AUGMENTATIONS, OnlineData
 from insitu.lrt.qnet import dense_net, paper_cnn
 from insitu.lrt.schemes import LRTConfig
 from insitu.lrt.transfer import run_transfer
-from insitu.nn.networks import dataset_key
 from own_data import write_csv, write_image_folder
 
 pytestmark = pytest.mark.unit
@@ -93,15 +92,15 @@ def test_the_pretrained_cache_is_keyed_by_the_files_contents(tmp_path):
     spec = few_classes_npz(path, classes=3)
     tiny = dict(arch="mlp", dataset=spec, offline_samples=40, epochs=1, cache_dir=tmp_path / "lrt",
                 say=lambda text: None)
-    first = dataset_key(load_dataset(spec))
+    first = load_dataset(spec).key
     pretrained_model(**tiny)
     few_classes_npz(path, classes=4)                       # the same file name, other data
-    second = dataset_key(load_dataset(spec))
+    second = load_dataset(spec).key
     assert first != second and first.startswith(spec) and second.startswith(spec)
     net, _ = pretrained_model(**tiny)
     assert len(list((tmp_path / "lrt").glob("pretrained-mlp-*.npz"))) == 2
     assert net.weight_layers[-1].weight.shape[0] == 4           # trained on the new file
-    assert dataset_key(load_dataset("digits")) == "digits"      # built-ins keep their keys
+    assert load_dataset("digits").key == "digits"      # built-ins keep their keys
 
 
 @pytest.mark.parametrize("kind", ["rgb", "csv"])

@@ -23,6 +23,7 @@ of a loaded dataset are read-only because loads are cached per process and share
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,20 @@ class Dataset:
     def sample_shape(self) -> tuple[int, ...]:
         """The shape of one sample, e.g. ``(28, 28)``, ``(32, 32, 3)`` or ``(12,)`` features."""
         return tuple(self.x_train.shape[1:])
+
+    @functools.cached_property
+    def key(self) -> str:
+        """How a cache of trained networks names this data: a built-in dataset's name (its files
+        are the published ones), and for the user's files (``folder:``, ``npz:``, ``csv:``) their
+        spec with a hash of the loaded arrays, so that a changed file, or another split of it, is
+        never served a network trained on the old data."""
+        if self.name in _registry():
+            return self.name
+        digest = hashlib.sha256(str(self.num_classes).encode())
+        for array in (self.x_train, self.y_train, self.x_test, self.y_test):
+            digest.update(f"{array.dtype}{array.shape}".encode())
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return f"{self.name}#{digest.hexdigest()[:16]}"
 
     @property
     def kind(self) -> str:

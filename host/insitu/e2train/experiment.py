@@ -34,7 +34,7 @@ channels, ``in_channels``) and its size after the ``downsample`` pooling (any si
 average pool makes the head size-free; ``--downsample 1`` keeps small images whole), and has one
 output per class. Feature vectors (``csv:``, 2-D arrays) are refused (exit 2) before any work: a
 ResNet convolves pixels. A row's key names the user's files by a hash of their arrays
-(:func:`insitu.nn.networks.dataset_key`), so a changed file is trained again, never served from
+(:attr:`insitu.data.Dataset.key`), so a changed file is trained again, never served from
 ``OUT/rows``.
 """
 
@@ -185,8 +185,7 @@ def load_data(config: E2Config) -> Data:
     one channel per image channel). Feature vectors, too few samples, or images smaller than the
     pooling are refused (UsageError or ValueError, before any training)."""
     from insitu.data import load_dataset
-    from insitu.nn.networks import dataset_key
-
+    
     ds = load_dataset(config.dataset, config.data_dir)
     if ds.kind != "images":
         raise UsageError(f"E2-Train's ResNet takes images, and --dataset {ds.name} holds feature "
@@ -222,7 +221,7 @@ def load_data(config: E2Config) -> Data:
     mean, std = x_train.mean(), x_train.std()
     return Data((x_train - mean) / std, ds.y_train[tr].astype(np.int64),
                 (x_test - mean) / std, ds.y_test[te].astype(np.int64), ds.num_classes,
-                key=dataset_key(ds))
+                key=ds.key)
 
 
 # ------------------------------------------------------------------------------------------ one run

@@ -75,7 +75,6 @@ from insitu.lrt.online import OnlineData
 from insitu.accel.stream import pad_words
 from insitu.lrt.pe_ops import append_reciprocal
 from insitu.lrt.qnet import QNet
-from insitu.nn.networks import dataset_key
 from insitu.lrt.sks import random_orthonormal, core_rotation
 from insitu.lrt.schemes import LRTConfig, loss_gradient, evaluate
 from insitu.numerics import LRT_BASIS, LRT_BIAS, LRT_PE_WORD_BITS, LRT_WEIGHT, max_abs_format
@@ -569,7 +568,7 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
     # Everything that can be wrong, found before minutes of pre-training.
     LRTBoardTrainer.check(build_network(arch, data, seed, config), params, rank=rank, batch=batch,
                           lr=lr, bias_lr=bias_lr, kappa_th=kappa_th)
-    context = {"env": env, "dataset": dataset_key(data.dataset), "arch": arch,
+    context = {"env": env, "dataset": data.dataset.key, "arch": arch,
                "offline_samples": offline_samples,
                "pretrain_epochs": pretrain_epochs, "segment": segment}
     plan = RunPlan("insitu train --algo lrt",

@@ -34,7 +34,7 @@ from insitu.io import atomic_write
 from insitu.lrt.nvm import NVMModel, make_drift
 from insitu.lrt.online import ENVS, OnlineData
 from insitu.lrt.qnet import ARCHITECTURES, PAPER_CNN_MIN_SIZE
-from insitu.nn.networks import dataset_key, image_input
+from insitu.nn.networks import image_input
 from insitu.lrt.schemes import SCHEMES, LRTConfig, OnlineTrainer, check_rank, evaluate, pretrain
 from insitu.resources import cache_dir
 
@@ -88,7 +88,7 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
     recipe = {**PRETRAIN_RECIPE, **(recipe or {})}
     data = OnlineData(dataset, data_dir, seed=seed)
     net = build_network(arch, data, seed, config)
-    key = dict(arch=arch, dataset=dataset_key(data.dataset), seed=seed, offline_samples=offline_samples,
+    key = dict(arch=arch, dataset=data.dataset.key, seed=seed, offline_samples=offline_samples,
                epochs=epochs, conv_batch=config.conv_batch, dense_batch=config.dense_batch,
                recipe=recipe, elastic=[data.alpha, data.sigma], version=_PRETRAIN_VERSION)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -237,7 +237,7 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
     check_adapt(arch, data, config)
     # What makes a checkpoint this run's: everything but the sample budget and file places.
     identity = {"env": env, "scheme": scheme, "seed": seed, "arch": arch,
-                "dataset": dataset_key(data.dataset),
+                "dataset": data.dataset.key,
                 "config": vars(config), "offline_samples": offline_samples,
                 "pretrain_epochs": pretrain_epochs, "segment": segment}
     plan = RunPlan("insitu lrt adapt", identity, samples, min(1000, checkpoint_every), checkpoint,

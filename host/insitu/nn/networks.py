@@ -8,13 +8,9 @@ What a network takes of any :class:`~insitu.data.Dataset` (``--dataset`` of any 
   RGB to grey by the data layer's rule (``fit_images(channels=1)``), and takes them at their own
   size when its pools leave at least one pixel (:func:`image_input`): smaller images are refused,
   naming the size and the limit, not enlarged;
-* :func:`dataset_key` is how caches of trained networks name the data they were trained on.
 """
 
 from __future__ import annotations
-
-import functools
-import hashlib
 
 import numpy as np
 
@@ -23,7 +19,7 @@ from insitu.errors import UsageError
 from .layers import Conv2d, Dense, Flatten, MaxPool2d, ReLU
 from .model import Sequential
 
-__all__ = ["mlp", "cnn", "NETWORKS", "CNN_MIN_SIZE", "image_input", "dataset_key"]
+__all__ = ["mlp", "cnn", "NETWORKS", "CNN_MIN_SIZE", "image_input"]
 
 #: The smallest image side :func:`cnn` takes: its two 2x2 max pools leave 1 pixel of 4.
 CNN_MIN_SIZE = 4
@@ -67,20 +63,3 @@ def image_input(ds, who: str, min_size: int, channels: int | None = 1, why: str 
                          f"resample the images to {min_size}x{min_size} or more, or use a model that "
                          "takes any size (e.g. --model mlp)")
     return ds.fit_images(channels=channels)
-
-
-@functools.lru_cache(maxsize=8)        # per Dataset object (identity-hashed): hashed once
-def dataset_key(ds) -> str:
-    """How a cache of trained networks names the data: a built-in dataset's name (its files are
-    the published ones), and for the user's files (``folder:``, ``npz:``, ``csv:``) their spec with
-    a hash of the loaded arrays, so that a changed file, or another split of it, is never served
-    a network trained on the old data."""
-    from insitu.data import dataset_names
-
-    if ds.name in dataset_names():
-        return ds.name
-    digest = hashlib.sha256(str(ds.num_classes).encode())
-    for array in (ds.x_train, ds.y_train, ds.x_test, ds.y_test):
-        digest.update(f"{array.dtype}{array.shape}".encode())
-        digest.update(np.ascontiguousarray(array).tobytes())
-    return f"{ds.name}#{digest.hexdigest()[:16]}"
