@@ -14,11 +14,12 @@ from own_data import digits, write_csv, write_image_folder, write_npz
 
 pytestmark = pytest.mark.system
 
-# A short run that learns the digits: no prior on the host (its default weight, 5 g/N, is tuned
-# for 60,000 samples and prunes a 300-sample set's ranks away within a few epochs).
+# Short runs that learn the digits: no prior on the host, a weak one on the twins (the default
+# weight, 5 g/N, is tuned for 60,000 samples and prunes a 300-sample set's ranks away in 3 epochs).
 HOST = ("--variant", "fixed", "--epochs", "3", "--batch-size", "32", "--lr", "0.003",
         "--lr-schedule", "constant", "--json")
-BOARD = ("--algo", "tt", "--samples", "960", "--batch-size", "32", "--lr", "0.003", "--json")
+BOARD = ("--algo", "tt", "--samples", "960", "--batch-size", "32", "--lr", "0.003",
+         "--prior-weight", "0.5", "--json")
 FIRST_MODES = {"folder": [4, 2, 2, 16], "npz": [2, 2, 2, 16], "csv": [1, 1, 1, 16]}
 INPUTS = {"folder": "8x8 RGB images (256 values: rows of 24 padded to 32)",
           "npz": "8x8 grey images (128 values: rows of 8 padded to 16)",
@@ -84,6 +85,7 @@ def test_images_too_large_are_refused_naming_the_limit_then_fitted_when_asked(ru
 @pytest.mark.parametrize("args,message", [
     (("train", "--algo", "sgd", "--input-size", "8x8"), "--input-size does not apply to --algo sgd"),
     (("train", "--algo", "lrt", "--tt-modes", "4,4,16"), "--tt-modes does not apply to --algo lrt"),
+    (("train", "--prior-weight", "1"), "--prior-weight does not apply to --algo sgd"),
     (("train", "--algo", "tt", "--tt-modes", "4,x"), "--tt-modes takes comma-separated integers"),
     (("tt", "train", "--input-size", "8x8x2"), "--input-size takes HxW or HxWxC"),
     (("tt", "train", "--dataset", "csv", "--input-size", "8x8"), "--input-size resizes images"),

@@ -14,27 +14,29 @@ from insitu.cli.tt import parse_shape_options, tt_shape_options
 from insitu.errors import InsituError, UsageError
 from insitu.io import atomic_write_json
 from insitu.training import ALGORITHMS, TrainConfig, applies, prepare, train
+from insitu.tt.experiment import BOARD_OPTIONS
 
 
 @dataclasses.dataclass
 class _TrainConfig(TrainConfig):
-    """TrainConfig with --algo tt's network shape, which the TT board run reads
+    """TrainConfig with --algo tt's network shape and prior weight, which the TT board run reads
     (insitu.fpga.board_runs.run_tt)."""
 
     tt_modes: tuple[int, ...] | None = None
     input_size: tuple[int, ...] | None = None
+    prior_weight: float | None = None
 
 
 #: --algo tt's options that TrainConfig's applicability check does not know: checked here.
-TT_SHAPE = frozenset({"tt_modes", "input_size"})
+TT_OPTIONS = frozenset(BOARD_OPTIONS)
 
 
 def _applies(config: TrainConfig, name: str) -> bool:
-    return config.algo == "tt" if name in TT_SHAPE else applies(config, name)
+    return config.algo == "tt" if name in TT_OPTIONS else applies(config, name)
 
 
 def checked_config(ctx: click.Context) -> tuple[TrainConfig, set[str]]:
-    """The run's config from the parsed options and the names the user set (less the TT shape
+    """The run's config from the parsed options and the names the user set (less --algo tt's own
     options, checked here), checked before any work (data, pre-training, a board, a meter): the
     options apply and are sound. `insitu deploy` runs the same checks on a bundle's train
     arguments."""
@@ -44,14 +46,14 @@ def checked_config(ctx: click.Context) -> tuple[TrainConfig, set[str]]:
         from insitu.checks import parse_size
 
         params["heap"] = parse_size(params["heap"])
-    for name in sorted(TT_SHAPE & given):
+    for name in sorted(TT_OPTIONS & given):
         if params["algo"] != "tt":
             raise UsageError(f"--{name.replace('_', '-')} does not apply to --algo {params['algo']} "
                              "(it is an option of --algo tt): leave it out")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     config = _TrainConfig(**{k: v for k, v in params.items() if k in fields},
-                          **parse_shape_options(params))
-    given = given - TT_SHAPE
+                          **parse_shape_options(params), prior_weight=params["prior_weight"])
+    given = given - TT_OPTIONS
     prepare(config, given)
     return config, given
 
@@ -94,6 +96,9 @@ def _algo_help() -> str:
               help="Real FPGA boards: the overlay .bit (its .hwh beside it).")
 @click.option("--rank", type=int, default=None, help="tt: TT rank (paper 16, tiny 4); lrt: SKS rank (4).")
 @tt_shape_options("tt: ")
+@click.option("--prior-weight", type=float, default=None,
+              help="tt: the multiplier of the rank-adaptive prior g/N (default 5, tuned for 60,000 "
+                   "samples; lower it on small datasets, docs/tt.md).")
 @click.option("--env", type=click.Choice(["control", "shift"]), default=TrainConfig.env, show_default=True,
               help="lrt: the online environment (docs/lrt.md).")
 @click.option("--test-samples", type=int, default=None,
@@ -126,7 +131,7 @@ def _algo_help() -> str:
 def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr, seed, checkpoint,
             checkpoint_every, mode, bitstream, rank, env, test_samples, scheme, port, flash_dir, heap,
             twin, lr_scale, out, plot, as_json, meter, power_out, config, run_dir, overrides,
-            tt_modes, input_size):
+            tt_modes, input_size, prior_weight):
     """Train a network on a board, or on its simulated twin (the default, ultra96v2-sim).
 
     The result has a curve (loss and accuracy at regular points); options come from the command

@@ -19,7 +19,7 @@ from insitu.errors import UsageError
 from insitu.harness import RunPlan, run_identity, run_training, say
 from insitu.measure.energy import estimate_energy
 from insitu.measure.rails import RailsRecording
-from insitu.tt.experiment import SHAPE_OPTIONS, Model, TTLearner, TTTrainConfig, accuracy
+from insitu.tt.experiment import BOARD_OPTIONS, Model, TTLearner, TTTrainConfig, accuracy
 from insitu.tt.network import ARCHITECTURES, fit_input, tt_shape
 
 from . import power
@@ -34,8 +34,8 @@ def _executor_name(board, accel) -> str:
 
 def _identity(config) -> dict:
     """What makes two runs the same run (a run on the RTL twin resumes on the fast one: they
-    compute the same; the TT shape options when unset: earlier checkpoints resume)."""
-    unset = tuple(name for name in SHAPE_OPTIONS if getattr(config, name, None) is None)
+    compute the same; the TT options when unset: earlier checkpoints resume)."""
+    unset = tuple(name for name in BOARD_OPTIONS if getattr(config, name, None) is None)
     return run_identity(config, drop=("bitstream", "mode", "test_samples", *unset))
 
 
@@ -101,13 +101,16 @@ def run_tt(config, board, advance) -> dict:
     dataset (:mod:`insitu.tt.network`) within the bitstream's bounds (its CAP_* registers): the
     PEs take any sizes up to them; one beyond them is refused, naming the limit, before training.
 
-    ``config``: :class:`insitu.training.TrainConfig`, with ``tt_modes`` and ``input_size`` where
-    the caller has them (`insitu train`'s --tt-modes, --input-size)."""
+    ``config``: :class:`insitu.training.TrainConfig`, with ``tt_modes``, ``input_size`` and
+    ``prior_weight`` where the caller has them (`insitu train`'s --tt-modes, --input-size,
+    --prior-weight)."""
     rank = config.rank or ARCHITECTURES[config.model].rank
-    shape_options = {name: getattr(config, name, None) for name in SHAPE_OPTIONS}
+    # `insitu train` adds BOARD_OPTIONS to its TrainConfig; other callers may not have them.
+    given = {name: getattr(config, name, None) for name in BOARD_OPTIONS}
     tt_config = TTTrainConfig(variant="fixed-prior", batch_size=config.batch_size, lr=config.lr,
                               rank=rank, seed=config.seed, dataset=config.dataset,
-                              lr_schedule="constant", **shape_options)
+                              lr_schedule="constant",
+                              **{name: value for name, value in given.items() if value is not None})
     try:
         tt_config.validate()
         data = fit_input(load_dataset(config.dataset, config.data_dir), tt_config.input_size)

@@ -43,6 +43,8 @@ CLASSES = 10                 # FashionMNIST's (other datasets: their own)
 LR_SCHEDULES = ("constant", "cosine")
 #: The config fields that shape the network (--tt-modes, --input-size).
 SHAPE_OPTIONS = ("tt_modes", "input_size")
+#: The fields `insitu train --algo tt` takes besides its TrainConfig's (insitu.fpga.board_runs).
+BOARD_OPTIONS = (*SHAPE_OPTIONS, "prior_weight")
 
 
 @dataclass
