@@ -228,7 +228,9 @@ def _run_sgd(config: TrainConfig, board: Board, advance) -> dict:
     probe = min(PROBE_SAMPLES, len(y_test))
     model = NETWORKS[config.model](data.sample_shape, data.num_classes, config.seed)
     learner = SGDLearner(model, config.lr, x_train, data.y_train, config.seed)
-    plan = RunPlan("insitu train --algo sgd", run_identity(config, drop=("test_samples",)), config.samples,
+    # The data's key, not its spec: a checkpoint never resumes on a changed file of the user's.
+    identity = {**run_identity(config, drop=("test_samples",)), "dataset": data.key}
+    plan = RunPlan("insitu train --algo sgd", identity, config.samples,
                    config.batch_size, config.checkpoint, config.checkpoint_every)
     outcome = run_training(plan, learner, advance=advance, say=say,
                            evaluate=lambda: {"accuracy": accuracy(model, x_test, y_test)},
