@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from own_data import write_csv, write_image_folder, write_npz
 
@@ -57,3 +58,22 @@ def test_cnn_on_a_table_and_a_broken_image_exit_2_naming_them(run_cli, own, env,
         assert "Traceback" not in run.stderr
     run = run_cli("train", "--dataset", f"folder:{tmp_path / 'nothing'}", "--data-dir", "x", env=env)
     assert run.returncode == 2
+
+
+def test_data_export_writes_what_dataset_reads_back(run_cli, env, tmp_path):
+    from insitu.data import load_dataset
+
+    digits = load_dataset("digits")
+    for out in (tmp_path / "my-images", tmp_path / "d.npz"):
+        run = run_cli("data", "export", "digits", out, "--samples", "60", env=env)
+        assert run.returncode == 0, run.stderr
+        back = load_dataset(f"{'npz' if out.suffix else 'folder'}:{out}")
+        order = np.argsort(back.y_train, kind="stable") if not out.suffix else np.arange(60)
+        expected = np.argsort(digits.y_train[:60], kind="stable") if not out.suffix else np.arange(60)
+        assert np.array_equal(back.x_train[order], digits.x_train[:60][expected])
+        assert np.array_equal(back.y_train[order], digits.y_train[:60][expected])
+        assert back.splits == {"train": 60, "test": 15}
+    assert run_cli("data", "export", "digits", tmp_path / "d.npz", env=env).returncode == 2   # exists
+    run = run_cli("data", "export", "digits", tmp_path / "rgb", "--size", "32", "--rgb", "--samples", "8", env=env)
+    assert run.returncode == 0, run.stderr
+    assert load_dataset(f"folder:{tmp_path / 'rgb'}").sample_shape == (32, 32, 3)

@@ -49,7 +49,7 @@ import numpy as np
 
 from insitu.errors import DataFileError, UsageError
 
-__all__ = ["FileSpec", "parse_spec", "is_file_spec", "load_file_dataset", "IMAGE_SUFFIXES",
+__all__ = ["FileSpec", "parse_spec", "is_file_spec", "load_file_dataset", "write_folder", "write_npz", "IMAGE_SUFFIXES",
            "DEFAULT_TEST_FRACTION", "DEFAULT_SPLIT_SEED", "LABEL_COLUMNS"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -497,3 +497,44 @@ def _pixels(image) -> np.ndarray:
 def _grey_palette(image) -> bool:
     rgb = np.asarray(image.convert("RGB"))
     return bool(np.all(rgb[..., 0] == rgb[..., 1]) and np.all(rgb[..., 1] == rgb[..., 2]))
+
+
+# ------------------------------------------------------------------------------------- writing
+
+def _head(ds, samples: int | None):
+    """``(split, images, labels)`` of ``ds``: all of it, or the first ``samples`` train samples
+    and a quarter as many test samples."""
+    n_test = None if samples is None else max(1, samples // 4)
+    return [("train", ds.x_train[:samples], ds.y_train[:samples]),
+            ("test", ds.x_test[:n_test], ds.y_test[:n_test])]
+
+
+def write_folder(ds, root: Path, samples: int | None = None) -> int:
+    """``ds``'s images as ``root/train/<class>/<i>.png`` and ``root/test/...``; the count written."""
+    from PIL import Image
+
+    if ds.kind != "images":
+        raise UsageError(f"{ds.name} holds feature vectors; write it as a .npz")
+    folders = [name.replace("/", "-") for name in ds.class_names]
+    if sorted(folders) != folders:      # a folder's classes are numbered in sorted order
+        folders = [f"{k:0{len(str(len(folders) - 1))}d}-{name}" for k, name in enumerate(folders)]
+    count = 0
+    for split, images, labels in _head(ds, samples):
+        for i, (image, label) in enumerate(zip(images, labels)):
+            (root / split / folders[label]).mkdir(parents=True, exist_ok=True)
+            # zero-padded, so that the files sort (and read back) in the dataset's order
+            Image.fromarray(image).save(root / split / folders[label] / f"{i:0{len(str(len(labels)))}d}.png")
+            count += 1
+    return count
+
+
+def write_npz(ds, path: Path, samples: int | None = None) -> int:
+    """``ds`` as the arrays a dataset ``.npz`` holds (atomically); the count written."""
+    from insitu.io import atomic_write
+
+    (_, x_train, y_train), (_, x_test, y_test) = _head(ds, samples)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+                        class_names=np.asarray(ds.class_names))
+    atomic_write(path, buffer.getvalue())
+    return len(y_train) + len(y_test)
