@@ -73,7 +73,8 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
 @click.option("--prune-threshold", type=float, default=0.01, show_default=True,
               help="Prune a rank slice whose lambda is below this fraction of its core's largest.")
 @click.option("--prior-weight", type=float, default=5.0, show_default=True,
-              help="Multiplier of the prior term g / N.")
+              help="Multiplier of the prior term g / N (5 is tuned for 60,000 samples: lower it "
+                   "on small datasets, docs/tt.md).")
 @option("--train-size", "train_size", aliases=("--train-samples",), type=int, default=None,
         help="Train on a subset of this many samples of the training set (default: all).")
 @click.option("--seed", type=int, default=0, show_default=True)
