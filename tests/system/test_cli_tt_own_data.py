@@ -2,7 +2,8 @@
 `insitu train --algo tt` on the FPGA twins, on a folder of PNGs (grey 8x8 and RGB 12x12, which the
 folder loader brings to 8x8 RGB), an .npz and a CSV table; the network's modes follow each dataset;
 images too large for the PEs are refused naming the limit, and trained once --input-size brings
-them down; --tt-modes is a run's option. About 50 s on 2 cores."""
+them down; --tt-modes is a run's option; the RTL twin trains another shape as the fast one
+(marked rtl). About 50 s on 2 cores, 15 s more for the RTL test once its twin is built."""
 
 from __future__ import annotations
 
@@ -117,3 +118,23 @@ def test_tt_modes_are_part_of_a_run(run_cli, own, tmp_path):
     other = run_cli(*args[:-2], "--tt-modes", "2,2,2,16", "--checkpoint", folder / "checkpoint.npz",
                     env=own["env"])
     assert other.returncode != 0 and "belongs to another run" in other.stderr, other.stderr
+
+
+@pytest.mark.rtl
+def test_the_rtl_twin_trains_another_shape_as_the_fast_one(run_cli, own, tmp_path):
+    """The PEs' sizes are run-time registers: the tiny network's modes for 8x8 RGB images run on
+    the RTL (compiled with Verilator) with the fast twin's loss, accuracy and weights."""
+    from insitu.checkpoint import load_checkpoint
+
+    step = ("--algo", "tt", "--model", "tiny", "--dataset", own["folder"], "--samples", "8",
+            "--batch-size", "4", "--test-samples", "8", "--json")
+    runs = {mode: _json(run_cli("train", *step, "--mode", mode, "--checkpoint", tmp_path / f"{mode}.npz",
+                                env=own["env"], timeout=400)) for mode in ("fast", "rtl")}
+    assert runs["rtl"]["network"]["layers"][0][0] == [2, 2, 16] == runs["fast"]["network"]["layers"][0][0]
+    assert runs["rtl"]["final_loss"] == runs["fast"]["final_loss"]
+    assert runs["rtl"]["accuracy"] == runs["fast"]["accuracy"] and runs["rtl"]["pl_cycles"] > 0
+    rtl, _ = load_checkpoint(tmp_path / "rtl.npz")
+    fast, _ = load_checkpoint(tmp_path / "fast.npz")
+    assert sorted(rtl) == sorted(fast)
+    for key in rtl:
+        np.testing.assert_array_equal(rtl[key], fast[key], err_msg=key)
