@@ -120,6 +120,19 @@ def test_tt_modes_are_part_of_a_run(run_cli, own, tmp_path):
     assert other.returncode != 0 and "belongs to another run" in other.stderr, other.stderr
 
 
+def test_a_checkpoint_never_resumes_on_a_changed_file(run_cli, own, tmp_path):
+    data = tmp_path / "d.npz"
+    runs = {"tt": ("tt", "train", "--variant", "float", "--epochs", "1"),
+            "board": ("train", "--algo", "tt", "--samples", "64")}
+    for name, args in runs.items():
+        write_npz(data, n=200)
+        args = (*args, "--dataset", f"npz:{data}", "--checkpoint", tmp_path / f"{name}.npz")
+        _json(run_cli(*args, "--json", env=own["env"]))
+        write_npz(data, n=240)                           # the same spec, other arrays
+        run = run_cli(*args, env=own["env"])
+        assert run.returncode != 0 and "belongs to another run" in run.stderr, (name, run.stderr)
+
+
 @pytest.mark.rtl
 def test_the_rtl_twin_trains_another_shape_as_the_fast_one(run_cli, own, tmp_path):
     """The PEs' sizes are run-time registers: the tiny network's modes for 8x8 RGB images run on

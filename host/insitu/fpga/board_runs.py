@@ -32,11 +32,13 @@ def _executor_name(board, accel) -> str:
     return f"twin-{accel.device.mode}" if board.is_twin else "board"
 
 
-def _identity(config) -> dict:
+def _identity(config, data=None) -> dict:
     """What makes two runs the same run (a run on the RTL twin resumes on the fast one: they
-    compute the same; the TT options when unset: earlier checkpoints resume)."""
+    compute the same; the TT options when unset: earlier checkpoints resume); with ``data``, its
+    key instead of the spec (a checkpoint never resumes on a changed file of the user's)."""
     unset = tuple(name for name in BOARD_OPTIONS if getattr(config, name, None) is None)
-    return run_identity(config, drop=("bitstream", "mode", "test_samples", *unset))
+    identity = run_identity(config, drop=("bitstream", "mode", "test_samples", *unset))
+    return identity if data is None else {**identity, "dataset": data.key}
 
 
 def _energy(board, accel, counters: dict, recorder) -> dict:
@@ -133,8 +135,9 @@ def run_tt(config, board, advance) -> dict:
     model = Model(tt_config, len(x_train), layers=shape.layers, executor=executor,
                   classes=shape.classes)
     learner = BoardTTLearner(model, x_train, data.y_train, config.seed, accel, executor)
-    plan = RunPlan("insitu train --algo tt", _identity(config), config.samples, config.batch_size,
-                   config.checkpoint, config.checkpoint_every, epoch_size=len(x_train))
+    plan = RunPlan("insitu train --algo tt", _identity(config, data), config.samples,
+                   config.batch_size, config.checkpoint, config.checkpoint_every,
+                   epoch_size=len(x_train))
     with _rails(board) as recorder:
         outcome = run_training(plan, learner, end_of_epoch=learner.end_of_epoch, advance=advance,
                                say=say,

@@ -28,7 +28,7 @@ from insitu.data import load_dataset
 from insitu.harness import RunPlan, run_training, sample_order
 
 from .model import FLOAT_BITS, PAPER_LAYERS, TTNet
-from .network import EVAL_BATCH, fit_input, parse_input_size, parse_modes, tt_shape
+from .network import EVAL_BATCH, TTShape, fit_input, parse_input_size, parse_modes, tt_shape
 from .prior import LAMBDA_FLOOR
 
 VARIANTS = {
@@ -114,11 +114,9 @@ def prepare_data(config: TTTrainConfig):
     return data, shape
 
 
-def load_training_data(config: TTTrainConfig):
-    """:func:`prepare_data`, and the data as the network's input vectors:
-    ``(shape, x_train, y_train, x_test, y_test)``."""
-    data, shape = prepare_data(config)
-    return (shape, shape.vectors(data.float_images("train", np.float64)), np.asarray(data.y_train),
+def network_inputs(data, shape: TTShape):
+    """The dataset as the network's input vectors: ``(x_train, y_train, x_test, y_test)``."""
+    return (shape.vectors(data.float_images("train", np.float64)), np.asarray(data.y_train),
             shape.vectors(data.float_images("test", np.float64)), np.asarray(data.y_test))
 
 
@@ -275,10 +273,13 @@ class TTLearner:
         self.pruned = meta["pruned_ranks"]
 
 
-def run_identity(config: TTTrainConfig) -> dict:
+def run_identity(config: TTTrainConfig, data=None) -> dict:
     """What makes a checkpoint this run's: the configuration (with a cosine schedule, the epoch
-    budget too: it shapes every step's learning rate)."""
+    budget too: it shapes every step's learning rate), and the data's key, not its spec (a
+    checkpoint never resumes on a changed file of the user's)."""
     key = asdict(config)
+    if data is not None:
+        key["dataset"] = data.key
     key.pop("data_dir")
     if config.lr_schedule == "constant":
         key.pop("epochs")
@@ -295,7 +296,8 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
     ``checkpoint`` (.npz): written atomically after every epoch (and on SIGINT/SIGTERM); when it
     exists, the run resumes from it and ends exactly where an uninterrupted run would.
     """
-    shape, x_train, y_train, x_test, y_test = load_training_data(config)
+    data, shape = prepare_data(config)
+    x_train, y_train, x_test, y_test = network_inputs(data, shape)
     rng = np.random.default_rng(config.seed)
     if config.train_samples is not None:
         pick = rng.permutation(len(x_train))[:config.train_samples]
@@ -308,7 +310,7 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
         return {"train_accuracy": accuracy(learner.model, x_train[eval_pick], y_train[eval_pick]),
                 "test_accuracy": accuracy(learner.model, x_test, y_test)}
 
-    plan = RunPlan("insitu tt train", run_identity(config), config.epochs * len(x_train),
+    plan = RunPlan("insitu tt train", run_identity(config, data), config.epochs * len(x_train),
                    config.batch_size, checkpoint, checkpoint_every=len(x_train),
                    epoch_size=len(x_train), evaluate_every_epoch=True, samples_option="--epochs")
     outcome = run_training(plan, learner, evaluate=evaluate, end_of_epoch=learner.end_of_epoch,
