@@ -46,6 +46,10 @@ class TrainConfig:
     bitstream: str | None = None       # a real board's .bit (its .hwh beside it)
     rank: int | None = None            # None: the algorithm's default
     env: str = "shift"                 # lrt: the online environment
+    # The TT network's shape for the dataset (insitu.tt.network) and its prior's weight:
+    tt_modes: tuple[int, ...] | None = None     # the first layer's input modes (None: the rule's)
+    input_size: tuple[int, ...] | None = None   # images resized to (H, W[, C]) first (None: as they are)
+    prior_weight: float | None = None           # None: the TT experiment's default
     test_samples: int | None = None    # test samples to evaluate (None: the algorithm's default)
     # The MCU algorithm (sparse):
     scheme: str | None = None          # sparse-update scheme (None: the algorithm's default)
@@ -281,7 +285,7 @@ register(Algorithm(
     twins_only=False,
     run=_run_fpga("run_tt"),
     models=("paper", "tiny"),
-    options=HOST_CHECKPOINT | {"mode", "bitstream", "rank"},
+    options=HOST_CHECKPOINT | {"mode", "bitstream", "rank", "tt_modes", "input_size", "prior_weight"},
     batch_size=64,
     lr=1e-3,
 ))

@@ -11,49 +11,24 @@ from insitu.cli.options import check_outputs, resolve_config, run_folder, run_op
 from insitu.cli.output import emit_json, progress, report
 from insitu.cli.power import measured, meter_options
 from insitu.cli.tt import parse_shape_options, tt_shape_options
-from insitu.errors import InsituError, UsageError
+from insitu.errors import InsituError
 from insitu.io import atomic_write_json
 from insitu.training import ALGORITHMS, TrainConfig, applies, prepare, train
-from insitu.tt.experiment import BOARD_OPTIONS
-
-
-@dataclasses.dataclass
-class _TrainConfig(TrainConfig):
-    """TrainConfig with --algo tt's network shape and prior weight, which the TT board run reads
-    (insitu.fpga.board_runs.run_tt)."""
-
-    tt_modes: tuple[int, ...] | None = None
-    input_size: tuple[int, ...] | None = None
-    prior_weight: float | None = None
-
-
-#: --algo tt's options that TrainConfig's applicability check does not know: checked here.
-TT_OPTIONS = frozenset(BOARD_OPTIONS)
-
-
-def _applies(config: TrainConfig, name: str) -> bool:
-    return config.algo == "tt" if name in TT_OPTIONS else applies(config, name)
 
 
 def checked_config(ctx: click.Context) -> tuple[TrainConfig, set[str]]:
-    """The run's config from the parsed options and the names the user set (less --algo tt's own
-    options, checked here), checked before any work (data, pre-training, a board, a meter): the
-    options apply and are sound. `insitu deploy` runs the same checks on a bundle's train
-    arguments."""
+    """The run's config from the parsed options and the names the user set, checked before any
+    work (data, pre-training, a board, a meter): the options apply and are sound. `insitu deploy`
+    runs the same checks on a bundle's train arguments."""
     given = resolve_config(ctx)
     params = ctx.params
     if params["heap"] is not None:
         from insitu.checks import parse_size
 
         params["heap"] = parse_size(params["heap"])
-    for name in sorted(TT_OPTIONS & given):
-        if params["algo"] != "tt":
-            raise UsageError(f"--{name.replace('_', '-')} does not apply to --algo {params['algo']} "
-                             "(it is an option of --algo tt): leave it out")
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    config = _TrainConfig(**{k: v for k, v in params.items() if k in fields},
-                          **parse_shape_options(params), prior_weight=params["prior_weight"])
-    given = given - TT_OPTIONS
+    # --tt-modes and --input-size stay text in the params (a run folder's config.toml keeps them so)
+    config = TrainConfig(**{**{k: v for k, v in params.items() if k in fields}, **parse_shape_options(params)})
     prepare(config, given)
     return config, given
 
@@ -158,7 +133,7 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
     config, given = checked_config(ctx)
     params = ctx.params
     check_outputs(ctx, "out", "plot", "checkpoint", "power_out")
-    folder = run_folder(ctx, "insitu train", lambda name: _applies(config, name))
+    folder = run_folder(ctx, "insitu train", lambda name: applies(config, name))
     if folder is not None and config.checkpoint is None and applies(config, "checkpoint"):
         config = dataclasses.replace(config, checkpoint=str(folder.checkpoint))
     with (folder.running() if folder else contextlib.nullcontext()):

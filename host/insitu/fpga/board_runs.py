@@ -36,7 +36,7 @@ def _identity(config, data=None) -> dict:
     """What makes two runs the same run (a run on the RTL twin resumes on the fast one: they
     compute the same; the TT options when unset: earlier checkpoints resume); with ``data``, its
     key instead of the spec (a checkpoint never resumes on a changed file of the user's)."""
-    unset = tuple(name for name in BOARD_OPTIONS if getattr(config, name, None) is None)
+    unset = tuple(name for name in BOARD_OPTIONS if getattr(config, name) is None)
     identity = run_identity(config, drop=("bitstream", "mode", "test_samples", *unset))
     return identity if data is None else {**identity, "dataset": data.key}
 
@@ -103,12 +103,10 @@ def run_tt(config, board, advance) -> dict:
     dataset (:mod:`insitu.tt.network`) within the bitstream's bounds (its CAP_* registers): the
     PEs take any sizes up to them; one beyond them is refused, naming the limit, before training.
 
-    ``config``: :class:`insitu.training.TrainConfig`, with ``tt_modes``, ``input_size`` and
-    ``prior_weight`` where the caller has them (`insitu train`'s --tt-modes, --input-size,
-    --prior-weight)."""
+    ``config``: :class:`insitu.training.TrainConfig`; its ``tt_modes``, ``input_size`` and
+    ``prior_weight`` are `insitu train`'s --tt-modes, --input-size, --prior-weight."""
     rank = config.rank or ARCHITECTURES[config.model].rank
-    # `insitu train` adds BOARD_OPTIONS to its TrainConfig; other callers may not have them.
-    given = {name: getattr(config, name, None) for name in BOARD_OPTIONS}
+    given = {name: getattr(config, name) for name in BOARD_OPTIONS}
     tt_config = TTTrainConfig(variant="fixed-prior", batch_size=config.batch_size, lr=config.lr,
                               rank=rank, seed=config.seed, dataset=config.dataset,
                               lr_schedule="constant",
