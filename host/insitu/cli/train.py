@@ -49,7 +49,8 @@ def _algo_help() -> str:
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Folder with the dataset's IDX files (default: where Debian installs it).")
 @click.option("--model", default=None,
-              help="Network: sgd: mlp (default), cnn; tt: paper (default), tiny; lrt: cnn (default), mlp.")
+              help="Network: sgd: mlp (default), cnn; tt: paper (default), tiny; lrt: cnn (default), mlp; "
+                   "sparse: mbv2-28 (default), mbv2-tiny, or your FILE.onnx (`insitu mcu import`).")
 @click.option("--samples", type=int, default=TrainConfig.samples, show_default=True,
               help="Training samples to stream (60000 is one FashionMNIST epoch).")
 @click.option("--batch-size", type=int, default=None,
