@@ -202,7 +202,7 @@ def build_twin(as_json):
 @command.command("search")
 @click.option("--model", default="mbv2-28", show_default=True, help=MODEL_HELP)
 @option("--dataset", "dataset", aliases=("--task",), default="digits", show_default=True,
-        help="The adaptation task (digits, fashion-shift).")
+        help="The adaptation task (digits, fashion-shift), or your images: folder:DIR, npz:FILE.")
 @click.option("--budget", required=True,
               help="Memory budget of the training arena, in bytes or with K/M (128K = 131072 B).")
 @click.option("--evaluations", type=int, default=5000, show_default=True,
@@ -340,7 +340,7 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, lr
               help="The twin to probe (a simulated microcontroller board).")
 @click.option("--model", default="mbv2-28", show_default=True, help=MODEL_HELP)
 @click.option("--dataset", "task", default="digits", show_default=True,
-              help="The adaptation task (digits, fashion-shift, fashion-mnist).")
+              help="The adaptation task (digits, fashion-shift, fashion-mnist), or your images: folder:DIR, npz:FILE.")
 @click.option("--scheme", default="bias-6", show_default=True,
               help="Sparse-update scheme, as `insitu train --scheme` takes it.")
 @click.option("--lr", type=float, default=0.05, show_default=True)
@@ -415,7 +415,7 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
 @command.command("compare")
 @click.option("--model", default="mbv2-28", show_default=True, help=MODEL_HELP)
 @option("--dataset", "dataset", aliases=("--task",), default="digits", show_default=True,
-        help="The adaptation task (digits, fashion-shift).")
+        help="The adaptation task (digits, fashion-shift), or your images: folder:DIR, npz:FILE.")
 @click.option("--budgets", required=True,
               help="Comma-separated memory budgets of the training arena, bytes or with K/M (48K,64K,96K).")
 @option("--train-size", "train_size", aliases=("--train-samples",), type=int, default=500,
