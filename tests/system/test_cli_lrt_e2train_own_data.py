@@ -37,7 +37,7 @@ def env(tmp_path_factory):
         "csv": f"csv:{write_csv(root / 'table.csv', n=600)}",                      # 16 features
         "three": f"npz:{root / 'three.npz'}", "six": f"npz:{root / 'six.npz'}",
         "many": f"csv:{root / 'many.csv'}",
-        "vars": {"XDG_CACHE_HOME": str(cache), "INSITU_CACHE_DIR": str(cache / "insitu")},
+        "vars": {"XDG_CACHE_HOME": str(cache), "INSITU_CACHE": str(cache / "insitu")},
     }
 
 

@@ -21,7 +21,7 @@ def own(tmp_path):
 
 @pytest.fixture
 def env(tmp_path):
-    return {"INSITU_CACHE_DIR": str(tmp_path / "cache")}
+    return {"INSITU_CACHE": str(tmp_path / "cache")}
 
 
 def test_data_info_shows_what_each_file_became(run_cli, own, env):

@@ -38,7 +38,7 @@ def own(tmp_path_factory):
     return {"folder": f"folder:{write_image_folder(root / 'imgs', n=300)}",
             "npz": f"npz:{write_npz(root / 'd.npz', n=300)}",
             "csv": f"csv:{write_csv(root / 't.csv', n=300, names=True)}",
-            "big": f"npz:{root / 'big.npz'}", "env": {"INSITU_CACHE_DIR": str(root / "cache")}}
+            "big": f"npz:{root / 'big.npz'}", "env": {"INSITU_CACHE": str(root / "cache")}}
 
 
 def _json(run):

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("INSITU_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("INSITU_CACHE", str(tmp_path / "cache"))
 
 
 # ------------------------------------------------------------------------------ the fitting rule

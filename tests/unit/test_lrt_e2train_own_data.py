@@ -41,7 +41,7 @@ def files(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("INSITU_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("INSITU_CACHE", str(tmp_path / "cache"))
 
 
 # ------------------------------------------------------------------------------ LRT's data

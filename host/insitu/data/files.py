@@ -26,7 +26,7 @@ What each becomes:
 - **Split.** Without a given split, a seeded stratified split holds ``test`` (default 0.2) of
   each class out, with the same rule as the built-in ``digits`` (the same everywhere).
 
-A decoded image folder is cached (``~/.cache/insitu/datasets/``, or ``$INSITU_CACHE_DIR``), keyed by
+A decoded image folder is cached (:func:`insitu.resources.cache_dir` ``datasets/``), keyed by
 every file's path, size and modification time, so a second run reads one ``.npz``; the first run
 says where it writes it. Every error names the file and what is wrong, and is a
 :class:`DataFileError` (exit 2): it happens before any training.
@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from insitu.errors import DataFileError, UsageError
+from insitu.resources import cache_dir
 
 __all__ = ["FileSpec", "parse_spec", "is_file_spec", "load_file_dataset", "write_folder", "write_npz", "IMAGE_SUFFIXES",
            "DEFAULT_TEST_FRACTION", "DEFAULT_SPLIT_SEED", "LABEL_COLUMNS"]
@@ -419,12 +420,6 @@ def _load_folder(spec: FileSpec):
                     details)
 
 
-def cache_dir() -> Path:
-    """Where decoded folders are cached: ``$INSITU_CACHE_DIR/datasets`` or ``~/.cache/insitu/datasets``."""
-    base = os.environ.get("INSITU_CACHE_DIR")
-    return (Path(base) if base else Path.home() / ".cache" / "insitu") / "datasets"
-
-
 def _decoded(root: Path, files: list[Path]):
     """uint8 images of ``files`` (one size and mode, see the module docstring), cached."""
     from insitu.io import atomic_write
@@ -433,7 +428,7 @@ def _decoded(root: Path, files: list[Path]):
     for f in files:
         st = f.stat()
         key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    cached = cache_dir() / f"folder-{key.hexdigest()[:24]}.npz"
+    cached = cache_dir("datasets") / f"folder-{key.hexdigest()[:24]}.npz"
     if cached.is_file():
         try:
             with np.load(cached, allow_pickle=False) as f:
