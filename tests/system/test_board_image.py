@@ -100,6 +100,31 @@ def test_a_bundle_trains_on_the_board_image_as_on_the_host(tmp_path, wheel, boar
     assert [p["loss"] for p in on_image["curve"]] == pytest.approx([p["loss"] for p in on_host["curve"]], rel=1e-12)
 
 
+def test_a_bundle_carries_the_users_dataset_and_trains_on_it(tmp_path, wheel):
+    """`--dataset npz:FILE` travels in the bundle's data/ and is read there by the image's NumPy
+    1.21 and Python 3.10, with the host's result."""
+    from own_data import write_npz
+
+    data = write_npz(tmp_path / "digits.npz", n=300)
+    args = ("--algo", "tt", "--dataset", f"npz:{data}", "--batch-size", "32", "--samples", "96")
+    bundle = _bundle(tmp_path, "zedboard-sim", wheel, *args)
+    assert (bundle / "data" / "digits.npz").read_bytes() == data.read_bytes()
+    assert "--dataset npz:data/digits.npz" in (bundle / "run.sh").read_text()
+    venv_bin = image_venv(tmp_path / "image-venv")
+    if os.geteuid() != 0:
+        pytest.skip("run.sh runs as root, as on the board; this test needs root")
+    elsewhere = tmp_path / "elsewhere"            # run.sh reads data/ beside itself from any folder
+    elsewhere.mkdir()
+    run = subprocess.run(["bash", str(bundle / "run.sh")], capture_output=True, text=True,
+                         env=image_env(venv_bin), cwd=elsewhere, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    on_image = json.loads((bundle / "result.json").read_text())
+    host = insitu_cli("train", "--board", "zedboard-sim", *args, "--json", cwd=tmp_path)
+    assert host.returncode == 0, host.stderr
+    on_host = json.loads(host.stdout)
+    assert {k: on_image[k] for k in SAME} == {k: on_host[k] for k in SAME}
+
+
 def test_an_image_whose_package_is_too_old_is_refused_before_training(tmp_path, wheel):
     """run.sh checks versions, not names: a click 7 on the image (insitu needs 8.0) stops it."""
     bundle = _bundle(tmp_path, "zedboard-sim", wheel, *TRAIN_ARGS)

@@ -252,6 +252,26 @@ def test_a_twin_bundle_carries_the_twin_overlay(run_cli, tmp_path, wheel):
     assert run.returncode == 2 and "leave out --bitstream and --hwh" in run.stderr
 
 
+@pytest.mark.parametrize("form", ["--dataset", "--dataset="])
+def test_the_users_dataset_travels_in_the_bundle(run_cli, tmp_path, wheel, form):
+    from own_data import write_image_folder
+
+    images = write_image_folder(tmp_path / "imgs", n=40)
+    spec = f"folder:{images},test=0.25"
+    args = ["--dataset", spec] if form == "--dataset" else [f"--dataset={spec}"]
+    out = tmp_path / "b"
+    run = run_cli("deploy", "--board", "zedboard-sim", "--out-dir", out, "--wheel", wheel, "--json", "--",
+                  *args, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads(run.stdout)
+    assert manifest["dataset"] == {"from": str(images.resolve()), "to": "data/imgs"}
+    assert sorted(p.name for p in (out / "data" / "imgs").iterdir()) == sorted(p.name for p in images.iterdir())
+    assert "folder:data/imgs,test=0.25" in " ".join(manifest["train_args"])
+    run = run_cli("deploy", "--board", "zedboard-sim", "--out-dir", tmp_path / "c", "--wheel", wheel, "--",
+                  "--dataset", f"npz:{tmp_path / 'missing.npz'}", cwd=tmp_path)
+    assert run.returncode == 2 and "missing.npz" in run.stderr and not (tmp_path / "c").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     ((), None),                                        # --algo tt by default
     (("--algo", "sgd"), "algorithm 'sgd' runs on simulated twins only"),

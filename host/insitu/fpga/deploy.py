@@ -116,6 +116,29 @@ def check_train_args(args) -> list[str]:
     return args
 
 
+def bundled_dataset(train_args: list[str]) -> tuple[list[str], Path | None]:
+    """The train arguments with a ``--dataset`` of the user's files (``folder:``, ``npz:``,
+    ``csv:``) pointing into the bundle's ``data/`` folder, and the file or folder to copy there
+    (None when the dataset is a built-in name, which the board reads from its own disk)."""
+    from insitu.data.files import is_file_spec, parse_spec
+
+    args = list(train_args)
+    for i, arg in enumerate(args):
+        if arg == "--dataset" and i + 1 < len(args):
+            at, value, prefix = i + 1, args[i + 1], ""
+        elif arg.startswith("--dataset="):
+            at, value, prefix = i, arg.split("=", 1)[1], "--dataset="
+        else:
+            continue
+        if not is_file_spec(value):
+            return args, None
+        spec = parse_spec(value)
+        options = value.split(",")[1:]
+        args[at] = prefix + ",".join([f"{spec.kind}:data/{spec.path.name}", *options])
+        return args, spec.path
+    return args, None
+
+
 # ---------------------------------------------------------------------------------------------
 # Parts of the bundle
 
@@ -387,7 +410,9 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
     from insitu.accel import regmap
 
     check_board(board)
-    train_args = check_train_args(train_args)
+    train_args, dataset = bundled_dataset(check_train_args(train_args))
+    if dataset is not None and not dataset.exists():
+        raise UsageError(f"--dataset: {dataset} does not exist")
     out = check_out_dir(Path(out))
     twin = is_twin_board(board)
     if twin:
@@ -438,6 +463,11 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
             for src, suffix in zip(overlay, (".bit", ".hwh")):
                 shutil.copy2(src, tmp / f"{name}{suffix}")
                 names.append(f"{name}{suffix}")
+        if dataset is not None:         # the user's files travel with the bundle
+            progress(f"copying {dataset} into the bundle's data/")
+            (tmp / "data").mkdir()
+            copy = shutil.copytree if dataset.is_dir() else shutil.copy2
+            copy(dataset, tmp / "data" / dataset.name)
         script = tmp / "run.sh"
         script.write_text(run_script(board, built.name, overlay is not None or twin, train_args,
                                      created, hint or ""))
@@ -455,6 +485,8 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
                               "from": [str(Path(p).resolve()) for p in overlay]} if overlay
                         else None),
             "overlay_hint": hint,
+            "dataset": None if dataset is None else {"from": str(dataset.resolve()),
+                                                     "to": f"data/{dataset.name}"},
             "wheel": names[1],
             "board_wheels": [f"wheels/{w.name}" for w in extra_wheels],
             "run": "bash run.sh",
