@@ -92,7 +92,10 @@ class Dataset:
     @property
     def image_size(self) -> tuple[int, int] | None:
         """``(H, W)`` of the images, None for features."""
-        return None if self.kind == "features" else tuple(self.x_train.shape[1:3])
+        if self.kind == "features":
+            return None
+        h, w = self.x_train.shape[1:3]
+        return int(h), int(w)
 
     def require_images(self, who: str) -> None:
         """Raise a UsageError naming ``who`` (e.g. ``--model cnn``) when these are features."""
@@ -123,7 +126,7 @@ class Dataset:
             return self.x_test, self.y_test
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
 
-    def float_images(self, split: str = "train", dtype=np.float32) -> np.ndarray:
+    def float_images(self, split: str = "train", dtype: type = np.float32) -> np.ndarray:
         """The samples of ``split`` as a new float array in [0, 1]: pixel / 255 for images,
         the (already scaled) features as they are."""
         images, _ = self.split(split)

@@ -400,15 +400,15 @@ def _load_folder(spec: FileSpec):
                                 f"in {root / 'train'}")
         parts = {split: [(f, classes.index(c)) for c in names for f in _image_files(root / split / c)]
                  for split, names in (("train", classes), ("test", test_classes))}
-        files = parts["train"] + parts["test"]
+        files, n_train = parts["train"] + parts["test"], len(parts["train"])
     else:
         classes = [f.name for f in _class_folders(root)]
         files = [(f, k) for k, c in enumerate(classes) for f in _image_files(root / c)]
+        n_train = 0                 # split below
     images, details = _decoded(root, [f for f, _ in files])
     labels = np.asarray([k for _, k in files], np.int64)
     if split_given:
-        n = len(parts["train"])
-        train, test = np.arange(n), np.arange(n, len(files))
+        train, test = np.arange(n_train), np.arange(n_train, len(files))
         note = "; its train/ and test/ folders"
     else:
         train, test = stratified_split(labels, spec.test, spec.seed)

@@ -57,7 +57,7 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     return resize_images(images, (size, size))
 
 
-def float_inputs(images: np.ndarray, dtype=np.float32) -> np.ndarray:
+def float_inputs(images: np.ndarray, dtype: type = np.float32) -> np.ndarray:
     """uint8 ``(N, H, W)`` -> the float model's input ``(N, 1, H, W)`` (channel-last ``(N, H, W, C)``
     -> ``(N, C, H, W)``): ``(pixel - 128) / 128``, the real value of the int8 graph's input codes."""
     return (channels_first(images).astype(dtype) - 128) / 128
