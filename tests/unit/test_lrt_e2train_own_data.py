@@ -3,6 +3,8 @@ and as 3 channels by E²-Train's ResNet, at the dataset's size; feature vectors 
 only, with the shift stream's vector augmentations; K classes; the pre-training cache and E²-Train's
 rows keyed by a hash of the arrays; what the LRT PE cannot take refused, naming the limit."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -90,14 +92,14 @@ def test_the_cnn_refuses_features_and_images_smaller_than_its_pools(files, tmp_p
 def test_the_pretrained_cache_is_keyed_by_the_files_contents(tmp_path):
     path = tmp_path / "d.npz"
     spec = few_classes_npz(path, classes=3)
-    tiny = dict(arch="mlp", dataset=spec, offline_samples=40, epochs=1, cache_dir=tmp_path / "lrt",
-                say=lambda text: None)
+    tiny = functools.partial(pretrained_model, arch="mlp", dataset=spec, offline_samples=40, epochs=1,
+                             cache_dir=tmp_path / "lrt", say=lambda text: None)
     first = load_dataset(spec).key
-    pretrained_model(**tiny)
+    tiny()
     few_classes_npz(path, classes=4)                       # the same file name, other data
     second = load_dataset(spec).key
     assert first != second and first.startswith(spec) and second.startswith(spec)
-    net, _ = pretrained_model(**tiny)
+    net, _ = tiny()
     assert len(list((tmp_path / "lrt").glob("pretrained-mlp-*.npz"))) == 2
     assert net.weight_layers[-1].weight.shape[0] == 4           # trained on the new file
     assert load_dataset("digits").key == "digits"      # built-ins keep their keys
@@ -132,7 +134,7 @@ def test_e2train_takes_rgb_as_three_channels_at_its_size(files):
     assert data.x_train.shape == (100, 3, 12, 12) and data.num_classes == 10
     assert load_data(E2Config(dataset=files["rgb"], train_samples=100, test_samples=20)).x_train.shape \
         == (100, 3, 6, 6)
-    assert data.key.startswith(files["rgb"] + "#")
+    assert data.key is not None and data.key.startswith(files["rgb"] + "#")
     # A built-in's rows keep the keys they had before datasets were files.
     assert config.key((), "fashion-mnist") != config.key((), data.key)
     builtin = E2Config()

@@ -64,7 +64,7 @@ def images(n, channels=1, size=12, seed=0):
 
 def onnxruntime_logits(path, imgs):
     session = ort.InferenceSession(str(path))
-    return session.run(None, {session.get_inputs()[0].name: float_inputs(imgs)})[0]
+    return np.asarray(session.run(None, {session.get_inputs()[0].name: float_inputs(imgs)})[0])
 
 
 def dequantized_logits(graph, imgs):
@@ -112,7 +112,7 @@ def test_the_int8_graph_is_the_onnx_graph_folded_and_fused(tmp_path):
     assert graph.tensors["input"].shape == (3, 12, 12) and graph.tensors["logits"].shape == (5, 1, 1)
     assert graph.tensors["input"].scale == g.INPUT_SCALE
     add = graph.node("b1.add")
-    assert (add.a, add.b) == ("stem", "b1.project")
+    assert isinstance(add, g.Add) and (add.a, add.b) == ("stem", "b1.project")
     # The scales follow the built-in models' rule: max |activation| over the calibration images / 127.
     rec = {}
     net = O.read_onnx(path)
@@ -122,7 +122,8 @@ def test_the_int8_graph_is_the_onnx_graph_folded_and_fused(tmp_path):
     assert graph.meta["source"]["sha256"] == sha and graph.meta["calibration"]["samples"] == 50
     # The classifier is a dense 1x1 conv on the pooled map: it takes a new head like a built-in one.
     head = Q.new_head(graph, 3)
-    assert head.tensors[head.output].shape == (3, 1, 1) and not head.node("fc").weight.any()
+    fc = head.node("fc")
+    assert head.tensors[head.output].shape == (3, 1, 1) and isinstance(fc, g.Conv) and not fc.weight.any()
 
 
 def test_input_codes_and_float_inputs_take_channel_last_rgb():

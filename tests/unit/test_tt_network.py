@@ -199,7 +199,9 @@ def test_broken_limit_gives_cfg_errors_code_with_a_reason():
     for cfg in (PEConfig("PE1", 8, 32, 16, 2), PEConfig("PE2", 1, 600, 16, 8),
                 PEConfig("PE3", 16, 300, 16, 16), PEConfig("PE3", 16, 4, 32, 16),
                 PEConfig("PE2", 1, 4, 24, 8), PEConfig("PE1", 8, 1, 16, 8, shift=99)):
-        code, reason = cfg_broken_limit(cfg)
+        broken = cfg_broken_limit(cfg)
+        assert broken is not None
+        code, reason = broken
         assert code == cfg_error(cfg) and code and reason
     assert cfg_broken_limit(PEConfig("PE1", 8, 1, 16, 8)) is None
 

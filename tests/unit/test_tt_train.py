@@ -1,5 +1,6 @@
 """The TT training experiment: config validation, short runs of two variants, the report and figure."""
 
+import functools
 import math
 
 import pytest
@@ -190,22 +191,23 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, variant):
 
 @needs_fashion
 def test_constant_rate_run_continues_for_more_epochs(tmp_path):
-    kw = dict(variant="float", train_samples=64, eval_train_samples=64, lr_schedule="constant")
+    config = functools.partial(TTTrainConfig, variant="float", train_samples=64, eval_train_samples=64,
+                               lr_schedule="constant")
     ck = tmp_path / "run.npz"
-    run_tt_training(TTTrainConfig(epochs=2, **kw), checkpoint=ck)
-    longer = run_tt_training(TTTrainConfig(epochs=3, **kw), checkpoint=ck)
+    run_tt_training(config(epochs=2), checkpoint=ck)
+    longer = run_tt_training(config(epochs=3), checkpoint=ck)
     assert [r["epoch"] for r in longer["history"]] == [1, 2, 3]
     with pytest.raises(InsituError, match="already 3 epochs in"):
-        run_tt_training(TTTrainConfig(epochs=2, **kw), checkpoint=ck)
+        run_tt_training(config(epochs=2), checkpoint=ck)
 
 
 @needs_fashion
 def test_checkpoint_of_another_run_is_refused(tmp_path):
     ck = tmp_path / "run.npz"
-    kw = dict(variant="float", train_samples=64, eval_train_samples=64, epochs=1)
-    run_tt_training(TTTrainConfig(**kw), checkpoint=ck)
+    config = functools.partial(TTTrainConfig, variant="float", train_samples=64, eval_train_samples=64, epochs=1)
+    run_tt_training(config(), checkpoint=ck)
     with pytest.raises(InsituError, match="belongs to another run"):
-        run_tt_training(TTTrainConfig(**{**kw, "lr": 0.01}), checkpoint=ck)
+        run_tt_training(config(lr=0.01), checkpoint=ck)
 
 
 @needs_fashion

@@ -187,7 +187,8 @@ def load_data(config: E2Config) -> Data:
     from insitu.data import load_dataset
     
     ds = load_dataset(config.dataset, config.data_dir)
-    if ds.kind != "images":
+    size = ds.image_size
+    if size is None:                    # feature vectors
         raise UsageError(f"E2-Train's ResNet takes images, and --dataset {ds.name} holds feature "
                          f"vectors {ds.sample_shape}: give it images (folder:DIR, or npz:FILE of "
                          "(N, H, W[, 3]) arrays); vectors train with --model mlp of "
@@ -199,8 +200,8 @@ def load_data(config: E2Config) -> Data:
                          f"{OPTIONS['train_samples']} {len(ds.x_train)} and "
                          f"{OPTIONS['test_samples']} {len(ds.x_test)} or less")
     k = config.downsample
-    if min(ds.image_size) < k:
-        h, w = ds.image_size
+    if min(size) < k:
+        h, w = size
         raise ValueError(f"{OPTIONS['downsample']} {k} average-pools {k}x{k} pixels into one, and "
                          f"--dataset {ds.name} has {h}x{w} images: use {OPTIONS['downsample']} "
                          f"{min(h, w)} or less (1 keeps them whole)")
@@ -229,10 +230,11 @@ def load_data(config: E2Config) -> Data:
 def build_model(config: E2Config, techniques: tuple[str, ...], data: Data,
                 psg_stats: PSGStats | None = None) -> ResNet:
     wrapper = psg_wrapper(config.beta, psg_stats) if "psg" in techniques else None
+    h, w = data.x_train.shape[2:]
     return ResNet(in_channels=data.x_train.shape[1], num_classes=data.num_classes, w0=config.width,
                   blocks_per_stage=config.blocks_per_stage, gated="slu" in techniques,
                   slu_alpha=config.slu_alpha, target_skip=config.slu_target, seed=config.seed,
-                  layer_wrapper=wrapper, input_size=data.x_train.shape[2:])
+                  layer_wrapper=wrapper, input_size=(h, w))
 
 
 def run_epochs(config: E2Config, techniques: tuple[str, ...]) -> int:
@@ -418,6 +420,7 @@ def run_experiment(config: E2Config, rows: list[tuple[str, ...]], out: Path | No
         result["key"] = key
         if path:
             atomic_write_json(path, result)
+        if checkpoint:
             checkpoint.unlink()                     # the finished row's cache replaces it
         results[name] = result
     base = results["sgd32"]

@@ -20,11 +20,15 @@ import collections
 import copy
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from insitu.errors import UsageError
 from insitu.sparse.graph import Graph
+
+if TYPE_CHECKING:                       # onnx_io is imported only when an ONNX model is used
+    from insitu.sparse.onnx_io import FloatNet
 
 __all__ = ["MODEL_FILE_SUFFIX", "is_model_file", "check_model", "model_label", "model_input_shape",
            "model_untrained_graph", "model_graph", "calibration_images", "CALIBRATION_SEED"]
@@ -34,7 +38,7 @@ MODEL_FILE_SUFFIX = ".onnx"
 #: drawn with this seed (not the run's: one model, one calibration, whatever the seed).
 CALIBRATION_SEED = 0
 
-_NETS: "collections.OrderedDict[str, object]" = collections.OrderedDict()       # sha256 -> FloatNet
+_NETS: "collections.OrderedDict[str, FloatNet]" = collections.OrderedDict()     # sha256 -> FloatNet
 _GRAPHS: "collections.OrderedDict[tuple, Graph]" = collections.OrderedDict()    # (sha256, calibration) -> Graph
 _KEEP = 8
 
@@ -50,7 +54,7 @@ def _keep(cache: collections.OrderedDict, key, value):
     return value
 
 
-def _net(path: str):
+def _net(path: str) -> tuple[str, FloatNet]:
     """``(sha256, FloatNet)`` of an ONNX file, read once per content."""
     from insitu.sparse import onnx_io
 
@@ -93,7 +97,7 @@ def model_input_shape(model) -> tuple[int, int, int]:
     """The model's input ``(C, H, W)``."""
     if is_model_file(model):
         _, net = _net(model)
-        return tuple(net.shapes[net.input])
+        return net.shapes[net.input]
     from insitu.sparse.models import model_config
 
     size = model_config(model).input_size

@@ -61,6 +61,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+import insitu.nn as nn
 from insitu.errors import InsituError, UsageError
 from insitu.sparse import graph as g
 from insitu.sparse.calibrate import _activation
@@ -119,6 +120,12 @@ class FloatNode:
     y: str
     unit: Unit | None = None
 
+    @property
+    def conv_unit(self) -> Unit:
+        """A conv node's unit (every conv node has one)."""
+        assert self.unit is not None, f"{self.kind} node {self.name} has no unit"
+        return self.unit
+
 
 @dataclass
 class FloatNet:
@@ -138,7 +145,7 @@ class FloatNet:
         vals = {self.input: np.asarray(x, np.float64)}
         for n in self.nodes:
             if n.kind == "conv":
-                u = n.unit
+                u = n.conv_unit
                 y = _activation(_conv_float(vals[n.inputs[0]], u.weight, u.bias, u.stride, u.pad, u.groups), u.act)[0]
             elif n.kind == "add":
                 y = vals[n.inputs[0]] + vals[n.inputs[1]]
@@ -226,13 +233,13 @@ class _Reader:
         x = inputs[0]
         t = x.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-        if t.elem_type != _onnx().TensorProto.FLOAT or len(dims) != 4 or dims[1] not in (1, 3) \
-                or not all(d and d > 0 for d in dims[2:]):
+        c, h, w = dims[1:] if len(dims) == 4 else (None, None, None)
+        if t.elem_type != _onnx().TensorProto.FLOAT or c not in (1, 3) or not (h and h > 0 and w and w > 0):
             raise UsageError(f"model {self.path}: input {x.name} is {self._describe_input(t, dims)}; the MCU path "
                              f"takes {INPUT_CONVENTION}")
         self.input = self._unique(_clean(x.name) or "input", set())
         self.tensor[x.name] = self.input
-        self.shapes[self.input] = (dims[1], dims[2], dims[3])
+        self.shapes[self.input] = (c, h, w)
 
     def _describe_input(self, t, dims) -> str:
         kind = _onnx().helper.tensor_dtype_to_np_dtype(t.elem_type) if t.elem_type else "untyped"
@@ -252,12 +259,18 @@ class _Reader:
                                     f"{node.op_type} takes {'the flattened pooled vector' if flat else 'a map'} here")
         return self.tensor[name]
 
-    def const(self, node, i: int, what: str, optional: bool = False) -> np.ndarray | None:
+    def const(self, node, i: int, what: str) -> np.ndarray:
+        """The constant input ``i``, or a refusal if it is missing or computed."""
+        value = self.optional_const(node, i, what)
+        if value is None:
+            raise self.refuse(node, f"its {what} is missing")
+        return value
+
+    def optional_const(self, node, i: int, what: str) -> np.ndarray | None:
+        """The constant input ``i``, None if it is absent, or a refusal if it is computed."""
         name = node.input[i] if i < len(node.input) else ""
         if not name:
-            if optional:
-                return None
-            raise self.refuse(node, f"its {what} is missing")
+            return None
         if name not in self.consts:
             raise self.refuse(node, f"its {what} ({name}) must be a constant (an initializer), not computed")
         return self.consts[name]
@@ -297,9 +310,9 @@ class _Reader:
         """The conv whose output ``node`` (a BN, an activation, a bias) folds into, or a refusal."""
         src = node.input[0]
         t = self.tensor.get(src)
-        made = self.made_by.get(t)
+        made = self.made_by.get(t) if t is not None else None
         op = {"bn": "a BatchNormalization", "act": "an activation", "bias": "a bias Add"}[what]
-        if made is None or made.kind != "conv":
+        if t is None or made is None or made.kind != "conv":
             after = "the model's input" if t == self.input else (f"a {made.kind} node ({made.name})" if made else src)
             note = (" (an activation after Add is not supported: the training compiler passes the add's gradient "
                     "on unmasked)") if made is not None and made.kind == "add" and what == "act" else ""
@@ -317,7 +330,7 @@ class _Reader:
     def _op_Conv(self, node, a) -> None:
         x = self.act(node, 0)
         weight = self.const(node, 1, "weight")
-        bias = self.const(node, 2, "bias", optional=True)
+        bias = self.optional_const(node, 2, "bias")
         c, h, w = self.shapes[x]
         if weight.ndim != 4:
             raise self.refuse(node, f"a {weight.ndim - 2}-D conv (the int8 graph's convs are 2-D)")
@@ -361,9 +374,11 @@ class _Reader:
         conv = self.fusing(node, "bn")
         gamma, beta, mean, var = (self.const(node, i, what) for i, what in
                                   enumerate(("scale", "bias", "mean", "variance"), start=1))
-        bn = SimpleNamespace(params={"gamma": gamma, "beta": beta},
-                             buffers={"running_mean": mean, "running_var": var}, eps=float(a.get("epsilon", 1e-5)))
-        conv.unit.weight, conv.unit.bias = fold_bn(conv.unit.weight, conv.unit.bias, bn)
+        bn = nn.BatchNorm(gamma.size, eps=float(a.get("epsilon", 1e-5)))
+        bn.params.update(gamma=gamma, beta=beta)
+        bn.buffers.update(running_mean=mean, running_var=var)
+        unit = conv.conv_unit
+        unit.weight, unit.bias = fold_bn(unit.weight, unit.bias, bn)
         self.open[conv.y].discard("bn")
 
     def _op_Relu(self, node, a) -> None:
@@ -385,7 +400,7 @@ class _Reader:
 
     def _activate(self, node, act: str) -> None:
         conv = self.fusing(node, "act")
-        conv.unit.act = act
+        conv.conv_unit.act = act
         self.open[conv.y].clear()
 
     def _op_Add(self, node, a) -> None:
@@ -401,7 +416,8 @@ class _Reader:
                 raise self.refuse(node, f"a constant of shape {list(c.shape)} added to a tensor of {o} channels "
                                         "(only a per-channel bias folds into the conv before it)")
             conv = self.fusing(SimpleNamespace(input=[src], output=node.output, op_type="Add", name=node.name), "bias")
-            conv.unit.bias = conv.unit.bias + np.broadcast_to(c.reshape(-1), (o,))
+            unit = conv.conv_unit
+            unit.bias = unit.bias + np.broadcast_to(c.reshape(-1), (o,))
             return
         ta, tb = self.act(node, 0, None), self.act(node, 1, None)
         flat = node.input[0] in self.flat
@@ -453,7 +469,7 @@ class _Reader:
             raise self.refuse(node, "transA=1")
         b = self.const(node, 1, "weight (B)")
         w = float(a.get("alpha", 1.0)) * (b if int(a.get("transB", 0)) else b.T)
-        c = self.const(node, 2, "bias (C)", optional=True)
+        c = self.optional_const(node, 2, "bias (C)")
         o = w.shape[0]
         if c is not None and c.size not in (1, o):
             raise self.refuse(node, f"bias C of shape {list(c.shape)} for {o} outputs")
@@ -488,10 +504,10 @@ class _Reader:
 
     def _output(self, graph) -> str:
         outs = list(graph.output)
-        made = self.made_by.get(self.tensor.get(outs[0].name)) if len(outs) == 1 else None
-        c = self.shapes[made.inputs[0]] if made is not None else None
-        if made is None or made.kind != "conv" or made.unit.weight.shape[2] != 1 or made.unit.groups != 1 \
-                or c[1:] != (1, 1):
+        t = self.tensor.get(outs[0].name) if len(outs) == 1 else None
+        made = self.made_by.get(t) if t is not None else None
+        if made is None or made.kind != "conv" or made.conv_unit.weight.shape[2] != 1 \
+                or made.conv_unit.groups != 1 or self.shapes[made.inputs[0]][1:] != (1, 1):
             what = (f"{len(outs)} outputs" if len(outs) != 1 else
                     f"its output {outs[0].name} is made by {'a ' + made.kind + ' node' if made else 'no supported node'}")
             raise UsageError(f"model {self.path}: the model must end in a classifier on the pooled vector "
@@ -565,7 +581,7 @@ def int8_graph(net: FloatNet, scales: dict[str, float], meta: dict | None = None
     for n in net.nodes:
         tensors[n.y] = g.TensorInfo(T[n.y], float(scales[n.y]))
         if n.kind == "conv":
-            u = n.unit
+            u = n.conv_unit
             weight, w_scale = g.quantize_weight(u.weight, (weight_scales or {}).get(n.name))
             bias = (bias_codes or {}).get(n.name)
             if bias is None:
@@ -573,7 +589,8 @@ def int8_graph(net: FloatNet, scales: dict[str, float], meta: dict | None = None
             nodes.append(g.Conv(n.name, n.inputs[0], n.y, weight, np.asarray(bias, np.int32), w_scale,
                                 u.stride, u.pad, u.groups, u.act))
         elif n.kind == "add":
-            nodes.append(g.Add(n.name, *n.inputs, n.y))
+            a, b = n.inputs
+            nodes.append(g.Add(n.name, a, b, n.y))
         else:
             nodes.append(g.GlobalAvgPool(n.name, n.inputs[0], n.y))
     graph = g.Graph(tensors, nodes, net.input, net.output, dict(meta or {}))
