@@ -14,6 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from insitu.errors import UsageError
@@ -256,6 +257,8 @@ def test_a_twin_bundle_carries_the_twin_overlay(run_cli, tmp_path, wheel):
 def test_the_users_dataset_travels_in_the_bundle(run_cli, tmp_path, wheel, form):
     from own_data import write_image_folder
 
+    from insitu.data import load_dataset
+
     images = write_image_folder(tmp_path / "imgs", n=40)
     spec = f"folder:{images},test=0.25"
     args = ["--dataset", spec] if form == "--dataset" else [f"--dataset={spec}"]
@@ -264,9 +267,12 @@ def test_the_users_dataset_travels_in_the_bundle(run_cli, tmp_path, wheel, form)
                   *args, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     manifest = json.loads(run.stdout)
-    assert manifest["dataset"] == {"from": str(images.resolve()), "to": "data/imgs"}
-    assert sorted(p.name for p in (out / "data" / "imgs").iterdir()) == sorted(p.name for p in images.iterdir())
-    assert "folder:data/imgs,test=0.25" in " ".join(manifest["train_args"])
+    # a folder travels as the arrays it loads as (the board images have no Pillow), split applied
+    assert manifest["dataset"] == {"from": spec, "to": "data/imgs.npz"}
+    assert "npz:data/imgs.npz" in " ".join(manifest["train_args"])
+    bundled, given = load_dataset(f"npz:{out / 'data' / 'imgs.npz'}"), load_dataset(spec)
+    assert bundled.splits == given.splits == {"train": 30, "test": 10}
+    assert np.array_equal(bundled.x_test, given.x_test) and bundled.class_names == given.class_names
     run = run_cli("deploy", "--board", "zedboard-sim", "--out-dir", tmp_path / "c", "--wheel", wheel, "--",
                   "--dataset", f"npz:{tmp_path / 'missing.npz'}", cwd=tmp_path)
     assert run.returncode == 2 and "missing.npz" in run.stderr and not (tmp_path / "c").exists()

@@ -74,6 +74,6 @@ def test_data_export_writes_what_dataset_reads_back(run_cli, env, tmp_path):
         assert np.array_equal(back.y_train[order], digits.y_train[:60][expected])
         assert back.splits == {"train": 60, "test": 15}
     assert run_cli("data", "export", "digits", tmp_path / "d.npz", env=env).returncode == 2   # exists
-    run = run_cli("data", "export", "digits", tmp_path / "rgb", "--size", "32", "--rgb", "--samples", "40", env=env)
+    run = run_cli("data", "export", "digits", tmp_path / "big", "--size", "32", "--samples", "40", env=env)
     assert run.returncode == 0, run.stderr
-    assert load_dataset(f"folder:{tmp_path / 'rgb'}").sample_shape == (32, 32, 3)
+    assert load_dataset(f"folder:{tmp_path / 'big'}").sample_shape == (32, 32)

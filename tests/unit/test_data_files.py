@@ -194,3 +194,94 @@ def test_bad_files_are_refused_with_the_file_named(tmp_path, make):
     assert error.value.exit_code == 2
     assert expected in str(error.value)
     assert str(tmp_path) in str(error.value)
+
+
+# ------------------------------------------------------------------------------ layouts users have
+
+def test_keras_layout_train_and_validation_is_a_split_and_hidden_files_are_skipped(tmp_path):
+    root = write_image_folder(tmp_path / "imgs", n=60, rgb_every=0, split=True)
+    (root / "test").rename(root / "validation")
+    (root / "train" / "digit-1" / "._0.png").write_bytes(b"AppleDouble junk")
+    (root / "train" / ".DS_Store").write_bytes(b"junk")
+    ds = load_dataset(f"folder:{root}")
+    assert ds.splits == {"train": 60, "test": 20} and ds.num_classes == 10
+    assert "train/ and validation/" in ds.source
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda root: (root / "test").rename(root / "elsewhere"), "no test folders"),
+    (lambda root: (root / "train").rename(root / "other"), "without train/"),
+    (lambda root: (root / "train" / "digit-2" / "deeper").mkdir(), "a folder inside the class folder"),
+])
+def test_ambiguous_layouts_are_refused(tmp_path, make, message):
+    root = write_image_folder(tmp_path / "imgs", n=40, rgb_every=0, split=True)
+    make(root)
+    with pytest.raises(DataFileError, match=message):
+        load_dataset(f"folder:{root}")
+
+
+def test_grey_images_stored_as_rgb_are_grey_and_size_option_resamples(tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "photos"
+    for k, name in enumerate(("a", "b")):
+        (root / name).mkdir(parents=True)
+        for i in range(10):
+            grey = np.full((20 + i, 30), 40 * k + i, np.uint8)             # every image another size
+            Image.fromarray(np.repeat(grey[..., None], 3, axis=2)).save(root / name / f"{i}.JPG")
+    ds = load_dataset(f"folder:{root},size=16x24")
+    assert ds.channels == 1 and ds.image_size == (16, 24)
+    with pytest.raises(UsageError, match="size= takes HxW"):
+        load_dataset(f"folder:{root},size=big")
+
+
+def test_a_single_class_folder_is_refused_before_decoding(tmp_path):
+    (tmp_path / "one" / "cat").mkdir(parents=True)
+    (tmp_path / "one" / "cat" / "x.png").write_bytes(b"not decoded")
+    with pytest.raises(DataFileError, match="one class folder"):
+        load_dataset(f"folder:{tmp_path / 'one'}")
+
+
+def test_built_in_names_win_over_folders_of_the_same_name(tmp_path, monkeypatch):
+    from insitu.data.files import is_file_spec
+    from insitu.sparse.tasks import TASKS
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mnist").mkdir()
+    (tmp_path / "fashion-shift").mkdir()
+    assert not is_file_spec("mnist") and not is_file_spec("fashion-shift", TASKS)
+    assert is_file_spec("fashion-shift") and is_file_spec("./mnist")
+
+
+def test_tables_labels_and_npz_names_as_users_write_them(tmp_path):
+    path = tmp_path / "acc.csv"
+    rows = "".join(f'{i % 7},"{i * 2}",{i % 3},{["walk", "run"][i % 2]}\n' for i in range(30))
+    path.write_text("\ufeffx,y,z,activity\n" + rows, encoding="utf-8")        # a BOM, quoted numbers
+    ds = load_dataset(f"csv:{path}")
+    assert ds.class_names == ("run", "walk") and ds.sample_shape == (3,)
+    floats = tmp_path / "f.csv"
+    floats.write_text("a,label\n" + "".join(f"{i},{float(i % 2)}\n" for i in range(20)))
+    assert load_dataset(f"csv:{floats}").num_classes == 2                  # 1.0 is the integer 1
+    np.savez(tmp_path / "n.npz", x=np.zeros((20, 4, 4), np.uint8), y=np.arange(20) % 2,
+             class_names=np.asarray([b"cat", b"dog"]))
+    assert load_dataset(f"npz:{tmp_path / 'n.npz'}").class_names == ("cat", "dog")
+    np.savez(tmp_path / "s.npz", x=np.zeros((20, 4, 4), np.uint8), y=np.arange(20) % 2,
+             class_names=np.asarray("one"))
+    assert load_dataset(f"npz:{tmp_path / 's.npz'}").class_names == ("0", "1")   # 1 name for 2 classes
+
+
+def test_an_empty_test_split_is_refused(tmp_path):
+    np.savez(tmp_path / "e.npz", x_train=np.zeros((6, 4, 4), np.uint8), y_train=np.arange(6) % 2,
+             x_test=np.zeros((0, 4, 4), np.uint8), y_test=np.zeros(0, np.int64))
+    with pytest.raises(DataFileError, match="test split is empty"):
+        load_dataset(f"npz:{tmp_path / 'e.npz'}")
+
+
+def test_the_mcu_caches_key_a_users_task_by_its_contents(tmp_path):
+    from insitu.sparse.tasks import task_key
+
+    assert task_key("digits") == "digits"
+    path = write_npz(tmp_path / "d.npz", n=100)
+    first = task_key(f"npz:{path}")
+    write_npz(path, n=120)
+    assert task_key(f"npz:{path}") != first

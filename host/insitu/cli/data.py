@@ -91,7 +91,6 @@ def info_command(name: str, data_dir: Path | None, as_json: bool):
     print_table(table)
 
 
-
 @command.command("export")
 @click.argument("name", metavar="NAME")
 @click.argument("out", metavar="OUT", type=click.Path(path_type=Path))
@@ -100,9 +99,7 @@ def info_command(name: str, data_dir: Path | None, as_json: bool):
 @click.option("--samples", type=int, default=None,
               help="Write the first N train samples (and N/4 test samples); default: all.")
 @click.option("--size", type=int, default=None, help="Resample images to SIZE x SIZE (the data's one rule).")
-@click.option("--rgb", is_flag=True, help="Write RGB images (grey repeated in three channels).")
-def export_command(name: str, out: Path, data_dir: Path | None, samples: int | None, size: int | None,
-                   rgb: bool):
+def export_command(name: str, out: Path, data_dir: Path | None, samples: int | None, size: int | None):
     """Write dataset NAME as files of your own: an image folder (OUT/train/<class>/N.png and
     OUT/test/...) or, when OUT ends in .npz, arrays x_train, y_train, x_test, y_test,
     class_names. The layout `--dataset folder:OUT` / `npz:OUT` reads (docs/own-data.md). An
@@ -110,7 +107,7 @@ def export_command(name: str, out: Path, data_dir: Path | None, samples: int | N
 
     \b
     Examples:
-      insitu data export digits my-images --size 32 --rgb
+      insitu data export digits my-images --size 32
       insitu data export digits digits.npz
     """
     from insitu.data import load_dataset
@@ -124,10 +121,10 @@ def export_command(name: str, out: Path, data_dir: Path | None, samples: int | N
     if size is not None and size < 1:
         raise UsageError(f"--size must be an integer >= 1, got {size}")
     ds = load_dataset(name, data_dir)
-    if ds.kind != "images" and (size or rgb):
-        raise UsageError(f"--size and --rgb apply to images; {name} holds feature vectors")
-    if size or rgb:
-        ds = ds.fit_images((size, size) if size else None, 3 if rgb else None)
+    if size:
+        if ds.kind != "images":
+            raise UsageError(f"--size applies to images; {name} holds feature vectors")
+        ds = ds.fit_images((size, size))
     write = write_npz if out.suffix.lower() == ".npz" else write_folder
     count = write(ds, out, samples)
     report.print(f"wrote {count:,} samples of {name} to {escape(str(out))}")

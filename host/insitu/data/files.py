@@ -2,8 +2,10 @@
 
 ``--dataset`` takes, besides the built-in names, one of these (options after commas)::
 
-    folder:DIR[,test=0.2][,seed=0]      one sub-folder per class of PNG/JPEG/BMP images;
-                                        DIR/train/ and DIR/test/ if the split is given
+    folder:DIR[,test=0.2][,seed=0][,size=HxW]
+                                        one sub-folder per class of PNG/JPEG/BMP images;
+                                        DIR/train/ and DIR/test/ (or val/, validation/) if
+                                        the split is given; size= resamples every image
     npz:FILE[,test=0.2][,seed=0]        x_train, y_train, x_test, y_test -- or x, y
     csv:FILE[,label=COLUMN][,test=0.2][,seed=0]
                                         a table with a header row; one row per sample
@@ -13,8 +15,11 @@ A bare path works too when its kind is plain (a directory, ``*.npz``, ``*.csv``)
 What each becomes:
 
 - **Images** are uint8 ``(N, H, W)`` (grey) or ``(N, H, W, 3)`` (RGB). A folder is RGB if any of
-  its images is in colour, else grey; images of another size than the folder's most common one
-  are resampled to it (:mod:`insitu.data.images`), and ``data info`` says how many. Arrays may be
+  its images is in colour (its three channels differ somewhere), else grey; images of another size than the folder's most common one
+  are resampled to it (:mod:`insitu.data.images`), and ``data info`` says how many; ``size=HxW``
+  resamples every image to that size instead (photos of many sizes; a folder whose decoded
+  images would take more than :data:`MAX_FOLDER_BYTES` is refused with that hint). Hidden files
+  and folders (names starting with ``.``) are skipped. Arrays may be
   uint8, or floats in [0, 1] (scaled by 255 and rounded), channel-last ``(N, H, W, C)`` or
   channel-first ``(N, C, H, W)`` with C = 1 or 3.
 - **Features** (a table, or 2-D arrays ``(N, F)``) are float32, each column scaled to [0, 1] by the
@@ -57,7 +62,11 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 DEFAULT_TEST_FRACTION = 0.2
 DEFAULT_SPLIT_SEED = 0
 #: Column names a table's labels are looked for under (case-insensitive), before the last column.
-LABEL_COLUMNS = ("label", "class", "target", "y")
+LABEL_COLUMNS = ("label", "class", "target")
+#: The folders a split image folder may call its test split.
+TEST_FOLDERS = ("test", "val", "validation")
+#: A folder whose decoded images take more than this is refused (pass size=HxW).
+MAX_FOLDER_BYTES = 4 << 30
 KINDS = ("folder", "npz", "csv")
 
 
@@ -70,14 +79,20 @@ class FileSpec:
     test: float = DEFAULT_TEST_FRACTION
     seed: int = DEFAULT_SPLIT_SEED
     label: str | None = None       # csv: the label column
+    size: tuple[int, int] | None = None     # folder: every image resampled to (H, W)
 
     @property
     def text(self) -> str:
         return f"{self.kind}:{self.path}"
 
 
-def is_file_spec(name: str) -> bool:
-    """Whether ``--dataset name`` names the user's files rather than a built-in dataset."""
+def is_file_spec(name: str, builtins: tuple[str, ...] = ()) -> bool:
+    """Whether ``--dataset name`` names the user's files rather than a built-in dataset (or one of
+    ``builtins``, e.g. the MCU's tasks): a built-in name wins over a folder of the same name."""
+    from insitu.data.datasets import dataset_names
+
+    if name in dataset_names() or name in builtins:
+        return False
     kind = name.split(":", 1)[0]
     return (kind in KINDS and ":" in name) or os.sep in name or Path(name).suffix.lower() in (".npz", ".csv") \
         or Path(name).is_dir()
@@ -101,7 +116,7 @@ def parse_spec(name: str) -> FileSpec:
     fields: dict = {}
     for option in options:
         key, eq, value = option.partition("=")
-        allowed = ("test", "seed", "label") if kind == "csv" else ("test", "seed")
+        allowed = {"csv": ("test", "seed", "label"), "folder": ("test", "seed", "size")}.get(kind, ("test", "seed"))
         if not eq or key not in allowed:
             raise UsageError(f"--dataset {name!r}: unknown option {option!r}; {kind}: takes "
                              + ", ".join(f"{k}=..." for k in allowed))
@@ -113,7 +128,16 @@ def parse_spec(name: str) -> FileSpec:
         raise UsageError(f"--dataset {name!r}: test= takes a fraction and seed= an integer") from None
     if not 0 < test < 1:
         raise UsageError(f"--dataset {name!r}: test={test} must be a fraction between 0 and 1")
-    return FileSpec(kind, path, test, seed, fields.get("label"))
+    size = None
+    if "size" in fields:
+        try:
+            h, w = (int(v) for v in fields["size"].lower().split("x"))
+        except ValueError:
+            raise UsageError(f"--dataset {name!r}: size= takes HxW, e.g. size=64x64") from None
+        if min(h, w) < 1:
+            raise UsageError(f"--dataset {name!r}: size={h}x{w} must be at least 1x1")
+        size = (h, w)
+    return FileSpec(kind, path, test, seed, fields.get("label"), size)
 
 
 def load_file_dataset(spec: FileSpec):
@@ -200,6 +224,9 @@ def _dataset(spec: FileSpec, x_train, y_train, x_test, y_test, class_names=None,
 
     where = str(spec.path)
     num_classes = _class_count(y_train, where)
+    if len(y_test) == 0:
+        raise DataFileError(f"{where}: the test split is empty; give test samples (or a larger test= "
+                            "fraction), every method reports its accuracy on them")
     check_labels(y_test, f"{where} (test split)", num_classes)
     if class_names is None or len(class_names) != num_classes:
         class_names = [str(k) for k in range(num_classes)]
@@ -253,7 +280,8 @@ def _load_npz(spec: FileSpec):
             arrays = {k: f[k] for k in f.files}
     except Exception as exc:        # zipfile, pickle and format errors alike: not a readable .npz
         raise DataFileError(f"{where}: not a readable .npz file ({exc})") from None
-    names = [str(n) for n in arrays.pop("class_names", [])]
+    names = [n.decode() if isinstance(n, bytes) else str(n)
+             for n in np.atleast_1d(arrays.pop("class_names", np.zeros(0))).tolist()]
     if {"x_train", "y_train", "x_test", "y_test"} <= set(arrays):
         x_train = _as_samples(arrays["x_train"], f"{where}: x_train")
         x_test = _as_samples(arrays["x_test"], f"{where}: x_test")
@@ -355,7 +383,8 @@ def _label_column(spec: FileSpec, header: list[str]) -> int:
     for name in LABEL_COLUMNS:
         if name in lowered:
             return lowered.index(name)
-    return len(header) - 1
+    # else the last column that is not the split column
+    return max(i for i, h in enumerate(lowered) if h != "split") if len(header) > 1 else 0
 
 
 def _table_labels(labels: list[str], where: str):
@@ -372,12 +401,24 @@ def _table_labels(labels: list[str], where: str):
 
 # ------------------------------------------------------------------------------------- folders
 
-def _image_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+def _visible(directory: Path) -> list[Path]:
+    """The entries of ``directory`` that are not hidden (``.DS_Store``, macOS ``._x.png``)."""
+    return sorted(p for p in directory.iterdir() if not p.name.startswith("."))
+
+
+def _image_files(folder: Path) -> list[Path]:
+    """The images of a class folder; one that holds folders instead is refused."""
+    entries = _visible(folder)
+    nested = [p for p in entries if p.is_dir()]
+    if nested:
+        raise DataFileError(f"{nested[0]}: a folder inside the class folder {folder.name!r}; an image "
+                            "folder is DIR/<class>/<image> (or DIR/train/<class>/<image> and "
+                            "DIR/test/<class>/<image>)")
+    return [p for p in entries if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
 
 
 def _class_folders(directory: Path) -> list[Path]:
-    folders = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+    folders = [p for p in _visible(directory) if p.is_dir()]
     if not folders:
         raise DataFileError(f"{directory}: no class folders; an image folder holds one sub-folder of "
                             "images per class (DIR/cat/1.png, DIR/dog/2.png), or train/ and test/ "
@@ -388,28 +429,46 @@ def _class_folders(directory: Path) -> list[Path]:
     return folders
 
 
+def _split_folders(root: Path) -> tuple[Path, Path] | None:
+    """``(train, test)`` folders of a split image folder, None for an unsplit one."""
+    tests = [root / name for name in TEST_FOLDERS if (root / name).is_dir()]
+    if not (root / "train").is_dir():
+        if tests:
+            raise DataFileError(f"{tests[0]}: a {tests[0].name}/ folder without train/ beside it; give "
+                                "both, or one sub-folder per class")
+        return None
+    if len(tests) != 1:
+        raise DataFileError(f"{root / 'train'}: a split image folder has train/ and one test folder "
+                            f"({', '.join(t + '/' for t in TEST_FOLDERS)}), found "
+                            f"{len(tests) or 'no'} test folders; or pass --dataset folder:{root / 'train'} "
+                            "to split train/ here")
+    return root / "train", tests[0]
+
+
 def _load_folder(spec: FileSpec):
     root = spec.path
-    split_given = (root / "train").is_dir() and (root / "test").is_dir()
-    if split_given:
-        classes = [f.name for f in _class_folders(root / "train")]
-        test_classes = [f.name for f in _class_folders(root / "test")]
+    split = _split_folders(root)
+    if split:
+        train_dir, test_dir = split
+        classes = [f.name for f in _class_folders(train_dir)]
+        test_classes = [f.name for f in _class_folders(test_dir)]
         unknown = sorted(set(test_classes) - set(classes))
         if unknown:
-            raise DataFileError(f"{root / 'test' / unknown[0]}: class folder {unknown[0]!r} is not "
-                                f"in {root / 'train'}")
-        parts = {split: [(f, classes.index(c)) for c in names for f in _image_files(root / split / c)]
-                 for split, names in (("train", classes), ("test", test_classes))}
+            raise DataFileError(f"{test_dir / unknown[0]}: class folder {unknown[0]!r} is not in {train_dir}")
+        parts = {part: [(f, classes.index(c)) for c in names for f in _image_files(directory / c)]
+                 for part, directory, names in (("train", train_dir, classes), ("test", test_dir, test_classes))}
         files, n_train = parts["train"] + parts["test"], len(parts["train"])
     else:
         classes = [f.name for f in _class_folders(root)]
         files = [(f, k) for k, c in enumerate(classes) for f in _image_files(root / c)]
         n_train = 0                 # split below
-    images, details = _decoded(root, [f for f, _ in files])
+    if len(classes) < 2:            # before decoding anything
+        raise DataFileError(f"{root}: one class folder ({classes[0]!r}); training needs at least two")
+    images, details = _decoded(root, [f for f, _ in files], spec.size)
     labels = np.asarray([k for _, k in files], np.int64)
-    if split_given:
+    if split:
         train, test = np.arange(n_train), np.arange(n_train, len(files))
-        note = "; its train/ and test/ folders"
+        note = f"; its {split[0].name}/ and {split[1].name}/ folders"
     else:
         train, test = stratified_split(labels, spec.test, spec.seed)
         note = "; " + _split_note(spec)
@@ -420,11 +479,11 @@ def _load_folder(spec: FileSpec):
                     details)
 
 
-def _decoded(root: Path, files: list[Path]):
+def _decoded(root: Path, files: list[Path], size: tuple[int, int] | None):
     """uint8 images of ``files`` (one size and mode, see the module docstring), cached."""
     from insitu.io import atomic_write
 
-    key = hashlib.sha256()
+    key = hashlib.sha256(f"size {size}\n".encode())
     for f in files:
         st = f.stat()
         key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
@@ -435,7 +494,7 @@ def _decoded(root: Path, files: list[Path]):
                 return f["images"], json.loads(str(f["details"]))
         except Exception:           # a damaged cache file is decoded again and replaced
             pass
-    images, details = _decode_all(files)
+    images, details = _decode_all(root, files, size)
     buffer = io.BytesIO()
     np.savez(buffer, images=images, details=np.asarray(json.dumps(details)))
     try:
@@ -447,7 +506,7 @@ def _decoded(root: Path, files: list[Path]):
     return images, details
 
 
-def _decode_all(files: list[Path]):
+def _decode_all(root: Path, files: list[Path], size: tuple[int, int] | None):
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
@@ -463,9 +522,16 @@ def _decode_all(files: list[Path]):
                 decoded.append(_pixels(image))
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
             raise DataFileError(f"{path}: unreadable image ({exc})") from None
+    decoded = [_grey_if_equal(a) for a in decoded]
     colour = any(a.ndim == 3 for a in decoded)
-    sizes = Counter(a.shape[:2] for a in decoded)
-    size = max(sizes, key=lambda s: (sizes[s], s[0] * s[1]))      # the most common, then largest
+    if size is None:
+        sizes = Counter(a.shape[:2] for a in decoded)
+        size = max(sizes, key=lambda s: (sizes[s], s[0] * s[1]))      # the most common, then largest
+    need = len(decoded) * size[0] * size[1] * (3 if colour else 1)
+    if need > MAX_FOLDER_BYTES:
+        raise DataFileError(f"{root}: {len(decoded)} images at {size[0]}x{size[1]} would take "
+                            f"{need / 2**30:.1f} GiB; resample them as they load with "
+                            f"--dataset folder:{root},size=HxW (e.g. size=128x128)")
     out = np.empty((len(decoded), *size, *((3,) if colour else ())), np.uint8)
     resized = 0
     for i, a in enumerate(decoded):
@@ -484,14 +550,16 @@ def _pixels(image) -> np.ndarray:
         a = np.asarray(image, dtype=np.float64)
         peak = 65535.0 if a.max(initial=0) > 255 else 255.0
         return np.clip(np.rint(a * (255.0 / peak)), 0, 255).astype(np.uint8)
-    if image.mode in ("1", "L", "LA", "P") and (image.mode != "P" or _grey_palette(image)):
+    if image.mode in ("1", "L", "LA"):
         return np.asarray(image.convert("L"), dtype=np.uint8)
     return np.asarray(image.convert("RGB"), dtype=np.uint8)
 
 
-def _grey_palette(image) -> bool:
-    rgb = np.asarray(image.convert("RGB"))
-    return bool(np.all(rgb[..., 0] == rgb[..., 1]) and np.all(rgb[..., 1] == rgb[..., 2]))
+def _grey_if_equal(a: np.ndarray) -> np.ndarray:
+    """An RGB image whose three channels are equal everywhere is grey (grey JPEGs saved as RGB)."""
+    if a.ndim == 3 and np.array_equal(a[..., 0], a[..., 1]) and np.array_equal(a[..., 1], a[..., 2]):
+        return np.ascontiguousarray(a[..., 0])
+    return a
 
 
 # ------------------------------------------------------------------------------------- writing

@@ -116,10 +116,13 @@ def check_train_args(args) -> list[str]:
     return args
 
 
-def bundled_dataset(train_args: list[str]) -> tuple[list[str], Path | None]:
-    """The train arguments with a ``--dataset`` of the user's files (``folder:``, ``npz:``,
-    ``csv:``) pointing into the bundle's ``data/`` folder, and the file or folder to copy there
-    (None when the dataset is a built-in name, which the board reads from its own disk)."""
+def bundled_dataset(train_args: list[str]) -> tuple[list[str], str | None, str | None]:
+    """The train arguments with a ``--dataset`` of the user's files pointing into the bundle's
+    ``data/`` folder, the dataset as given and the name it has there (None, None for a built-in
+    dataset, which the board reads from its own disk).
+
+    A ``.npz`` or a ``.csv`` is copied with its options kept. An image folder travels as the
+    ``.npz`` it loads as (its split and size applied), because the board images have no Pillow."""
     from insitu.data.files import is_file_spec, parse_spec
 
     args = list(train_args)
@@ -131,16 +134,32 @@ def bundled_dataset(train_args: list[str]) -> tuple[list[str], Path | None]:
         else:
             continue
         if not is_file_spec(value):
-            return args, None
+            return args, None, None
         spec = parse_spec(value)
-        options = value.split(",")[1:]
-        args[at] = prefix + ",".join([f"{spec.kind}:data/{spec.path.name}", *options])
-        return args, spec.path
-    return args, None
+        name = spec.path.resolve().name or "dataset"
+        if spec.kind == "folder":
+            name += ".npz"
+            args[at] = f"{prefix}npz:data/{name}"
+        else:
+            args[at] = prefix + ",".join([f"{spec.kind}:data/{name}", *value.split(",")[1:]])
+        return args, value, name
+    return args, None, None
 
 
 # ---------------------------------------------------------------------------------------------
 # Parts of the bundle
+
+
+def bundle_dataset(spec_text: str, target: Path) -> None:
+    """The user's dataset ``spec_text`` written to ``target`` (see :func:`bundled_dataset`)."""
+    from insitu.data import load_dataset
+    from insitu.data.files import parse_spec, write_npz
+
+    spec = parse_spec(spec_text)
+    if spec.kind == "folder":
+        write_npz(load_dataset(spec_text), target)
+    else:
+        shutil.copy2(spec.path, target)
 
 
 def overlay_hint(board: str, search_dir: Path = OVERLAY_SEARCH_DIR) -> str:
@@ -410,9 +429,11 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
     from insitu.accel import regmap
 
     check_board(board)
-    train_args, dataset = bundled_dataset(check_train_args(train_args))
-    if dataset is not None and not dataset.exists():
-        raise UsageError(f"--dataset: {dataset} does not exist")
+    train_args, dataset, data_name = bundled_dataset(check_train_args(train_args))
+    if dataset is not None:             # a bad file is refused before the wheel is built
+        from insitu.data import load_dataset
+
+        load_dataset(dataset)
     out = check_out_dir(Path(out))
     twin = is_twin_board(board)
     if twin:
@@ -464,10 +485,9 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
                 shutil.copy2(src, tmp / f"{name}{suffix}")
                 names.append(f"{name}{suffix}")
         if dataset is not None:         # the user's files travel with the bundle
-            progress(f"copying {dataset} into the bundle's data/")
+            progress(f"writing {dataset} into the bundle's data/{data_name}")
             (tmp / "data").mkdir()
-            copy = shutil.copytree if dataset.is_dir() else shutil.copy2
-            copy(dataset, tmp / "data" / dataset.name)
+            bundle_dataset(dataset, tmp / "data" / data_name)
         script = tmp / "run.sh"
         script.write_text(run_script(board, built.name, overlay is not None or twin, train_args,
                                      created, hint or ""))
@@ -485,8 +505,7 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
                               "from": [str(Path(p).resolve()) for p in overlay]} if overlay
                         else None),
             "overlay_hint": hint,
-            "dataset": None if dataset is None else {"from": str(dataset.resolve()),
-                                                     "to": f"data/{dataset.name}"},
+            "dataset": None if dataset is None else {"from": dataset, "to": f"data/{data_name}"},
             "wheel": names[1],
             "board_wheels": [f"wheels/{w.name}" for w in extra_wheels],
             "run": "bash run.sh",

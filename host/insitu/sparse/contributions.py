@@ -290,10 +290,12 @@ def load_or_analyze(bundle: Bundle, model: str, task: str, train_samples: int, e
     cached): ``(contributions, path, cached)``. Per-layer lr factors (``bundle.lr_scale``) are
     part of the settings when there are any (one rate keeps the key it always had)."""
     from insitu.sparse.model_source import model_label
+    from insitu.sparse.tasks import task_key
 
-    settings = {"model": model_label(model), "task": task, "lr": float(bundle.lr), "train_samples": int(train_samples),
-                "eval_samples": int(eval_samples), "seed": int(seed), "graph": graph_digest(bundle.graph),
-                "version": CONTRIBUTIONS_VERSION}
+    # The data's key: an edited folder of the user's is analysed again, not served from the cache.
+    settings = {"model": model_label(model), "task": task_key(task), "lr": float(bundle.lr),
+                "train_samples": int(train_samples), "eval_samples": int(eval_samples), "seed": int(seed),
+                "graph": graph_digest(bundle.graph), "version": CONTRIBUTIONS_VERSION}
     lr_scale = lr_scale_of(bundle)
     if lr_scale:
         settings["lr_scale"] = lr_scale

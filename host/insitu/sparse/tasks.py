@@ -38,7 +38,7 @@ from insitu.errors import UsageError
 from insitu.sparse.graph import channels_first
 
 __all__ = ["TASKS", "ADAPTATION_TASKS", "PRETRAIN_TASK", "check_task", "load_task", "pretrain_task", "resize",
-           "float_inputs", "FASHION_SHIFT_TRAIN", "FASHION_SHIFT_SEED"]
+           "float_inputs", "task_key", "FASHION_SHIFT_TRAIN", "FASHION_SHIFT_SEED"]
 
 PRETRAIN_TASK = "fashion-mnist"
 ADAPTATION_TASKS = ("digits", "fashion-shift")
@@ -76,13 +76,21 @@ def check_task(name: str, option: str = "--dataset") -> None:
 
     if name in TASKS:
         return
-    if not is_file_spec(name):
+    if not is_file_spec(name, TASKS):
         raise UsageError(f"{option}: unknown task {name!r}; known tasks: {', '.join(TASKS)}, or your "
                          "images: folder:DIR, npz:FILE")
     if parse_spec(name).kind == "csv":
         raise UsageError(f"{option} {name}: the MCU models take images, and a CSV table holds "
                          "feature vectors; give a folder:DIR or an npz:FILE of images")
     check_dataset(name)
+
+
+def task_key(name: str) -> str:
+    """How caches name a task's data: a built-in task's name, the user's files by
+    :attr:`insitu.data.Dataset.key` (their spec and a hash of the arrays)."""
+    from insitu.data.files import is_file_spec
+
+    return load_dataset(name).key if is_file_spec(name, TASKS) else name
 
 
 def load_task(name: str, input_size: int, channels: int = 1):
@@ -98,7 +106,7 @@ def load_task(name: str, input_size: int, channels: int = 1):
         raise UsageError(f"input size must be an integer >= 4, got {input_size!r}")
     if channels not in (1, 3):
         raise UsageError(f"the model's input has {channels} channels; images have 1 (grey) or 3 (RGB)")
-    if is_file_spec(name):
+    if is_file_spec(name, TASKS):
         ds = load_dataset(name)
         ds.require_images(f"the MCU models (input {channels}x{input_size}x{input_size})")
         ds = ds.fit_images((int(input_size), int(input_size)), channels)
