@@ -384,3 +384,12 @@ def test_the_board_path_imports_no_onnx():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_non_square_input_is_refused_before_any_work(tmp_path):
+    model = mobilenet_like()
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[3].dim_value = 16                                   # 12 x 16 images
+    path = save(model, tmp_path / "wide.onnx")
+    with pytest.raises(UsageError, match="takes 12x16 images; the MCU path takes square inputs"):
+        S.check_model(str(path))

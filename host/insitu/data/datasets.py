@@ -106,8 +106,6 @@ class Dataset:
     def fit_images(self, size: tuple[int, int] | None = None, channels: int | None = None) -> "Dataset":
         """This dataset with its images brought to a model's input by the one rule of
         :mod:`insitu.data.images` (channels, then size); ``self`` when nothing changes."""
-        from insitu.data.images import fit_images
-
         self.require_images("resizing")
         if channels in (None, self.channels) and size in (None, self.image_size):
             return self

@@ -85,10 +85,15 @@ def predicted_heap_bytes(compiled: Compiled) -> int:
     return compiled.arena_bytes + runtime_heap_bytes(compiled)
 
 
+def fits_heap(need: int, heap_bytes: int) -> bool:
+    """Whether ``need`` bytes, with the :data:`HEAP_MARGIN` kept, fit a heap of ``heap_bytes``."""
+    return need * (1 + HEAP_MARGIN) <= heap_bytes
+
+
 def check_fits(compiled: Compiled, heap_bytes: int) -> None:
     runtime = runtime_heap_bytes(compiled)
     need = compiled.arena_bytes + runtime
-    if need * (1 + HEAP_MARGIN) > heap_bytes:
+    if not fits_heap(need, heap_bytes):
         raise UsageError(f"the scheme ({compiled.scheme.describe()}) does not fit: planned peak "
                          f"{compiled.arena_bytes:,} B of arena + {runtime:,} B of runtime = "
                          f"{need:,} B, plus a {HEAP_MARGIN:.0%} margin > the heap of {heap_bytes:,} B; "

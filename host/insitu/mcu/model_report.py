@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from insitu.boards import get_board
 from insitu.errors import UsageError
-from insitu.mcu.board_runs import (DEFAULT_SCHEME, HEAP_MARGIN, Prepared, check_fits, check_scheme,
+from insitu.mcu.board_runs import (DEFAULT_SCHEME, HEAP_MARGIN, Prepared, check_fits, check_scheme, fits_heap,
                                    predicted_heap_bytes, runtime_heap_bytes)
 
 __all__ = ["model_report", "default_scheme"]
@@ -20,10 +20,6 @@ def default_scheme(model) -> str:
     depth = int(DEFAULT_SCHEME.split("-")[1])
     layers = len(model_untrained_graph(model).convs)
     return DEFAULT_SCHEME if layers >= depth else f"bias-{layers}"
-
-
-def _fits(need: int, heap: int) -> bool:
-    return need * (1 + HEAP_MARGIN) <= heap
 
 
 def model_report(model: str, task: str = "digits", board: str = "stm32f746-disco-sim", scheme: str | None = None,
@@ -60,7 +56,7 @@ def model_report(model: str, task: str = "digits", board: str = "stm32f746-disco
         **graph_summary(graph),
         "board": spec.name, "heap_bytes": heap, "heap_margin": HEAP_MARGIN,
         "inference": {"arena_bytes": infer["arena_bytes"], "predicted_heap_bytes": infer_heap,
-                      "fits": _fits(infer_heap, heap)},
+                      "fits": fits_heap(infer_heap, heap)},
         "training": {"dataset": task, "classes": prep.graph.num_classes, "scheme": compiled.scheme.to_json(),
                      "scheme_text": compiled.scheme.describe(), "arena_bytes": compiled.arena_bytes,
                      "predicted_heap_bytes": predicted_heap_bytes(compiled), "blob_bytes": len(compiled.blob),

@@ -277,10 +277,9 @@ def graph_digest(graph: Graph) -> str:
 def contributions_path(cache_dir, model: str, task: str, settings: dict) -> Path:
     """``<model label>-<task>-<settings digest>.json``: an ONNX model is named by its file's stem and
     sha256 (:func:`insitu.sparse.model_source.model_label`), a task by a file-name-safe form."""
-    from insitu.sparse.model_source import model_label
+    from insitu.sparse.model_source import file_safe, model_label
 
-    task_label = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in task)
-    return Path(cache_dir) / f"{model_label(model)}-{task_label}-{contributions_key(**settings)}.json"
+    return Path(cache_dir) / f"{model_label(model)}-{file_safe(task)}-{contributions_key(**settings)}.json"
 
 
 def load_or_analyze(bundle: Bundle, model: str, task: str, train_samples: int, eval_samples: int, seed: int,

@@ -30,7 +30,7 @@ from insitu.sparse.graph import Graph
 if TYPE_CHECKING:                       # onnx_io is imported only when an ONNX model is used
     from insitu.sparse.onnx_io import FloatNet
 
-__all__ = ["MODEL_FILE_SUFFIX", "is_model_file", "check_model", "model_label", "model_input_shape",
+__all__ = ["MODEL_FILE_SUFFIX", "is_model_file", "check_model", "model_label", "file_safe", "model_input_shape",
            "model_untrained_graph", "model_graph", "calibration_images", "CALIBRATION_SEED"]
 
 MODEL_FILE_SUFFIX = ".onnx"
@@ -72,6 +72,10 @@ def check_model(model) -> None:
         from insitu.sparse import abi
 
         graph = model_untrained_graph(model)
+        _, height, width = graph.tensors[graph.input].shape
+        if height != width:     # the tasks are brought to square inputs (insitu.sparse.tasks)
+            raise UsageError(f"model {model} takes {height}x{width} images; the MCU path takes square "
+                             "inputs: export the model with a square input")
         wide = max(t.shape[2] for t in graph.tensors.values())
         if wide > abi.MAX_ROW:
             raise UsageError(f"model {model}: maps {wide} pixels wide; the firmware's kernels take rows of at "
@@ -83,13 +87,18 @@ def check_model(model) -> None:
         raise UsageError(f"unknown model {model!r}; known models: {', '.join(MODELS)}, or a FILE{MODEL_FILE_SUFFIX}")
 
 
+def file_safe(text: str) -> str:
+    """``text`` with every character but letters, digits and ``-_.`` replaced by ``_``."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)
+
+
 def model_label(model) -> str:
     """A short file-name-safe name: the built-in name, or ``<file stem>-<sha256[:12]>``."""
     if not is_model_file(model):
         return str(model)
     from insitu.sparse import onnx_io
 
-    stem = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in Path(model).stem) or "model"
+    stem = file_safe(Path(model).stem) or "model"
     return f"{stem}-{onnx_io.file_sha256(model)[:12]}"
 
 
