@@ -77,3 +77,16 @@ def test_data_export_writes_what_dataset_reads_back(run_cli, env, tmp_path):
     run = run_cli("data", "export", "digits", tmp_path / "big", "--size", "32", "--samples", "40", env=env)
     assert run.returncode == 0, run.stderr
     assert load_dataset(f"folder:{tmp_path / 'big'}").sample_shape == (32, 32)
+
+
+@pytest.mark.parametrize("kind", ["folder", "npz"])
+def test_sparse_update_on_the_cortex_m7_twin_trains_on_each_kind(run_cli, own, env, kind):
+    """The RGB folder (12x12 and 8x8 images) and the grey npz brought to mbv2-tiny's grey input."""
+    run = run_cli("train", "--board", "stm32f746-disco-sim", "--algo", "sparse", "--model", "mbv2-tiny",
+                  "--dataset", own[kind], "--samples", "10", "--test-samples", "20", "--json",
+                  env={**env, "INSITU_CACHE": ""})          # the shared cache: pretraining, firmware
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout)
+    assert result["dataset"] == own[kind] and result["samples"] == 10
+    assert result["host_sim_agreement"] == 1.0                # the device computes the host's bits
+    assert result["peak_heap_bytes"] <= result["heap_bytes"]
