@@ -393,3 +393,14 @@ def test_a_non_square_input_is_refused_before_any_work(tmp_path):
     path = save(model, tmp_path / "wide.onnx")
     with pytest.raises(UsageError, match="takes 12x16 images; the MCU path takes square inputs"):
         S.check_model(str(path))
+
+
+def test_a_model_with_fewer_layers_than_the_default_scheme_trains_all_its_biases(tmp_path):
+    from insitu.mcu.board_runs import check_scheme, default_scheme
+
+    n = Net(1, 12, 13, seed=0)
+    x = n.relu(n.conv(n.x, 1, 8, 3, 2, name="c1"))
+    path = save(n.model(n.gemm(n.flatten(n.gap(n.relu(n.conv(x, 8, 16, 1, pad=0, name="c2")), "pool")), 16, 4,
+                                name="fc"), 4), tmp_path / "three.onnx")
+    assert default_scheme(str(path)) == "bias-3" and default_scheme("mbv2-tiny") == "bias-6"
+    check_scheme(str(path), None)                   # the default: no "bias_k must be in [0, 3]"

@@ -341,8 +341,9 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, lr
 @click.option("--model", default="mbv2-28", show_default=True, help=MODEL_HELP)
 @click.option("--dataset", "task", default="digits", show_default=True,
               help="The adaptation task (digits, fashion-shift, fashion-mnist), or your images: folder:DIR, npz:FILE.")
-@click.option("--scheme", default="bias-6", show_default=True,
-              help="Sparse-update scheme, as `insitu train --scheme` takes it.")
+@click.option("--scheme", default=None,
+              help="Sparse-update scheme, as `insitu train --scheme` takes it [default: bias-6, or the "
+                   "biases of every layer of a smaller model].")
 @click.option("--lr", type=float, default=0.05, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--samples", type=int, default=2, show_default=True,
@@ -385,8 +386,9 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
         from insitu.mcu import qemu
 
         qemu.check_heap(high_bytes)
-    from insitu.mcu.board_runs import check_scheme
+    from insitu.mcu.board_runs import check_scheme, default_scheme
 
+    scheme = scheme or default_scheme(model)
     check_scheme(model, scheme)      # milliseconds, before the twin's build and the pre-training
     _twin_ready(twin_kind)           # before the model's pre-training, which may take minutes
     prep = Prepared(model, task, scheme, lr, seed)

@@ -81,7 +81,8 @@ def _algo_help() -> str:
               help="tt/lrt: test samples to evaluate (default: tt all, lrt 1000).")
 @click.option("--scheme", default=None,
               help="sparse: the update scheme: bias-K, last-K, classifier, full, or JSON "
-                   '{"bias_k": K, "weights": {"layer": ratio}} (default bias-6).')
+                   '{"bias_k": K, "weights": {"layer": ratio}} (default bias-6, or the biases of every layer '
+                   'of a model with fewer).')
 @click.option("--port", default=None,
               help="sparse: the board's serial port (a real board, or a twin from `insitu mcu emulate`).")
 @click.option("--flash-dir", type=click.Path(file_okay=False), default=None,

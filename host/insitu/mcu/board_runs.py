@@ -259,6 +259,15 @@ def check_flash_dir(flash_dir: str) -> None:
         raise UsageError(f"--flash-dir {flash_dir}: cannot be written ({parent}: {exc.strerror})") from None
 
 
+def default_scheme(model) -> str:
+    """:data:`DEFAULT_SCHEME`, or the biases of every layer of a model with fewer layers."""
+    from insitu.sparse.model_source import model_untrained_graph
+
+    depth = int(DEFAULT_SCHEME.split("-")[1])
+    layers = len(model_untrained_graph(model).convs)
+    return DEFAULT_SCHEME if layers >= depth else f"bias-{layers}"
+
+
 def check_scheme(model: str, scheme: str | None) -> None:
     """Parse ``scheme`` against ``model``'s graph (its layer names and shapes, built untrained in
     milliseconds: no pretraining, no data); a :class:`UsageError` naming --scheme if wrong (or
@@ -267,7 +276,7 @@ def check_scheme(model: str, scheme: str | None) -> None:
 
     check_model(model)
     graph = model_untrained_graph(model)
-    scheme = scheme or DEFAULT_SCHEME
+    scheme = scheme or default_scheme(model)
     try:
         preset(graph, scheme).validate(graph)
     except UsageError as exc:
@@ -352,7 +361,7 @@ def run_sparse(config, board: Board, advance) -> dict:
 
         qemu.firmware(print_to_stderr)          # the toolchain is there, the firmware built (once, cached)
     lr_scale = parse_lr_scale(config.model, config.lr_scale)
-    prep = Prepared(config.model, config.dataset, config.scheme or DEFAULT_SCHEME, config.lr, config.seed,
+    prep = Prepared(config.model, config.dataset, config.scheme or default_scheme(config.model), config.lr, config.seed,
                     accumulate=config.batch_size, lr_scale=lr_scale)
     compiled = prep.compiled
     check_fits(compiled, heap)

@@ -7,19 +7,10 @@ from __future__ import annotations
 
 from insitu.boards import get_board
 from insitu.errors import UsageError
-from insitu.mcu.board_runs import (DEFAULT_SCHEME, HEAP_MARGIN, Prepared, check_fits, check_scheme, fits_heap,
+from insitu.mcu.board_runs import (HEAP_MARGIN, Prepared, check_fits, check_scheme, default_scheme, fits_heap,
                                    predicted_heap_bytes, runtime_heap_bytes)
 
-__all__ = ["model_report", "default_scheme"]
-
-
-def default_scheme(model) -> str:
-    """`insitu train`'s default scheme, or the biases of every layer of a model with fewer."""
-    from insitu.sparse.model_source import model_untrained_graph
-
-    depth = int(DEFAULT_SCHEME.split("-")[1])
-    layers = len(model_untrained_graph(model).convs)
-    return DEFAULT_SCHEME if layers >= depth else f"bias-{layers}"
+__all__ = ["model_report"]
 
 
 def model_report(model: str, task: str = "digits", board: str = "stm32f746-disco-sim", scheme: str | None = None,
