@@ -110,7 +110,7 @@ def test_transfer_runs_on_images_and_on_features(files, kind):
     result = run_transfer(ranks=(1, 2), lrs=(0.1,), seeds=(0,), samples=100, batch=50,
                           dataset=files[kind], pretrain_samples=100, pretrain_epochs=1)
     assert result["pretrain"]["classes"] == 10 and result["pretrain"]["features"] == 512
-    assert 0 <= result["pretrained_accuracy"] <= 1
+    assert result["pretrained_accuracy"] > 0.1          # above chance (measured 0.19 and 0.25)
 
 
 # ------------------------------------------------------------------------------ the LRT PE
