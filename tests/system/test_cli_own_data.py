@@ -39,11 +39,12 @@ def test_data_info_shows_what_each_file_became(run_cli, own, env):
 
 @pytest.mark.parametrize("kind,model", [("folder", "mlp"), ("folder", "cnn"), ("npz", "cnn"), ("csv", "mlp")])
 def test_sgd_trains_on_each_kind(run_cli, own, env, kind, model):
-    run = run_cli("train", "--dataset", own[kind], "--model", model, "--samples", "800", "--json", env=env)
+    # 3000 samples: measured 0.79-0.95 on the ~40 test images, far from chance (0.1) and the bar
+    run = run_cli("train", "--dataset", own[kind], "--model", model, "--samples", "3000", "--json", env=env)
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert result["dataset"] == own[kind]
-    assert result["accuracy"] > 0.3          # 10 classes: chance is 0.1
+    assert result["accuracy"] > 0.4
 
 
 def test_cnn_on_a_table_and_a_broken_image_exit_2_naming_them(run_cli, own, env, tmp_path):
