@@ -126,7 +126,7 @@ def _check_magnitude(v, what: str) -> None:
         raise ValueError(f"{what}: magnitude reaches 2**62; int64 arithmetic would overflow")
 
 
-def shift_round(v, shift: int):
+def shift_round(v, shift: int | np.ndarray):
     """Integer ``v * 2**-shift`` rounded by the spec's tie rule (ties toward +infinity).
 
     ``shift > 0`` is the add-half-then-arithmetic-shift of the hardware; ``shift <= 0`` is an exact

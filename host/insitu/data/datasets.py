@@ -26,12 +26,16 @@ import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from insitu.data.files import stratified_split
 from insitu.data.idx import read_idx
 from insitu.errors import DatasetError, UsageError
+
+if TYPE_CHECKING:
+    from sklearn.utils import Bunch
 
 __all__ = ["Dataset", "load_dataset", "check_dataset", "frozen", "dataset_info", "list_datasets", "dataset_names",
            "FASHION_MNIST_DIR", "DIGITS_TEST_FRACTION", "DIGITS_SPLIT_SEED"]
@@ -280,7 +284,7 @@ def list_datasets() -> list[dict]:
         if spec.kind == "idx" and spec.default_dir is None:
             available, source = False, None
             hint = "not packaged: download the four IDX files and pass --data-dir DIR"
-        elif spec.kind == "idx":
+        elif spec.kind == "idx" and spec.default_dir is not None:    # always set here (see above)
             available, source = not _missing_idx_files(spec.default_dir), str(spec.default_dir)
             hint = None if available else (f"apt-get install dataset-{spec.name}, "
                                            "or pass --data-dir DIR")
@@ -395,7 +399,7 @@ def _check_split(name, split, images, labels, num_classes, images_path, labels_p
 def _load_digits() -> Dataset:
     from sklearn.datasets import load_digits  # imported here: sklearn takes ~1 s to import
 
-    bunch = load_digits()
+    bunch = cast("Bunch", load_digits())        # (a (data, target) tuple only with return_X_y)
     # Pixels are counts 0..16 (4x4 blocks of a 32x32 bitmap); scale to the 0..255 of the other
     # datasets so that every pipeline sees uint8 images: round(v * 255 / 16), so 16 -> 255.
     images = np.rint(bunch.images * (255 / 16)).astype(np.uint8)

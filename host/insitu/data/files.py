@@ -525,7 +525,7 @@ def _decode_all(root: Path, files: list[Path], size: tuple[int, int] | None):
     decoded = [_grey_if_equal(a) for a in decoded]
     colour = any(a.ndim == 3 for a in decoded)
     if size is None:
-        sizes = Counter(a.shape[:2] for a in decoded)
+        sizes = Counter((a.shape[0], a.shape[1]) for a in decoded)
         size = max(sizes, key=lambda s: (sizes[s], s[0] * s[1]))      # the most common, then largest
     need = len(decoded) * size[0] * size[1] * (3 if colour else 1)
     if need > MAX_FOLDER_BYTES:

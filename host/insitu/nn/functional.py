@@ -51,7 +51,8 @@ def pad2d(x: np.ndarray, padding: tuple[int, int]) -> np.ndarray:
     return np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
 
 
-def im2col(x: np.ndarray, kernel_size, stride=1, padding=0) -> np.ndarray:
+def im2col(x: np.ndarray, kernel_size: int | tuple[int, int], stride: int | tuple[int, int] = 1,
+           padding: int | tuple[int, int] = 0) -> np.ndarray:
     """Unfold NCHW ``x`` into patches of shape ``(N, H_out*W_out, C*kh*kw)``.
 
     ``cols[n, p, c*kh*kw + i*kw + j] = x_padded[n, c, oh*sh + i, ow*sw + j]`` with ``p = oh*W_out + ow``.
@@ -69,12 +70,15 @@ def im2col(x: np.ndarray, kernel_size, stride=1, padding=0) -> np.ndarray:
         return np.ascontiguousarray(sub.transpose(0, 2, 3, 1)).reshape(n, ho * wo, c)
     xp = pad2d(x, (ph, pw))
     # (N, C, H', W', kh, kw) view; striding the window origins gives the output grid.
-    win = sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw][:, :, :ho, :wo]
+    # (NumPy's stubs type `axis` as one int; it takes a tuple, as documented.)
+    win = sliding_window_view(xp, (kh, kw), axis=(2, 3))[  # pyright: ignore[reportCallIssue, reportArgumentType]
+        :, :, ::sh, ::sw][:, :, :ho, :wo]
     # -> (N, Ho, Wo, C, kh, kw); reshape copies into the GEMM-friendly layout.
     return win.transpose(0, 2, 3, 1, 4, 5).reshape(n, ho * wo, c * kh * kw)
 
 
-def col2im(cols: np.ndarray, x_shape, kernel_size, stride=1, padding=0) -> np.ndarray:
+def col2im(cols: np.ndarray, x_shape, kernel_size: int | tuple[int, int],
+           stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0) -> np.ndarray:
     """Adjoint of :func:`im2col`: scatter-add patches back into an array of shape ``x_shape``.
 
     Overlapping windows accumulate, which is exactly the input gradient of a convolution when

@@ -25,9 +25,10 @@ Weight layers (:class:`Dense`, :class:`Conv2d`, :class:`PointwiseConv2d`,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .functional import col2im, conv_output_size, im2col, pair
 
@@ -75,7 +76,7 @@ class Layer:
         self.params: dict[str, np.ndarray] = {}
         self.grads: dict[str, np.ndarray] = {}
         self.buffers: dict[str, np.ndarray] = {}
-        self._cache = None
+        self._cache: Any = None         # what backward needs, each layer its own; None: nothing
 
     def forward(self, x: np.ndarray, train: bool = True) -> np.ndarray:
         raise NotImplementedError
@@ -102,7 +103,7 @@ class Layer:
         self.params[name] = value
         self.grads[name] = np.zeros_like(value)
 
-    def _saved(self):
+    def _saved(self) -> Any:
         if self._cache is None:
             raise RuntimeError(
                 f"{type(self).__name__}.backward called without a preceding forward(x, train=True)"
@@ -113,7 +114,7 @@ class Layer:
         return f"{type(self).__name__}()"
 
 
-def _he_normal(rng: np.random.Generator, shape, fan_in: int, dtype) -> np.ndarray:
+def _he_normal(rng: np.random.Generator, shape, fan_in: int, dtype: DTypeLike) -> np.ndarray:
     # He et al. 2015: keeps activation variance constant through ReLU layers.
     return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(dtype)
 
@@ -145,7 +146,8 @@ class Dense(_WeightLayer):
     (the input), one pair per sample.
     """
 
-    def __init__(self, n_in: int, n_out: int, bias: bool = True, seed=None, dtype=np.float64):
+    def __init__(self, n_in: int, n_out: int, bias: bool = True, seed=None,
+                 dtype: DTypeLike = np.float64):
         super().__init__()
         self.n_in, self.n_out = n_in, n_out
         rng = np.random.default_rng(seed)
@@ -190,7 +192,8 @@ class Conv2d(_WeightLayer):
     """
 
     def __init__(
-        self, c_in, c_out, kernel_size, stride=1, padding=0, bias=True, seed=None, dtype=np.float64
+        self, c_in, c_out, kernel_size, stride=1, padding=0, bias=True, seed=None,
+        dtype: DTypeLike = np.float64
     ):
         super().__init__()
         self.c_in, self.c_out = c_in, c_out
@@ -246,7 +249,7 @@ class Conv2d(_WeightLayer):
 class PointwiseConv2d(Conv2d):
     """1x1 convolution (the channel-mixing half of a depthwise-separable block)."""
 
-    def __init__(self, c_in, c_out, stride=1, bias=True, seed=None, dtype=np.float64):
+    def __init__(self, c_in, c_out, stride=1, bias=True, seed=None, dtype: DTypeLike = np.float64):
         super().__init__(c_in, c_out, 1, stride=stride, padding=0, bias=bias, seed=seed, dtype=dtype)
 
 
@@ -261,7 +264,8 @@ class DepthwiseConv2d(_WeightLayer):
     (scalar output gradient) x (k*k patch).
     """
 
-    def __init__(self, channels, kernel_size, stride=1, padding=0, bias=True, seed=None, dtype=np.float64):
+    def __init__(self, channels, kernel_size, stride=1, padding=0, bias=True, seed=None,
+                 dtype: DTypeLike = np.float64):
         super().__init__()
         self.channels = channels
         self.kernel_size, self.stride, self.padding = pair(kernel_size), pair(stride), pair(padding)

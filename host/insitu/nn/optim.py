@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, cast
 
 import numpy as np
 
@@ -28,9 +28,9 @@ class SGD:
     """
 
     def __init__(self, params: Iterable[Param] | Layer, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
-        if hasattr(params, "parameters"):
-            params = params.parameters()
-        self.params: list[Param] = list(params)
+        if hasattr(params, "parameters"):             # a layer or a model
+            params = cast(Layer, params).parameters()
+        self.params: list[Param] = list(cast("Iterable[Param]", params))
         if lr < 0 or momentum < 0 or weight_decay < 0:
             raise ValueError("lr, momentum and weight_decay must be >= 0")
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
@@ -75,9 +75,9 @@ class Adam:
 
     def __init__(self, params: Iterable[Param] | Layer, lr: float = 1e-3, betas=(0.9, 0.999),
                  eps: float = 1e-8):
-        if hasattr(params, "parameters"):
-            params = params.parameters()
-        self.params: list[Param] = list(params)
+        if hasattr(params, "parameters"):             # a layer or a model
+            params = cast(Layer, params).parameters()
+        self.params: list[Param] = list(cast("Iterable[Param]", params))
         if not lr > 0 or not all(0 <= b < 1 for b in betas) or not eps > 0:
             raise ValueError(f"Adam needs lr > 0, betas in [0, 1) and eps > 0; got lr={lr}, "
                              f"betas={betas}, eps={eps}")
