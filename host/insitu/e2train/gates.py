@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from insitu.nn.layers import Layer
 
@@ -55,7 +56,7 @@ class RNNGates(Layer):
     """
 
     def __init__(self, stage_channels: Sequence[int], hidden: int = GATE_HIDDEN, seed=None,
-                 dtype=np.float32, init_bias: float = 2.5):
+                 dtype: DTypeLike = np.float32, init_bias: float = 2.5):
         super().__init__()
         self.hidden = hidden
         self.stage_channels = tuple(int(c) for c in stage_channels)
@@ -119,7 +120,9 @@ class RNNGates(Layer):
         self._h, self._c = h, c
         return p
 
-    def backward(self, dps: Sequence[np.ndarray]) -> None:
+    # The gates share Layer's parameter plumbing, not its backward: they take every gate's dL/dp
+    # and send no gradient back.
+    def backward(self, dps: Sequence[np.ndarray]) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
         """Backpropagation through the gate sequence: ``dps[k]`` is ``dL/dp`` ``(N,)`` of the
         k-th gate of the last training forward. Adds into ``grads``; returns nothing (no
         gradient goes to the pooled features, see the module docstring)."""

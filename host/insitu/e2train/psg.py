@@ -26,11 +26,15 @@ the energy model prices them at 32 bits (:mod:`insitu.e2train.energy`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from insitu import numerics as nx
 from insitu.nn.layers import Layer, Param
+
+if TYPE_CHECKING:
+    from insitu.nn.layers import _WeightLayer
 
 
 def _validate_beta(beta: float) -> float:
@@ -81,14 +85,14 @@ class PSGLayer(Layer):
         super().__init__()
         if not hasattr(inner, "kronecker_pairs"):
             raise TypeError(f"PSG wraps weight layers (Conv2d, Dense), not {type(inner).__name__}")
-        self.name, self.inner = name, inner
+        self.name, self.inner = name, cast("_WeightLayer", inner)
         self.beta = _validate_beta(beta)
         self.stats = stats if stats is not None else PSGStats()
         self.params, self.grads, self.buffers = inner.params, inner.grads, inner.buffers
-        inner.compute_weight_grad = False       # the float GEMM is replaced by the integer one
+        self.inner.compute_weight_grad = False  # the float GEMM is replaced by the integer one
         self._x_frac: int | None = None
         self.last_predicted: np.ndarray | None = None
-        inner.psg = self                        # lets optimizers find the wrapper from a Param
+        setattr(inner, "psg", self)             # lets optimizers find the wrapper from a Param
         # The float initial weights seed the optimizer's master copy; the layer keeps 8 bits.
         self.initial_master = inner.params["weight"].astype(np.float32, copy=True)
         self.load_weight(self.initial_master)
@@ -106,6 +110,7 @@ class PSGLayer(Layer):
         dyq, dy_frac = quantize_tensor(dy, nx.PSG_GRADIENT_BITS)
         dx = self.inner.backward(dyq)
         dz, a = self.inner.kronecker_pairs()
+        assert self._x_frac is not None         # set by the forward that the pairs come from
         n_out = dz.shape[-1]
         g_full, g_msb = nx.psg_weight_gradient(_codes(dz.reshape(-1, n_out), dy_frac),
                                                _codes(a.reshape(-1, a.shape[-1]), self._x_frac))
@@ -126,12 +131,17 @@ def psg_wrapper(beta: float = 0.05, stats: PSGStats | None = None):
     layer becomes a :class:`PSGLayer` sharing ``stats``."""
     beta = _validate_beta(beta)
     stats = stats if stats is not None else PSGStats()
+    return _PSGWrapper(beta, stats)
 
-    def wrap(name: str, layer: Layer) -> Layer:
-        return PSGLayer(name, layer, beta, stats)
 
-    wrap.stats = stats
-    return wrap
+class _PSGWrapper:
+    """:func:`psg_wrapper`'s ``layer_wrapper``; ``stats`` is the :class:`PSGStats` it shares."""
+
+    def __init__(self, beta: float, stats: PSGStats):
+        self.beta, self.stats = beta, stats
+
+    def __call__(self, name: str, layer: Layer) -> Layer:
+        return PSGLayer(name, layer, self.beta, self.stats)
 
 
 def _psg_layer(p: Param) -> PSGLayer | None:
@@ -155,7 +165,8 @@ class SignSGD:
             raise ValueError(f"SignSGD needs lr > 0 and weight_decay >= 0, got {lr} and {weight_decay}")
         self.lr, self.weight_decay = lr, weight_decay
         # Master copies of the quantized weights (PSG layers compute with the 8-bit copy).
-        self._psg = {p.key: _psg_layer(p) for p in self.params if p.name == "weight" and _psg_layer(p)}
+        self._psg = {p.key: layer for p in self.params
+                     if p.name == "weight" and (layer := _psg_layer(p)) is not None}
         self.master = {key: layer.initial_master.copy() for key, layer in self._psg.items()}
 
     def step(self) -> None:

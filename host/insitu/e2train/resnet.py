@@ -45,7 +45,7 @@ how much, ``slu_alpha`` how hard and fast (``slu_alpha = 0``: no push, blocks ke
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -62,7 +62,7 @@ LayerWrapper = Callable[[str, Layer], Layer]
 def _inner(layer: Layer) -> Layer:
     """The plain Conv2d/Dense under any wrappers (for shapes)."""
     while hasattr(layer, "inner"):
-        layer = layer.inner
+        layer = getattr(layer, "inner")
     return layer
 
 
@@ -231,10 +231,16 @@ class ResNet:
         self.gate_executed: dict[str, float] = {}
         self.gate_probs: dict[str, np.ndarray] = {}
         self._last_hw: tuple[int, int] | None = None
-        self._block_macs: dict[str, int] | None = None
+        self._block_macs: dict[str, Any] | None = None     # MACs by block, and "_hw": (H, W)
         self._train_cache = None
 
     # ------------------------------------------------------------------------------ building
+
+    def _gates(self) -> RNNGates:
+        """The gates of a gated model."""
+        if self.gates is None:
+            raise RuntimeError("this ResNet has no gates (gated=False)")
+        return self.gates
 
     def _seed(self) -> int:
         return int(self._seeds.integers(2**31))
@@ -285,8 +291,9 @@ class ResNet:
         h = self.stem_relu.forward(self.stem_bn.forward(self.stem_conv.forward(x, train), train), train)
         ex["stem.conv"] = ex["stem.bn"] = n
         probs, runs = [], []
+        override = None
         if self.gated:
-            self.gates.reset(n, train)
+            self._gates().reset(n, train)
             override = self.decision_override
             if override is not None:
                 override = np.asarray(override, dtype=bool)
@@ -297,7 +304,7 @@ class ResNet:
             idx = None
             if blk.gate_index is not None:
                 k = blk.gate_index
-                p = self.gates.step(blk.stage, h.mean(axis=(2, 3)))
+                p = self._gates().step(blk.stage, h.mean(axis=(2, 3)))
                 run = override[:, k] if override is not None else p >= 0.5
                 ex[f"{blk.name}.gate"] = n
                 probs.append(p)
@@ -309,7 +316,7 @@ class ResNet:
         self.executed = ex
         if self.gated:
             self._gate_stats(probs, runs)
-            if self.gates.num_params():
+            if self._gates().num_params():
                 ex["gates"] = n
         self._train_cache = (probs, runs) if train else None
         return logits
@@ -366,7 +373,7 @@ class ResNet:
                 # (sign +1, eq. 1) or, past the target, up (sign -1, the anti-collapse arm).
                 reg = (sign * self.slu_alpha / n) * self._cost_weights
                 dps = [dp + reg[b].astype(self.dtype) for b, dp in enumerate(dps)]
-            self.gates.backward(dps)
+            self._gates().backward(cast("list[np.ndarray]", dps))   # each gated block gave its dp
         return d
 
     def __call__(self, x, train=True):
@@ -431,7 +438,7 @@ class ResNet:
         specs: list[dict] = []
 
         def conv_spec(name, h, w, block):
-            conv = _inner(self._weight_layers[name])
+            conv = cast(Conv2d, _inner(self._weight_layers[name]))
             ho, wo = conv.output_shape(h, w)
             kh, kw = conv.kernel_size
             specs.append({"name": name, "kind": "conv", "block": block,
@@ -450,7 +457,7 @@ class ResNet:
             gb = blk.name if blk.gate_index is not None else None
             if gb is not None:
                 specs.append({"name": f"{blk.name}.gate", "kind": "gate", "block": gb,
-                              "macs": self.gates.step_macs(c, h * w), "in_elems": c * h * w,
+                              "macs": self._gates().step_macs(c, h * w), "in_elems": c * h * w,
                               "out_elems": 1, "weight_elems": 0})
             h_in, w_in = h, w
             c, h, w = conv_spec(f"{blk.name}.conv1", h_in, w_in, gb)
@@ -460,7 +467,7 @@ class ResNet:
             if blk.projection:
                 conv_spec(f"{blk.name}.short.conv", h_in, w_in, gb)
                 bn_spec(f"{blk.name}.short.bn", c, h, w, gb)
-        fc = _inner(self.fc)
+        fc = cast(Dense, _inner(self.fc))
         specs.append({"name": "fc", "kind": "dense", "block": None, "macs": fc.n_in * fc.n_out,
                       "in_elems": fc.n_in, "out_elems": fc.n_out,
                       "weight_elems": sum(int(v.size) for v in fc.params.values())})

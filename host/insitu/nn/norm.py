@@ -7,6 +7,7 @@ over the batch and pixel axes. Statistics live in ``buffers`` (float64 regardles
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .layers import Layer
 
@@ -54,7 +55,8 @@ class BatchNorm(_NormBase):
     statistics. Initial running statistics: mean 0, variance 1.
     """
 
-    def __init__(self, num_features: int, momentum: float = 0.1, eps: float = 1e-5, dtype=np.float64):
+    def __init__(self, num_features: int, momentum: float = 0.1, eps: float = 1e-5,
+                 dtype: DTypeLike = np.float64):
         super().__init__(num_features, eps, dtype)
         self.momentum = momentum
         self.buffers["running_mean"] = np.zeros(num_features)
@@ -128,7 +130,8 @@ class StreamingBatchNorm(_NormBase):
     Buffers: ``running_mean`` (``mu_s``) and ``running_sq`` (``sq_s``); ``running_var`` is derived.
     """
 
-    def __init__(self, num_features: int, batch: int, eps: float = 1e-5, dtype=np.float64):
+    def __init__(self, num_features: int, batch: int, eps: float = 1e-5,
+                 dtype: DTypeLike = np.float64):
         super().__init__(num_features, eps, dtype)
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
