@@ -13,7 +13,7 @@ so that every command behaves the same way:
   and at the end; a rerun with the same identity resumes from it and says so; a checkpoint of
   another run is refused naming the fields that differ;
 * **interrupts**: SIGINT (Ctrl-C) or SIGTERM stops the run after the step in progress, writes the
-  checkpoint when there is one, and exits 130 (:class:`Interrupted`);
+  checkpoint when there is one, and exits 130 or 143 (:class:`Interrupted`);
 * **phases**: ``train`` spans the training steps only and ``test`` the evaluations (the markers a
   power recorder aligns with its trace, :mod:`insitu.measure.phases`), and ``seconds`` counts the
   training steps only;
@@ -60,9 +60,14 @@ log = logging.getLogger(__name__)
 
 
 class Interrupted(InsituError):
-    """The run was stopped by SIGINT or SIGTERM (after its checkpoint was written, if any)."""
+    """The run was stopped by SIGINT or SIGTERM (after its checkpoint was written, if any); the
+    exit status is the shell's for that signal: 128 + its number (130 SIGINT, 143 SIGTERM)."""
 
-    exit_code = 130
+    exit_code = 128 + signal.SIGINT
+
+    def __init__(self, message: str, signal_name: str = "SIGINT"):
+        super().__init__(message)
+        self.exit_code = 128 + signal.Signals[signal_name].value
 
 
 class Diverged(InsituError):
@@ -429,7 +434,8 @@ def run_training(plan: RunPlan, learner: Learner, *,
                     where = f"{plan.kept_by} keeps the state: run the same command again to resume"
                 else:
                     where = "no --checkpoint was given, so the work is lost (give one to keep it)"
-                raise Interrupted(f"{stop.received} after {done} of {plan.samples} samples; {where}")
+                raise Interrupted(f"{stop.received} after {done} of {plan.samples} samples; {where}",
+                                  stop.received)
     if checkpoint is not None and done == first:
         save()                     # a resumed run with nothing left still leaves its checkpoint
     if evaluated_at != done:               # not just evaluated at the last epoch's end

@@ -9,6 +9,8 @@ written to a temporary file in the same folder, flushed to disk, then renamed ov
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
 import tempfile
@@ -25,7 +27,7 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         # mkstemp makes the file private (0600); give it the permissions a plain open() would.
         umask = os.umask(0)
@@ -42,24 +44,71 @@ def atomic_write(path: str | Path, data: bytes | str) -> Path:
     return path
 
 
-def check_writable(path: str | Path, what: str) -> Path:
+def _temp_prefix(path: Path) -> str:
+    """A temporary file's name prefix beside ``path``: short enough that the temporary name is
+    valid wherever ``path``'s own name is (names are limited to 255 bytes)."""
+    return f".{path.name[:100]}."
+
+
+#: The formats every ``--plot`` takes, named by the file's suffix (matplotlib writes them all
+#: without extra libraries).
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def plot_format(path: str | Path, what: str = "--plot") -> str:
+    """The figure format of ``path``, from its suffix; a :class:`UsageError` (exit 2) when the
+    suffix is missing or not one of :data:`PLOT_FORMATS`."""
+    from insitu.errors import UsageError
+
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        shown = f".{suffix}" if suffix else "no suffix"
+        raise UsageError(f"{what} {path}: a figure is written as "
+                         f"{', '.join('.' + f for f in PLOT_FORMATS)}, named by the file's suffix "
+                         f"({shown} here); choose e.g. {Path(path).with_suffix('.png').name}")
+    return suffix
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Write a matplotlib figure atomically in the format of ``path``'s suffix (:func:`plot_format`)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format=plot_format(path), dpi=dpi)
+    return atomic_write(path, buf.getvalue())
+
+
+def os_reason(exc: OSError) -> str:
+    if exc.errno == errno.ENAMETOOLONG:
+        return "the name is too long for the file system (255 bytes at most per name)"
+    return exc.strerror or str(exc)
+
+
+def check_writable(path: str | Path, what: str, plot: bool = False) -> Path:
     """Fail early, before hours of work, if ``path`` cannot be written: a :class:`UsageError`
-    (exit 2) naming ``what`` (the option). A file is created and removed beside it to make sure,
-    since permissions alone do not tell (root may "write" into /proc)."""
+    (exit 2) naming ``what`` (the option). The file itself is created and removed when it does not
+    exist yet (so a name the file system refuses is caught), or a file beside it when it does,
+    since permissions alone do not tell (root may "write" into /proc). ``plot``: the path is a
+    figure's, whose suffix names its format (:func:`plot_format`)."""
     from insitu.errors import UsageError
 
     path = Path(path)
+    if plot:
+        plot_format(path, what)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot create the folder of {what} {path}: {exc.strerror}") from None
-    if path.is_dir():
-        raise UsageError(f"cannot write {what} {path}: it is a folder; choose a file path")
+        raise UsageError(f"cannot create the folder of {what} {path}: {os_reason(exc)}") from None
     try:
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
-            pass
+        if path.is_dir():
+            raise UsageError(f"cannot write {what} {path}: it is a folder; choose a file path")
+        if path.exists():
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=_temp_prefix(path), suffix=".probe"):
+                pass
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            path.unlink()
     except OSError as exc:
-        raise UsageError(f"cannot write {what} {path}: {exc.strerror}; choose a writable file path") from None
+        raise UsageError(f"cannot write {what} {path}: {os_reason(exc)}; choose a writable file "
+                         "path") from None
     return path
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from insitu.errors import UsageError
-from insitu.io import atomic_write, atomic_write_json, to_jsonable
+from insitu.io import os_reason, atomic_write, atomic_write_json, check_writable, to_jsonable
 
 #: The format of ``run.json``.
 FORMAT = "insitu-run-folder/1"
@@ -35,6 +35,9 @@ RUN_FILE, CONFIG_FILE, RESULT_FILE, CURVE_FILE = "run.json", "config.toml", "res
 #: continued with more samples, or with checkpoints written more often.
 NOT_IDENTITY = frozenset({"samples", "epochs", "checkpoint", "checkpoint-every", "data-dir", "meter",
                           "power-out", "counts", "out-dir"})
+#: The options that set how much to run: a complete run asked again for the same budget is not
+#: run again (its result stands); asked for more, it goes on.
+BUDGET = frozenset({"samples", "epochs"})
 #: The result keys a summary row takes its accuracy from, in order of preference.
 ACCURACY_KEYS = ("accuracy", "test_accuracy", "online_accuracy")
 CURVE_COLUMNS = ("run", "samples", "loss", "train_accuracy", "test_accuracy")
@@ -88,23 +91,54 @@ class RunFolder:
         self.config = json.loads(json.dumps(config, default=to_jsonable))
         self.resumed = False
         self.kept_rows: list[dict] = []    # a finished run's figures, kept while it runs again
+        self.result: dict | list | None = None     # the result of this run when complete
         self._check()
 
     def _check(self) -> None:
-        """Refuse a path that is not a folder or is another run's folder (cheap: before any work)."""
-        if self.path.exists() and not self.path.is_dir():
-            raise UsageError(f"--run-dir {self.path} is a file, not a folder: choose another path")
-        if self.path.is_dir() and any(self.path.iterdir()):
-            saved = read_run(self.path, "choose a new or empty --run-dir")
-            if saved.get("command") != self.command:
-                raise UsageError(f"--run-dir {self.path} holds a run of `{saved.get('command')}`, "
-                                 f"not `{self.command}`: choose another --run-dir")
-            differ = differences(saved.get("config", {}), self.config, NOT_IDENTITY)
-            if differ:
-                raise UsageError(f"--run-dir {self.path} holds another run ({differ}): choose "
-                                 "another --run-dir, or the same options to continue that run")
-            self.resumed = True
-            self.kept_rows = saved.get("rows") or []
+        """Refuse a path that is not a folder or is another run's folder (cheap: before any work);
+        note a folder of this very run that is complete (:attr:`complete`)."""
+        try:
+            if self.path.exists() and not self.path.is_dir():
+                raise UsageError(f"--run-dir {self.path} is a file, not a folder: choose another path")
+            occupied = self.path.is_dir() and any(self.path.iterdir())
+        except OSError as exc:
+            raise UsageError(f"cannot use --run-dir {self.path}: {os_reason(exc)}; choose another "
+                             "folder") from None
+        if not occupied:
+            check_writable(self.file(RUN_FILE), "--run-dir")
+            return
+        saved = read_run(self.path, "choose a new or empty --run-dir")
+        if saved.get("command") != self.command:
+            raise UsageError(f"--run-dir {self.path} holds a run of `{saved.get('command')}`, "
+                             f"not `{self.command}`: choose another --run-dir")
+        differ = differences(saved.get("config", {}), self.config, NOT_IDENTITY)
+        if differ:
+            raise UsageError(f"--run-dir {self.path} holds another run ({differ}): choose "
+                             "another --run-dir, or the same options to continue that run")
+        self.resumed = True
+        self.kept_rows = saved.get("rows") or []
+        others = (set(self.config) | set(saved.get("config", {}))) - BUDGET
+        same_budget = not differences(saved.get("config", {}), self.config, others)
+        if saved.get("status") == "complete" and same_budget:
+            try:
+                self.result = json.loads(self.file(RESULT_FILE).read_text())
+            except (OSError, ValueError):
+                self.result = None       # no readable result: the run is run again (it resumes)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the folder holds this run, finished with this budget: nothing is left to run,
+        and its result (:attr:`result`) stands."""
+        return self.result is not None
+
+    def already_complete(self):
+        """The result of this complete run, said on stderr: the run is not run again, and its
+        figures (seconds, rates, energy) stay those it measured."""
+        from insitu.harness import say
+
+        say(f"--run-dir {self.path} already holds this run, complete: its result is shown, "
+            "nothing is run again (ask for more --samples or --epochs to continue it)")
+        return self.result
 
     def start(self) -> None:
         """Create the folder and write the config and a ``running`` record."""
@@ -141,12 +175,12 @@ class RunFolder:
     @contextmanager
     def running(self):
         """Around the run: the folder is written first; a run that raises is recorded as
-        ``interrupted`` (Ctrl-C, exit 130) or ``failed``, with its message."""
+        ``interrupted`` (Ctrl-C or SIGTERM, exit 130 or 143) or ``failed``, with its message."""
         self.start()
         try:
             yield self
         except BaseException as exc:
-            interrupted = isinstance(exc, KeyboardInterrupt) or getattr(exc, "exit_code", None) == 130
+            interrupted = isinstance(exc, KeyboardInterrupt) or getattr(exc, "exit_code", None) in (130, 143)
             self.stopped("interrupted" if interrupted else "failed", str(exc) or type(exc).__name__)
             raise
 
@@ -217,10 +251,12 @@ def load_runs(folders) -> list[ComparedRun]:
 
 def compare(folders) -> dict:
     """One table across runs of any command: their figures, their configs and ``differing``, the
-    options every run has that do not have one value in all of them."""
+    options that do not have one value in all of them (an option that some runs' commands do
+    not have differs too: it is absent there)."""
     runs = load_runs(folders)
-    shared = set.intersection(*(set(r.config) for r in runs)) if runs else set()
-    differing = [k for k in sorted(shared) if len({json.dumps(r.config[k]) for r in runs}) > 1]
+    keys = set().union(*(r.config for r in runs)) if runs else set()
+    differing = [k for k in sorted(keys)
+                 if len({json.dumps(r.config.get(k, ABSENT)) for r in runs}) > 1]
     return {"differing": differing,
             "runs": [{"run": r.label, "folder": str(r.folder), "command": r.command, "status": r.status,
                       **{k: v for k, v in r.row.items() if k != "curve"},
@@ -228,34 +264,57 @@ def compare(folders) -> dict:
                      for r in runs]}
 
 
+#: How an option absent from a run's config (its command has no such option) is compared.
+ABSENT = "\0absent"
+
+
+def run_colours(count: int) -> list:
+    """One distinct colour per run, the same in every panel: tab10 up to 10 runs, tab20 up to
+    20, then evenly spaced hues."""
+    import matplotlib
+
+    if count <= 10:
+        return [matplotlib.colormaps["tab10"](i) for i in range(count)]
+    if count <= 20:
+        return [matplotlib.colormaps["tab20"](i) for i in range(count)]
+    return [matplotlib.colormaps["hsv"](i / count) for i in range(count)]
+
+
 def plot_curves(curves: dict[str, list[dict]], path: str | Path, title: str = "") -> Path:
-    """Loss and accuracy (train dashed, test solid) against samples, one line per run."""
+    """Loss and accuracy (train dashed, test solid) against samples: one colour per run, the same
+    in both panels, and one legend beside them with an entry per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, curve in curves.items():
+    from insitu.io import save_figure
+
+    colours = run_colours(len(curves))
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    handles = []
+    for (name, curve), colour in zip(curves.items(), colours):
         for ax, key, style in ((loss_ax, "loss", "-"), (acc_ax, "test_accuracy", "-"),
                                (acc_ax, "train_accuracy", "--")):
             points = [(p["samples"], p[key]) for p in curve if p.get(key) is not None]
             if points:
                 xs, ys = zip(*points)
-                label = name if key != "train_accuracy" else f"{name} (train)"
-                ax.plot(xs, ys, style, marker="o", markersize=3, label=label or key)
+                ax.plot(xs, ys, style, color=colour, marker="o", markersize=3)
+        handles.append(Line2D([], [], color=colour, marker="o", markersize=3, label=name or "run"))
+    handles += [Line2D([], [], color="grey", ls="-", label="test accuracy (probe)"),
+                Line2D([], [], color="grey", ls="--", label="train accuracy")]
     loss_ax.set(xlabel="training samples", ylabel="training loss (mean since the last point)")
     acc_ax.set(xlabel="training samples", ylabel="accuracy (solid: test probe, dashed: train)")
     for ax in (loss_ax, acc_ax):
-        if ax.lines:
-            ax.legend(fontsize=7)
-        else:
+        if not ax.lines:
             ax.text(0.5, 0.5, "no points recorded", ha="center", va="center", transform=ax.transAxes)
         ax.grid(alpha=0.3)
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.86, 0.5), fontsize=7,
+               frameon=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
+    fig.tight_layout(rect=(0, 0, 0.85, 1))
+    save_figure(fig, path)
     plt.close(fig)
-    return path
+    return Path(path)

@@ -40,13 +40,69 @@ def test_a_diverging_run_stops_with_a_clear_message(run_cli):
     (["lr"], "give options as --name VALUE or name=value"),
     (["colour=red"], "unknown option 'colour'"),
     (["lr=fast"], "--lr in 'lr=fast'"),
-    (["--lr", "0.1", "lr=0.2"], "--lr is given twice"),
+    (["--plot", "x.txt"], "--plot x.txt: a figure is written as .png, .pdf, .svg"),
+    (["--plot", "plotnoext"], "(no suffix here); choose e.g. plotnoext.png"),
+    (["--out", "a" * 300 + ".json"], "the name is too long for the file system"),
+    (["--checkpoint", "c" * 300 + ".npz"], "the name is too long for the file system"),
+    (["--plot", "p" * 300 + ".png"], "the name is too long for the file system"),
+    (["--run-dir", "r" * 300], "the name is too long for the file system"),
     (["--config", "/nonexistent/run.toml"], "--config /nonexistent/run.toml does not exist"),
 ])
 def test_bad_options_exit_2_before_any_work(run_cli, args, message):
     run = run_cli("train", *args, timeout=60)
     assert run.returncode == 2, (run.returncode, run.stderr)
     assert message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_command_line_overrides_key_value_with_a_note(run_cli):
+    run = run_cli("train", *DIGITS, "--samples", "64", "--lr", "0.02", "lr=0.2", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["lr"] == 0.02
+    assert "--lr on the command line overrides 'lr=0.2'" in run.stderr
+
+
+@pytest.mark.parametrize("line,message", [
+    ("samples = true", "--samples in --config"),
+    ("samples = 500.7", "500.7 is not a whole number"),
+    ("lr = false", "false is not a value of this option"),
+    ("model = true", "--model in --config"),
+])
+def test_a_config_value_of_the_wrong_type_is_refused_not_coerced(run_cli, tmp_path, line, message):
+    config = tmp_path / "run.toml"
+    config.write_text(line + "\n")
+    run = run_cli("train", "--config", config, timeout=60)
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+def test_a_plot_that_cannot_be_drawn_loses_nothing_and_runs_compare_checks_it_first(run_cli, tmp_path):
+    a = tmp_path / "a"
+    run = run_cli("train", *DIGITS, "--samples", "64", "--run-dir", a, "--plot", tmp_path / "a.svg",
+                  "--out", tmp_path / "a.json")
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "a.svg").read_text().lstrip().startswith("<?xml")      # the suffix's format
+    assert json.loads((tmp_path / "a.json").read_text())["plot"] == str(tmp_path / "a.svg")
+    run = run_cli("runs", "compare", a, "--plot", tmp_path / "y.txt")
+    assert run.returncode == 2 and "--plot" in run.stderr and "Traceback" not in run.stderr
+    run = run_cli("runs", "compare", a, "--plot", tmp_path / "y.pdf")
+    assert run.returncode == 0 and (tmp_path / "y.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_a_complete_run_run_again_is_already_complete_and_keeps_its_figures(run_cli, tmp_path):
+    folder = tmp_path / "r"
+    args = ("train", *DIGITS, "--samples", "320", "--run-dir", folder, "--meter", "synthetic:1", "--json")
+    run = run_cli(*args)
+    assert run.returncode == 0, run.stderr
+    first, result = json.loads(run.stdout), (folder / "result.json").read_bytes()
+    run = run_cli(*args)
+    assert run.returncode == 0 and "already holds this run, complete" in run.stderr
+    assert json.loads(run.stdout) == first and (folder / "result.json").read_bytes() == result
+    assert first["train_accuracy"] is not None and first["samples_per_second"] is not None
+    assert not (folder / "power-1.csv").exists()         # nothing measured again
+    # The default and the same value asked explicitly are one run: it goes on.
+    run = run_cli("train", *DIGITS, "--samples", "640", "--run-dir", folder, "--lr", "0.05",
+                  "--batch-size", "32", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["resumed_from"] == 320
 
 
 def test_config_files_are_checked_and_the_command_line_wins(run_cli, tmp_path):
@@ -103,7 +159,7 @@ def test_runs_compare_refuses_a_folder_that_is_not_a_run(run_cli, tmp_path):
 
 def test_runs_of_every_training_command_are_compared_in_one_table(run_cli, tmp_path):
     runs = {
-        "sgd": ("train", *DIGITS, "--samples", "320"),
+        "sgd": ("train", "--samples", "320"),           # fashion-mnist, every command's default
         "tt": ("tt", "train", "--variant", "fixed", "--epochs", "2", "train-size=256", "rank=4"),
         "e2": ("e2train", "run", "--techniques", "smd", "--epochs", "1", "train-size=256",
                "test-samples=100"),
@@ -113,7 +169,12 @@ def test_runs_of_every_training_command_are_compared_in_one_table(run_cli, tmp_p
         assert run.returncode == 0, (name, run.stderr)
     run = run_cli("runs", "compare", *(tmp_path / name for name in runs), "--json")
     assert run.returncode == 0, run.stderr
-    table = json.loads(run.stdout)["runs"]
+    compared = json.loads(run.stdout)
+    table = compared["runs"]
+    # Every command writes its resolved options: sgd's default lr is there, the dataset (digits
+    # in all three) does not differ, and an option only some commands have does.
+    assert "dataset" not in compared["differing"] and {"lr", "board", "variant"} <= set(compared["differing"])
+    assert table[0]["config"]["lr"] == 0.05 and table[0]["config"]["batch-size"] == 32
     assert [r["run"] for r in table] == ["sgd", "tt/fixed", "e2/sgd32", "e2/smd"]
     assert [r["command"] for r in table] == ["insitu train", "insitu tt train", *["insitu e2train run"] * 2]
     for r in table:
@@ -123,14 +184,14 @@ def test_runs_of_every_training_command_are_compared_in_one_table(run_cli, tmp_p
     assert run.returncode == 2 and "rank 4 there, 2 here" in run.stderr
 
 
-def test_a_meter_from_the_config_records_and_a_run_folder_runs_again_with_it(run_cli, tmp_path):
-    """`meter = ...` in --config (or as KEY=VALUE) records power like --meter; the same run again
-    in its folder keeps the first trace and writes the next free one."""
+def test_a_meter_from_the_config_records_and_a_run_folder_goes_on_with_it(run_cli, tmp_path):
+    """`meter = ...` in --config (or as KEY=VALUE) records power like --meter; the same run asked
+    for more samples in its folder keeps the first trace and writes the next free one."""
     config = tmp_path / "run.toml"
-    config.write_text('dataset = "digits"\nsamples = 320\nmeter = "synthetic:2"\n')
+    config.write_text('dataset = "digits"\nmeter = "synthetic:2"\n')
     folder = tmp_path / "a"
-    for trace in ("power.csv", "power-1.csv"):
-        run = run_cli("train", "--config", config, "--run-dir", folder, "--json")
+    for samples, trace in ((320, "power.csv"), (640, "power-1.csv")):
+        run = run_cli("train", "--config", config, "--samples", samples, "--run-dir", folder, "--json")
         assert run.returncode == 0, run.stderr
         assert json.loads(run.stdout)["power"]["meter"]["meter"] == "synthetic:2"
         assert (folder / trace).is_file(), sorted(p.name for p in folder.iterdir())

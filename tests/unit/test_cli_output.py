@@ -14,12 +14,30 @@ def test_without_a_terminal_progress_is_plain_lines_with_the_live_figures(monkey
         advance(5)                                # under PLAIN_STEP of the work: no line yet
         advance.note(loss=0.53125)
         advance(20)
-        advance.note(stage="test")
+        advance.note(stage="test")                # not a line of its own: shown on the next one
+        advance(10)
         advance.note(stage="train")
-        advance(75)
+        advance(65)
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("training on x: 25/100 (25 %)") and lines[0].endswith("loss 0.5312")
-    assert "test" in lines[1] and lines[-1].startswith("training on x: 100/100 (100 %)")
+    assert lines[1].startswith("training on x: 35/100 (35 %)") and ", test" in lines[1]
+    assert lines[-1].startswith("training on x: 100/100 (100 %)") and len(lines) == 3
+
+
+def test_plain_lines_come_every_tenth_of_the_run_and_time_it_from_the_first_sample(monkeypatch, capsys):
+    clock = [1000.0]
+    monkeypatch.setattr(output.time, "monotonic", lambda: clock[0])
+    with output.progress("training on x", total=200) as advance:
+        clock[0] += 900.0                         # a pre-training before the first sample
+        for _ in range(40):                       # 5 % per step, with a test probe each time
+            clock[0] += 3.0
+            advance(5)
+            advance.note(stage="test")
+            advance.note(stage="train")
+    lines = capsys.readouterr().err.splitlines()
+    percents = [int(line.split("(")[1].split(" %")[0]) for line in lines]
+    assert percents == list(range(10, 101, 10))   # every 10 %, none twice
+    assert lines[-1].startswith("training on x: 200/200 (100 %), 117 s")    # 39 steps of 3 s
 
 
 def test_a_piped_table_keeps_every_cell_whole(capsys):

@@ -87,10 +87,11 @@ def test_sigint_writes_the_checkpoint_and_exits_130(tmp_path):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler     # restored
 
 
-def test_sigterm_without_a_checkpoint_says_the_work_is_lost():
+def test_sigterm_without_a_checkpoint_says_the_work_is_lost_and_exits_143():
     learner = Counter(on_step=lambda start: start == 8 and os.kill(os.getpid(), signal.SIGTERM))
-    with pytest.raises(Interrupted, match="SIGTERM after 16 of 100 samples; no --checkpoint"):
+    with pytest.raises(Interrupted, match="SIGTERM after 16 of 100 samples; no --checkpoint") as info:
         run_training(plan(), learner)
+    assert info.value.exit_code == 143          # 128 + 15, as a shell reports a SIGTERM
 
 
 def test_a_nan_loss_stops_the_run():

@@ -118,3 +118,13 @@ def test_pretrained_model_resumes_caches_and_announces(tmp_path):
     said.clear()
     cached, info_cached = pretrained_model(cache_dir=tmp_path / "a", say=said.append, **kw)
     assert said == [] and info_cached == info                       # from the cache, silently
+
+
+def test_zero_offline_samples_is_the_network_from_scratch_not_a_division_by_zero(tmp_path):
+    # lrt_fig6.toml trains from scratch (offline_samples = 0), as `lrt adapt --offline-samples 0`
+    net, info = pretrained_model("mlp", "digits", seed=0, offline_samples=0, cache_dir=tmp_path)
+    fresh, _ = pretrained_model("mlp", "digits", seed=0, offline_samples=0, cache_dir=tmp_path / "b")
+    assert info["from_scratch"] and info["epochs"] == 0 and not list(tmp_path.iterdir())
+    assert 0.0 <= info["validation_accuracy"] <= 1.0
+    for name, value in net.state_dict().items():       # the seed's initialization, untrained
+        np.testing.assert_array_equal(value, fresh.state_dict()[name])

@@ -78,7 +78,9 @@ def _seed_list(text: str) -> tuple[int, ...]:
               help="Samples per distribution-shift segment.")
 @click.option("--offline-samples", type=int, default=20_000, show_default=True,
               help="Offline pre-training samples per epoch (20 epochs, each on fresh augmentations "
-                   "of the offline images; the pre-trained model is cached).")
+                   "of the offline images; the pre-trained model is cached; the first run with "
+                   "these settings pre-trains, about 15 min on two cores). 0: no pre-training, "
+                   "the network learns from scratch online (the paper's figure 6).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the figure (PNG).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result JSON.")
 @click.option("--counts", type=click.Path(dir_okay=False), default=None,
@@ -124,9 +126,10 @@ def adapt(ctx, **_):
     config = LRTConfig(lr=lr, bias_lr=bias_lr, rank=rank, conv_batch=conv_batch,
                        dense_batch=dense_batch, rho_min=rho_min, kappa_th=kappa_th or None)
     usage_errors(check_adapt, arch, OnlineData(dataset, data_dir, seed=seed), config, names=_ADAPT_OPTIONS)
-    for name, value in (("--samples", samples), ("--offline-samples", offline_samples),
-                        ("--segment", segment), ("--checkpoint-every", checkpoint_every)):
+    for name, value in (("--samples", samples), ("--segment", segment),
+                        ("--checkpoint-every", checkpoint_every)):
         check_int(name, value)
+    check_int("--offline-samples", offline_samples, low=0)
     for path, what in ((plot, "--plot"), (out, "--out"), (counts, "--counts"),
                        (checkpoint, "--checkpoint")):
         if path:

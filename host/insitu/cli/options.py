@@ -90,12 +90,30 @@ def _param_for(ctx: click.Context, key: str, where: str) -> click.Parameter:
 def cast_value(ctx: click.Context, param: click.Parameter, value):
     """A value from a config file (TOML) or an override as ``param`` takes it from the command
     line; raises ``click.BadParameter``. A list is a comma-separated value, or the items of a
-    repeatable option (where one string ``a=b,c=d`` is two items)."""
+    repeatable option (where one string ``a=b,c=d`` is two items). A TOML value must have the
+    option's type: ``samples = true`` or ``samples = 500.7`` is refused, not read as 1 or 500."""
     if getattr(param, "multiple", False):
         value = value if isinstance(value, list) else [v for v in str(value).split(",") if v]
     elif isinstance(value, list):
         value = ",".join(map(str, value))
+    else:
+        _check_toml_type(param, value)
     return param.type_cast_value(ctx, value)
+
+
+def _check_toml_type(param: click.Parameter, value) -> None:
+    """Refuse a typed value (TOML's booleans and numbers) that click would coerce silently."""
+    kind = param.type
+    flag = getattr(param, "is_flag", False) or isinstance(kind, click.types.BoolParamType)
+    integer = isinstance(kind, (click.types.IntParamType, click.IntRange))
+    number = integer or isinstance(kind, (click.types.FloatParamType, click.FloatRange))
+    if isinstance(value, bool) and not flag:
+        raise click.BadParameter(f"{str(value).lower()} is not a value of this option (it takes "
+                                 f"{'a number' if number else 'a name or a path'})")
+    if flag and not isinstance(value, (bool, str)):
+        raise click.BadParameter(f"{value!r} is not true or false")
+    if integer and isinstance(value, float):
+        raise click.BadParameter(f"{value!r} is not a whole number")
 
 
 def _cast(ctx: click.Context, param: click.Parameter, value, where: str):
@@ -109,8 +127,8 @@ def resolve_config(ctx: click.Context) -> set[str]:
     """Apply ``--config FILE`` and the ``KEY=VALUE`` overrides to ``ctx.params``; return the
     names of the parameters the user set (on the command line, in the file or as overrides).
 
-    The command line wins over the overrides, and they over the file; an option given both on the
-    command line and as an override, with different values, is an error."""
+    The command line wins over the overrides (a note says so when they disagree), and they over
+    the file."""
     from insitu.io import tomllib
 
     given = {name for name in ctx.params if name not in NOT_CONFIG
@@ -139,8 +157,8 @@ def resolve_config(ctx: click.Context) -> set[str]:
         param = _param_for(ctx, key, f"{item!r}")
         cast = _cast(ctx, param, value, repr(item))
         if param.name in given and ctx.params[param.name] != cast:
-            raise UsageError(f"{flag_name(ctx, param.name)} is given twice, as an option and as "
-                             f"{item!r}: give it once")
+            click.echo(f"note: {flag_name(ctx, param.name)} on the command line overrides {item!r}",
+                       err=True)
         overrides[param.name] = cast
     for name, value in {**from_file, **overrides}.items():
         if name not in given:
@@ -151,25 +169,33 @@ def resolve_config(ctx: click.Context) -> set[str]:
     return given | set_in_file | set(overrides)
 
 
-def resolved_config(ctx: click.Context, applies=lambda name: True) -> dict:
+def resolved_config(ctx: click.Context, applies=lambda name: True, resolved: dict | None = None) -> dict:
     """The run's config: the value of every option that ``applies`` (not where outputs go), keyed
-    as a --config file takes them."""
-    return {name.replace("_", "-"): ctx.params.get(name) for name in _config_params(ctx) if applies(name)}
+    as a --config file takes them; ``resolved``: the values a command chose for options left at
+    their default (None), by parameter name, so that a default and the same value asked
+    explicitly are one config."""
+    values = {**ctx.params, **(resolved or {})}
+    return {name.replace("_", "-"): values.get(name) for name in _config_params(ctx) if applies(name)}
 
 
-def run_folder(ctx: click.Context, command: str, applies=lambda name: True):
+def run_folder(ctx: click.Context, command: str, applies=lambda name: True, resolved: dict | None = None):
     """The run's :class:`insitu.runs.RunFolder` when ``--run-dir`` is given (checked, not yet
-    written), else None; its config holds the options that ``applies``."""
+    written), else None; its config holds the options that ``applies`` (see :func:`resolved_config`)."""
     from insitu.runs import RunFolder
 
     path = ctx.params.get("run_dir")
-    return RunFolder(path, command, resolved_config(ctx, applies)) if path else None
+    return RunFolder(path, command, resolved_config(ctx, applies, resolved)) if path else None
+
+
+#: Parameters that name a figure: their suffix is the figure's format (checked with the path).
+PLOT_PARAMS = frozenset({"plot"})
 
 
 def check_outputs(ctx: click.Context, *names: str) -> None:
-    """Check that the output files named by these parameters can be written (before any work)."""
+    """Check that the output files named by these parameters can be written, and that a figure's
+    suffix names a format (before any work)."""
     from insitu.io import check_writable
 
     for name in names:
         if ctx.params.get(name):
-            check_writable(ctx.params[name], flag_name(ctx, name))
+            check_writable(ctx.params[name], flag_name(ctx, name), plot=name in PLOT_PARAMS)

@@ -56,9 +56,14 @@ class Ticker:
         self.description, self.total, self.bar, self.task = description, total, bar, task
         self.done, self.figures, self.stage = 0, {}, None
         self.started = self.last_line = time.monotonic()
-        self.last_fraction = 0.0
+        self.last_step = 0        # the multiple of PLAIN_STEP of the work at the last line
+        self.counting = False     # the clock restarts at the first advance: slow setup before it
+                                  # (a pre-training, a build) is not the run's time
 
     def __call__(self, n: int = 1) -> None:
+        if not self.counting:
+            self.counting = True
+            self.started = self.last_line = time.monotonic()
         self.done += n
         if self.bar is not None:
             self.bar.advance(self.task, n)
@@ -75,16 +80,22 @@ class Ticker:
         if self.bar is not None:
             self.bar.update(self.task, status=status)
         elif stage is not None and self.stage:
-            self._plain_line(force=time.monotonic() - self.started >= PLAIN_MIN_S)
+            self._plain_line()         # a stage shows on the next line that is due, never between
 
-    def _plain_line(self, force: bool = False) -> None:
+    def _step_reached(self) -> int:
+        """How many whole PLAIN_STEPs of the work are done (counted exactly, in integers)."""
+        steps = round(1 / PLAIN_STEP)
+        return self.done * steps // self.total if self.total else steps
+
+    def _plain_line(self) -> None:
         now = time.monotonic()
         fraction = self.done / self.total if self.total else 1.0
+        step = self._step_reached()
         due = now - self.last_line >= PLAIN_EVERY_S or (
-            fraction - self.last_fraction >= PLAIN_STEP and now - self.last_line >= PLAIN_MIN_S)
-        if not (force or due):
+            step > self.last_step and now - self.last_line >= PLAIN_MIN_S)
+        if not due:
             return
-        self.last_line, self.last_fraction = now, fraction
+        self.last_line, self.last_step = now, step
         figures = _figures(self.figures)
         doing = f", {self.stage}" if self.stage else ""
         print(f"{self.description}: {self.done}/{self.total} ({100 * fraction:.0f} %), "

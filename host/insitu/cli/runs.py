@@ -23,6 +23,13 @@ def _cell(value, fmt: str = ".4g") -> str:
     return format(value, fmt) if isinstance(value, float) else str(value)
 
 
+def _seconds(value) -> str:
+    """Seconds to a tenth from 10 s up, three significant digits below (never 0.0 for a run)."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
+
+
 @command.command("compare")
 @click.argument("folders", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
@@ -31,7 +38,7 @@ def _cell(value, fmt: str = ".4g") -> str:
 @click.pass_context
 def compare(ctx, folders, plot, as_json):
     """Compare run folders: samples, seconds, final loss, accuracy and energy of each run, with the
-    options that differ between them. A folder of a command that trained several runs (tt train
+    options that differ between them (`-`: the run's command has no such option). A folder of a command that trained several runs (tt train
     --variant all, lrt adapt --scheme all) gives one row per run.
 
     \b
@@ -59,7 +66,7 @@ def compare(ctx, folders, plot, as_json):
         grid.add_column(name, justify="left" if name in ("run", "command", "algo", "status") else "right")
     for r in table["runs"]:
         grid.add_row(r["run"], r["command"], _cell(r["algo"]), r["status"], _cell(r["samples"]),
-                     _cell(r["seconds"], ".1f") if r["seconds"] is not None else "-",
+                     _seconds(r["seconds"]),
                      _cell(r["final_loss"]), _cell(r["accuracy"]), _cell(r["energy_j"]),
                      *(_cell(r["config"].get(k)) for k in table["differing"]))
     print_table(grid)

@@ -8,18 +8,17 @@ import dataclasses
 import click
 
 from insitu.cli.options import check_outputs, resolve_config, run_folder, run_options
-from insitu.cli.output import emit_json, progress, report
+from insitu.cli.output import emit_json, progress, report, write_json
 from insitu.cli.power import measured, meter_options
 from insitu.cli.tt import parse_shape_options, tt_shape_options
-from insitu.errors import InsituError
-from insitu.io import atomic_write_json
 from insitu.training import ALGORITHMS, TrainConfig, applies, prepare, train
 
 
 def checked_config(ctx: click.Context) -> tuple[TrainConfig, set[str]]:
-    """The run's config from the parsed options and the names the user set, checked before any
-    work (data, pre-training, a board, a meter): the options apply and are sound. `insitu deploy`
-    runs the same checks on a bundle's train arguments."""
+    """The run's config from the parsed options, with the algorithm's defaults filled in, and the
+    names the user set; checked before any work (data, pre-training, a board, a meter): the
+    options apply and are sound. `insitu deploy` runs the same checks on a bundle's train
+    arguments."""
     given = resolve_config(ctx)
     params = ctx.params
     if params["heap"] is not None:
@@ -29,8 +28,15 @@ def checked_config(ctx: click.Context) -> tuple[TrainConfig, set[str]]:
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     # --tt-modes and --input-size stay text in the params (a run folder's config.toml keeps them so)
     config = TrainConfig(**{**{k: v for k, v in params.items() if k in fields}, **parse_shape_options(params)})
-    prepare(config, given)
+    config, _ = prepare(config, given)
     return config, given
+
+
+def resolved_defaults(ctx: click.Context, config: TrainConfig) -> dict:
+    """The values the algorithm chose for the options left at their default (None): a run
+    folder's config holds what ran (``lr 0.05``), so the same run asked explicitly is the same."""
+    return {k: getattr(config, k) for k, v in ctx.params.items()
+            if v is None and getattr(config, k, None) is not None}
 
 
 def _algo_help() -> str:
@@ -135,29 +141,33 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
     config, given = checked_config(ctx)
     params = ctx.params
     check_outputs(ctx, "out", "plot", "checkpoint", "power_out")
-    folder = run_folder(ctx, "insitu train", lambda name: applies(config, name))
-    if folder is not None and config.checkpoint is None and applies(config, "checkpoint"):
-        config = dataclasses.replace(config, checkpoint=str(folder.checkpoint))
-    with (folder.running() if folder else contextlib.nullcontext()):
-        with progress(f"training on {config.board}", total=config.samples) as advance:
-            # meter and power_out may come from --config or KEY=VALUE: read the resolved values.
-            result = measured(params["meter"], params["power_out"], lambda: train(config, advance, given),
-                              run_dir=folder.path if folder else None)
-        plot_path = plot or (folder.file("plot.png") if folder else None)
-        if plot_path:
-            from insitu.runs import plot_curves
-
-            result["plot"] = str(plot_curves({config.algo: result.get("curve", [])}, plot_path,
-                                             title=f"insitu train --algo {config.algo} on {config.board}"))
+    folder = run_folder(ctx, "insitu train", lambda name: applies(config, name),
+                        resolved=resolved_defaults(ctx, config))
+    if folder is not None and folder.complete:
+        result = folder.already_complete()
+    else:
+        if folder is not None and config.checkpoint is None and applies(config, "checkpoint"):
+            config = dataclasses.replace(config, checkpoint=str(folder.checkpoint))
+        with (folder.running() if folder else contextlib.nullcontext()):
+            with progress(f"training on {config.board}", total=config.samples) as advance:
+                # meter and power_out may come from --config or KEY=VALUE: read the resolved values.
+                result = measured(params["meter"], params["power_out"],
+                                  lambda: train(config, advance, given),
+                                  run_dir=folder.path if folder else None)
+            if folder:
+                folder.finish(result)
+        # The result is kept before the figure is drawn: a figure that fails loses nothing.
         if folder:
+            draw_curve(result, folder.file("plot.png"), config)
             folder.finish(result)
+    if out:
+        write_json(out, result, "--out")
+    if plot:
+        draw_curve(result, plot, config)
+        if out:
+            write_json(out, result, "--out")
     if as_json:
         emit_json(result)
-    if out:
-        try:
-            atomic_write_json(out, result)
-        except OSError as exc:
-            raise InsituError(f"cannot write --out {out}: {exc.strerror}") from None
     if not as_json:
         line = (f"[bold]{result['board']}[/] {result['algo']}: {result['samples']} samples in "
                 f"{result['seconds']:.1f} s, test accuracy [green]{result['accuracy']:.4f}[/]")
@@ -173,3 +183,11 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
             line += f"; at most {result['max_writes_per_cell']} writes per cell"
         report.print(line)
 
+
+
+def draw_curve(result: dict, path, config: TrainConfig) -> None:
+    """Draw the result's curve into ``path`` and name the figure in the result."""
+    from insitu.runs import plot_curves
+
+    result["plot"] = str(plot_curves({config.algo: result.get("curve", [])}, path,
+                                     title=f"insitu train --algo {config.algo} on {config.board}"))

@@ -74,7 +74,8 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
                      offline_samples: int = OFFLINE_SAMPLES, epochs: int = PRETRAIN_EPOCHS,
                      cache_dir=None, config: LRTConfig | None = None, advance=lambda n: None,
                      say=say, recipe: dict | None = None):
-    """The offline-trained network for ``seed`` (cached on disk: every scheme starts from it).
+    """The offline-trained network for ``seed`` (cached on disk: every scheme starts from it);
+    with ``offline_samples`` 0, the network as initialized (trained from scratch online).
 
     Each epoch trains on ``offline_samples`` fresh samples of the elastic-augmented offline
     stream (epoch ``e`` on samples ``e·n .. (e+1)·n - 1``: new augmentations of the same 15 %
@@ -88,6 +89,10 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
     recipe = {**PRETRAIN_RECIPE, **(recipe or {})}
     data = OnlineData(dataset, data_dir, seed=seed)
     net = build_network(arch, data, seed, config)
+    if offline_samples == 0:       # from scratch: the network as initialized (the paper's figure 6)
+        xv, yv = data.validation()
+        return net, {"validation_accuracy": evaluate(net, xv.astype(np.float64), yv),
+                     "offline_samples": 0, "epochs": 0, "from_scratch": True}
     key = dict(arch=arch, dataset=data.dataset.key, seed=seed, offline_samples=offline_samples,
                epochs=epochs, conv_batch=config.conv_batch, dense_batch=config.dense_batch,
                recipe=recipe, elastic=[data.alpha, data.sigma], version=_PRETRAIN_VERSION)
