@@ -11,6 +11,7 @@ figures. Checkpoints are written atomically and resume to the uninterrupted resu
 from __future__ import annotations
 
 import contextlib
+from typing import cast
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from insitu.errors import UsageError
 from insitu.harness import RunPlan, run_identity, run_training, say
 from insitu.measure.energy import estimate_energy
 from insitu.measure.rails import RailsRecording
+from insitu.tt.model import TTNet
 from insitu.tt.experiment import BOARD_OPTIONS, Model, TTLearner, TTTrainConfig, accuracy
 from insitu.tt.network import ARCHITECTURES, fit_input, tt_shape
 
@@ -147,7 +149,7 @@ def run_tt(config, board, advance) -> dict:
         **outcome.record(), "epochs": outcome.samples / len(x_train),
         "batch_size": config.batch_size, "lr": config.lr, "seed": config.seed,
         "accuracy": outcome.evaluation["accuracy"], "test_samples": int(len(y_test)),
-        "ranks": model.net.ranks, "pruned_ranks": learner.pruned, **model.figures(),
+        "ranks": cast(TTNet, model.net).ranks,       # (the fixed-prior variant: a TT network) "pruned_ranks": learner.pruned, **model.figures(),
         **accel.figures(), **mac_counters(executor.macs),
         "energy_j": energy["energy_j"], "energy": energy,
     }

@@ -183,7 +183,11 @@ def find_overlay(board: str, bit=None, hwh=None,
         hwh = bit.with_suffix(".hwh")
         if not bit.exists() and not hwh.exists():
             return None
-    bit = Path(bit) if bit is not None else Path(hwh).with_suffix(".bit")
+    if bit is None:
+        assert hwh is not None                  # (neither given: bit was set above)
+        bit = Path(hwh).with_suffix(".bit")
+    else:
+        bit = Path(bit)
     hwh = Path(hwh) if hwh is not None else bit.with_suffix(".hwh")
     if bit.suffix != ".bit" or hwh.suffix != ".hwh":
         raise UsageError(f"the overlay is a .bit and a .hwh file; got {bit} and {hwh}")
@@ -468,6 +472,7 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
             (tmp / "wheels").mkdir()
             built = Path(shutil.copy2(wheel, tmp / "wheels" / wheel.name))
         else:
+            assert root is not None             # no --wheel: project_root() found it above
             progress(f"building the insitu wheel from {root}")
             built = build_wheel(root, tmp / "wheels")
         names = [f"wheels/{built.name}"]
@@ -485,6 +490,7 @@ def build_bundle(out, board: str, bit=None, hwh=None, wheel=None, train_args=(),
                 shutil.copy2(src, tmp / f"{name}{suffix}")
                 names.append(f"{name}{suffix}")
         if dataset is not None:         # the user's files travel with the bundle
+            assert data_name is not None        # bundled_dataset gives both or neither
             progress(f"writing {dataset} into the bundle's data/{data_name}")
             (tmp / "data").mkdir()
             bundle_dataset(dataset, tmp / "data" / data_name)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pynq import DefaultIP, Overlay
@@ -30,6 +31,9 @@ from insitu.accel.params import CLOCK_HZ, IP_VLNV, STREAM_BITS, STREAM_WORDS
 from insitu.accel.regmap import ID_VALUE, VERSION, ErrorCode, Op
 
 from .regs import DONE, ERROR, Registers, format_dump
+
+if TYPE_CHECKING:
+    from pynq.buffer import PynqBuffer
 
 #: Seconds any one wait may take on a board or a fast twin (an op of the TT network takes
 #: milliseconds).
@@ -115,7 +119,7 @@ class Accelerator:
         self.timeout_s = timeout_s
         self.clock_hz = clock_hz
         self.written: dict[str, int] = {}
-        self.buffers: dict[str, object] = {}
+        self.buffers: dict[str, PynqBuffer] = {}
         self.ops: Counter = Counter()
         self.cycles_by_op: Counter = Counter()
         self.dma_bytes = 0
@@ -150,7 +154,9 @@ class Accelerator:
         buf = self.buffers.get(role)
         if buf is None or buf.size < words:
             size = max(words, 2 * buf.size if buf is not None else 4096)
-            buf = self.buffers[role] = pynq.allocate((size,), dtype=np.int16, target=self.device)
+            # (pynq.allocate is unannotated: pyright takes its "u4" default for the dtype's type.)
+            buf = self.buffers[role] = pynq.allocate((size,), dtype=np.int16,  # pyright: ignore[reportArgumentType]
+                                                     target=self.device)
         return buf
 
     # ------------------------------------------------------------------------------ ops
@@ -191,6 +197,7 @@ class Accelerator:
         self._check_dma(op)
         result = np.zeros(0, np.int64)
         if out_beats:
+            assert out is not None              # allocated above when out_beats
             out.invalidate()
             result = out[:out_beats * STREAM_WORDS].astype(np.int64)
         cycles = self.regs.read("CYCLES")

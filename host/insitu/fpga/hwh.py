@@ -27,6 +27,7 @@ this accelerator's block design, before ``insitu deploy`` ships it to a board.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 from xml.etree import ElementTree as ET
 
 from insitu.errors import UsageError
@@ -129,6 +130,12 @@ class _Design:
         self.cells[name] = mod
         return mod
 
+    def _section(self, cell: str, tag: str) -> ET.Element:
+        """The PORTS or BUSINTERFACES of a cell (:meth:`cell` gives it both)."""
+        section = self.cells[cell].find(tag)
+        assert section is not None
+        return section
+
     def net(self, source: tuple[str, str], *sinks: tuple[str, str], sigis: str = "") -> None:
         """One wire, named after its driver. As Vivado writes it: every end is a PORT carrying
         the net's SIGNAME; the driver lists all sinks as CONNECTIONS, each sink the driver."""
@@ -137,8 +144,8 @@ class _Design:
         if sigis == "clk":
             extra["CLKFREQUENCY"] = str(CLOCK_HZ)
         for end, direction, others in [(source, "O", sinks)] + [(s, "I", [source]) for s in sinks]:
-            port = ET.SubElement(self.cells[end[0]].find("PORTS"), "PORT", NAME=end[1],
-                                 DIR=direction, SIGNAME=signame, **extra)
+            port = ET.SubElement(self._section(end[0], "PORTS"), "PORT",
+                                 {"NAME": end[1], "DIR": direction, "SIGNAME": signame, **extra})
             conns = ET.SubElement(port, "CONNECTIONS")
             for cell, pin in others:
                 ET.SubElement(conns, "CONNECTION", INSTANCE=cell, PORT=pin)
@@ -147,7 +154,7 @@ class _Design:
         """A bus-interface connection (BUSNAME is the interface net)."""
         busname = "_".join(master)
         for (cell, busif), mode in ((master, "MASTER"), (slave, "SLAVE")):
-            ET.SubElement(self.cells[cell].find("BUSINTERFACES"), "BUSINTERFACE", NAME=busif,
+            ET.SubElement(self._section(cell, "BUSINTERFACES"), "BUSINTERFACE", NAME=busif,
                           BUSNAME=busname, TYPE=mode, VLNV=f"xilinx.com:interface:{kind}:1.0")
 
     def memrange(self, master: tuple[str, str], target: tuple[str, str], block: str,
@@ -276,7 +283,7 @@ def write_hwh(board: str, path: str | Path, interrupt: bool = False) -> Path:
     return atomic_write(path, hwh_xml(board, interrupt))
 
 
-def _property(el: ET.Element, name: str, convert=str):
+def _property(el: ET.Element, name: str, convert: Callable[[Any], Any] = str):
     """The VALUE of the PROPERTY ``name`` of a handoff element (None when it has none)."""
     found = el.find(f"./PROPERTY[@NAME='{name}']")
     return None if found is None else convert(found.get("VALUE"))

@@ -126,7 +126,7 @@ class _Channel:
         self.irq = False
         self.address = 0
         self.length = 0
-        self.words = None        # MM2S: the transfer's words; S2MM: None
+        self.words: np.ndarray | None = None     # MM2S: the transfer's words; S2MM: None
         self.position = 0        # beats moved
         self.beats = 0           # beats of the transfer
 
@@ -192,6 +192,7 @@ class AxiDmaModel:
         if channel.errors:
             channel.running = False
             return
+        assert view is not None                         # (else DECODE_ERROR above)
         channel.idle = False
         channel.beats = nbytes // BEAT_BYTES
         if channel is self.mm2s:
@@ -208,6 +209,7 @@ class AxiDmaModel:
     def pop_input(self, beats: int) -> tuple[np.ndarray, bool]:
         """Up to ``beats`` beats of the MM2S transfer; ``last``: TLAST is on the final one."""
         c = self.mm2s
+        assert c.words is not None          # a transfer is under way (input_beats)
         take = min(beats, c.beats - c.position)
         words = c.words[c.position * STREAM_WORDS:(c.position + take) * STREAM_WORDS]
         c.position += take
@@ -233,6 +235,7 @@ class AxiDmaModel:
         words = np.asarray(words, np.int64)
         beats = words.size // STREAM_WORDS
         view = self.memory.view(c.address + c.position * BEAT_BYTES, words.size * 2)
+        assert view is not None             # within the buffer checked when the transfer started
         view[:] = (words & 0xFFFF).astype("<u2").view(np.uint8)
         c.position += beats
         if last or c.position == c.beats:
@@ -265,7 +268,10 @@ class TwinDevice(pynq.Device):
         self.bitfile_name = None
 
     # --- what pynq.Overlay calls
-    def get_bitfile_metadata(self, bitfile_name, partial: bool = False):
+    # (pynq's Device.get_bitfile_metadata is a placeholder returning None; a board's device
+    # returns the parser, as this one does.)
+    def get_bitfile_metadata(  # pyright: ignore[reportIncompatibleMethodOverride]
+            self, bitfile_name, partial: bool = False):
         from pynqmetadata.frontends import Metadata
         from pynqmetadata.views.runtime import RuntimeMetadataParser
 
@@ -275,7 +281,9 @@ class TwinDevice(pynq.Device):
             raise BitstreamError(f"{hwh} is missing: pynq.Overlay needs the .hwh next to the .bit")
         # What pynq's EmbeddedDevice does on a board for a full bitstream.
         try:
-            return RuntimeMetadataParser(Metadata(input=hwh))
+            # (pynqmetadata's annotations are narrower than its code: Metadata takes a path, as
+            # pynq's EmbeddedDevice passes it, and returns the Module that the parser takes.)
+            return RuntimeMetadataParser(Metadata(input=hwh))  # pyright: ignore[reportArgumentType]
         except Exception as exc:                        # pynqmetadata raises many kinds
             raise BitstreamError(f"{hwh} is not a readable hardware handoff ({exc}); write the "
                                  "twin's overlay again (leave out --bitstream)") from None
@@ -298,6 +306,7 @@ class TwinDevice(pynq.Device):
         else:
             self.pl = FunctionalModel(params, version=meta["register_map_version"])
         self.windows = []
+        assert parser is not None           # pynq.Overlay passes get_bitfile_metadata's parser
         for name, ip in parser.ip_dict.items():
             kind = "accel" if ip["type"] == IP_VLNV else "dma" if "axi_dma" in ip["type"] else None
             if kind:
@@ -332,14 +341,15 @@ class TwinDevice(pynq.Device):
         self.pl.advance(self.dma)
         for base, span, kind in self.windows:
             if base <= address < base + span:
-                target = self.pl if kind == "accel" else self.dma
                 offset = address - base
-                if value is None:
-                    return target.axil_read(offset) if kind == "accel" else target.read(offset)
                 if kind == "accel":
-                    target.axil_write(offset, value)
+                    if value is None:
+                        return self.pl.axil_read(offset)
+                    self.pl.axil_write(offset, value)
+                elif value is None:
+                    return self.dma.read(offset)
                 else:
-                    target.write(offset, value)
+                    self.dma.write(offset, value)
                 return 0
         # On a board an access outside every window is a bus error that kills the process.
         raise RuntimeError(f"{self.name}: no IP at address {address:#x} (a bus error on the board)")

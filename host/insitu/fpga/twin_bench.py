@@ -122,7 +122,9 @@ def bench(simulators=DEFAULT_SIMULATORS, min_seconds: float = 2.0, log=lambda te
     with tempfile.TemporaryDirectory() as folder:
         from insitu.boards import get_board
 
-        overlay = write_twin_overlay(get_board(BOARD).twin_of, folder)
+        real = get_board(BOARD).twin_of
+        assert real is not None             # BOARD is a twin
+        overlay = write_twin_overlay(real, folder)
         for name in simulators:
             row, result = run_one(name, ops, overlay, min_seconds, log)
             if reference is None:

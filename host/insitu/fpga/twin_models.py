@@ -27,6 +27,7 @@ The streams meet the twin's AXI DMA model (:class:`insitu.fpga.twin.AxiDmaModel`
 from __future__ import annotations
 
 from collections import deque
+from typing import cast
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class FunctionalModel:
         if version is not None:
             self.regs["VERSION"] = version
         self.busy = False
-        self.op = None
+        self.op: dict | None = None             # the running op's configuration (set at START)
         self.inputs: list[np.ndarray] = []
         self.outputs = np.zeros(0, np.int64)
 
@@ -109,13 +110,14 @@ class FunctionalModel:
         if op in _TT_KINDS:
             tt = self._tt_config(cfg)
             code = pe_stream.cfg_error(tt, self.params)
-            beats = (tt.in_beats(), tt.out_beats()) if not code else (0, 0)
-            return code, *beats
+            in_beats, out_beats = (tt.in_beats(), tt.out_beats()) if not code else (0, 0)
+            return code, in_beats, out_beats
         if op in LRT_OPS:
             self._configure_lrt(cfg)
             code = self.lrt.cfg_error(op)
-            beats = (self.lrt.in_beats(op), self.lrt.out_beats(op)) if not code else (0, 0)
-            return code, *beats
+            in_beats, out_beats = ((self.lrt.in_beats(op), self.lrt.out_beats(op)) if not code
+                                   else (0, 0))
+            return code, in_beats, out_beats
         return ErrorCode.BAD_OP, 0, 0
 
     def _beats_of_config(self) -> None:
@@ -136,8 +138,8 @@ class FunctionalModel:
         if in_beats == 0:
             self._compute()
 
-    def _fail(self, code: ErrorCode) -> None:
-        if self.busy and self.op["OP"] in _PE3_OPS:
+    def _fail(self, code: int) -> None:
+        if self.busy and self.op is not None and self.op["OP"] in _PE3_OPS:   # (busy: op is set)
             # the RTL holds the running PE in reset: PE3's PSG registers clear
             self.regs.update(PSG_PREDICTED=0, PSG_MAX=0)
         self.busy = False
@@ -145,12 +147,13 @@ class FunctionalModel:
 
     def _compute(self) -> None:
         cfg = self.op
+        assert cfg is not None                  # set at START
         words = np.concatenate(self.inputs) if self.inputs else np.zeros(0, np.int64)
         if cfg["OP"] in _TT_KINDS:
             tt = self._tt_config(cfg)
             lhs, rhs = pe_stream.operands_from_stream(tt, words)
             if tt.kind == "PE3_PSG":
-                run = pe_stream.psg_run(tt, lhs, rhs)
+                run = pe_stream.psg_run(cast(pe_stream.PSGConfig, tt), lhs, rhs)
                 self.outputs = pe_stream.pack_out(tt, run.out)
                 self.regs.update(PSG_PREDICTED=run.predicted_count, PSG_MAX=run.peak)
             else:
@@ -247,7 +250,9 @@ class RTLModel:
             self._call("stream", dma)
 
     async def _bench(self, ctx):
-        bus, s, m = self.dut.s_axi, self.dut.s_axis, self.dut.m_axis
+        # (Amaranth's Component makes its ports from its signature when built: pyright does not
+        # see them.)
+        bus, s, m = self.dut.s_axi, self.dut.s_axis, self.dut.m_axis  # pyright: ignore[reportAttributeAccessIssue]
         ctx.set(bus.bready, 1)
         ctx.set(bus.rready, 1)
         while True:
@@ -304,7 +309,8 @@ class RTLModel:
     async def _stream(self, ctx, s, m, dma):
         pending_in: deque = deque()
         for _ in range(self.cycles_per_advance):
-            if ctx.get(self.dut.done_irq):
+            # (a port, as in _bench)
+            if ctx.get(self.dut.done_irq):  # pyright: ignore[reportAttributeAccessIssue]
                 self.in_flight = False
                 break
             if not pending_in and dma.input_beats():
