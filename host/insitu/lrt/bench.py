@@ -42,7 +42,8 @@ from insitu.lrt.sks import KroneckerSum
 # Imported here, not when first timed: threadpoolctl can only limit the threads of a BLAS that is
 # already loaded when the limit is set (SciPy bundles its own OpenBLAS).
 try:
-    from scipy.linalg.blas import dger
+    # (SciPy makes its BLAS wrappers when the module loads: pyright does not see them.)
+    from scipy.linalg.blas import dger  # pyright: ignore[reportAttributeAccessIssue]
 except ImportError:                              # SciPy is a dependency, but the bench need not fail
     dger = None
 
@@ -107,11 +108,12 @@ def _dense_candidates(n: int, dz: np.ndarray, a: np.ndarray) -> dict[str, Callab
 def _dger(n: int, dz: np.ndarray, a: np.ndarray) -> Callable[[], None] | None:
     if dger is None:
         return None
+    ger = dger                                   # (not None, for the closure)
     g = np.zeros((n, n), order="F")              # dger updates a Fortran array in place
 
     def run():
         for i in range(len(dz)):
-            dger(1.0, dz[i], a[i], a=g, overwrite_a=1)
+            ger(1.0, dz[i], a[i], a=g, overwrite_a=1)
 
     return run
 
@@ -136,7 +138,7 @@ def _bench_size(n: int, rank: int, pairs: int, repeats: int, seed: int, rng) -> 
     lrt_many_us = _median_us(_lrt_add_many(ks, dz, a), pairs, repeats)
     methods = {name: _median_us(run, pairs, repeats)
                for name, run in _dense_candidates(n, dz, a).items()}
-    dense_method = min(methods, key=methods.get)
+    dense_method = min(methods, key=methods.__getitem__)
     dense_us = methods[dense_method]
     dger_run = _dger(n, dz, a)
     dger_us = _median_us(dger_run, pairs, repeats) if dger_run else None

@@ -225,15 +225,19 @@ class LRTPEModel:
     def in_words(self, op: int) -> int:
         """Words of the op's input stream (padded to a whole beat)."""
         r, cells = self.cols, self.rows_l * self.rows_r
-        n = {Op.LRT_LOAD_BASIS: self.rows * self.params.lrt_cols_max, Op.LRT_PROJECT: self.rows,
-             Op.LRT_ROTATE: (r + 1) * r, Op.LRT_UPDATE: r, Op.LRT_LOAD_WEIGHTS: cells}.get(op, 0)
+        words: dict[int, int] = {
+            Op.LRT_LOAD_BASIS: self.rows * self.params.lrt_cols_max, Op.LRT_PROJECT: self.rows,
+            Op.LRT_ROTATE: (r + 1) * r, Op.LRT_UPDATE: r, Op.LRT_LOAD_WEIGHTS: cells}
+        n = words.get(op, 0)
         return _ceil_div(n, STREAM_WORDS) * STREAM_WORDS
 
     def out_words(self, op: int) -> int:
         """Words of the op's output stream (padded to a whole beat)."""
         r, cells = self.cols, self.rows_l * self.rows_r
-        n = {Op.LRT_READ_BASIS: self.rows * self.params.lrt_cols_max, Op.LRT_PROJECT: r,
-             Op.LRT_REPROJECT: r, Op.LRT_READ_WEIGHTS: cells, Op.LRT_READ_COUNTS: cells}.get(op, 0)
+        words: dict[int, int] = {
+            Op.LRT_READ_BASIS: self.rows * self.params.lrt_cols_max, Op.LRT_PROJECT: r,
+            Op.LRT_REPROJECT: r, Op.LRT_READ_WEIGHTS: cells, Op.LRT_READ_COUNTS: cells}
+        n = words.get(op, 0)
         return _ceil_div(n, STREAM_WORDS) * STREAM_WORDS
 
     def in_beats(self, op: int) -> int:

@@ -220,7 +220,7 @@ def dense_net(sample_shape=(28, 28), classes=10, seed=0, hidden=(128,), dense_ba
     """A dense network (flatten, hidden layers with streaming batch norm, classifier); any
     ``sample_shape`` (images or feature vectors)."""
     n_in = int(np.prod(sample_shape))
-    stages = [nn.Flatten()]
+    stages: list[object] = [nn.Flatten()]
     for i, width in enumerate(hidden, start=1):
         stages += [QWeightLayer(f"fc{i}", nn.Dense(n_in, width, bias=False), n_in, bias=False,
                                 seed=seed * 100 + i),

@@ -25,6 +25,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -128,8 +129,9 @@ def _centred_bn_backward(bn):
     return backward
 
 
-def pretrain(net: QNet, x, y=None, epochs: int = 1, lr: float = 0.01, batch: int = 32,
-             momentum: float = 0.9, seed: int = 0, advance=lambda n: None, *,
+def pretrain(net: QNet, x: np.ndarray | Callable[[int], tuple], y: np.ndarray | None = None,
+             epochs: int = 1, lr: float = 0.01, batch: int = 32, momentum: float = 0.9,
+             seed: int = 0, advance=lambda n: None, *,
              warmup: float = 0.0, schedule: str = "cosine", clip: float | None = None,
              centred_bn: bool = True, checkpoint=None, checkpoint_key=None,
              on_epoch=lambda epoch, record: None) -> list[dict]:
@@ -149,7 +151,12 @@ def pretrain(net: QNet, x, y=None, epochs: int = 1, lr: float = 0.01, batch: int
     exists and its ``checkpoint_key`` matches (it is left in place; delete it when done).
     Returns one record per epoch: ``{"epoch", "loss", "lr", "seconds"}``.
     """
-    epoch_data = x if callable(x) else (lambda epoch: (x, y))
+    if callable(x):
+        epoch_data = x
+    elif y is None:
+        raise ValueError("pretrain: the training set x needs its labels y")
+    else:
+        epoch_data = lambda epoch: (x, y)  # noqa: E731
     layers = net.weight_layers
     shadows = {l.name: l.weight.copy() for l in layers}
     velocity = {k: np.zeros_like(v) for k, v in shadows.items()}

@@ -107,6 +107,7 @@ def mgs_project(Q, x, r, c):
         x_norm2 += res[i] * res[i]
     for j in range(r):
         c[j] = 0.0
+    norm2 = 0.0                  # (set by the first pass)
     for _pass in range(2):
         for j in range(r):
             p = 0.0

@@ -197,6 +197,8 @@ def _check_list(name, values) -> tuple:
 
 def _check_args(ranks, lrs, seeds, samples, batch, algorithms, pretrain_samples, pretrain_epochs,
                 damage_ratio, kappa_th):
+    # (typeshed's numbers.Real declares only < and <= of the comparisons: the `# pyright: ignore`s
+    # below are its > and >=, which every Real has at run time.)
     algorithms = _check_list("algorithms", algorithms)
     unknown = [a for a in algorithms if a not in ALGORITHMS]
     if unknown:
@@ -205,11 +207,11 @@ def _check_args(ranks, lrs, seeds, samples, batch, algorithms, pretrain_samples,
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, Integral) or r < 1:
             raise ArgumentError(f"ranks must be integers >= 1, got {r!r}")
-        if r >= HIDDEN:
+        if r >= HIDDEN:  # pyright: ignore[reportOperatorIssue]
             raise ArgumentError(f"ranks: rank {r} must be < the feature count {HIDDEN}")
     lrs = _check_list("lrs", lrs)
     for lr in lrs:
-        if isinstance(lr, bool) or not isinstance(lr, Real) or not (math.isfinite(lr) and lr > 0):
+        if isinstance(lr, bool) or not isinstance(lr, Real) or not (math.isfinite(lr) and lr > 0):  # pyright: ignore[reportOperatorIssue]
             raise ArgumentError(f"lrs must be positive finite numbers, got {lr!r}")
     seeds = _check_list("seeds", seeds)
     for s in seeds:
@@ -220,9 +222,9 @@ def _check_args(ranks, lrs, seeds, samples, batch, algorithms, pretrain_samples,
         raise ArgumentError(f"samples ({samples}) must be >= batch ({batch}): no update would happen")
     check_int("pretrain_samples", pretrain_samples, 1)
     check_int("pretrain_epochs", pretrain_epochs, 1)
-    if isinstance(damage_ratio, bool) or not isinstance(damage_ratio, Real) or not 0 < damage_ratio < 1:
+    if isinstance(damage_ratio, bool) or not isinstance(damage_ratio, Real) or not 0 < damage_ratio < 1:  # pyright: ignore[reportOperatorIssue]
         raise ArgumentError(f"damage_ratio must be in (0, 1), got {damage_ratio!r}")
-    if kappa_th is not None and not (isinstance(kappa_th, Real) and math.isfinite(kappa_th) and kappa_th > 0):
+    if kappa_th is not None and not (isinstance(kappa_th, Real) and math.isfinite(kappa_th) and kappa_th > 0):  # pyright: ignore[reportOperatorIssue]
         raise ArgumentError(f"kappa_th must be a positive number or None, got {kappa_th!r}")
     return (tuple(int(r) for r in ranks), tuple(float(x) for x in lrs), tuple(int(s) for s in seeds),
             samples, batch, algorithms)

@@ -29,7 +29,6 @@ the file and what to give instead.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import zipfile
@@ -37,11 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from numpy.lib.npyio import NpzFile
 
 from insitu.checks import check_int, check_number
 from insitu.errors import UsageError
 from insitu.lrt.nvm import NVMModel, write_histogram
 from insitu.numerics import LRT_WEIGHT, LRT_WRITE_COUNT_BITS
+from insitu.io import save_figure
 
 __all__ = ["PE_COUNT_MAX", "Layer", "Run", "Technology", "common_edges", "compare_reports",
            "default_technology", "format_report", "histogram_labels", "layer_figures", "lifetime",
@@ -209,7 +210,7 @@ def load_counts(path, what: str = "counts file") -> dict[str, np.ndarray]:
     _missing(path, what, hint)
     try:
         data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
+        if not isinstance(data, NpzFile):
             raise UsageError(f"{what} {path} is a single .npy array, not a .npz of per-layer "
                              f"counts; {hint}")
         with data:
@@ -293,7 +294,7 @@ def _json_layers(doc: dict, path: Path, what: str) -> dict[str, Layer]:
             cells = _whole(entry["cells"])
             total = _whole(entry["total_writes"])
             peak = _whole(entry["max_writes_per_cell"])
-            if None in (cells, total, peak) or cells == 0:
+            if cells is None or total is None or peak is None or cells == 0:
                 raise ValueError("cells, total_writes and max_writes_per_cell must be whole numbers")
             edges, counts = list(hist["edges"]), [int(c) for c in hist["counts"]]
             _check_edges(edges)
@@ -362,13 +363,17 @@ def load_run(path, counts=None, scheme: str | None = None, what: str = "run file
             isinstance(v, dict) and "write_histogram" in v for v in doc["layers"].values()):
         run = Run(str(path), str(doc.get("scheme") or path.stem), "insitu lrt adapt",
                   _json_layers(doc, path, what), samples, seconds, info=info)
-        params = doc.get("nvm_parameters") if isinstance(doc.get("nvm_parameters"), dict) else {}
+        params = doc.get("nvm_parameters")
+        if not isinstance(params, dict):
+            params = {}
         for key in ("write_pj_per_bit", "endurance"):
             value = params.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) \
                     and math.isfinite(value) and value > 0:
                 setattr(run, key, float(value))
-        nvm = doc.get("nvm") if isinstance(doc.get("nvm"), dict) else {}
+        nvm = doc.get("nvm")
+        if not isinstance(nvm, dict):
+            nvm = {}
         bits, cells = _whole(nvm.get("bits")), _whole(nvm.get("cells"))
         if bits and cells and bits % cells == 0:
             run.bits_per_cell = bits // cells
@@ -385,7 +390,9 @@ def load_run(path, counts=None, scheme: str | None = None, what: str = "run file
         return run
 
     if "write_counts" in doc:
-        name = doc.get("layer") if isinstance(doc.get("layer"), str) and doc.get("layer") else "layer"
+        name = doc.get("layer")
+        if not (isinstance(name, str) and name):
+            name = "layer"
         try:
             grid = np.asarray(doc["write_counts"])
             if grid.dtype == object:
@@ -645,7 +652,7 @@ def format_report(payload: dict) -> str:
         r = runs[0]
         header = ("layer", "cells", "written", "max/cell", "mean/cell", "writes", "write energy",
                   "endurance used", "lifetime (samples)", "lifetime (time)")
-        rows = [header]
+        rows: list[tuple[str, ...]] = [header]
         for name, fig in [*r["layers"].items(), ("all", r["total"])]:
             rows.append((name, _num(fig["cells"]), _num(fig["written_cells"]),
                          _num(fig["max_writes_per_cell"]), _num(fig["mean_writes_per_cell"]),
@@ -715,8 +722,6 @@ def plot_histograms(payload: dict, path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from insitu.io import atomic_write
-
     runs = payload["runs"]
     names = list(dict.fromkeys(n for r in runs for n in r["layers"]))
     fig, axes = plt.subplots(len(names), 1, figsize=(8, 2.4 * len(names) + 0.6), squeeze=False)
@@ -742,7 +747,7 @@ def plot_histograms(payload: dict, path) -> Path:
     title = " vs ".join(r["label"] for r in runs)
     fig.suptitle(f"NVM writes per cell: {title}", fontsize=10)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return atomic_write(Path(path), buf.getvalue())
+    try:
+        return save_figure(fig, path)
+    finally:
+        plt.close(fig)
