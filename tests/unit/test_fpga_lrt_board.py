@@ -209,9 +209,23 @@ def test_the_loop_runs_step_for_step_the_same_on_the_golden_model_and_the_twin(c
     host = run_board_adapt(GoldenPort(), **options)
     twin = run_board_adapt(open_board(get_board("ultra96v2-sim"), "fast"), **options)
     assert len(host["online_curve"]["sample"]) == 120 and host["online_curve"] == twin["online_curve"]
+    assert host["curve"] == twin["curve"]
     for key in ("accuracy", "online_accuracy_mean", "writes_total", "updates", "pairs"):
         assert host[key] == twin[key], key
     np.testing.assert_array_equal(host["write_counts"], twin["write_counts"])
+
+
+def test_every_point_of_the_curve_has_the_loss_and_both_accuracies(cache):
+    """About 20 points, however short the run (a step is at most 1/20 of it): each with the mean
+    loss of its samples, their online accuracy and the test accuracy, the last the final one's."""
+    result = run_board_adapt(GoldenPort(), env="shift", samples=200, batch=20, lr=0.03, seed=0,
+                             cache_dir=cache, **SMALL)
+    curve = result["curve"]
+    assert [p["samples"] for p in curve] == list(range(10, 201, 10))
+    for point in curve:
+        assert point["loss"] > 0 and 0 <= point["train_accuracy"] <= 1 and 0 <= point["test_accuracy"] <= 1
+    assert curve[-1]["test_accuracy"] == result["accuracy"]
+    assert np.mean([p["train_accuracy"] for p in curve]) == pytest.approx(result["online_accuracy_mean"])
 
 
 def test_configurations_the_pe_cannot_take_are_refused(cache, tmp_path):

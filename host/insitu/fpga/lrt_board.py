@@ -68,7 +68,7 @@ import numpy as np
 
 from insitu import nn
 from insitu.checks import check_int
-from insitu.harness import RunPlan, check_resumable, run_training, say
+from insitu.harness import CURVE_POINTS, RunPlan, check_resumable, run_training, say
 from insitu.lrt.adapt import (OFFLINE_SAMPLES, PRETRAIN_EPOCHS, AdaptLearner, build_network, curve_positions,
                               pretrained_model)
 from insitu.lrt.online import OnlineData
@@ -342,6 +342,7 @@ class LRTBoardTrainer:
                                   kappa_th=kappa_th, params=self.params)
         self.rank = self.sks.rank
         self.samples = 0                 # samples seen (the position in the online stream)
+        self.last_losses = np.zeros(0)   # the losses of the samples of the last train()
         self.in_batch = 0                # samples accumulated since the last update
         self.updates = 0                 # LRT_UPDATE ops run
         self.prior_counts = np.zeros((self.m, self.n), np.int64)
@@ -427,7 +428,8 @@ class LRTBoardTrainer:
 
     def train(self, x: np.ndarray, y: np.ndarray, after_each=lambda i, correct: None) -> np.ndarray:
         """Samples ``x`` (``(N, ...)``) in order, one at a time, ``after_each(i, correct)`` after
-        each; returns whether each was predicted right."""
+        each; returns whether each was predicted right. Their losses (each sample's cross-entropy
+        before it was learnt) are left in :attr:`last_losses`."""
         x = np.asarray(x, dtype=np.float64)
         y = np.asarray(y).astype(np.int64).ravel()
         if len(x) != len(y) or not np.isfinite(x).all():
@@ -437,15 +439,19 @@ class LRTBoardTrainer:
             raise ValueError(f"train: labels must be in [0, {self.m}), got {y.min()}..{y.max()}")
         feats = self.features(x)                       # the frozen prefix, for the whole chunk
         right = np.zeros(len(y), bool)
+        self.last_losses = np.zeros(len(y))
         for i in range(len(y)):
-            right[i] = self._learn(feats[i:i + 1], y[i:i + 1])
+            right[i] = self._learn(feats[i:i + 1], y[i:i + 1], i)
             after_each(i, bool(right[i]))
         return right
 
-    def _learn(self, feat: np.ndarray, label: np.ndarray) -> bool:
+    def _learn(self, feat: np.ndarray, label: np.ndarray, i: int = 0) -> bool:
         layer = self.layer
         logits = layer.forward(feat, train=True)
         correct = bool(np.argmax(logits[0]) == label[0])
+        # The sample's cross-entropy, from the logits its gradient needs anyway (O(classes)).
+        z = logits[0] - logits[0].max()
+        self.last_losses[i] = float(np.log(np.sum(np.exp(z))) - z[label[0]])
         if layer.bias_grad is not None:
             layer.bias_grad.fill(0.0)
         layer.backward(loss_gradient(logits, label))
@@ -555,9 +561,10 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
     ``checkpoint``: resumed from when it exists, written every ``checkpoint_every`` samples (and on
     SIGINT/SIGTERM); ``identity``: what else makes the caller's run (its options); ``counters``: an
     object whose ``state()`` / ``load_state(meta)`` the checkpoint keeps too (the caller's
-    accelerator counts). ``chunk``: samples per harness step (the frozen layers run a chunk at
-    once). Accuracy before and after is measured on the first ``test_samples`` of the test split
-    (``data.test``). Returns the result record.
+    accelerator counts). ``chunk``: samples per harness step at most (the frozen layers run a
+    chunk at once; a step is also at most 1/CURVE_POINTS of the budget, for the curve's points).
+    Accuracy before and after is measured on the first ``test_samples`` of the test split
+    (``data.test``), and so is the curve's test accuracy at each point. Returns the result record.
     """
     _check_env(env)
     samples = check_int("samples", samples, 1, what="online samples to train on")
@@ -571,10 +578,13 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
     context = {"env": env, "dataset": data.dataset.key, "arch": arch,
                "offline_samples": offline_samples,
                "pretrain_epochs": pretrain_epochs, "segment": segment}
+    # The curve's points come at the ends of steps: a step of at most 1/CURVE_POINTS of the budget
+    # gives it its points (the samples are learnt one at a time: the chunk changes no result).
+    step = max(1, min(chunk, -(-samples // CURVE_POINTS)))
     plan = RunPlan("insitu train --algo lrt",
                    {**(identity or {}), **context, "rank": rank, "batch": batch, "lr": lr,
                     "bias_lr": bias_lr, "unbiased": unbiased, "kappa_th": kappa_th, "seed": seed},
-                   samples, chunk, checkpoint, checkpoint_every)
+                   samples, step, checkpoint, checkpoint_every)
     check_resumable(plan)                  # a checkpoint of another run: refused before pre-training
     net, pre = pretrained_model(arch, dataset, data_dir, seed, offline_samples, pretrain_epochs,
                                 cache_dir, config)
@@ -584,15 +594,25 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
     trainer = LRTBoardTrainer(port, net, rank=rank, batch=batch, lr=lr, bias_lr=bias_lr,
                               unbiased=unbiased, kappa_th=kappa_th, seed=seed, params=params,
                               context=context)
-    learner = AdaptLearner(trainer, data, env, curve_at=curve_positions(samples, curve_points))
-    if counters is not None:
-        learner = _WithCounters(learner, counters)
-    outcome = run_training(plan, learner, advance=advance, say=say,
+    adapt = AdaptLearner(trainer, data, env, curve_at=curve_positions(samples, curve_points))
+    learner = _BoardLearner(adapt, trainer, counters)
+    features: list[np.ndarray] = []            # the test set through the frozen layers, once
+
+    def probe() -> dict:
+        """The whole test set's accuracy, cheaply: the frozen layers' outputs do not change, so
+        only the adapted layer runs (on the processor's copy of the PE's weights): the same
+        predictions as the final evaluation's."""
+        if not features:
+            features.append(trainer.features(x_test))
+        logits = trainer.layer.forward(features[0], train=False)
+        return {"test_accuracy": round(float(np.mean(np.argmax(logits, axis=1) == y_test)), 5)}
+
+    outcome = run_training(plan, learner, advance=advance, say=say, probe=probe,
                            evaluate=lambda: {"accuracy": round(evaluate(net, x_test, y_test), 5)})
-    online = learner.online_accuracy(samples)
+    online = adapt.online_accuracy(samples)
     result = trainer.summary()
     result.update({
-        **online, "online_curve": learner.curve, "curve": outcome.curve,
+        **online, "online_curve": adapt.curve, "curve": outcome.curve,
         "env": env, "dataset": data.name, "arch": arch, "seed": seed,
         "accuracy_before": round(accuracy_before, 5),
         "accuracy": outcome.evaluation["accuracy"],
@@ -608,22 +628,29 @@ def run_board_adapt(port: PEPort, env: str = "shift", samples: int = 1000, *, se
     return result
 
 
-class _WithCounters:
-    """A learner whose checkpoints also keep ``counters.state()`` (the accelerator's counts)."""
+class _BoardLearner:
+    """The :class:`~insitu.lrt.adapt.AdaptLearner` of the board for the harness: each step's loss is
+    the mean of its samples' (:attr:`LRTBoardTrainer.last_losses`), and with ``counters`` its
+    checkpoints also keep ``counters.state()`` (the accelerator's counts)."""
 
-    def __init__(self, learner, counters):
-        self.learner, self.counters = learner, counters
+    def __init__(self, learner: AdaptLearner, trainer: LRTBoardTrainer, counters=None):
+        self.learner, self.trainer, self.counters = learner, trainer, counters
 
     def __getattr__(self, name):
-        return getattr(self.learner, name)
+        return getattr(self.learner, name)         # its `correct`, curve, online accuracy
 
-    def train(self, start: int, count: int) -> None:
+    def train(self, start: int, count: int) -> float | None:
         self.learner.train(start, count)
+        losses = self.trainer.last_losses
+        return float(np.mean(losses)) if len(losses) else None
 
-    def state(self):
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
         arrays, meta = self.learner.state()
+        if self.counters is None:
+            return arrays, meta
         return arrays, {**meta, "counters": self.counters.state()}
 
-    def load_state(self, arrays, meta):
+    def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
         self.learner.load_state(arrays, meta)
-        self.counters.load_state(meta["counters"])
+        if self.counters is not None:
+            self.counters.load_state(meta["counters"])
