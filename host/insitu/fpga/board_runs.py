@@ -149,7 +149,8 @@ def run_tt(config, board, advance) -> dict:
         **outcome.record(), "epochs": outcome.samples / len(x_train),
         "batch_size": config.batch_size, "lr": config.lr, "seed": config.seed,
         "accuracy": outcome.evaluation["accuracy"], "test_samples": int(len(y_test)),
-        "ranks": cast(TTNet, model.net).ranks,       # (the fixed-prior variant: a TT network) "pruned_ranks": learner.pruned, **model.figures(),
+        # (the fixed-prior variant: a TT network)
+        "ranks": cast(TTNet, model.net).ranks, "pruned_ranks": learner.pruned, **model.figures(),
         **accel.figures(), **mac_counters(executor.macs),
         "energy_j": energy["energy_j"], "energy": energy,
     }
