@@ -56,6 +56,8 @@ class TrainingDevice:
             self.link = None
 
     def _request(self, typ: str, payload: bytes, reply: tuple[str, ...]):
+        if self.link is None:
+            raise LinkError(f"no link to {self.port}: start() the device first")
         frame = self.link.request(MSG[typ], payload, tuple(MSG[r] for r in reply) + (MSG["MSG_ERROR"],))
         if frame.type == MSG["MSG_ERROR"]:
             raise DeviceError(f"the device says: {bytes(frame.payload).decode(errors='replace')}")

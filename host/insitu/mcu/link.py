@@ -19,13 +19,13 @@ import re
 import struct
 import time
 from collections import deque
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from insitu.errors import InsituError
 from insitu.resources import package_dir
 
 
-def firmware_literals(source: str) -> dict[str, object]:
+def firmware_literals(source: str) -> dict[str, Any]:
     """The top-level ``NAME = <literal>`` assignments of a firmware source (``firmware/<source>``).
 
     CPython cannot import the firmware (it imports `micropython`), so the host reads the constants
@@ -197,7 +197,8 @@ def open_serial(port: str, baudrate: int = 115200, timeout_s: float = 0.05):
     try:
         return serial.Serial(port, baudrate, timeout=timeout_s, write_timeout=5.0)
     except (serial.SerialException, OSError) as exc:
-        reason = os.strerror(exc.errno) if getattr(exc, "errno", None) else str(exc)
+        errno = getattr(exc, "errno", None)
+        reason = os.strerror(errno) if errno else str(exc)
         raise LinkError(f"cannot open the serial port {port}: {reason}; {_MCU_HINT}") from None
 
 
@@ -262,6 +263,12 @@ class DeviceLink:
                     raise
                 time.sleep(0.05)
 
+    def _open_port(self):
+        """The serial port; :class:`LinkError` once the link is closed."""
+        if self._serial is None:
+            raise LinkError(f"the link to {self.port} is closed")
+        return self._serial
+
     def _io(self, fn, *args):
         if self._serial is None:
             raise LinkError(f"the link to {self.port} is closed")
@@ -278,7 +285,7 @@ class DeviceLink:
     def send(self, ftype: int, payload: bytes = b"") -> int:
         """Send one frame with a new sequence number; returns it."""
         seq = self._next_seq()
-        self._io(self._serial.write, encode_frame(ftype, seq, payload, self.max_payload))
+        self._io(self._open_port().write, encode_frame(ftype, seq, payload, self.max_payload))
         return seq
 
     def recv(self, timeout_s: float | None = None) -> Frame:
@@ -290,7 +297,8 @@ class DeviceLink:
             if now >= deadline:
                 raise LinkTimeout(f"no frame from {self.port} in {timeout_s:g} s; is the firmware "
                                   "running on the board?")
-            data = self._io(self._serial.read, max(1, self._io(lambda: self._serial.in_waiting)))
+            port = self._open_port()
+            data = self._io(port.read, max(1, self._io(lambda: port.in_waiting)))
             now = time.monotonic()
             if data:
                 self._frames.extend(self._decoder.feed(data))
@@ -354,7 +362,7 @@ class DeviceLink:
             if attempt:
                 self.resends += 1
             try:
-                self._io(self._serial.write, pad + frame if attempt else frame)
+                self._io(self._open_port().write, pad + frame if attempt else frame)
                 deadline = time.monotonic() + timeout_s
                 while True:
                     reply = self.recv(max(0.0, deadline - time.monotonic()))

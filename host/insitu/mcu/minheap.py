@@ -34,6 +34,7 @@ def probe(flash_dir: str, heap_bytes: int, x_codes: np.ndarray, labels: np.ndarr
     from insitu.mcu.twin import McuTwin
 
     with McuTwin(flash_dir, heap_bytes=heap_bytes, board=board, twin=twin) as running:
+        assert running.port is not None             # started by the with
         dev = TrainingDevice(running.port, timeout_s=timeout_s)
         try:
             info = dev.start()
@@ -66,6 +67,7 @@ def find_min_heap(files: dict, x_codes: np.ndarray, labels: np.ndarray, low: int
     probes: list[Probe] = []
     with tempfile.TemporaryDirectory(prefix="insitu-minheap-") as flash_dir:
         with McuTwin(flash_dir, heap_bytes=max(high, 256 * 1024), board=board, twin=twin) as board_twin:
+            assert board_twin.port is not None      # started by the with
             flash(board_twin.port, files)
 
         def run(h):

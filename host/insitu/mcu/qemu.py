@@ -130,8 +130,10 @@ def _unpack(source: Path, into: Path) -> Path:
     else:
         with tarfile.open(source) as archive:
             # The "data" filter (no links out of the tree, no devices) where this Python has it.
-            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-            archive.extractall(into / "src", **safe)
+            if hasattr(tarfile, "data_filter"):
+                archive.extractall(into / "src", filter="data")
+            else:
+                archive.extractall(into / "src")
     roots = [p.parent.parent for p in (into / "src").glob("**/py/mpconfig.h")]
     if not roots:
         raise InsituError(f"{source} holds no MicroPython source tree (no py/mpconfig.h)")

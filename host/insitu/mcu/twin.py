@@ -212,6 +212,7 @@ class McuTwin:
                                           stderr=subprocess.STDOUT, cwd=self.flash_dir,
                                           start_new_session=True, preexec_fn=_die_with_parent)
         else:
+            assert self.micropython is not None         # the unix port's twin (see __init__)
             env = {**os.environ, "MICROPYPATH": os.pathsep.join(["", ".frozen", "lib"])}  # as /flash
             self._proc = subprocess.Popen([self.micropython, "-X", f"heapsize={self.heap_bytes}"],
                                           stdin=self._sa, stdout=self._sa, stderr=self._sa,
@@ -246,8 +247,9 @@ class McuTwin:
         self._proc.kill()
         self._proc.wait()
         self._proc = None
-        if getattr(self, "_qemu_log", None) is not None:
-            self._qemu_log.close()
+        qemu_log = getattr(self, "_qemu_log", None)
+        if qemu_log is not None:
+            qemu_log.close()
             self._qemu_log = None
 
     def _track(self, data: bytes) -> None:
@@ -294,9 +296,11 @@ class McuTwin:
         os.set_blocking(self._mb, False)
         tmp = self._dir / "tty.new"
         os.symlink(os.ttyname(self._sb), tmp)
+        assert self.port is not None                  # set by start()
         os.replace(tmp, self.port)                    # the path never points at nothing
 
     def _link_down(self) -> None:
+        assert self.port is not None and self._mb is not None and self._sb is not None  # link up
         Path(self.port).unlink(missing_ok=True)
         for fd in (self._mb, self._sb):
             os.close(fd)
@@ -376,12 +380,15 @@ class McuTwin:
         if self._ma in writable:
             self._write(self._ma, self._to_mcu)
 
+        assert self._proc is not None                 # _spawn()'s, or it raised
         code = self._proc.poll()
         if code is not None:
             self._machine_exited(code)
-        if self._mb is None and time.monotonic() >= self._link_up_at:
-            self._link_up()
-            log.info("link %s is back", self.port)
+        if self._mb is None:                          # the cable is pulled (drop) until _link_up_at
+            assert self._link_up_at is not None
+            if time.monotonic() >= self._link_up_at:
+                self._link_up()
+                log.info("link %s is back", self.port)
         return True
 
     def _run_command(self, name: str, *args) -> None:
