@@ -271,7 +271,7 @@ def test_a_meter_that_cannot_be_opened_leaves_no_files_and_the_path_stays_free(t
     _first_run(tmp_path)                                    # the same path works afterwards
 
 
-def test_run_dir_holds_the_trace_record_and_phases_and_is_never_reused(tmp_path):
+def test_run_dir_holds_the_trace_record_and_phases_and_is_never_overwritten(tmp_path):
     child = tmp_path / "child.py"
     child.write_text(_CHILD)
     run_dir = tmp_path / "runs" / "a"
@@ -286,8 +286,11 @@ def test_run_dir_holds_the_trace_record_and_phases_and_is_never_reused(tmp_path)
     assert json.loads((run_dir / "power.json").read_text()) == rec
     _assert_valid_csv(run_dir / "power.csv", rec["samples"])
     before = (run_dir / "power.csv").read_bytes()
-    again = power("record", "--meter", "synthetic:2@500", "--run-dir", run_dir, "--", sys.executable, child)
-    assert again.returncode == 2 and "--run-dir" in again.stderr and "power.csv exists already" in again.stderr
+    # The same recording again is already complete: its record is shown, nothing is measured.
+    again = power("record", "--meter", "synthetic:2@500", "--run-dir", run_dir, "--json", "--",
+                  sys.executable, child)
+    assert again.returncode == 0 and "already holds this run, complete" in again.stderr
+    assert json.loads(again.stdout) == rec
     other = power("record", "--meter", "synthetic:2@500", "--run-dir", run_dir, "--", "true")
     assert other.returncode == 2 and "holds another run (command" in other.stderr
     assert (run_dir / "power.csv").read_bytes() == before

@@ -179,6 +179,13 @@ def test_runs_of_every_training_command_are_compared_in_one_table(run_cli, tmp_p
     assert [r["command"] for r in table] == ["insitu train", "insitu tt train", *["insitu e2train run"] * 2]
     for r in table:
         assert r["samples"] > 0 and r["accuracy"] is not None and r["curve"], r["run"]
+    # Each command's complete folder, asked again, shows its result and runs nothing.
+    for name in ("tt", "e2"):
+        before = (tmp_path / name / "result.json").read_bytes()
+        run = run_cli(*runs[name], "--run-dir", tmp_path / name, "--json", timeout=300)
+        assert run.returncode == 0 and "already holds this run, complete" in run.stderr, run.stderr
+        assert json.loads(run.stdout) == json.loads(before)
+        assert (tmp_path / name / "result.json").read_bytes() == before
     # A rerun of the TT folder with another rank is refused, not overwritten.
     run = run_cli(*runs["tt"][:-1], "rank=2", "--run-dir", tmp_path / "tt")
     assert run.returncode == 2 and "rank 4 there, 2 here" in run.stderr

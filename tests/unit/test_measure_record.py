@@ -332,3 +332,26 @@ def test_measure_call_writes_the_record_when_the_run_fails(tmp_path):
     assert rec["ended"] == "error" and not rec["complete"] and "diverged" in rec["message"]
     assert rec["samples"] == load_csv(tmp_path / "p.csv")["t"].size > 0
     assert rec["phases"][0]["complete"] is False
+
+
+def test_the_figure_legend_gives_each_phase_its_summed_energy(tmp_path, monkeypatch):
+    """Nineteen train spans are one legend entry with their total (the record's
+    training_energy_j), not the first span's energy."""
+    from insitu.measure import record as rec
+
+    phases = [{"name": "train", "start": float(i), "stop": i + 0.5, "energy_j": 0.002}
+              for i in range(19)]
+    phases.append({"name": "test", "start": 19.5, "stop": 20.0, "energy_j": 0.001})
+    legends = []
+    real_save = rec.save_figure
+
+    def capture(fig, path, dpi=110):
+        legends.extend(t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts())
+        return real_save(fig, path, dpi=dpi)
+
+    monkeypatch.setattr(rec, "save_figure", capture)
+    t = np.linspace(0, 20, 200)
+    rec.plot_record({"phases": phases, "energy_j": 0.04, "duration_s": 20.0, "complete": True,
+                     "meter": {"meter": "synthetic:1"}}, t, np.ones_like(t), tmp_path / "p.png")
+    assert legends == ["power", "train: 0.038 J (19 spans)", "test: 0.001 J"]
+    assert (tmp_path / "p.png").stat().st_size > 0

@@ -123,7 +123,14 @@ def run(ctx, **_):
     from insitu.io import check_writable
 
     if plot:
-        check_writable(plot, "--plot")                        # before the training (exit 2)
+        check_writable(plot, "--plot", plot=True)             # before the training (exit 2)
+    if folder is not None and folder.complete:
+        result = folder.already_complete()
+        if as_json:
+            emit_json(result)
+        else:
+            _print_table(result)
+        return
     if out_dir:
         check_writable(Path(out_dir) / "e2train.json", "--out-dir")
     data = usage_errors(experiment.load_data, config)         # a dataset it cannot take: exit 2
@@ -146,12 +153,15 @@ def run(ctx, **_):
                   **{k: summary[k] for k in ("rows", "config")}}
         if "power" in summary:
             result["power"] = summary["power"]
-        if plot:
-            from insitu.e2train.plot import plot_experiment
-            plot_experiment(summary, plot)
-            result["plot"] = str(plot)
+        rows = [summary_row(r["row"], r) for r in summary["rows"]]
         if folder:
-            folder.finish(result, [summary_row(r["row"], r) for r in summary["rows"]])
+            folder.finish(result, rows)
+    if plot:               # drawn once the result is kept: a figure that fails loses nothing
+        from insitu.e2train.plot import plot_experiment
+        plot_experiment(summary, plot)
+        result["plot"] = str(plot)
+        if folder:
+            folder.finish(result, rows)
     if as_json:
         emit_json(result)
         return

@@ -133,35 +133,34 @@ def adapt(ctx, **_):
     for path, what in ((plot, "--plot"), (out, "--out"), (counts, "--counts"),
                        (checkpoint, "--checkpoint")):
         if path:
-            check_writable(path, what)
+            check_writable(path, what, plot=what == "--plot")
     schemes = list(SCHEMES) if scheme == "all" else [scheme]
-    results = []
+
     def per_scheme(path, name):
         return per_run_path(path, name, several=len(schemes) > 1)
 
-    with (folder.running() if folder else contextlib.nullcontext()):
-        for name in schemes:
-            with progress(f"{name} in {env}", total=samples) as advance:
-                results.append(usage_errors(run_adapt, env, name, samples, seed=seed, arch=arch,
-                                            dataset=dataset, data_dir=data_dir, config=config,
-                                            segment=segment, offline_samples=offline_samples,
-                                            counts_out=per_scheme(counts, name),
-                                            checkpoint=per_scheme(checkpoint, name),
-                                            checkpoint_every=checkpoint_every, advance=advance))
-                if counts:              # where `insitu writes report` finds the per-cell counts
-                    results[-1]["counts_file"] = str(Path(per_scheme(counts, name)).resolve())
-        if len(results) == 1:
-            payload = results[0]
-        else:
-            payload = {"env": env, "samples": samples, "seed": seed,
-                       "summary": [{k: r[k] for k in ("scheme", "online_accuracy", "max_writes_per_cell",
-                                                       "total_writes", "max_update_ops_per_cell")}
-                                   for r in results],
-                       "runs": results}
-        if plot:
+    if folder is not None and folder.complete:
+        payload = folder.already_complete()
+        results = payload["runs"] if "runs" in payload else [payload]
+    else:
+        results = []
+        with (folder.running() if folder else contextlib.nullcontext()):
+            for name in schemes:
+                with progress(f"{name} in {env}", total=samples) as advance:
+                    results.append(usage_errors(run_adapt, env, name, samples, seed=seed, arch=arch,
+                                                dataset=dataset, data_dir=data_dir, config=config,
+                                                segment=segment, offline_samples=offline_samples,
+                                                counts_out=per_scheme(counts, name),
+                                                checkpoint=per_scheme(checkpoint, name),
+                                                checkpoint_every=checkpoint_every, advance=advance))
+                    if counts:              # where `insitu writes report` finds the per-cell counts
+                        results[-1]["counts_file"] = str(Path(per_scheme(counts, name)).resolve())
+            payload = _adapt_payload(results, env, samples, seed)
+            rows = [summary_row(r["scheme"], r) for r in results]
+            if folder:
+                folder.finish(payload, rows)
+        if plot:             # drawn once the result is kept: a figure that fails loses nothing
             plot_adapt(results, plot)
-        if folder:
-            folder.finish(payload, [summary_row(r["scheme"], r) for r in results])
     if out:
         write_json(out, payload, "--out")
     if as_json:
@@ -172,6 +171,17 @@ def adapt(ctx, **_):
                          f"[green]{r['online_accuracy']:.4f}[/]  max writes/cell "
                          f"{r['max_writes_per_cell']:>9d}  total writes {r['total_writes']:>11d}  "
                          f"({r['samples']} samples, {r['seconds']:.0f} s)")
+
+
+def _adapt_payload(results: list[dict], env: str, samples: int, seed: int) -> dict:
+    """One scheme's result, or the schemes' summary and results."""
+    if len(results) == 1:
+        return results[0]
+    return {"env": env, "samples": samples, "seed": seed,
+            "summary": [{k: r[k] for k in ("scheme", "online_accuracy", "max_writes_per_cell",
+                                            "total_writes", "max_update_ops_per_cell")}
+                        for r in results],
+            "runs": results}
 
 
 @command.command("transfer")

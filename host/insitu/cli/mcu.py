@@ -263,7 +263,7 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, lr
     check_int("--min-distance", min_distance, 0)
     for path, what in ((out, "--out"), (plot, "--plot")):
         if path:
-            check_writable(path, what)
+            check_writable(path, what, plot=what == "--plot")
     workers = workers if workers is not None else max(1, os.cpu_count() or 1)
     result = _as_options(run_search, model, dataset, budget_bytes, prepare=_search_bundle,
                          evaluations=evaluations, train_samples=train_size, eval_samples=test_samples,
@@ -465,7 +465,7 @@ def compare(model, dataset, budgets, train_size, test_samples, lr, lr_scale, see
     scale = _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr, lr_scale)
     for path, what in ((out, "--out"), (plot, "--plot")):
         if path:
-            check_writable(path, what)
+            check_writable(path, what, plot=what == "--plot")
     if measure_heap:
         _twin_ready("qemu")          # before minutes of training, not after them
     workers = workers if workers is not None else max(1, os.cpu_count() or 1)

@@ -67,7 +67,7 @@ def _run_dir_trace(run_dir: str | Path) -> Path:
     return folder / RUN_DIR_TRACE
 
 
-def _check_path(path: Path, what: str) -> None:
+def _check_path(path: Path, what: str, plot: bool = False) -> None:
     from insitu.io import check_writable
 
     for parent in path.parents:
@@ -76,14 +76,14 @@ def _check_path(path: Path, what: str) -> None:
                 raise UsageError(f"cannot write {what} {path}: {parent} is a file, not a folder")
             break
     try:
-        check_writable(path, what)
+        check_writable(path, what, plot=plot)
     except InsituError as exc:
         raise UsageError(str(exc)) from None
 
 
 def _check_plot(plot: str | None) -> None:
     if plot:
-        _check_path(Path(plot), "--plot")
+        _check_path(Path(plot), "--plot", plot=True)
 
 
 def _warn(message: str) -> None:
@@ -168,8 +168,7 @@ def record(ctx, meter_spec, trace, run_dir, plot, as_json, cmd):
       insitu power record --meter powershield:/dev/ttyACM0 --trace run.csv --plot run.png --json \\
           -- insitu train --board stm32f746-disco --port /dev/ttyACM1 --algo sparse
     """
-    from insitu.measure.meters import open_meter
-    from insitu.measure.record import exit_code_of, run_command
+    from insitu.measure.record import exit_code_of
 
     if not cmd:
         raise UsageError("give the command to measure after --, e.g. "
@@ -188,19 +187,31 @@ def record(ctx, meter_spec, trace, run_dir, plot, as_json, cmd):
         from insitu.runs import RunFolder
 
         folder = RunFolder(run_dir, "insitu power record", {"meter": meter_spec, "command": list(cmd)})
+    if folder is not None and folder.complete:
+        result = folder.already_complete()
+    else:
+        result = _record(meter_spec, cmd, trace, run_dir, what, plot, folder, as_json)
+    if as_json:
+        emit_json(result)
+    else:
+        _report(result)
+    ctx.exit(exit_code_of(result))
+
+
+def _record(meter_spec, cmd, trace, run_dir, what, plot, folder, as_json) -> dict:
+    """Record ``cmd`` under the meter; the result is kept (in its run folder) before the figure
+    is drawn, so a figure that fails loses nothing."""
+    from insitu.measure.meters import open_meter
+    from insitu.measure.record import exit_code_of, run_command
+
     path = _check_out(trace if trace is not None else _run_dir_trace(str(run_dir)), what)
     _check_plot(plot)
     if shutil.which(cmd[0]) is None:
         raise UsageError(f"command not found: {cmd[0]!r} (give a program on PATH or a path to one)")
     meter = open_meter(meter_spec)
     console.print(f"recording {meter.name} into {path} while running: {' '.join(cmd)}")
-    with (folder.running() if folder else contextlib.nullcontext()):
-        # With --json, stdout is the record alone: the command's output goes to stderr.
-        result = run_command(meter, list(cmd), path, notify=_warn, what=what,
-                             stdout=_stderr_fd() if as_json else None)
-        if plot:
-            _plot(result, plot)
-            result["plot"] = plot
+
+    def keep(result: dict) -> None:
         if folder:
             from insitu.runs import summary_row
 
@@ -209,11 +220,17 @@ def record(ctx, meter_spec, trace, run_dir, plot, as_json, cmd):
                                                     "seconds": result["duration_s"]})],
                           status={0: "complete", 130: "interrupted"}.get(code, "failed"),
                           message=None if code == 0 else result.get("message"))
-    if as_json:
-        emit_json(result)
-    else:
-        _report(result)
-    ctx.exit(exit_code_of(result))
+
+    with (folder.running() if folder else contextlib.nullcontext()):
+        # With --json, stdout is the record alone: the command's output goes to stderr.
+        result = run_command(meter, list(cmd), path, notify=_warn, what=what,
+                             stdout=_stderr_fd() if as_json else None)
+        keep(result)
+    if plot:
+        _plot(result, plot)
+        result["plot"] = plot
+        keep(result)
+    return result
 
 
 def _stderr_fd() -> int:

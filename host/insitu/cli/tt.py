@@ -101,10 +101,8 @@ def train(ctx, **_):
     Options also come from a --config TOML file and KEY=VALUE arguments; --run-dir keeps the run
     (config, result, curve, checkpoints, plot) for `insitu runs compare`.
     """
-    from insitu.runs import summary_row
-    from insitu.tt.report import format_table, plot_history
-    from insitu.harness import say
-    from insitu.tt.experiment import TTTrainConfig, prepare_data, run_tt_training
+    from insitu.tt.experiment import TTTrainConfig, prepare_data
+    from insitu.tt.report import format_table
 
     resolve_config(ctx)
     p = ctx.params
@@ -124,7 +122,29 @@ def train(ctx, **_):
     datasets = [usage_errors(prepare_data, config)[0] for config in configs]
     for path, what in ((plot, "--plot"), (out, "--out"), (checkpoint, "--checkpoint")):
         if path:
-            check_writable(path, what)          # before the training (exit 2)
+            check_writable(path, what, plot=what == "--plot")     # before the training (exit 2)
+    if folder is not None and folder.complete:
+        payload = folder.already_complete()
+        results = payload["results"] if "results" in payload else [payload]
+    else:
+        payload = _train_variants(configs, datasets, epochs, train_size, checkpoint, plot, folder)
+        results = payload["results"] if "results" in payload else [payload]
+
+    if out:
+        write_json(out, payload, "--out")
+    if p["as_json"]:
+        emit_json(payload)
+    else:
+        click.echo(format_table(results))
+
+
+def _train_variants(configs, datasets, epochs, train_size, checkpoint, plot, folder) -> dict:
+    """Train each variant; the result is kept in the run folder before the figure is drawn, so a
+    figure that fails loses nothing."""
+    from insitu.harness import say
+    from insitu.runs import summary_row
+    from insitu.tt.experiment import run_tt_training
+    from insitu.tt.report import plot_history
 
     results = []
     with (folder.running() if folder else contextlib.nullcontext()):
@@ -135,16 +155,14 @@ def train(ctx, **_):
                                                checkpoint=per_run_path(checkpoint, config.variant,
                                                                        several=len(configs) > 1)))
         payload = results[0] if len(results) == 1 else {"results": results}
-        if plot:
-            plot_history(results, plot)
+        rows = [summary_row(r["variant"], r) for r in results]
         if folder:
-            folder.finish(payload, [summary_row(r["variant"], r) for r in results])
-    if out:
-        write_json(out, payload, "--out")
-    if p["as_json"]:
-        emit_json(payload)
-    else:
-        click.echo(format_table(results))
+            folder.finish(payload, rows)
+    if plot:
+        plot_history(results, plot)
+        if folder:
+            folder.finish(payload, rows)
+    return payload
 
 
 def _is_result(run) -> bool:
@@ -177,7 +195,7 @@ def report_cmd(results, plot):
             raise UsageError(f"{path} is not a result of `insitu tt train --out`")
         runs += found
     if plot:
-        check_writable(plot, "--plot")
+        check_writable(plot, "--plot", plot=True)
         plot_history(runs, plot)
     click.echo(format_table(runs))
 

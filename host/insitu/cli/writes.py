@@ -75,7 +75,7 @@ def report(run, counts, scheme, other, compare_counts, compare_scheme, samples, 
                 raise UsageError(f"{name} goes with --compare OTHER")
     for path, what in ((plot, "--plot"), (out, "--out")):
         if path:
-            check_writable(path, what)
+            check_writable(path, what, plot=what == "--plot")
     runs = [load_run(run, counts=counts, scheme=scheme)]
     if other is not None:
         runs.append(load_run(other, counts=compare_counts, scheme=compare_scheme,

@@ -3,8 +3,9 @@ energy spent so far (its Fig. 5, the convergence curves in energy)."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
+
+from insitu.io import save_figure
 
 
 def plot_experiment(summary: dict, path) -> Path:
@@ -12,8 +13,6 @@ def plot_experiment(summary: dict, path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from insitu.io import atomic_write
 
     base_j = summary["runs"]["sgd32"]["counted"]["energy_j"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -35,7 +34,7 @@ def plot_experiment(summary: dict, path) -> Path:
     for ax in (left, right):
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return atomic_write(path, buf.getvalue())
+    try:
+        return save_figure(fig, path)
+    finally:
+        plt.close(fig)

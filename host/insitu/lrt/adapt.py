@@ -37,6 +37,7 @@ from insitu.lrt.qnet import ARCHITECTURES, PAPER_CNN_MIN_SIZE
 from insitu.nn.networks import image_input
 from insitu.lrt.schemes import SCHEMES, LRTConfig, OnlineTrainer, check_rank, evaluate, pretrain
 from insitu.resources import cache_dir
+from insitu.io import save_figure
 
 __all__ = ["ENVS", "SCHEMES", "AdaptLearner", "build_network", "check_adapt", "pretrained_model",
            "run_adapt", "plot_adapt", "default_cache_dir"]
@@ -314,7 +315,7 @@ def plot_adapt(results: list[dict], path) -> Path:
     bottom.set_ylabel("max writes per cell")
     bottom.set_xlabel("online samples")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return atomic_write(Path(path), buf.getvalue())
+    try:
+        return save_figure(fig, path)
+    finally:
+        plt.close(fig)

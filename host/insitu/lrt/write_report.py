@@ -29,7 +29,6 @@ the file and what to give instead.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import zipfile
@@ -43,6 +42,7 @@ from insitu.checks import check_int, check_number
 from insitu.errors import UsageError
 from insitu.lrt.nvm import NVMModel, write_histogram
 from insitu.numerics import LRT_WEIGHT, LRT_WRITE_COUNT_BITS
+from insitu.io import save_figure
 
 __all__ = ["PE_COUNT_MAX", "Layer", "Run", "Technology", "common_edges", "compare_reports",
            "default_technology", "format_report", "histogram_labels", "layer_figures", "lifetime",
@@ -722,8 +722,6 @@ def plot_histograms(payload: dict, path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from insitu.io import atomic_write
-
     runs = payload["runs"]
     names = list(dict.fromkeys(n for r in runs for n in r["layers"]))
     fig, axes = plt.subplots(len(names), 1, figsize=(8, 2.4 * len(names) + 0.6), squeeze=False)
@@ -749,7 +747,7 @@ def plot_histograms(payload: dict, path) -> Path:
     title = " vs ".join(r["label"] for r in runs)
     fig.suptitle(f"NVM writes per cell: {title}", fontsize=10)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return atomic_write(Path(path), buf.getvalue())
+    try:
+        return save_figure(fig, path)
+    finally:
+        plt.close(fig)

@@ -33,6 +33,7 @@ import numpy as np
 
 from insitu.checks import check_int, format_size, parse_size
 from insitu.errors import InsituError, UsageError
+from insitu.io import save_figure
 from insitu.mcu.board_runs import predicted_heap_bytes
 from insitu.sparse.compiler import Options, compile_training
 from insitu.sparse.contributions import Bundle, lr_scale_of, score_schemes, with_lr_scale
@@ -474,6 +475,6 @@ def plot_compare(result: dict, path) -> None:
     bx.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     try:
-        fig.savefig(path)
+        save_figure(fig, path, dpi=100)
     finally:
         plt.close(fig)

@@ -47,7 +47,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from insitu.errors import InsituError, UsageError
-from insitu.io import atomic_write_json
+from insitu.io import atomic_write_json, save_figure
 from insitu.measure.energy import integrate
 from insitu.measure.meters import Meter, MeterError, Sample
 from insitu.measure.phases import PHASE_ENV, intervals, listening, mark, read_markers
@@ -615,13 +615,15 @@ def plot_record(record: dict, t, w, path: str | Path) -> Path:
             ax.plot(tb.mean(axis=1), wb.mean(axis=1), color="C0", lw=0.8, label="power")
         else:
             ax.plot(t, w, color="C0", lw=0.8, label="power")
-        colours = {}
-        for ph in record.get("phases", []):
+        phases = record.get("phases", [])
+        colours, labelled = {}, set()
+        for ph in phases:
             colour = colours.setdefault(ph["name"], f"C{len(colours) % 9 + 1}")
-            first = sum(1 for p in record["phases"] if p["name"] == ph["name"] and p["start"] < ph["start"]) == 0
-            ax.axvspan(ph["start"], ph["stop"], color=colour, alpha=0.18, lw=0,
-                       label=(f"{ph['name']}: {ph['energy_j']:.4g} J" if first and ph["energy_j"] is not None
-                              else None))
+            label = None
+            if ph["name"] not in labelled:          # one entry per phase name: all its spans
+                labelled.add(ph["name"])
+                label = _phase_label(ph["name"], [p for p in phases if p["name"] == ph["name"]])
+            ax.axvspan(ph["start"], ph["stop"], color=colour, alpha=0.18, lw=0, label=label)
         meter = record.get("meter", {}).get("meter", "meter")
         energy = record.get("energy_j") or 0.0
         ax.set_title(f"{meter}: {energy:.4g} J in {record.get('duration_s') or 0:.3g} s"
@@ -632,9 +634,17 @@ def plot_record(record: dict, t, w, path: str | Path) -> Path:
         ax.legend(loc="upper right", fontsize="small")
         fig.tight_layout()
         try:
-            fig.savefig(path, dpi=120)
+            save_figure(fig, path, dpi=120)
         except OSError as exc:
             raise InsituError(f"cannot write --plot {path}: {exc.strerror}") from None
     finally:
         plt.close(fig)
     return Path(path)
+
+
+def _phase_label(name: str, spans: list[dict]) -> str:
+    """A legend entry for every span of one phase: their energy summed (the record's
+    ``training_energy_j`` for ``train``), and how many spans there are."""
+    energies = [p["energy_j"] for p in spans if p.get("energy_j") is not None]
+    counted = f": {sum(energies):.4g} J" if energies else ""
+    return f"{name}{counted}" + (f" ({len(spans)} spans)" if len(spans) > 1 else "")

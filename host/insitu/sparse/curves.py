@@ -6,6 +6,7 @@ from typing import Iterable
 
 import numpy as np
 
+from insitu.io import save_figure
 from insitu.sparse.objective import SearchResult
 
 __all__ = ["plot_curves"]
@@ -29,6 +30,6 @@ def plot_curves(results: Iterable[SearchResult], path, title: str = "") -> None:
     ax.legend()
     fig.tight_layout()
     try:
-        fig.savefig(path)
+        save_figure(fig, path, dpi=100)
     finally:
         plt.close(fig)

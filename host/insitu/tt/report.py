@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
-from insitu.io import atomic_write
+from insitu.io import save_figure
 
 #: The paper's Table 1 (test accuracy, memory reduction), printed beside our figures.
 PAPER_TABLE1 = {
@@ -114,8 +113,6 @@ def plot_history(results: list[dict], path) -> Path:
     import matplotlib.pyplot as plt                    # after history_figure chose the backend
 
     try:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110)
+        return save_figure(fig, path)
     finally:
         plt.close(fig)
-    return atomic_write(Path(path), buf.getvalue())
