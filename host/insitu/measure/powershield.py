@@ -63,6 +63,8 @@ _ACK_TIMEOUT_S = 2.0
 def decode(token: str) -> float:
     """``6409-07`` -> 6.409e-4 (amperes)."""
     m = _VALUE.fullmatch(token)
+    if m is None:
+        raise ValueError(f"{token!r} is not a PowerShield value (4 digits, a sign, 2 digits)")
     exponent = int(m[3]) if m[2] == "+" else -int(m[3])
     return int(m[1]) * 10.0 ** exponent
 
@@ -135,9 +137,15 @@ class PowerShieldMeter(Meter):
             self.close()
             raise
 
+    def _port(self):
+        if self._ser is None:
+            raise self._fail("the port is not open")
+        return self._ser
+
     def _write_line(self, line: str) -> None:
+        ser = self._port()
         try:
-            self._ser.write(line.encode("ascii") + b"\r\n")
+            ser.write(line.encode("ascii") + b"\r\n")
         except Exception as exc:
             raise self._fail(f"writing {line!r} failed: {exc}") from None
 
@@ -178,7 +186,8 @@ class PowerShieldMeter(Meter):
         pending = b""
         try:
             while self._running:
-                chunk = self._ser.read(self._ser.in_waiting or 1)
+                ser = self._port()
+                chunk = ser.read(ser.in_waiting or 1)
                 if not chunk:
                     continue
                 pending += chunk

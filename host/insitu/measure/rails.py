@@ -233,6 +233,7 @@ class RailsRecording:
 
     def __exit__(self, exc_type, *exc) -> bool:
         live, self._live = self._live, None
+        assert live is not None and self._folder is not None      # set by __enter__
         try:
             live.stop()
             rec = live.recorder

@@ -131,17 +131,24 @@ class VisaMeter(Meter):
             self.close()
             raise
 
+    def _instrument(self):
+        if self._inst is None:
+            raise self._fail("the instrument is not open")
+        return self._inst
+
     def _write(self, command: str) -> None:
+        inst = self._instrument()
         try:
-            self._inst.write(command)
+            inst.write(command)
         except Exception as exc:
             raise self._fail(f"writing {command!r} failed: {exc}") from None
 
     def _query(self, command: str) -> str:
+        inst = self._instrument()
         try:
             with warnings.catch_warnings():       # an empty answer: reported below, not warned
                 warnings.filterwarnings("ignore", "read string doesn't end with termination")
-                return self._inst.query(command)
+                return inst.query(command)
         except Exception as exc:
             raise self._fail(f"no answer to {command!r}: {exc}") from None
 
@@ -237,6 +244,7 @@ class VisaMeter(Meter):
     def _sample(self, t: float, reading: float) -> Sample:
         if self.func == "power":
             return Sample(t, reading, volts=self.volts)
+        assert self.volts is not None               # func=current requires it (__init__)
         return Sample(t, reading * self.volts, volts=self.volts, amps=reading)
 
     def _fetch(self) -> list[float]:
@@ -256,16 +264,17 @@ class VisaMeter(Meter):
 
     def _resync(self) -> None:
         """Drop answers left in the instrument's output queue, then clear its status."""
-        saved = self._inst.timeout
-        self._inst.timeout = 100
+        inst = self._instrument()
+        saved = inst.timeout
+        inst.timeout = 100
         try:
             for _ in range(64):
                 try:
-                    self._inst.read()
+                    inst.read()
                 except Exception:
                     break
         finally:
-            self._inst.timeout = saved
+            inst.timeout = saved
         self._write("*CLS")
 
     def read(self, timeout_s: float = 1.0) -> list[Sample]:
