@@ -88,6 +88,11 @@ def test_train_reports_the_fields_the_issue_asks_for(run_cli, tmp_path, board, a
     assert result["energy"]["source"] == "estimate"
     assert result["energy_j"] > 0 and result["energy_j"] == result["energy"]["energy_j"]
     assert result["energy"]["seconds"] == pytest.approx(result["seconds_at_board_clock"], rel=1e-12)
+    # The curve: a point every 1/20 of the budget (tt: every step of these 4), each with the loss,
+    # the training accuracy and the test accuracy.
+    assert len(result["curve"]) == (20 if algo == "lrt" else 4)
+    for point in result["curve"]:
+        assert point["loss"] > 0 and 0 <= point["train_accuracy"] <= 1 and 0 <= point["test_accuracy"] <= 1
     if algo == "lrt":
         counts = np.asarray(result["write_counts"])
         assert isinstance(result["max_writes_per_cell"], int) and result["max_writes_per_cell"] >= 0

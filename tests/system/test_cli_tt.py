@@ -65,6 +65,22 @@ def test_schedule_bad_input_is_a_usage_error(run_cli, args, message):
 
 
 @needs_fashion
+def test_train_curve_points_have_the_loss_and_both_accuracies(run_cli):
+    # 2 epochs of 64 samples, 16 a step: a point a step; the epochs' ends have the evaluation of
+    # the whole test set, the others the probe of its first samples.
+    run = run_cli("tt", "train", "--variant", "fixed", "--epochs", "2", "--train-size", "64",
+                  "--batch-size", "16", "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    curve = result["curve"]
+    assert [p["samples"] for p in curve] == list(range(16, 129, 16))
+    for point in curve:
+        assert point["loss"] > 0 and 0 <= point["train_accuracy"] <= 1 and 0 <= point["test_accuracy"] <= 1
+    assert [curve[3]["test_accuracy"], curve[7]["test_accuracy"]] == [
+        h["test_accuracy"] for h in result["history"]]
+
+
+@needs_fashion
 def test_train_float_prints_json_and_writes_out_and_plot(run_cli, tmp_path):
     # 128 training samples, one epoch; the 10,000 test samples are evaluated too: about 3 s.
     out, plot = tmp_path / "res" / "tt.json", tmp_path / "tt.png"

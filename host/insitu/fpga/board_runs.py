@@ -21,7 +21,7 @@ from insitu.harness import RunPlan, run_identity, run_training, say
 from insitu.measure.energy import estimate_energy
 from insitu.measure.rails import RailsRecording
 from insitu.tt.model import TTNet
-from insitu.tt.experiment import BOARD_OPTIONS, Model, TTLearner, TTTrainConfig, accuracy
+from insitu.tt.experiment import BOARD_OPTIONS, Model, TTLearner, TTTrainConfig, accuracy, curve_probe
 from insitu.tt.network import ARCHITECTURES, fit_input, tt_shape
 
 from . import power
@@ -140,7 +140,7 @@ def run_tt(config, board, advance) -> dict:
                    epoch_size=len(x_train))
     with _rails(board) as recorder:
         outcome = run_training(plan, learner, end_of_epoch=learner.end_of_epoch, advance=advance,
-                               say=say,
+                               say=say, probe=curve_probe(model, x_test, y_test),
                                evaluate=lambda: {"accuracy": accuracy(model, x_test, y_test)})
         energy = _energy(board, accel, mac_counters(executor.macs), recorder)
     return {

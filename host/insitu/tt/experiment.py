@@ -40,6 +40,9 @@ VARIANTS = {
     "fixed-prior": (True, True, True),
 }
 CLASSES = 10                 # FashionMNIST's (other datasets: their own)
+#: Test samples of the curve's probe (the first of the test set, one evaluation batch), at every
+#: point of the curve between the epochs' evaluations.
+PROBE_SAMPLES = EVAL_BATCH
 LR_SCHEDULES = ("constant", "cosine")
 #: The config fields that shape the network (--tt-modes, --input-size).
 SHAPE_OPTIONS = ("tt_modes", "input_size")
@@ -153,14 +156,18 @@ class Model:
         else:
             self.net = dense_network(config.seed, layers)
         self.optimizer = nn.Adam(self.net, lr=config.lr)
+        self.last_correct = 0              # right predictions of the last step's forward pass
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         out = self.net.forward(x, train=False)
         return out if self.tensorized else out[:, :self.classes]
 
     def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """One training step on the mini-batch; returns its loss (and counts in
+        :attr:`last_correct` how many of its samples the forward pass predicted right)."""
         if self.tensorized:
             logits = self.net.forward(x)
+            self.last_correct = int(np.sum(np.argmax(logits, axis=1) == y))
             loss, dlogits = nn.softmax_cross_entropy(logits, y)
             self.net.backward(dlogits)
             if self.use_prior:
@@ -170,6 +177,7 @@ class Model:
             return loss
         self.net.zero_grad()
         logits = self.net.forward(x)
+        self.last_correct = int(np.sum(np.argmax(logits[:, :self.classes], axis=1) == y))
         loss, dlogits = nn.softmax_cross_entropy(logits[:, :self.classes], y)
         full = np.zeros_like(logits)
         full[:, :self.classes] = dlogits
@@ -238,6 +246,13 @@ def accuracy(model: Model, x: np.ndarray, y: np.ndarray, batch: int = EVAL_BATCH
     return correct / len(x)
 
 
+def curve_probe(model: Model, x_test: np.ndarray, y_test: np.ndarray):
+    """The curve's probe: the accuracy on the first :data:`PROBE_SAMPLES` of the test set (an
+    inference pass: it leaves the weights and every scale as they are)."""
+    n = min(PROBE_SAMPLES, len(y_test))
+    return lambda: {"test_accuracy": accuracy(model, x_test[:n], y_test[:n])}
+
+
 class TTLearner:
     """A :class:`Model` on the sample stream of a training set (:func:`insitu.harness.sample_order`),
     with the learning rate of its schedule at each step; its executor decides where the PE ops run."""
@@ -245,11 +260,14 @@ class TTLearner:
     def __init__(self, model: Model, x: np.ndarray, y: np.ndarray, seed: int):
         self.model, self.x, self.y, self.seed = model, x, y, seed
         self.pruned = 0                        # rank slices the prior removed so far
+        self.correct = 0                       # right predictions while training (the curve's)
 
     def train(self, start: int, count: int) -> float:
         self.model.optimizer.lr = learning_rate(self.model.config, start / len(self.x))
         batch = sample_order(len(self.x), self.seed, start, count)
-        return self.model.step(self.x[batch], self.y[batch])
+        loss = self.model.step(self.x[batch], self.y[batch])
+        self.correct += self.model.last_correct
+        return loss
 
     def end_of_epoch(self, epoch: int) -> dict:
         """The prior prunes once per epoch; the epoch's figures for the history."""
@@ -314,7 +332,8 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
                    config.batch_size, checkpoint, checkpoint_every=len(x_train),
                    epoch_size=len(x_train), evaluate_every_epoch=True, samples_option="--epochs")
     outcome = run_training(plan, learner, evaluate=evaluate, end_of_epoch=learner.end_of_epoch,
-                           advance=advance, say=say, on_history=on_epoch)
+                           advance=advance, say=say, on_history=on_epoch,
+                           probe=curve_probe(learner.model, x_test, y_test))
     history = outcome.history
     final = history[-1]
     best = max(history, key=lambda r: r["test_accuracy"])
