@@ -24,6 +24,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import AbstractSet
 
 from insitu.errors import UsageError
 from insitu.io import os_reason, atomic_write, atomic_write_json, check_writable, to_jsonable
@@ -64,7 +65,7 @@ def _shown(value) -> str:
     return "default" if value is None else repr(value)
 
 
-def differences(saved: dict, wanted: dict, skip=frozenset()) -> str:
+def differences(saved: dict, wanted: dict, skip: AbstractSet[str] = frozenset()) -> str:
     """The fields of two configs that differ, for a message: ``lr 0.1 there, 0.2 here; ...``."""
     keys = [k for k in sorted(set(saved) | set(wanted)) if k not in skip]
     diff = [f"{k} {_shown(saved.get(k))} there, {_shown(wanted.get(k))} here" for k in keys
@@ -91,7 +92,7 @@ class RunFolder:
         self.config = json.loads(json.dumps(config, default=to_jsonable))
         self.resumed = False
         self.kept_rows: list[dict] = []    # a finished run's figures, kept while it runs again
-        self.result: dict | list | None = None     # the result of this run when complete
+        self.result: dict | None = None     # the result of this run when complete
         self._check()
 
     def _check(self) -> None:
@@ -121,9 +122,10 @@ class RunFolder:
         same_budget = not differences(saved.get("config", {}), self.config, others)
         if saved.get("status") == "complete" and same_budget:
             try:
-                self.result = json.loads(self.file(RESULT_FILE).read_text())
+                result = json.loads(self.file(RESULT_FILE).read_text())
             except (OSError, ValueError):
-                self.result = None       # no readable result: the run is run again (it resumes)
+                result = None            # no readable result: the run is run again (it resumes)
+            self.result = result if isinstance(result, dict) else None
 
     @property
     def complete(self) -> bool:
@@ -131,13 +133,14 @@ class RunFolder:
         and its result (:attr:`result`) stands."""
         return self.result is not None
 
-    def already_complete(self):
+    def already_complete(self) -> dict:
         """The result of this complete run, said on stderr: the run is not run again, and its
         figures (seconds, rates, energy) stay those it measured."""
         from insitu.harness import say
 
         say(f"--run-dir {self.path} already holds this run, complete: its result is shown, "
             "nothing is run again (ask for more --samples or --epochs to continue it)")
+        assert self.result is not None, "already_complete() of a run that is not complete"
         return self.result
 
     def start(self) -> None:

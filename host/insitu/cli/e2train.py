@@ -153,15 +153,15 @@ def run(ctx, **_):
                   **{k: summary[k] for k in ("rows", "config")}}
         if "power" in summary:
             result["power"] = summary["power"]
-        rows = [summary_row(r["row"], r) for r in summary["rows"]]
+        summary_rows = [summary_row(r["row"], r) for r in summary["rows"]]
         if folder:
-            folder.finish(result, rows)
+            folder.finish(result, summary_rows)
     if plot:               # drawn once the result is kept: a figure that fails loses nothing
         from insitu.e2train.plot import plot_experiment
         plot_experiment(summary, plot)
         result["plot"] = str(plot)
         if folder:
-            folder.finish(result, rows)
+            folder.finish(result, summary_rows)
     if as_json:
         emit_json(result)
         return

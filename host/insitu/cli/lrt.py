@@ -153,8 +153,9 @@ def adapt(ctx, **_):
                                                 counts_out=per_scheme(counts, name),
                                                 checkpoint=per_scheme(checkpoint, name),
                                                 checkpoint_every=checkpoint_every, advance=advance))
-                    if counts:              # where `insitu writes report` finds the per-cell counts
-                        results[-1]["counts_file"] = str(Path(per_scheme(counts, name)).resolve())
+                    counts_file = per_scheme(counts, name)
+                    if counts_file:         # where `insitu writes report` finds the per-cell counts
+                        results[-1]["counts_file"] = str(Path(counts_file).resolve())
             payload = _adapt_payload(results, env, samples, seed)
             rows = [summary_row(r["scheme"], r) for r in results]
             if folder:
