@@ -54,6 +54,8 @@ def calibrate_gradients(graph: Graph, x_codes: np.ndarray, labels: np.ndarray, s
             y, masks[n.name] = _activation(acts[n.a] + acts[n.b], n.act)
         elif isinstance(n, GlobalAvgPool):
             y = acts[n.x].mean(axis=(2, 3), keepdims=True)
+        else:
+            raise InsituError(f"calibrate: a graph node of unknown kind {type(n).__name__}")
         acts[n.y] = y
     logits = acts[graph.output].reshape(len(x_codes), -1)
     p = nn.functional.softmax(logits, axis=1)

@@ -201,7 +201,7 @@ class _Layer:
 
     @property
     def whole_in_ram(self) -> bool:
-        return self.w_ram is not None and len(self.idx) == self.conv.out_channels
+        return self.w_ram is not None and self.idx is not None and len(self.idx) == self.conv.out_channels
 
 
 class LayerTables:
@@ -283,6 +283,7 @@ class LayerTables:
                 if isinstance(v, InsituError):
                     raise v
             return _rq_arrays(chosen)
+        assert sh is not None                   # (with m)
         return _codes(m[idx], np.int32), _codes(sh[idx], np.int32)
 
     def bias_scales(self, n: Conv) -> tuple[bytes, bytes]:
@@ -349,11 +350,13 @@ class _Builder:
 
     # ------------------------------------------------------------------ weights for one kernel
 
-    def weights_for(self, L: _Layer, ops: list[Op], with_bias_rq: bool) -> tuple[Ref, Ref, Ref, Ref]:
+    def weights_for(self, L: _Layer, ops: list[Op],
+                    with_bias_rq: bool) -> tuple[Ref, Ref | None, Ref | None, Ref | None]:
         """(w, b, m, sh) refs for a kernel about to run, emitting load/patch ops where the layer's
         tensors are in flash."""
         c = L.conv
         if L.whole_in_ram:
+            assert L.w_ram is not None and L.rq_ram is not None     # what whole_in_ram means
             m, sh = L.rq_ram
             b = Ref(L.b_ram) if L.b_ram else None
             return Ref(L.w_ram), b, Ref(m), Ref(sh)
@@ -361,6 +364,7 @@ class _Builder:
         scratch = self.buf(f"scratch:{c.name}", n, "scratch")
         ops.append(Op("load", {"blob_off": ("blob", L), "dst_off": Ref(scratch), "n": n}, c.name, "load"))
         if L.w_ram is not None:
+            assert L.idx is not None and L.idx_buf is not None     # set with w_ram
             ops.append(Op("patch", {"src_off": Ref(L.w_ram), "dst_off": Ref(scratch), "idx_off": Ref(L.idx_buf),
                                     "n_sel": len(L.idx), "row_bytes": L.row_bytes}, c.name, "load"))
         b = Ref(L.b_ram) if L.b_ram else (Ref(scratch, L.b_at) if with_bias_rq else None)
@@ -627,6 +631,7 @@ def plan_memory(buffers: list[Buf], ops: list[Op], first_offset: int = 0) -> int
         end = max((offsets[b] + b.nbytes for b in transient), default=top)
         if best is None or end < best[0]:
             best = (end, offsets)
+    assert best is not None
     end, offsets = best
     for b, off in offsets.items():
         b.offset = off

@@ -158,8 +158,9 @@ class Graph:
             elif isinstance(n, Add):
                 if not self.tensors[n.a].shape == self.tensors[n.b].shape == self.tensors[n.y].shape:
                     raise InsituError(f"graph: add {n.name} joins tensors of different shapes")
-            if getattr(n, "act", "none") not in ACTIVATIONS:
-                raise InsituError(f"graph: node {n.name} has unknown activation {n.act!r}")
+            act = getattr(n, "act", "none")
+            if act not in ACTIVATIONS:
+                raise InsituError(f"graph: node {n.name} has unknown activation {act!r}")
         if self.output not in defined or self.tensors[self.output].shape[1:] != (1, 1):
             raise InsituError(f"graph: output {self.output!r} must be a computed (classes, 1, 1) tensor")
 

@@ -24,8 +24,10 @@ The named configurations are in :data:`MODELS`:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 import insitu.nn as nn
 from insitu.errors import UsageError
@@ -222,7 +224,7 @@ class InvertedResidual(nn.Layer):
     """
 
     def __init__(self, c_in: int, c_out: int, expand: int, stride: int, *, batchnorm: bool = True,
-                 seed=None, dtype=np.float64):
+                 seed=None, dtype: DTypeLike = np.float64):
         super().__init__()
         rng = np.random.default_rng(seed)
         hidden = c_in * expand
@@ -270,11 +272,12 @@ class MobileNetV2(nn.Sequential):
     ``"head.conv"``, ``"pool"``, ``"classifier"``).
     """
 
-    def __init__(self, config: ModelConfig, seed: int = 0, dtype=np.float32):
+    def __init__(self, config: ModelConfig, seed: int = 0, dtype: type[np.floating] = np.float32):
         rng = np.random.default_rng(seed)
         bn = config.batchnorm
         c = config.channels(config.stem)
-        layers, names = [_conv_bn(1, c, 3, 2, "relu6", bn, rng, dtype)], ["stem"]
+        layers: list[nn.Layer] = [_conv_bn(1, c, 3, 2, "relu6", bn, rng, dtype)]
+        names = ["stem"]
         k = 0
         for t, c_out, n, s in config.blocks:
             c_out = config.channels(c_out)
@@ -339,7 +342,7 @@ def fold_bn(weight: np.ndarray, bias: np.ndarray | None, bn: nn.BatchNorm | None
 
 
 def _unit(name: str, cb: _ConvBN, block: str = "", residual: bool = False) -> Unit:
-    conv = cb.conv
+    conv = cast("nn.Conv2d | nn.DepthwiseConv2d", cb.conv)   # (what _conv_bn builds)
     w, b = fold_bn(conv.params["weight"], conv.params.get("bias"), cb.bn)
     groups = conv.channels if isinstance(conv, nn.DepthwiseConv2d) else 1
     return Unit(name, w, b, conv.stride[0], conv.padding[0], groups, cb.act, block, residual)
@@ -382,6 +385,7 @@ def folded_forward(units: list[Unit], x: np.ndarray, record: dict | None = None)
         if record is not None:
             record[u.name] = x
         if u.residual:
+            assert block_in is not None         # a residual unit ends a block that it began
             x = x + block_in[1]
             if record is not None:
                 record[f"{u.block}.add"] = x

@@ -126,6 +126,7 @@ def build_graph(units: list[Unit], scales: dict[str, float], input_size: int, me
         if u.residual:
             add = f"{u.block}.add"
             tensors[add] = g.TensorInfo(tensors[out].shape, scales[add])
+            assert block_in is not None         # a residual unit ends a block that it began
             nodes.append(g.Add(add, out, block_in[1], add))
             current = add
     graph = g.Graph(tensors, nodes, INPUT_TENSOR, OUTPUT_TENSOR, dict(meta or {}))

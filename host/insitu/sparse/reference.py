@@ -28,7 +28,7 @@ from insitu.sparse.models import FastDepthwiseConv2d, FastPointwiseConv2d
 from insitu.sparse.scheme import Scheme
 
 
-def _layer(n: Conv, c: int) -> nn.Layer:
+def _layer(n: Conv, c: int) -> nn.Conv2d | nn.DepthwiseConv2d:
     o, cg, k, _ = n.weight.shape
     if n.groups == 1 and k == 1 and n.pad == 0:
         return FastPointwiseConv2d(c, o, stride=n.stride)
