@@ -359,7 +359,9 @@ def run_training(plan: RunPlan, learner: Learner, *,
 
     every = plan.curve_interval()
     correct_then = getattr(learner, "correct", None)
-    trained_then = done
+    # The samples ``correct`` counts over: the learner's ``scored`` where it skips some (SMD drops
+    # batches), else every position trained.
+    trained_then = getattr(learner, "scored", done)
     at_budget = ends_at_budget       # the last point marks the budget's end, not a regular point
 
     def add_point(evaluated: dict | None = None, regular: bool = True) -> None:
@@ -370,15 +372,17 @@ def run_training(plan: RunPlan, learner: Learner, *,
         point: dict = {"samples": done,
                        "loss": float(np.mean(point_losses)) if point_losses else None}
         correct_now = getattr(learner, "correct", None)
-        if correct_now is not None and correct_then is not None and done > trained_then:
-            point["train_accuracy"] = (correct_now - correct_then) / (done - trained_then)
+        trained_now = getattr(learner, "scored", done)
+        if correct_now is not None and correct_then is not None and trained_now > trained_then:
+            point["train_accuracy"] = (correct_now - correct_then) / (trained_now - trained_then)
         if evaluated is None and probe is not None:
             evaluated = run_evaluation(probe)
-        point.update(_as_test_figures(evaluated or {}))
+        for key, value in _as_test_figures(evaluated or {}).items():
+            point.setdefault(key, value)     # the training loss and accuracy stay the learner's
         curve.append(point)
         at_budget = not regular
         if regular:
-            correct_then, trained_then, point_losses = correct_now, done, []
+            correct_then, trained_then, point_losses = correct_now, trained_now, []
 
     first = done
     next_save = (done // plan.checkpoint_every + 1) * plan.checkpoint_every

@@ -216,3 +216,31 @@ def test_progress_shows_the_live_loss_and_the_test_stage():
     advance.note = lambda **figures: notes.append(figures)
     run_training(plan(samples=16), Counter(), advance=advance, evaluate=lambda: {})
     assert notes[0] == {"loss": 1.0} and {"stage": "test"} in notes and notes[-1] == {"stage": "train"}
+
+
+class Skipping(Counter):
+    """Trains (and predicts every sample right) at every other step, skips the rest (SMD)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.correct = self.scored = 0
+
+    def train(self, start, count):
+        if start // 8 % 2:
+            return None                      # a skipped step: nothing predicted, no loss
+        self.correct += count
+        self.scored += count
+        return super().train(start, count)
+
+
+def test_the_training_accuracy_is_over_the_samples_predicted_and_evaluations_keep_it():
+    out = run_training(plan(curve_every=16), Skipping(), probe=lambda: {"test_accuracy": 0.25})
+    assert all(p["train_accuracy"] == 1.0 for p in out.curve)      # not 0.5: half were skipped
+    # An epoch's evaluation adds its test figures; the training loss and accuracy stay the
+    # learner's (the evaluation's own training accuracy, say, is in the history).
+    out = run_training(plan(epoch_size=32, evaluate_every_epoch=True, curve_every=16), Scoring(),
+                       evaluate=lambda: {"accuracy": 0.75, "train_accuracy": 0.1, "loss": 9.0})
+    ends = [p for p in out.curve if p["samples"] % 32 == 0]
+    assert ends and all(p["test_accuracy"] == 0.75 and p["train_accuracy"] == 0.5 and p["loss"] < 1
+                        for p in ends)
+    assert out.history[0]["train_accuracy"] == 0.1
