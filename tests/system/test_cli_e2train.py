@@ -47,6 +47,13 @@ def test_prints_the_headline_figures(all_three):
     # Fewer steps and cheaper arithmetic: both savings are positive, energy more than MACs.
     assert 0 < result["computational_saving"] < result["energy_saving"] < 1
     assert rows["sgd32"]["computational_saving"] == 0
+    # A curve point a step, each with the test accuracy; the loss and the training accuracy
+    # wherever a mini-batch was trained since the point before (SMD drops some).
+    for row in rows.values():
+        assert len(row["curve"]) == 8 and all(0 <= p["test_accuracy"] <= 1 for p in row["curve"])
+        trained = [p for p in row["curve"] if p["loss"] is not None]
+        assert all(p["loss"] > 0 and 0 <= p["train_accuracy"] <= 1 for p in trained)
+    assert all(p["loss"] is not None for p in rows["sgd32"]["curve"])
 
 
 def test_writes_rows_plot_and_resumes(all_three):

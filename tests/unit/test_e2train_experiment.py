@@ -64,6 +64,26 @@ def test_an_interrupted_row_resumes_to_the_uninterrupted_result(tmp_path, monkey
     assert whole["counted"]["energy_j"] == whole["history"][-1]["energy_j"] > 0
 
 
+def test_every_point_of_the_curve_has_the_loss_and_both_accuracies():
+    data = tiny_data()
+    row = train_row(CONFIG, ("slu", "psg"), data)
+    curve = row["curve"]
+    assert len(curve) == 14 and curve[-1]["samples"] == 400     # a point a step (7 an epoch)
+    for point in curve:
+        assert point["loss"] > 0 and 0 <= point["train_accuracy"] <= 1 and 0 <= point["test_accuracy"] <= 1
+        assert point["energy_j"] > 0
+    ends = {h["samples"]: h["test_accuracy"] for h in row["history"]}
+    assert [p["test_accuracy"] for p in curve if p["samples"] in ends] == list(ends.values())
+    # SMD: a point whose mini-batches were all dropped trained nothing: no loss, no training
+    # accuracy; the others have both, over the samples of the batches trained.
+    smd = train_row(CONFIG, ("smd",), data)
+    trained = [p for p in smd["curve"] if p["loss"] is not None]
+    assert 0 < len(trained) < len(smd["curve"])
+    assert all(0 <= p["train_accuracy"] <= 1 for p in trained)
+    assert all("train_accuracy" not in p for p in smd["curve"] if p["loss"] is None)
+    assert all(0 <= p["test_accuracy"] <= 1 for p in smd["curve"])
+
+
 def test_smd_drops_follow_the_batch_index_and_count_in_the_schedule():
     config = E2Config(smd_p=0.5, seed=3)
     drops = [smd_drops(config, b) for b in range(400)]

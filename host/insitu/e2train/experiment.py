@@ -257,6 +257,11 @@ def _predicted_fractions(model: ResNet) -> dict[str, float]:
             if isinstance(layer, PSGLayer) and layer.last_predicted is not None}
 
 
+#: Test samples of the curve's probe (the first of the row's test set, one evaluation batch), at
+#: every point of the curve between the epochs' evaluations.
+PROBE_SAMPLES = 500
+
+
 def _accuracy(model: ResNet, x: np.ndarray, y: np.ndarray, batch: int = 500) -> float:
     correct = 0
     for i in range(0, len(x), batch):
@@ -292,6 +297,9 @@ class E2Learner:
         self.total_batches = run_epochs(config, techniques) * self.batches_per_epoch
         self.skip_ratios: list[float] = []
         self.dropped = 0
+        # The curve's training accuracy: right predictions of the training forward passes, over
+        # the samples of the batches trained (SMD's dropped batches predict nothing).
+        self.correct = self.scored = 0
 
     def batch_index(self, start: int) -> int:
         """The mini-batch that starts at stream position ``start`` (an epoch's last may be short)."""
@@ -308,6 +316,8 @@ class E2Learner:
         self.optimizer.lr = lr_at(self.base_lr, batch / self.total_batches)
         self.optimizer.zero_grad()
         logits = self.model.forward(self.data.x_train[idx], train=True)
+        self.correct += int((logits.argmax(axis=1) == self.data.y_train[idx]).sum())
+        self.scored += len(idx)
         loss, dlogits = nn.softmax_cross_entropy(logits, self.data.y_train[idx])
         self.model.backward(dlogits)
         self.optimizer.step()
@@ -316,10 +326,17 @@ class E2Learner:
             self.skip_ratios.append(self.model.skip_ratio)
         return float(loss)
 
-    def evaluate(self) -> dict:
-        """Test accuracy and what training has cost so far."""
-        return {"test_accuracy": _accuracy(self.model, self.data.x_test, self.data.y_test),
+    def evaluate(self, samples: int | None = None) -> dict:
+        """Test accuracy (on the first ``samples`` of the test set; None: all of it) and what
+        training has cost so far."""
+        x, y = self.data.x_test[:samples], self.data.y_test[:samples]
+        return {"test_accuracy": _accuracy(self.model, x, y),
                 "energy_j": self.counter.total_j, "macs": self.counter.total_macs}
+
+    def probe(self) -> dict:
+        """The curve's probe: :meth:`evaluate` on the first :data:`PROBE_SAMPLES` test samples (an
+        inference pass: no weight, statistic or gate of training changes)."""
+        return self.evaluate(PROBE_SAMPLES)
 
     def state(self) -> tuple[dict, dict]:
         arrays = {**{f"model.{k}": v for k, v in self.model.state_dict().items()},
@@ -358,7 +375,8 @@ def train_row(config: E2Config, techniques: tuple[str, ...], data: Data,
                    samples=epochs * n, step=config.batch_size, checkpoint=checkpoint,
                    checkpoint_every=n, epoch_size=n, evaluate_every_epoch=True,
                    samples_option="--epochs")
-    outcome = run_training(plan, learner, evaluate=learner.evaluate, advance=advance, say=say)
+    outcome = run_training(plan, learner, evaluate=learner.evaluate, advance=advance, say=say,
+                           probe=learner.probe)
     if weights_path is not None:
         save_checkpoint(weights_path, learner.model.state_dict(),
                         {"row": name, "config": asdict(config),
