@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import AbstractSet
 
 from insitu.errors import UsageError
-from insitu.io import os_reason, atomic_write, atomic_write_json, check_writable, to_jsonable
+from insitu.io import atomic_write, atomic_write_json, check_writable, os_reason, to_jsonable
 
 #: The format of ``run.json``.
 FORMAT = "insitu-run-folder/1"
@@ -254,21 +254,16 @@ def load_runs(folders) -> list[ComparedRun]:
 
 def compare(folders) -> dict:
     """One table across runs of any command: their figures, their configs and ``differing``, the
-    options that do not have one value in all of them (an option that some runs' commands do
-    not have differs too: it is absent there)."""
+    options that do not have one value in all of them. An option that some runs' commands do not
+    have differs too where others set it; an option left unset (None) is as if absent."""
     runs = load_runs(folders)
     keys = set().union(*(r.config for r in runs)) if runs else set()
-    differing = [k for k in sorted(keys)
-                 if len({json.dumps(r.config.get(k, ABSENT)) for r in runs}) > 1]
+    differing = [k for k in sorted(keys) if len({json.dumps(r.config.get(k)) for r in runs}) > 1]
     return {"differing": differing,
             "runs": [{"run": r.label, "folder": str(r.folder), "command": r.command, "status": r.status,
                       **{k: v for k, v in r.row.items() if k != "curve"},
                       "config": r.config, "curve": r.row["curve"]}
                      for r in runs]}
-
-
-#: How an option absent from a run's config (its command has no such option) is compared.
-ABSENT = "\0absent"
 
 
 def run_colours(count: int) -> list:

@@ -174,6 +174,7 @@ def test_runs_of_every_training_command_are_compared_in_one_table(run_cli, tmp_p
     # Every command writes its resolved options: sgd's default lr is there, the dataset (digits
     # in all three) does not differ, and an option only some commands have does.
     assert "dataset" not in compared["differing"] and {"lr", "board", "variant"} <= set(compared["differing"])
+    assert "meter" not in compared["differing"]        # unset in train's config, absent in the others
     assert table[0]["config"]["lr"] == 0.05 and table[0]["config"]["batch-size"] == 32
     assert [r["run"] for r in table] == ["sgd", "tt/fixed", "e2/sgd32", "e2/smd"]
     assert [r["command"] for r in table] == ["insitu train", "insitu tt train", *["insitu e2train run"] * 2]
@@ -203,3 +204,17 @@ def test_a_meter_from_the_config_records_and_a_run_folder_goes_on_with_it(run_cl
         assert json.loads(run.stdout)["power"]["meter"]["meter"] == "synthetic:2"
         assert (folder / trace).is_file(), sorted(p.name for p in folder.iterdir())
     assert json.loads((folder / "run.json").read_text())["status"] == "complete"
+
+
+def test_lrt_adapt_from_scratch_in_a_run_folder_is_complete_when_asked_again(run_cli, tmp_path):
+    """--offline-samples 0 (the fig6 sweep's setting) trains from scratch, without pre-training;
+    the complete folder asked again shows its result and trains nothing."""
+    args = ("lrt", "adapt", "--env", "control", "--model", "mlp", *DIGITS, "--samples", "200",
+            "--offline-samples", "0", "--run-dir", tmp_path / "a", "--json")
+    run = run_cli(*args, timeout=300)
+    assert run.returncode == 0, run.stderr
+    first = json.loads(run.stdout)
+    assert "pre-training" not in run.stderr and first["samples"] == 200
+    run = run_cli(*args, timeout=300)
+    assert run.returncode == 0 and "already holds this run, complete" in run.stderr
+    assert json.loads(run.stdout) == first
