@@ -18,17 +18,19 @@ from __future__ import annotations
 import platform
 import statistics
 import time
+from typing import cast
 
 import numpy as np
 
 from .schedule import layer_schedule, macs_by_kind
 from .experiment import CLASSES, Model, TTTrainConfig
+from .model import TTNet
 
 
 def schedule_macs(model: Model, batch: int) -> dict:
     """MACs per sample by PE kind for one training step of the model's TT layers."""
     totals = {"PE1": 0, "PE2": 0, "PE3": 0}
-    for k, ttm in enumerate(model.net.ttms):
+    for k, ttm in enumerate(cast(TTNet, model.net).ttms):          # (a tensorized model)
         ops = layer_schedule(ttm.in_modes, ttm.out_modes, ttm.ranks, batch, input_grad=k > 0)
         for kind, macs in macs_by_kind(ops).items():
             totals[kind] += macs

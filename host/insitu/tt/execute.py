@@ -17,6 +17,7 @@ every op checks that bound before it runs.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -32,6 +33,7 @@ EXACT_FLOAT_BITS = 53
 
 def factor_operand(op: Op, core: np.ndarray) -> np.ndarray:
     """The core reordered into the op's factor operand: ``(b, d, c)`` for PE1, ``(b, d)`` for PE2."""
+    assert op.core is not None                  # a PE1 or PE2 op names its core
     shape = [core.shape[ax] for ax in op.factor_axes]
     b = math.prod(shape[:op.len_b])
     d = math.prod(shape[op.len_b:op.len_b + op.len_d])
@@ -61,7 +63,8 @@ def _pad_c(z: np.ndarray, c_padded: int) -> np.ndarray:
     return np.pad(z, pad)
 
 
-def contract(op: Op, lhs: np.ndarray, other: np.ndarray, out_modes=None, in_modes=None) -> np.ndarray:
+def contract(op: Op, lhs: np.ndarray, other: np.ndarray, out_modes: Sequence[int] | None = None,
+             in_modes: Sequence[int] | None = None) -> np.ndarray:
     """The sums of one op, exact for integer-valued float64 operands; returns a flat buffer.
 
     ``lhs`` is the streamed buffer (flat). ``other`` is the op's core (PE1/PE2) or, for PE3, the
@@ -69,6 +72,8 @@ def contract(op: Op, lhs: np.ndarray, other: np.ndarray, out_modes=None, in_mode
     """
     lhs = np.asarray(lhs, dtype=np.float64)
     if op.kind == "PE3":
+        if out_modes is None or in_modes is None or op.src2 is None:
+            raise ValueError(f"PE3 op {op.dst!r}: needs its second buffer (src2), out_modes and in_modes")
         x = np.asarray(other, dtype=np.float64)
         _check_size(op, lhs, op.b * math.prod(out_modes), op.src)
         _check_size(op, x, op.b * op.a * op.c // math.prod(out_modes), op.src2)
@@ -135,11 +140,15 @@ class FixedExecutor:
         """
         check_op(op, self.limits)
         if op.kind == "PE3":
+            assert op.src2 is not None          # a PE3 op's second buffer (the layer input)
             other, other_frac, other_bits = buffers[op.src2], fracs[op.src2], TT_PE_DATA_BITS
+            other_name = op.src2
         else:
+            assert op.core is not None          # a PE1 or PE2 op names its core
             other, other_frac, other_bits = cores[op.core], core_fracs[op.core], TT_FACTOR_BITS
+            other_name = op.src2 or f"core {op.core + 1}"
         _check_codes(op, buffers[op.src], TT_PE_DATA_BITS, op.src)
-        _check_codes(op, other, other_bits, op.src2 or f"core {op.core + 1}")
+        _check_codes(op, other, other_bits, other_name)
         acc_bits = accumulator_bits(TT_PE_DATA_BITS, other_bits, op.terms)
         if acc_bits > EXACT_FLOAT_BITS:
             raise ValueError(f"{op.kind} op {op.dst!r}: a {acc_bits}-bit accumulator ({op.terms} terms) "

@@ -129,6 +129,7 @@ class TTNet(Layer):
                            for key, frac in fracs.items()}
 
     def _run(self, k, ops, buffers, fracs, codes, observe):
+        assert self.executor is not None        # a quantized network's (the only caller)
         ttm = self.ttms[k]
         for op in ops:
             self.executor.run(op, buffers, fracs, codes, self.core_fracs[k],
@@ -167,7 +168,9 @@ class TTNet(Layer):
             self._cache = cache
         return a[:, :self.classes]
 
-    def backward(self, dlogits: np.ndarray) -> None:
+    # The whole network, not a layer in one: its backward takes the logits' gradient and returns
+    # nothing (no layer below it wants dx).
+    def backward(self, dlogits: np.ndarray) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
         """Gradients of every core and bias into ``self.grads`` (replacing them)."""
         cache = self._saved()
         n = dlogits.shape[0]

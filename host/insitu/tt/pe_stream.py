@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -190,7 +191,7 @@ def sums(cfg: PEConfig, lhs, rhs) -> np.ndarray:
 def result(cfg: PEConfig, lhs, rhs) -> np.ndarray:
     """The op's output codes in the natural layout."""
     if cfg.kind == "PE3_PSG":
-        return psg_run(cfg, lhs, rhs).out
+        return psg_run(cast(PSGConfig, cfg), lhs, rhs).out
     return rescale(sums(cfg, lhs, rhs), cfg.shift)
 
 

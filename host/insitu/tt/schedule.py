@@ -136,7 +136,7 @@ def _prod(values) -> int:
 
 def is_count(value, least: int = 1) -> bool:
     """An integer (Python or NumPy, not bool) of at least ``least``."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= least
 
 
 def check_modes(in_modes, out_modes, ranks=None) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
