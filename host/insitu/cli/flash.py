@@ -38,7 +38,8 @@ def command(board, port, model_dir, source, as_json, files):
 
     if len({Path(f).name for f in files}) < len(files):
         raise UsageError("two FILES have the same name; the board's flash is one folder")
-    deploy = {Path(f).name: Path(f) for f in files} if files else firmware_files()
+    deploy: dict[str, bytes | Path] = dict({Path(f).name: Path(f) for f in files} if files
+                                           else firmware_files())
     if model_dir:
         for path in sorted(Path(model_dir).iterdir()):
             if path.is_file():

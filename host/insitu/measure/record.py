@@ -112,6 +112,7 @@ class Recorder:
 
     # -- the CSV
     def _write(self, text: str) -> None:
+        assert self._fd is not None, "the CSV is open (start() made it)"
         data = text.encode()
         while data:
             n = os.write(self._fd, data)
@@ -160,12 +161,14 @@ class Recorder:
         if samples:
             self._append(samples)
         if time.monotonic() - self._last_fsync >= _FSYNC_EVERY_S:
+            assert self._fd is not None, "pump() runs between start() and finish()"
             os.fsync(self._fd)
             self._last_fsync = time.monotonic()
         return len(samples)
 
     def _append(self, samples: Sequence[Sample]) -> None:
         t0 = self.started_at
+        assert t0 is not None, "samples come only after start() set started_at"
         rows = []
         for s in samples:
             t, w = float(s.t), float(s.watts)
@@ -181,6 +184,7 @@ class Recorder:
         samples over late) or ``max_s`` passed; a stall in between is waited out, not a stop."""
         if self.meter_error is not None:
             return
+        assert self.started_at is not None, "drain() runs after start()"
         deadline = time.monotonic() + max_s
         target = until - self.started_at
         while (not self.t or self.t[-1] < target) and time.monotonic() < deadline:
@@ -339,7 +343,8 @@ def training_energy(phases: list[dict]) -> dict:
                   and p["samples"] is not None for p in train)
     return {"training_energy_j": _r(energy) if energy is not None else None,
             "training_samples": samples,
-            "energy_per_training_sample_j": (_r(energy / samples) if train and samples and covered
+            "energy_per_training_sample_j": (_r(energy / samples)
+                                             if energy is not None and samples and covered
                                              else None)}
 
 

@@ -206,12 +206,16 @@ class SweepConfig:
 
     @property
     def experiment(self) -> Experiment:
+        assert self.run is not None, "a command sweep runs no experiment"
         return experiment(self.run)
 
     @property
     def label(self) -> str:
         """What the points run: the experiment's name, or ``insitu <command>``."""
-        return self.command.label if self.command else self.run
+        if self.command:
+            return self.command.label
+        assert self.run is not None, "a sweep runs an experiment or a command"
+        return self.run
 
     @property
     def panel_axes(self) -> tuple[str, ...]:
@@ -386,6 +390,7 @@ def _parse_command_config(data: dict, sweep: dict, source: str, base: Path | Non
     canonical: dict[str, str] = {}
     for key in [*fixed, *grid]:
         option = command.key(key)
+        assert option is not None, "every key was checked above"
         if option in canonical:
             raise UsageError(f"{source}: {canonical[option]!r} and {key!r} are the same option "
                              f"--{option}; keep one")
@@ -394,9 +399,11 @@ def _parse_command_config(data: dict, sweep: dict, source: str, base: Path | Non
     if command.cast is not None:
         for where, table in (("[fixed]", fixed), ("[grid]", grid)):
             for key, values in table.items():
+                option = command.key(key)
+                assert option is not None, "every key was checked above"
                 for value in (values if where == "[grid]" else [values]):
                     try:
-                        command.cast(command.key(key), value)
+                        command.cast(option, value)
                     except ValueError as exc:
                         raise UsageError(f"{source}: {where} {key} = {value!r}: {exc}") from None
     _resolve_paths([k for k in [*fixed, *grid] if command.key(k) in command.paths], fixed, grid, base)
@@ -500,6 +507,9 @@ _CHILDREN_LOCK = threading.Lock()
 class PointFailed(InsituError):
     """A command point that exited non-zero, or printed no JSON result."""
 
+    #: One line for the sweep's log (a non-zero exit: the last stderr line), or None.
+    summary: str | None = None
+
 
 def _tail(path: Path, lines: int = STDERR_TAIL) -> list[str]:
     try:
@@ -509,7 +519,7 @@ def _tail(path: Path, lines: int = STDERR_TAIL) -> list[str]:
     return [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
 
 
-def run_command_point(words: list[str], run_dir: str, options: dict, seed: int | None) -> dict:
+def run_command_point(words: list[str], run_dir: str | Path, options: dict, seed: int | None) -> dict:
     """Run one point of a command sweep: ``python -m insitu WORDS --config FILE --run-dir RUN_DIR
     --json`` with ``options`` (config keys) and ``seed`` in FILE, one BLAS thread.
 
@@ -591,6 +601,7 @@ def _stop_children(grace_s: float = 10.0) -> None:
 
 def _command_options(config: SweepConfig, point: Point) -> dict:
     """A point's options as the command's --config file takes them."""
+    assert config.command is not None, "only a command sweep has command options"
     return {config.command.key(k): v for k, v in point.params.items()}
 
 
@@ -844,6 +855,7 @@ def run_sweep(config: SweepConfig, out, workers: int | None = None, ray_address:
                             summary = getattr(exc, "summary", None) or str(exc).splitlines()[0]
                             log(f"point {p.key} failed: {summary}")
                         continue
+                    assert outcome is not None, "a point without an exception has its outcome"
                     record = _record(config, p, outcome)
                     atomic_write_json(_point_path(out, p.key, config), record)
                     records[p.key] = record
