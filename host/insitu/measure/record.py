@@ -206,8 +206,9 @@ class Recorder:
         return problem
 
     def _last_read(self) -> None:
-        # What the meter flushed while stopping (a PowerShield sends its buffer's tail).
-        samples = self.meter.read(0)
+        # What the meter flushed while stopping (a PowerShield sends its buffer's tail); nothing
+        # when it never started (a failed start: its error is the one to report).
+        samples = self.meter.read(0) if self.started_at is not None else []
         if samples:
             self._append(samples)
 
