@@ -25,7 +25,8 @@ import insitu.mcu.flash as mcu_flash
 from insitu.mcu.device import DeviceError, TrainingDevice
 from insitu.mcu.link import DeviceLink, FirmwareCrashed, LinkError
 from insitu.sparse.simulate import Simulator
-from insitu.mcu.board_runs import HEAP_MARGIN, Prepared, firmware_files, run_on_device
+from insitu.mcu.board_runs import HEAP_MARGIN, Prepared, device_loss, firmware_files, run_on_device
+from insitu.sparse import abi
 from insitu.mcu.twin import TWINS, FlashFiles, McuTwin
 from insitu.training import sample_order
 
@@ -178,6 +179,20 @@ def test_sparse_training_on_the_twin_end_to_end(run_cli, prep, kind, tmp_path):
     magic, model_id, done, trained = checkpoint(flash_dir, kind)
     assert (magic, model_id, done) == (b"TTE1", prep.compiled.model_id, 20)
     assert trained == simulate(prep, 20)[0].trained_bytes()
+    # A curve point a sample: the device's loss (from the p(label) code it answers each sample
+    # with: the simulator's, bit for bit), its training accuracy, and the test accuracy of the
+    # simulator's probe (here the 20 test samples: the last point is the device's final figure).
+    curve = r["curve"]
+    assert [p["samples"] for p in curve] == list(range(1, 21))
+    for point in curve:
+        assert point["loss"] > 0 and point["train_accuracy"] in (0, 1) and 0 <= point["test_accuracy"] <= 1
+    sim = Simulator(prep.compiled)
+    losses = []
+    for i in sample_order(len(prep.y_train), SEED, 0, 20):
+        sim.train_step(prep.x_train[i], int(prep.y_train[i]))
+        losses.append(device_loss(sim._io(abi.IO_P_LABEL)))
+    assert [p["loss"] for p in curve] == losses
+    assert curve[-1]["test_accuracy"] == r["accuracy_after"] and r["curve_probe"]["test_samples"] == 20
 
 
 def test_accumulated_gradients_train_the_same_on_the_twin_and_the_host(run_cli, kind, tmp_path):
@@ -189,7 +204,8 @@ def test_accumulated_gradients_train_the_same_on_the_twin_and_the_host(run_cli, 
     assert run.returncode == 0, run.stderr
     r = json.loads(run.stdout)
     assert r["batch_size"] == 3 and r["host_sim_agreement"] == 1.0
-    assert r["accuracy_after"] == r["host_sim_accuracy_after"]
+    assert r["accuracy_after"] == r["host_sim_accuracy_after"]        # the probes changed nothing
+    assert len(r["curve"]) == 12 and all(p["loss"] > 0 and "test_accuracy" in p for p in r["curve"])
     accumulating = Prepared(MODEL, TASK, "last-2", LR, SEED, accumulate=3)
     assert r["model_id"] == accumulating.compiled.model_id
     _, _, done, trained = checkpoint(flash_dir, kind)

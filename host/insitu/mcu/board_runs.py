@@ -10,6 +10,8 @@ in the host simulator on the same samples, which must agree with the device.
 from __future__ import annotations
 
 import contextlib
+import copy
+import math
 import sys
 import tempfile
 import time
@@ -21,6 +23,7 @@ from insitu.boards import Board
 from insitu.errors import InsituError, UsageError
 from insitu.harness import RunPlan, run_training, sample_order, say
 from insitu.measure.phases import phase
+from insitu.sparse import abi
 from insitu.sparse.calibrate import calibrate_gradients
 from insitu.sparse.compiler import Compiled, Options, compile_training
 from insitu.sparse.graph import input_codes
@@ -45,6 +48,9 @@ HEAP_BYTES_PER_CALL = 24
 #: held-out ones (docs/mcu.md): a heap must exceed the prediction by this much before training
 #: starts (at the very minimum a heap fragmented a little differently refuses the arena).
 HEAP_MARGIN = 0.05
+#: Test samples of the curve's probe (the first of the device's test set), run by the host
+#: simulation at every point of the curve: the board spends no time on it.
+PROBE_SAMPLES = 100
 
 
 class Prepared:
@@ -131,10 +137,18 @@ def board_port(board: Board, port: str | None, heap_bytes: int, flash_dir: str |
         yield started.port, started
 
 
+def device_loss(p_label: int) -> float:
+    """A training sample's cross-entropy from the p(label) code the device answers it with (its
+    integer softmax's ``q = round(p * 2**LOSS_GRAD_FRAC)``, computed for the gradient anyway):
+    ``-ln(q / 2**LOSS_GRAD_FRAC)``; a code of 0 (p below half a code) counts as half a code."""
+    return -math.log(max(p_label, 0.5) / (1 << abi.LOSS_GRAD_FRAC))
+
+
 class DeviceLearner:
     """The device as the run harness's learner: it trains on the samples it is sent and keeps its
     own state (a checkpoint on its flash every ``checkpoint_every`` samples, written by the
-    firmware), so the harness goes on from the position the device reports.
+    firmware), so the harness goes on from the position the device reports. A step's loss is the
+    mean of :func:`device_loss` over its samples, from the device's answers.
 
     A device that was reset in the middle of a step restarts from its checkpoint and says so in
     its answer (its count of samples done): the step then trains again from there, and the
@@ -146,11 +160,12 @@ class DeviceLearner:
         self.predicted = np.full(len(order), -1)      # the device's predictions while training
         self.correct = 0                              # of them right, this session (the curve)
 
-    def train(self, start: int, count: int) -> None:
+    def train(self, start: int, count: int) -> float | None:
         n, shown = start, start                       # the sample to send; what progress shows
+        losses: list[float] = []
         while n < start + count:
             i = self.order[n]
-            done, self.predicted[n], _ = self.dev.with_recovery(
+            done, self.predicted[n], p_label = self.dev.with_recovery(
                 lambda n=n, i=i: self.dev.train(n, int(self.prep.y_train[i]), self.prep.x_train[i]))
             if done != n + 1:                         # reset: the device went back to `done`
                 if done < shown:
@@ -163,7 +178,10 @@ class DeviceLearner:
                 shown += 1
             else:
                 self.correct += int(self.predicted[n] == self.prep.y_train[i])
+                if self.predicted[n] >= 0:            # trained now, not acknowledged as done before
+                    losses.append(device_loss(p_label))
             n += 1
+        return float(np.mean(losses)) if losses else None
 
     # Nothing to keep on the host: the harness resumes from the device's own position.
     def state(self) -> tuple[dict, dict]:
@@ -213,6 +231,15 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
             "heap_free_bytes": stats.get("mem_free"), "resumed_from": resumed_from,
             "reconnects": dev.reconnects, "restarts": dev.restarts, "train_seconds": outcome.seconds,
             "predicted_during_training": learner.predicted}
+
+
+def sim_accuracy(sim: Simulator, x_codes: np.ndarray, labels: np.ndarray) -> float:
+    """``sim``'s accuracy on these samples, on a copy of its arena: an inference overwrites
+    activations (and, accumulating gradients, what is accumulated), so the copy leaves the
+    training exactly where it was."""
+    probe = copy.copy(sim)
+    probe.A = sim.A.copy()
+    return probe.accuracy(x_codes, labels)
 
 
 def print_to_stderr(text: str) -> None:
@@ -370,12 +397,19 @@ def run_sparse(config, board: Board, advance) -> dict:
         device = run_on_device(prep, port, config.samples, test_samples, config.seed, advance)
         twin_kind = twin.twin if twin is not None else None
     predicted = device.pop("predicted_during_training")
-    # The host simulation of the same program on the same samples (bit-exact with the device).
+    # The host simulation of the same program on the same samples (bit-exact with the device); at
+    # each point of the curve it measures the test accuracy of the probe.
     sim = Simulator(compiled)
     x_test, y_test = prep.x_test[:test_samples], prep.y_test[:test_samples]
+    probe = min(PROBE_SAMPLES, test_samples)
     sim_before = sim.accuracy(x_test, y_test)
     order = sample_order(len(prep.y_train), config.seed, 0, config.samples)
-    sim_predicted = np.array([sim.train_step(prep.x_train[i], int(prep.y_train[i])) for i in order])
+    points = {point["samples"]: point for point in device["curve"]}
+    sim_predicted = np.zeros(len(order), dtype=np.int64)
+    for n, i in enumerate(order):
+        sim_predicted[n] = sim.train_step(prep.x_train[i], int(prep.y_train[i]))
+        if n + 1 in points:
+            points[n + 1]["test_accuracy"] = sim_accuracy(sim, x_test[:probe], y_test[:probe])
     sim_after = sim.accuracy(x_test, y_test)
     seen = predicted >= 0
     return {
@@ -386,6 +420,8 @@ def run_sparse(config, board: Board, advance) -> dict:
         "batch_size": config.batch_size,          # > 1: gradients accumulated over that many samples
         **device,
         "accuracy": device["accuracy_after"],
+        # The curve's test accuracy: the host simulation's, on the first test samples.
+        "curve_probe": {"by": "host simulation", "test_samples": probe},
         "planned_peak_bytes": compiled.arena_bytes,
         "predicted_heap_bytes": predicted_heap_bytes(compiled),
         "heap_bytes": heap,
