@@ -134,7 +134,8 @@ class RunOutcome:
     resumed_from: int | None
     #: Seconds of training steps (this session plus those before a resume), no evaluation.
     seconds: float
-    #: Positions trained per second of training in this session (None when none were).
+    #: Positions trained per second of training in this session; a run with nothing left to
+    #: train (complete already): the run's own rate; None when unknown.
     samples_per_second: float | None
     losses: list[float]
     #: One record per epoch end when evaluating every epoch: ``{"epoch", "samples", "loss", ...}``.
@@ -194,6 +195,14 @@ def _as_test_figures(evaluation: dict) -> dict:
     """An evaluation's figures as a curve point's: its ``accuracy`` is the ``test_accuracy``."""
     return {("test_accuracy" if k == "accuracy" else k): v for k, v in evaluation.items()
             if isinstance(v, (int, float)) or v is None}
+
+
+def _rate(done: int, first: int, trained_seconds: float, seconds_before: float) -> float | None:
+    """Positions trained per second: this session's, or, when it trained nothing (a complete run
+    run again), the run's own over the sessions before."""
+    if trained_seconds > 0:
+        return (done - first) / trained_seconds
+    return done / seconds_before if done == first and seconds_before > 0 else None
 
 
 def _budget(plan: RunPlan, done: int) -> str:
@@ -321,7 +330,11 @@ def run_training(plan: RunPlan, learner: Learner, *,
                 curve.pop()        # that run's last point; this run goes on past it
             else:
                 ends_at_budget = True      # nothing left to run: the curve stays whole
-        say(f"resumed from {checkpoint} at {done} samples")
+        if done < plan.samples:
+            say(f"resumed from {checkpoint} at {done} samples")
+        else:
+            say(f"checkpoint {checkpoint} is already complete at {done} samples: nothing is "
+                f"trained again (ask for more {plan.samples_option} to go on)")
         advance(done)
 
     if plan.kept_by is not None and plan.resume_at:
@@ -352,7 +365,9 @@ def run_training(plan: RunPlan, learner: Learner, *,
             return {}
         note(stage="test")
         try:
-            with phase("test"):
+            # Weights a diverging step left infinite must not print NumPy warnings: the next
+            # step's loss stops the run with a clear error.
+            with phase("test"), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 return evaluation()
         finally:
             note(stage="train")
@@ -439,7 +454,7 @@ def run_training(plan: RunPlan, learner: Learner, *,
                 else:
                     where = "no --checkpoint was given, so the work is lost (give one to keep it)"
                 raise Interrupted(f"{stop.received} after {done} of {plan.samples} samples; {where}",
-                                  stop.received)
+                                  stop.received or "SIGINT")
     if checkpoint is not None and done == first:
         save()                     # a resumed run with nothing left still leaves its checkpoint
     if evaluated_at != done:               # not just evaluated at the last epoch's end
@@ -448,6 +463,6 @@ def run_training(plan: RunPlan, learner: Learner, *,
             curve[-1].update(_as_test_figures(evaluation))
     return RunOutcome(samples=done, resumed_from=resumed_from,
                       seconds=seconds_before + trained_seconds,
-                      samples_per_second=(done - first) / trained_seconds if trained_seconds > 0 else None,
+                      samples_per_second=_rate(done, first, trained_seconds, seconds_before),
                       losses=losses[-LOSS_WINDOW:], history=history, evaluation=evaluation,
                       curve=curve)

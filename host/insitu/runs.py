@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ from typing import AbstractSet
 
 from insitu.errors import UsageError
 from insitu.io import atomic_write, atomic_write_json, check_writable, os_reason, to_jsonable
+
+#: Tells the user about the run folder on stderr (never in --json output), as the harness does.
+log = logging.getLogger(__name__)
 
 #: The format of ``run.json``.
 FORMAT = "insitu-run-folder/1"
@@ -136,10 +140,8 @@ class RunFolder:
     def already_complete(self) -> dict:
         """The result of this complete run, said on stderr: the run is not run again, and its
         figures (seconds, rates, energy) stay those it measured."""
-        from insitu.harness import say
-
-        say(f"--run-dir {self.path} already holds this run, complete: its result is shown, "
-            "nothing is run again (ask for more --samples or --epochs to continue it)")
+        log.warning("--run-dir %s already holds this run, complete: its result is shown, nothing is "
+                    "run again (ask for more --samples or --epochs to continue it)", self.path)
         assert self.result is not None, "already_complete() of a run that is not complete"
         return self.result
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import warnings
 
 import numpy as np
 import pytest
@@ -216,6 +217,31 @@ def test_progress_shows_the_live_loss_and_the_test_stage():
     advance.note = lambda **figures: notes.append(figures)
     run_training(plan(samples=16), Counter(), advance=advance, evaluate=lambda: {})
     assert notes[0] == {"loss": 1.0} and {"stage": "test"} in notes and notes[-1] == {"stage": "train"}
+
+
+def test_an_evaluation_of_diverged_weights_prints_no_numpy_warning():
+    """Weights a step left infinite make the probe overflow; the run reports the divergence once,
+    at the next step's loss, without NumPy's RuntimeWarning (and its source path) before it."""
+    losses = iter([1.0, np.inf])
+
+    def probe():
+        weights = np.array([np.inf, 1e308])
+        return {"accuracy": float(np.mean(np.exp(weights) * 10 - weights))}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # a RuntimeWarning would fail the test
+        with pytest.raises(Diverged, match="the loss is inf after 16 samples"):
+            run_training(plan(curve_every=8), Counter(loss=lambda start: next(losses)), probe=probe)
+
+
+def test_a_complete_checkpoint_run_again_says_so_and_keeps_its_rate(tmp_path):
+    first = run_training(plan(tmp_path, samples=48), Counter())
+    said = []
+    again = run_training(plan(tmp_path, samples=48), Counter(), say=said.append)
+    assert said == [f"checkpoint {tmp_path / 'c.npz'} is already complete at 48 samples: nothing is "
+                    "trained again (ask for more --samples to go on)"]
+    assert again.samples_per_second == pytest.approx(48 / first.seconds)
+    assert again.losses == first.losses and again.curve == first.curve
 
 
 class Skipping(Counter):

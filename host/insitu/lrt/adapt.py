@@ -29,7 +29,7 @@ import numpy as np
 from insitu.checkpoint import load_checkpoint, save_checkpoint
 from insitu.checks import check_int
 from insitu.errors import InsituError
-from insitu.harness import RunPlan, check_resumable, run_training, say
+from insitu.harness import CURVE_POINTS, RunPlan, check_resumable, run_training, say
 from insitu.io import atomic_write
 from insitu.lrt.nvm import NVMModel, make_drift
 from insitu.lrt.online import ENVS, OnlineData
@@ -184,10 +184,14 @@ class AdaptLearner:
         self.ema_sum = self.ema_weight = 0.0
         self.correct = 0
 
-    def train(self, start: int, count: int) -> None:
+    def train(self, start: int, count: int) -> float | None:
+        """Samples ``start .. start + count`` of the stream; returns their mean loss (the
+        trainer's ``last_losses``: each sample's before it was learnt)."""
         x, y = self.data.online(self.env, count, start=start)
         self.trainer.train(x.astype(np.float64), y,
                            after_each=lambda i, correct: self._after(start + i, correct))
+        losses = getattr(self.trainer, "last_losses", ())
+        return float(np.mean(losses)) if len(losses) else None
 
     def _after(self, step: int, correct: bool) -> None:
         if self.drift is not None:
@@ -225,7 +229,7 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
               dataset: str = "fashion-mnist", data_dir=None, config: LRTConfig | None = None,
               offline_samples: int = OFFLINE_SAMPLES, pretrain_epochs: int = PRETRAIN_EPOCHS,
               segment: int = 10_000, curve_points: int = 200, cache_dir=None, counts_out=None, checkpoint=None,
-              checkpoint_every: int = 1000, advance=lambda n: None) -> dict:
+              checkpoint_every: int = 1000, advance=lambda n: None, test_samples: int = 200) -> dict:
     """Deploy the pre-trained model in ``env`` and train it online with ``scheme``.
 
     ``counts_out`` (a path ending in .npz) receives the per-cell write counts of every layer.
@@ -246,8 +250,10 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
                 "dataset": data.dataset.key,
                 "config": vars(config), "offline_samples": offline_samples,
                 "pretrain_epochs": pretrain_epochs, "segment": segment}
-    plan = RunPlan("insitu lrt adapt", identity, samples, min(1000, checkpoint_every), checkpoint,
-                   checkpoint_every)
+    # A curve point comes at a step's end: a step of at most 1/CURVE_POINTS of the budget (the
+    # samples are learnt one at a time: the step changes no result).
+    step = max(1, min(1000, checkpoint_every, -(-samples // CURVE_POINTS)))
+    plan = RunPlan("insitu lrt adapt", identity, samples, step, checkpoint, checkpoint_every)
     check_resumable(plan)                  # a checkpoint of another run: refused before pre-training
     net, pre = pretrained_model(arch, dataset, data_dir, seed, offline_samples, pretrain_epochs,
                                 cache_dir, config)
@@ -255,7 +261,12 @@ def run_adapt(env: str, scheme: str, samples: int, seed: int = 0, arch: str = "c
     trainer = OnlineTrainer(net, scheme, config, nvm=nvm, seed=seed)
     learner = AdaptLearner(trainer, data, env, make_drift(env, seed=seed + 7919),
                            curve_positions(samples, curve_points))
-    outcome = run_training(plan, learner, advance=advance, say=say)
+    x_test, y_test = data.test(test_samples)
+    x_test = x_test.astype(np.float64)
+    # The curve's test accuracy: the first test samples, on the weights as they are (inference:
+    # no statistic, no NVM read or write counted).
+    outcome = run_training(plan, learner, advance=advance, say=say,
+                           probe=lambda: {"test_accuracy": evaluate(net, x_test, y_test)})
     report = nvm.report(samples)
     if counts_out:
         buf = io.BytesIO()

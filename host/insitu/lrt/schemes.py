@@ -89,6 +89,12 @@ def loss_gradient(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return LRT_GRADIENT.quantize(p)
 
 
+def cross_entropy(logits: np.ndarray, label: int) -> float:
+    """One sample's softmax cross-entropy, from its logits (``(classes,)``)."""
+    z = logits - logits.max()
+    return float(np.log(np.sum(np.exp(z))) - z[label])
+
+
 def evaluate(net: QNet, x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.argmax(net.predict(x), axis=1) == y))
 
@@ -279,6 +285,8 @@ class OnlineTrainer:
                 batch = self.config.conv_batch if conv else self.config.dense_batch
                 self.lrt[layer.name] = _LayerLRT(layer, self.config, batch, seed * 1000 + i, maxnorm)
         self.samples = 0
+        self.last_loss = 0.0                # the cross-entropy of the last sample, before learning
+        self.last_losses = np.zeros(0)      # those of the samples of the last train()
 
     # -- one sample --------------------------------------------------------------------------
     def step(self, x: np.ndarray, label: int) -> bool:
@@ -295,6 +303,7 @@ class OnlineTrainer:
             for layer in self.net.weight_layers:
                 self.arrays[layer.name].read()
             logits = self.net.forward(x, train=False)
+            self.last_loss = cross_entropy(logits[0], label)
             self.samples += 1
             return bool(np.argmax(logits[0]) == label)
         self.net.zero_grad()
@@ -302,6 +311,7 @@ class OnlineTrainer:
         for layer in self.net.weight_layers:
             self.arrays[layer.name].read()
         correct = bool(np.argmax(logits[0]) == label)
+        self.last_loss = cross_entropy(logits[0], label)
         self.net.backward(loss_gradient(logits, np.array([label])))
         self._update_one_d()
         if self.scheme == "sgd":
@@ -315,10 +325,13 @@ class OnlineTrainer:
 
     def train(self, x: np.ndarray, y: np.ndarray, after_each=lambda i, correct: None) -> np.ndarray:
         """Samples ``x`` (``(N, ...)``) one at a time, ``after_each(i, correct)`` after each (the
-        drift of the weight cells, say); returns whether each was predicted right."""
+        drift of the weight cells, say); returns whether each was predicted right. Their losses
+        (each sample's cross-entropy before it was learnt) are left in :attr:`last_losses`."""
         right = np.zeros(len(y), bool)
+        self.last_losses = np.zeros(len(y))
         for i in range(len(y)):
             right[i] = self.step(x[i:i + 1], int(y[i]))
+            self.last_losses[i] = self.last_loss
             after_each(i, bool(right[i]))
         return right
 
