@@ -26,15 +26,12 @@ the energy model prices them at 32 bits (:mod:`insitu.e2train.energy`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 
 from insitu import numerics as nx
-from insitu.nn.layers import Layer, Param
-
-if TYPE_CHECKING:
-    from insitu.nn.layers import _WeightLayer
+from insitu.nn.layers import Layer, Param, WeightLayer
 
 
 def _validate_beta(beta: float) -> float:
@@ -85,7 +82,7 @@ class PSGLayer(Layer):
         super().__init__()
         if not hasattr(inner, "kronecker_pairs"):
             raise TypeError(f"PSG wraps weight layers (Conv2d, Dense), not {type(inner).__name__}")
-        self.name, self.inner = name, cast("_WeightLayer", inner)
+        self.name, self.inner = name, cast(WeightLayer, inner)
         self.beta = _validate_beta(beta)
         self.stats = stats if stats is not None else PSGStats()
         self.params, self.grads, self.buffers = inner.params, inner.grads, inner.buffers

@@ -28,6 +28,7 @@ from .layers import (
     PointwiseConv2d,
     ReLU,
     ReLU6,
+    WeightLayer,
 )
 from .loss import mse_loss, softmax_cross_entropy
 from .model import Sequential
@@ -42,6 +43,7 @@ __all__ = [
     "softmax",
     "Layer",
     "Param",
+    "WeightLayer",
     "Dense",
     "Conv2d",
     "PointwiseConv2d",

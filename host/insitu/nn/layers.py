@@ -10,8 +10,8 @@ Contract of every :class:`Layer`:
   (BatchNorm running statistics). Optimizers update ``params`` in place, so references stay valid.
 * Outputs keep the input's dtype (float32 in, float32 out); gradients keep the parameter dtype.
 
-Weight layers (:class:`Dense`, :class:`Conv2d`, :class:`PointwiseConv2d`,
-:class:`DepthwiseConv2d`) also expose, for low-rank training (LRT/SKS):
+Weight layers (the :class:`WeightLayer` subclasses :class:`Dense`, :class:`Conv2d`,
+:class:`PointwiseConv2d`, :class:`DepthwiseConv2d`) also expose, for low-rank training (LRT/SKS):
 
 * ``weight_matrix``: the weight as an ``(n_out, n_in)`` matrix, a reshape *view* (writes go
   through to ``params["weight"]``);
@@ -35,6 +35,7 @@ from .functional import col2im, conv_output_size, im2col, pair
 __all__ = [
     "Layer",
     "Param",
+    "WeightLayer",
     "Dense",
     "Conv2d",
     "PointwiseConv2d",
@@ -124,7 +125,7 @@ def _he_normal(rng: np.random.Generator, shape, fan_in: int, dtype: DTypeLike) -
 # --------------------------------------------------------------------------------------------
 
 
-class _WeightLayer(Layer):
+class WeightLayer(Layer):
     """What the weight layers share for low-rank training: the switch that skips the weight
     gradient and the per-sample Kronecker pairs that the last backward produced."""
 
@@ -139,7 +140,7 @@ class _WeightLayer(Layer):
         return self._pairs
 
 
-class Dense(_WeightLayer):
+class Dense(WeightLayer):
     """Fully connected: ``y = x @ W.T + b`` with ``W`` of shape ``(n_out, n_in)``.
 
     Kronecker pairs: ``dz`` is ``(N, 1, n_out)`` (the output gradient), ``a`` is ``(N, 1, n_in)``
@@ -183,7 +184,7 @@ class Dense(_WeightLayer):
         return f"Dense({self.n_in}, {self.n_out}, bias={'bias' in self.params})"
 
 
-class Conv2d(_WeightLayer):
+class Conv2d(WeightLayer):
     """2-D convolution (cross-correlation, as in every DL framework) computed as im2col + GEMM.
 
     Weight ``(c_out, c_in, kh, kw)``; ``weight_matrix`` is its ``(c_out, c_in*kh*kw)`` view.
@@ -253,7 +254,7 @@ class PointwiseConv2d(Conv2d):
         super().__init__(c_in, c_out, 1, stride=stride, padding=0, bias=bias, seed=seed, dtype=dtype)
 
 
-class DepthwiseConv2d(_WeightLayer):
+class DepthwiseConv2d(WeightLayer):
     """Depthwise convolution: channel ``c`` is convolved with its own ``kh x kw`` kernel.
 
     Weight ``(C, 1, kh, kw)``; ``weight_matrix`` is its ``(C, kh*kw)`` view. A depthwise weight is
