@@ -150,6 +150,7 @@ class Model:
         self.config = config
         self.train_size = train_size
         self.layers, self.classes = layers, classes
+        self.net: TTNet | nn.Sequential
         if self.tensorized:
             self.net = TTNet(layers, rank=config.rank, quantized=quantized, seed=config.seed,
                              classes=classes, executor=executor)
@@ -157,6 +158,13 @@ class Model:
             self.net = dense_network(config.seed, layers)
         self.optimizer = nn.Adam(self.net, lr=config.lr)
         self.last_correct = 0              # right predictions of the last step's forward pass
+
+    @property
+    def tt_net(self) -> TTNet:
+        """The network of a tensorized variant (what its TT-only steps use)."""
+        if not isinstance(self.net, TTNet):
+            raise TypeError(f"the {self.config.variant!r} variant has no TT network")
+        return self.net
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         out = self.net.forward(x, train=False)
@@ -166,14 +174,15 @@ class Model:
         """One training step on the mini-batch; returns its loss (and counts in
         :attr:`last_correct` how many of its samples the forward pass predicted right)."""
         if self.tensorized:
-            logits = self.net.forward(x)
+            net = self.tt_net
+            logits = net.forward(x)
             self.last_correct = int(np.sum(np.argmax(logits, axis=1) == y))
             loss, dlogits = nn.softmax_cross_entropy(logits, y)
-            self.net.backward(dlogits)
+            net.backward(dlogits)
             if self.use_prior:
-                self.net.add_prior_grads(self.config.prior_weight / self.train_size)
+                net.add_prior_grads(self.config.prior_weight / self.train_size)
             self.optimizer.step()
-            self.net.after_step()
+            net.after_step()
             return loss
         self.net.zero_grad()
         logits = self.net.forward(x)
@@ -187,7 +196,7 @@ class Model:
 
     def end_of_epoch(self) -> int:
         if self.tensorized and self.use_prior:
-            return self.net.prune(self.config.prune_threshold, self.optimizer)
+            return self.tt_net.prune(self.config.prune_threshold, self.optimizer)
         return 0
 
     # ------------------------------------------------------------------ checkpoints
@@ -196,22 +205,26 @@ class Model:
         arrays = {f"param.{p.key}": p.value for p in self.net.parameters()}
         for key, moments in self.optimizer.state.items():
             arrays.update({f"adam.{name}.{key}": v for name, v in moments.items()})
-        meta = {"adam_steps": self.optimizer.steps}
-        if self.tensorized and self.net.quantized:
-            meta["pe_scales"] = self.net.executor.state()
-            meta["act_scales"] = {k: s.frac for k, s in self.net.act_scales.items()}
+        meta: dict = {"adam_steps": self.optimizer.steps}
+        net = self.tt_net if self.tensorized else None
+        if net is not None and net.quantized:
+            assert net.executor is not None         # a quantized network has one
+            meta["pe_scales"] = net.executor.state()
+            meta["act_scales"] = {k: s.frac for k, s in net.act_scales.items()}
         return arrays, meta
 
     def load_state(self, arrays: dict, meta: dict) -> None:
         if self.tensorized:
-            for k, ttm in enumerate(self.net.ttms):
+            net = self.tt_net
+            for k, ttm in enumerate(net.ttms):
                 ttm.cores = [np.array(arrays[f"param.l{k}.g{n + 1}"]) for n in range(ttm.d)]
-                self.net.biases[k] = np.array(arrays[f"param.l{k}.bias"])
-            self.net.after_step()                          # lambdas from the loaded cores
-            self.net.sync_params()
-            if self.net.quantized:
-                self.net.executor.load_state(meta["pe_scales"])
-                self.net.load_act_scales(meta["act_scales"])
+                net.biases[k] = np.array(arrays[f"param.l{k}.bias"])
+            net.after_step()                               # lambdas from the loaded cores
+            net.sync_params()
+            if net.quantized:
+                assert net.executor is not None     # a quantized network has one
+                net.executor.load_state(meta["pe_scales"])
+                net.load_act_scales(meta["act_scales"])
         else:
             for p in self.net.parameters():
                 p.value[...] = arrays[f"param.{p.key}"]
@@ -224,7 +237,8 @@ class Model:
 
     def figures(self) -> dict:
         if self.tensorized:
-            params, bits, ranks = self.net.parameter_count, self.net.memory_bits, self.net.ranks
+            net = self.tt_net
+            params, bits, ranks = net.parameter_count, net.memory_bits, net.ranks
         else:
             params = sum(p.value.size for p in self.net.parameters())
             bits, ranks = params * FLOAT_BITS, None
@@ -274,8 +288,8 @@ class TTLearner:
         pruned = self.model.end_of_epoch()
         self.pruned += pruned
         record = {"pruned_ranks": pruned, **self.model.figures()}
-        net = self.model.net
         if self.model.tensorized and self.model.use_prior:
+            net = self.model.tt_net
             record["prior"] = net.prior()
             # lambda / the core's largest, per core: how close each rank slice is to pruning.
             record["lambda_ratios"] = [[(lam / max(lam.max(), LAMBDA_FLOOR)).round(5).tolist()
