@@ -219,6 +219,9 @@ class SGDLearner:
 
 
 def _run_sgd(config: TrainConfig, board: Board, advance) -> dict:
+    # prepare() filled in sgd's defaults, none of which is None
+    assert config.dataset is not None and config.model is not None
+    assert config.lr is not None and config.batch_size is not None
     data = load_dataset(config.dataset, config.data_dir)
     if config.model == "cnn":       # grey, at the dataset's own size (see insitu.nn.networks)
         data = image_input(data, "--model cnn", CNN_MIN_SIZE, why="two 2x2 pools")
