@@ -100,9 +100,11 @@ class PEPort(Protocol):
         LRT_COLS, LRT_RECIP), START ``op``, stream ``words`` in (signed 16-bit words as int64,
         exactly the op's input length, a multiple of 8), return the output stream (signed int64
         words, full padded length). Registers keep their values between runs, like hardware."""
+        ...
 
     def read(self, name: str) -> int:
         """Read a register by its regmap name (LRT_NORM2_LO/HI, LRT_WRITES_MAX, CAP_LRT_ROWS_MAX…)."""
+        ...
 
 
 def pe_params(port: PEPort) -> AcceleratorParams:
@@ -456,6 +458,7 @@ class LRTBoardTrainer:
             layer.bias_grad.fill(0.0)
         layer.backward(loss_gradient(logits, label))
         if self.bias_lr is not None and layer.bias is not None:
+            assert layer.bias_grad is not None      # a QWeightLayer with a bias has its gradient
             layer.bias[...] = LRT_BIAS.quantize(layer.bias - self.bias_lr * layer.bias_grad)
         dz, a = layer.kronecker_pairs()                # α·dz (m) and a (n): one pair, dense layer
         self.sks.add(dz[0, 0], a[0, 0])
