@@ -134,6 +134,7 @@ def board_port(board: Board, port: str | None, heap_bytes: int, flash_dir: str |
         Path(flash_dir).mkdir(parents=True, exist_ok=True)
         started = stack.enter_context(McuTwin(flash_dir, heap_bytes=heap_bytes, board=board.name,
                                               twin=twin or TWINS[0]))
+        assert started.port is not None             # set by start() (the twin's __enter__)
         yield started.port, started
 
 
@@ -345,6 +346,7 @@ def check_sparse(config, board: Board) -> int:
 
     model, dataset = config.model, config.dataset
 
+    assert board.mcu is not None                # an MCU board: sparse's only kind (prepare checks it)
     heap = config.heap or board.mcu["training_budget_bytes"]
     if config.heap is not None:
         check_int("--heap", config.heap)
