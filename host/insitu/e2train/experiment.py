@@ -288,7 +288,7 @@ class E2Learner:
             self.optimizer = SignSGD(self.model, lr=config.psg_lr, weight_decay=config.psg_weight_decay)
             self.base_lr = config.psg_lr
         else:
-            self.optimizer = nn.SGD(self.model, lr=config.lr, momentum=0.9,
+            self.optimizer = nn.SGD(self.model.parameters(), lr=config.lr, momentum=0.9,
                                     weight_decay=config.weight_decay)
             self.base_lr = config.lr
         self.counter = energy.EnergyCounter(self.model.layer_specs(),
