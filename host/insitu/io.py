@@ -14,6 +14,7 @@ import io
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 try:
@@ -84,10 +85,11 @@ def os_reason(exc: OSError) -> str:
 
 def check_writable(path: str | Path, what: str, plot: bool = False) -> Path:
     """Fail early, before hours of work, if ``path`` cannot be written: a :class:`UsageError`
-    (exit 2) naming ``what`` (the option). The file itself is created and removed when it does not
-    exist yet (so a name the file system refuses is caught), or a file beside it when it does,
-    since permissions alone do not tell (root may "write" into /proc). ``plot``: the path is a
-    figure's, whose suffix names its format (:func:`plot_format`)."""
+    (exit 2) naming ``what`` (the option). Its name is checked against the file system's limit,
+    and a file is created and removed beside it, since permissions alone do not tell (root may
+    "write" into /proc); ``path`` itself is never created here: another process may be looking
+    for it (a checkpoint it resumes from). ``plot``: the path is a figure's, whose suffix names
+    its format (:func:`plot_format`)."""
     from insitu.errors import UsageError
 
     path = Path(path)
@@ -98,18 +100,42 @@ def check_writable(path: str | Path, what: str, plot: bool = False) -> Path:
     except OSError as exc:
         raise UsageError(f"cannot create the folder of {what} {path}: {os_reason(exc)}") from None
     try:
+        if len(os.fsencode(path.name)) > _name_max(path.parent):
+            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
         if path.is_dir():
             raise UsageError(f"cannot write {what} {path}: it is a folder; choose a file path")
-        if path.exists():
-            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=_temp_prefix(path), suffix=".probe"):
-                pass
-        else:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            path.unlink()
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=_temp_prefix(path), suffix=".probe"):
+            pass
     except OSError as exc:
         raise UsageError(f"cannot write {what} {path}: {os_reason(exc)}; choose a writable file "
                          "path") from None
     return path
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name ``folder``'s file system takes, in bytes (255 where it won't say)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+@contextmanager
+def exclusive(path: str | Path):
+    """Hold an exclusive lock on ``path`` (a lock file, created if missing) while the block runs:
+    processes that share a result (sweep points training one baseline row) take turns, and the
+    later ones find the result the first one wrote. The lock ends with the process, whatever
+    happens to it."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def atomic_write_json(path: str | Path, payload) -> Path:

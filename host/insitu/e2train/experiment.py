@@ -10,7 +10,8 @@ progress keeps its checkpoint in ``OUT/rows/<row>-<key>.ckpt.npz`` (a rerun resu
 stopped), and each finished row is written atomically to ``OUT/rows/<row>-<key>.json`` (its
 trained weights to ``.npz`` beside it), the key a hash of everything the row depends on, so
 experiments sharing a folder share their rows (the baseline is trained once for any E2-Train
-settings).
+settings; processes that run at once, such as sweep points, take turns on a row through its
+``.lock`` file beside it, so the later ones reuse what the first one trained).
 
 The paper's protocol, scaled to a 2-core CPU (section 4.1 and appendix B):
 
@@ -40,6 +41,7 @@ ResNet convolves pixels. A row's key names the user's files by a hash of their a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -52,7 +54,7 @@ from insitu import nn
 from insitu.checkpoint import save_checkpoint
 from insitu.errors import UsageError
 from insitu.harness import RunPlan, run_training, sample_order
-from insitu.io import atomic_write_json
+from insitu.io import atomic_write_json, exclusive
 from insitu.measure.phases import phase
 
 from . import energy
@@ -402,6 +404,32 @@ def _row_path(out: Path, name: str, key: str) -> Path:
     return Path(out) / "rows" / f"{name}-{key}.json"
 
 
+def _cached_or_trained_row(config: E2Config, techniques: tuple[str, ...], data: Data, key: str,
+                           path: Path | None, advance: Callable[[int], None],
+                           log: Callable[[str], None]) -> dict:
+    """The row's finished result from ``path`` when its key matches, else the row trained (its
+    checkpoint beside ``path``) and written there."""
+    name = row_name(techniques)
+    if path and path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("key") == key:
+            log(f"{name}: reusing {path}")
+            advance(cached["samples"])
+            return cached
+    checkpoint = path.with_suffix(".ckpt.npz") if path else None
+    with phase(name) as marker:
+        result = train_row(config, techniques, data, advance, checkpoint=checkpoint,
+                           weights_path=path.with_suffix(".npz") if path else None,
+                           say=lambda text: log(f"{name}: {text}"))
+        marker.samples = result["counted"]["samples"]
+    result["key"] = key
+    if path:
+        atomic_write_json(path, result)
+    if checkpoint:
+        checkpoint.unlink()                     # the finished row's cache replaces it
+    return result
+
+
 def run_experiment(config: E2Config, rows: list[tuple[str, ...]], out: Path | None = None,
                    advance: Callable[[int], None] = lambda n: None,
                    log: Callable[[str], None] = lambda msg: None, data: Data | None = None) -> dict:
@@ -422,25 +450,9 @@ def run_experiment(config: E2Config, rows: list[tuple[str, ...]], out: Path | No
             continue
         key = config.key(techniques, data.key)
         path = _row_path(out, name, key) if out else None
-        if path and path.exists():
-            cached = json.loads(path.read_text())
-            if cached.get("key") == key:
-                log(f"{name}: reusing {path}")
-                results[name] = cached
-                advance(cached["samples"])
-                continue
-        checkpoint = path.with_suffix(".ckpt.npz") if path else None
-        with phase(name) as marker:
-            result = train_row(config, techniques, data, advance, checkpoint=checkpoint,
-                               weights_path=path.with_suffix(".npz") if path else None,
-                               say=lambda text: log(f"{name}: {text}"))
-            marker.samples = result["counted"]["samples"]
-        result["key"] = key
-        if path:
-            atomic_write_json(path, result)
-        if checkpoint:
-            checkpoint.unlink()                     # the finished row's cache replaces it
-        results[name] = result
+        # Sweep points sharing `out` train a row (the baseline) once: the others wait, then reuse it.
+        with exclusive(path.with_suffix(".lock")) if path else contextlib.nullcontext():
+            results[name] = _cached_or_trained_row(config, techniques, data, key, path, advance, log)
     base = results["sgd32"]
     table = []
     for name, r in results.items():
