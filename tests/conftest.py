@@ -1,4 +1,5 @@
-"""Shared test helpers: the installed `insitu` console script and its environment."""
+"""Shared test helpers: the installed `insitu` console script and its environment, and insitu's
+cache as a test sees it."""
 
 import os
 import subprocess
@@ -7,8 +8,51 @@ from pathlib import Path
 
 import pytest
 
+from insitu.resources import cache_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+
+# ------------------------------------------------------------------------------ insitu's cache
+#
+# insitu finds its cache as resources.cache_dir resolves it: $INSITU_CACHE, else
+# $XDG_CACHE_HOME/insitu, else ~/.cache/insitu. A test that needs a cache of its own (to look at what
+# a run wrote there, or to see that nothing was built) sets INSITU_CACHE, the first of the three, so
+# whatever the outer environment sets cannot leak in: setting XDG_CACHE_HOME alone loses to an
+# INSITU_CACHE that the user exported (the README documents it; scripts/setup.sh builds there).
+# `insitu_cache` is the fixture for a test; `cache_env` the same variable for the subprocesses of a
+# module-scoped fixture.
+
+#: The cache of the environment the suite runs in, read before any test redirects it: where
+#: `scripts/setup.sh` put the slow one-offs (the Cortex-M7 twin's firmware, the board image) and where
+#: the tests that do not redirect the cache share pretrained models and built twins.
+SHARED_CACHE = cache_dir()
+
+
+def cache_env(folder, share: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment variables that make insitu (this process or a subprocess) use ``folder`` as
+    its cache, whatever the outer environment sets. The folders of the cache named in ``share``
+    (``"mcu-twin"``, ``"rtl-twin"``, ``"lrt"`` ...) are linked to the shared ones: slow one-offs
+    that the test does not look at are built once for the whole suite."""
+    folder = Path(folder)
+    for name in share:
+        (SHARED_CACHE / name).mkdir(parents=True, exist_ok=True)
+        if not (folder / name).is_symlink():
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).symlink_to(SHARED_CACHE / name)
+    return {"INSITU_CACHE": str(folder)}
+
+
+@pytest.fixture
+def insitu_cache(tmp_path, monkeypatch) -> Path:
+    """An empty cache of this test's own (``cache_dir()`` is it, here and in the `insitu` commands
+    that `run_cli` starts); returns its root, so ``insitu_cache / "lrt"`` is ``cache_dir("lrt")``."""
+    root = tmp_path / "insitu-cache"
+    root.mkdir()
+    for name, value in cache_env(root).items():
+        monkeypatch.setenv(name, value)
+    assert cache_dir() == root
+    return root
 
 
 def insitu_cli(*args, check=False, timeout=300, env=None, **kwargs) -> subprocess.CompletedProcess:

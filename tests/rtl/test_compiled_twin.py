@@ -242,20 +242,22 @@ def test_missing_compiler_tools_are_named(monkeypatch, tool):
         compiled.library()
 
 
-def test_a_failed_build_shows_the_compiler_log(monkeypatch, tmp_path):
-    monkeypatch.setenv("INSITU_CACHE", str(tmp_path))
+def test_a_failed_build_shows_the_compiler_log(monkeypatch, insitu_cache):
     monkeypatch.setattr(compiled, "verilog", lambda *_: "module insitu_accel(input aclk); oops\n")
     with pytest.raises(compiled.CompiledTwinError, match="failed"):
         compiled.library(log=lambda text: None)
-    assert [p.name for p in (tmp_path / "rtl-twin").iterdir() if not p.name.endswith(".lock")] == []
+    assert [p.name for p in (insitu_cache / "rtl-twin").iterdir() if not p.name.endswith(".lock")] == []
 
 
-def test_cache_folder_follows_insitu_cache_and_xdg(monkeypatch, tmp_path):
+def test_cache_folder_follows_insitu_cache_then_xdg_then_home(monkeypatch, tmp_path):
     monkeypatch.setenv("INSITU_CACHE", str(tmp_path / "a"))
-    assert compiled.cache_root() == tmp_path / "a" / "rtl-twin"
-    monkeypatch.delenv("INSITU_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert compiled.cache_root() == tmp_path / "a" / "rtl-twin"              # INSITU_CACHE wins
+    monkeypatch.delenv("INSITU_CACHE")
     assert compiled.cache_root() == tmp_path / "x" / "insitu" / "rtl-twin"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert compiled.cache_root() == tmp_path / "home" / ".cache" / "insitu" / "rtl-twin"
 
 
 # ------------------------------------------------------------------------------ training

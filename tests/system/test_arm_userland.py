@@ -13,7 +13,7 @@ import os
 import pytest
 
 import arm_userland
-from conftest import insitu_cli
+from conftest import cache_env, insitu_cli
 
 pytestmark = pytest.mark.system
 
@@ -93,10 +93,10 @@ def test_tt_training_on_the_twin_matches_x86(arch, site, tmp_path):
     args = [*TRAIN, "--board", board]
     # Each run its own cache: the twin writes its overlay there.
     guest = arm_userland.run_python(arch, root, ["-m", "insitu", *args], pythonpath=[site],
-                                    env={"INSITU_CACHE": str(tmp_path / "guest-cache")},
+                                    env=cache_env(tmp_path / "guest-cache"),
                                     timeout=540, cwd=tmp_path)
     assert guest.returncode == 0, guest.stderr[-3000:]
-    host = insitu_cli(*args, env={"INSITU_CACHE": str(tmp_path / "host-cache")}, timeout=300)
+    host = insitu_cli(*args, env=cache_env(tmp_path / "host-cache"), timeout=300)
     assert host.returncode == 0, host.stderr[-3000:]
     got, want = json.loads(guest.stdout), json.loads(host.stdout)
     assert want["macs_16x4"] > 2**31, "the run no longer passes 2**31: it checks less than it says"

@@ -254,8 +254,10 @@ def test_a_twin_bundle_carries_the_twin_overlay(run_cli, tmp_path, wheel):
 
 
 @pytest.mark.parametrize("form", ["--dataset", "--dataset="])
-def test_the_users_dataset_travels_in_the_bundle(run_cli, tmp_path, wheel, form):
+def test_the_users_dataset_travels_in_the_bundle(run_cli, tmp_path, insitu_cache, wheel, form):
     from own_data import write_image_folder
+
+    from conftest import cache_env
 
     from insitu.data import load_dataset
 
@@ -263,8 +265,10 @@ def test_the_users_dataset_travels_in_the_bundle(run_cli, tmp_path, wheel, form)
     spec = f"folder:{images},test=0.25"
     args = ["--dataset", spec] if form == "--dataset" else [f"--dataset={spec}"]
     out = tmp_path / "b"
+    # The folder decoded in the test's own cache (here and in deploy); the board's wheels, shared.
+    env = cache_env(insitu_cache, share=("board-wheels",))
     run = run_cli("deploy", "--board", "zedboard-sim", "--out-dir", out, "--wheel", wheel, "--json", "--",
-                  *args, cwd=tmp_path)
+                  *args, cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stderr
     manifest = json.loads(run.stdout)
     # a folder travels as the arrays it loads as (the board images have no Pillow), split applied
@@ -274,7 +278,7 @@ def test_the_users_dataset_travels_in_the_bundle(run_cli, tmp_path, wheel, form)
     assert bundled.splits == given.splits == {"train": 30, "test": 10}
     assert np.array_equal(bundled.x_test, given.x_test) and bundled.class_names == given.class_names
     run = run_cli("deploy", "--board", "zedboard-sim", "--out-dir", tmp_path / "c", "--wheel", wheel, "--",
-                  "--dataset", f"npz:{tmp_path / 'missing.npz'}", cwd=tmp_path)
+                  "--dataset", f"npz:{tmp_path / 'missing.npz'}", cwd=tmp_path, env=env)
     assert run.returncode == 2 and "missing.npz" in run.stderr and not (tmp_path / "c").exists()
 
 

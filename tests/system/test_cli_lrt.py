@@ -10,12 +10,11 @@ pytestmark = pytest.mark.system
 _SMALL = ("--dataset", "digits", "--arch", "mlp", "--offline-samples", "300", "--segment", "60")
 
 
-def test_adapt_reports_accuracy_and_writes_and_saves_figure_json_counts(run_cli, tmp_path):
-    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+def test_adapt_reports_accuracy_and_writes_and_saves_figure_json_counts(run_cli, tmp_path, insitu_cache):
     out, plot, counts = tmp_path / "run.json", tmp_path / "run.png", tmp_path / "counts.npz"
     run = run_cli("lrt", "adapt", "--env", "shift", "--scheme", "lrt-maxnorm", "--samples", "240",
                   "--dense-batch", "20", *_SMALL, "--out", out, "--plot", plot, "--counts", counts,
-                  "--json", env=env)
+                  "--json")
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert result["samples"] == 240 and result["scheme"] == "lrt-maxnorm" and result["env"] == "shift"
@@ -27,13 +26,12 @@ def test_adapt_reports_accuracy_and_writes_and_saves_figure_json_counts(run_cli,
     with np.load(counts) as saved:
         assert sorted(saved.files) == sorted(result["layers"])
         assert sum(int(saved[k].sum()) for k in saved.files) == result["total_writes"]
-    assert list((tmp_path / "cache" / "insitu" / "lrt").glob("pretrained-mlp-*.npz"))
+    assert list((insitu_cache / "lrt").glob("pretrained-mlp-*.npz"))
 
 
-def test_adapt_all_schemes_compares_sgd_and_lrt_writes(run_cli, tmp_path):
-    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+def test_adapt_all_schemes_compares_sgd_and_lrt_writes(run_cli, insitu_cache):
     run = run_cli("lrt", "adapt", "--env", "digital", "--scheme", "all", "--samples", "200",
-                  "--dense-batch", "20", *_SMALL, "--json", env=env)
+                  "--dense-batch", "20", *_SMALL, "--json")
     assert run.returncode == 0, run.stderr
     summary = {row["scheme"]: row for row in json.loads(run.stdout)["summary"]}
     assert list(summary) == ["inference", "bias", "sgd", "lrt", "lrt-maxnorm"]
@@ -52,12 +50,12 @@ def test_adapt_all_schemes_compares_sgd_and_lrt_writes(run_cli, tmp_path):
     (("--env", "mars"), "Invalid value for '--env'"),
     (("--kappa-th", "-1"), "--kappa-th must be >= 0"),
 ])
-def test_adapt_bad_input_is_a_clear_error(run_cli, tmp_path, args, message):
+def test_adapt_bad_input_is_a_clear_error(run_cli, insitu_cache, args, message):
     base = {"--env": "control", "--samples": "10"}
     for key, value in zip(args[::2], args[1::2]):
         base[key] = value
     flat = [item for kv in base.items() for item in kv]
-    run = run_cli("lrt", "adapt", *flat, *_SMALL, env={"XDG_CACHE_HOME": str(tmp_path)})
+    run = run_cli("lrt", "adapt", *flat, *_SMALL)
     assert run.returncode == 2, (run.stdout, run.stderr)
     assert message in run.stderr
 
@@ -102,23 +100,22 @@ def test_transfer_and_bench_bad_input(run_cli, args, message):
 
 
 @pytest.mark.parametrize("scheme", ["lrt-maxnorm", "sgd"])
-def test_adapt_resumes_from_its_checkpoint_exactly(run_cli, tmp_path, scheme):
-    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+def test_adapt_resumes_from_its_checkpoint_exactly(run_cli, tmp_path, insitu_cache, scheme):
     common = ("lrt", "adapt", "--env", "analog", "--scheme", scheme, "--dense-batch", "20",
               *_SMALL, "--json")
-    whole = run_cli(*common, "--samples", "160", env=env)
+    whole = run_cli(*common, "--samples", "160")
     assert whole.returncode == 0, whole.stderr
     ckpt = tmp_path / "run.ckpt.npz"
-    first = run_cli(*common, "--samples", "80", "--checkpoint", ckpt, "--checkpoint-every", "40", env=env)
+    first = run_cli(*common, "--samples", "80", "--checkpoint", ckpt, "--checkpoint-every", "40")
     assert first.returncode == 0, first.stderr and ckpt.exists()
-    resumed = run_cli(*common, "--samples", "160", "--checkpoint", ckpt, "--checkpoint-every", "40", env=env)
+    resumed = run_cli(*common, "--samples", "160", "--checkpoint", ckpt, "--checkpoint-every", "40")
     assert resumed.returncode == 0, resumed.stderr
     a, b = json.loads(whole.stdout), json.loads(resumed.stdout)
     for key in ("online_accuracy", "online_accuracy_mean", "max_writes_per_cell", "total_writes",
                 "max_update_ops_per_cell", "layers"):
         assert a[key] == b[key], key
     # a checkpoint of another run is refused, with what to do
-    other = run_cli(*common[:3], "digital", *common[4:], "--samples", "200", "--checkpoint", ckpt, env=env)
+    other = run_cli(*common[:3], "digital", *common[4:], "--samples", "200", "--checkpoint", ckpt)
     assert other.returncode == 1 and "belongs to another run" in other.stderr
 
 

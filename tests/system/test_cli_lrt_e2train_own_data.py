@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import insitu_cli
+from conftest import cache_env, insitu_cli
 from insitu.data import load_dataset
 from own_data import write_csv, write_image_folder, write_npz
 
@@ -37,7 +37,7 @@ def env(tmp_path_factory):
         "csv": f"csv:{write_csv(root / 'table.csv', n=600)}",                      # 16 features
         "three": f"npz:{root / 'three.npz'}", "six": f"npz:{root / 'six.npz'}",
         "many": f"csv:{root / 'many.csv'}",
-        "vars": {"XDG_CACHE_HOME": str(cache), "INSITU_CACHE": str(cache / "insitu")},
+        "vars": cache_env(cache),
     }
 
 

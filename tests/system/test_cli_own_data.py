@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from own_data import write_csv, write_image_folder, write_npz
 
+from conftest import cache_env
+
 pytestmark = pytest.mark.system
 
 
@@ -20,8 +22,9 @@ def own(tmp_path):
 
 
 @pytest.fixture
-def env(tmp_path):
-    return {"INSITU_CACHE": str(tmp_path / "cache")}
+def env(insitu_cache):
+    """The test's own cache: for the commands, and for the files this process loads back."""
+    return cache_env(insitu_cache)
 
 
 def test_data_info_shows_what_each_file_became(run_cli, own, env):
@@ -81,11 +84,12 @@ def test_data_export_writes_what_dataset_reads_back(run_cli, env, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["folder", "npz"])
-def test_sparse_update_on_the_cortex_m7_twin_trains_on_each_kind(run_cli, own, env, kind):
+def test_sparse_update_on_the_cortex_m7_twin_trains_on_each_kind(run_cli, own, insitu_cache, kind):
     """The RGB folder (12x12 and 8x8 images) and the grey npz brought to mbv2-tiny's grey input."""
+    # The decoded files in the test's own cache; the pretraining and the firmware, slow, shared.
+    env = cache_env(insitu_cache, share=("mcu", "mcu-twin"))
     run = run_cli("train", "--board", "stm32f746-disco-sim", "--algo", "sparse", "--model", "mbv2-tiny",
-                  "--dataset", own[kind], "--samples", "10", "--test-samples", "20", "--json",
-                  env={**env, "INSITU_CACHE": ""})          # the shared cache: pretraining, firmware
+                  "--dataset", own[kind], "--samples", "10", "--test-samples", "20", "--json", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout)
     assert result["dataset"] == own[kind] and result["samples"] == 10

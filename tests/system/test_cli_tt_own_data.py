@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from own_data import digits, write_csv, write_image_folder, write_npz
 
+from conftest import cache_env
+
 pytestmark = pytest.mark.system
 
 # Short runs that learn the digits: no prior on the host, a weak one on the twins (the default
@@ -38,7 +40,7 @@ def own(tmp_path_factory):
     return {"folder": f"folder:{write_image_folder(root / 'imgs', n=300)}",
             "npz": f"npz:{write_npz(root / 'd.npz', n=300)}",
             "csv": f"csv:{write_csv(root / 't.csv', n=300, names=True)}",
-            "big": f"npz:{root / 'big.npz'}", "env": {"INSITU_CACHE": str(root / "cache")}}
+            "big": f"npz:{root / 'big.npz'}", "env": cache_env(root / "cache", share=("rtl-twin",))}
 
 
 def _json(run):

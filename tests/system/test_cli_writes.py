@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from conftest import cache_env
+
 pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +41,7 @@ def _writes(*args):
 def runs(tmp_path_factory):
     """Two real runs of the adaptation experiment (SGD and LRT) and one of the board's LRT PE."""
     d = tmp_path_factory.mktemp("writes")
-    env = {"XDG_CACHE_HOME": str(d / "cache")}
+    env = cache_env(d / "cache")
     for scheme in ("sgd", "lrt"):
         run = _insitu("lrt", "adapt", "--scheme", scheme, *_SMALL, "--out", d / f"{scheme}.json",
                       "--counts", d / f"{scheme}.npz", env=env)

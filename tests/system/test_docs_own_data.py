@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from insitu.resources import cache_dir
+from conftest import cache_env
 
 pytestmark = pytest.mark.system
 
@@ -54,15 +54,10 @@ def test_the_walkthrough_has_the_steps_the_page_describes():
 
 
 def test_every_walkthrough_command_runs(tmp_path):
-    env = {**os.environ, "INSITU_CACHE": str(tmp_path / "cache"),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     # The slow one-offs (pretraining, the twin's firmware, LRT's pre-training) are shared with the
     # other tests through insitu's cache; the data this test decodes stays in its own folder.
-    (tmp_path / "cache").mkdir()
-    for cache in ("mcu", "mcu-twin", "lrt"):
-        shared = cache_dir(cache)
-        shared.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "cache" / cache).symlink_to(shared)
+    env = {**os.environ, **cache_env(tmp_path / "cache", share=("mcu", "mcu-twin", "lrt")),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     for command in walkthrough_commands():
         run = subprocess.run(["bash", "-c", small(command)], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=600)

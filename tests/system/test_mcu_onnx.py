@@ -101,13 +101,14 @@ def test_a_model_too_big_for_the_heap_is_refused_before_flashing(run_cli, export
     ("mcu", "import"),
     ("mcu", "export", "out.onnx", "--model"),
 ], ids=["train", "search", "compare", "minheap", "import", "export"])
-def test_a_bad_model_file_is_exit_2_naming_it_before_any_work(run_cli, tmp_path, command, content, says):
+def test_a_bad_model_file_is_exit_2_naming_it_before_any_work(run_cli, tmp_path, insitu_cache, command, content,
+                                                              says):
     path = tmp_path / "model.onnx"
     if content is not None:
         path.write_bytes(content)
-    cache = tmp_path / "cache"
+    cache = insitu_cache
     start = time.monotonic()
-    run = run_cli(*command, path, env={"INSITU_CACHE": str(cache)}, cwd=tmp_path, timeout=60)
+    run = run_cli(*command, path, cwd=tmp_path, timeout=60)
     assert run.returncode == 2, (run.returncode, run.stderr)
     assert run.stderr.startswith("error:") and str(path) in run.stderr and says in run.stderr, run.stderr
     assert "Traceback" not in run.stderr and not (cache / "mcu").exists()

@@ -432,12 +432,11 @@ EARLY = {
 
 
 @pytest.mark.parametrize("case", list(EARLY))
-def test_bad_options_are_refused_before_pretraining(run_cli, tmp_path, case):
+def test_bad_options_are_refused_before_pretraining(run_cli, insitu_cache, case):
     args, says = EARLY[case]
-    cache = tmp_path / "cache"
+    cache = insitu_cache
     start = time.monotonic()
-    run = run_cli("train", "--algo", "sparse", "--samples", 2, *args, env={"INSITU_CACHE": str(cache)},
-                  timeout=60)
+    run = run_cli("train", "--algo", "sparse", "--samples", 2, *args, timeout=60)
     seconds = time.monotonic() - start
     assert run.returncode == 2, run.stderr
     assert run.stderr.startswith("error:") and "Traceback" not in run.stderr, run.stderr

@@ -11,12 +11,7 @@ from insitu.data.files import parse_spec
 from insitu.data.images import LUMA, fit_images, resize_images, to_channels
 from insitu.errors import DataFileError, UsageError
 
-pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("INSITU_CACHE", str(tmp_path / "cache"))
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("insitu_cache")]     # each test its own cache
 
 
 # ------------------------------------------------------------------------------ the fitting rule
@@ -70,12 +65,12 @@ def test_image_folder_with_mixed_modes_and_sizes(tmp_path):
     assert np.array_equal(again.x_train, ds.x_train) and np.array_equal(again.y_test, ds.y_test)
 
 
-def test_image_folder_given_split_and_disk_cache(tmp_path, capsys):
+def test_image_folder_given_split_and_disk_cache(tmp_path, capsys, insitu_cache):
     root = write_image_folder(tmp_path / "imgs", n=80, rgb_every=0, split=True)
     ds = load_dataset(f"folder:{root}")
     assert ds.channels == 1 and ds.splits == {"train": 80, "test": 20}
     assert "cached in" in capsys.readouterr().err
-    cached = list((tmp_path / "cache" / "datasets").glob("folder-*.npz"))
+    cached = list((insitu_cache / "datasets").glob("folder-*.npz"))
     assert len(cached) == 1
 
 

@@ -222,11 +222,10 @@ def test_non_fpga_board_and_unknown_mode_are_usage_errors(overlay):
         open_board(SIM, mode="gate-level", bitstream=overlay)
 
 
-def test_open_board_writes_its_overlay_in_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_open_board_writes_its_overlay_in_the_cache(insitu_cache):
     acc = open_board(get_board("zedboard-sim"))
     folder = twin_overlay_dir() / "zedboard-sim"
-    assert folder.is_relative_to(tmp_path)
+    assert folder == insitu_cache / "overlays" / "zedboard-sim"
     assert sorted(p.name for p in folder.iterdir()) == ["insitu_zedboard.bit", "insitu_zedboard.hwh"]
     assert acc.device.board == "zedboard" and acc.clock_hz == get_board("zedboard-sim").fpga["pl_clock_hz"]
     run_good(acc)

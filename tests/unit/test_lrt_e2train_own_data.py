@@ -21,7 +21,7 @@ from insitu.lrt.schemes import LRTConfig
 from insitu.lrt.transfer import run_transfer
 from own_data import write_csv, write_image_folder
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("insitu_cache")]     # each test its own cache
 
 
 def few_classes_npz(path, classes=3, size=None):
@@ -39,11 +39,6 @@ def files(tmp_path_factory):
     # Every image RGB at 12x12: a colour folder of another size than digits' 8x8.
     return {"rgb": f"folder:{write_image_folder(root / 'rgb', n=300, rgb_every=1)}",
             "csv": f"csv:{write_csv(root / 'table.csv')}", "root": root}
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("INSITU_CACHE", str(tmp_path / "cache"))
 
 
 # ------------------------------------------------------------------------------ LRT's data

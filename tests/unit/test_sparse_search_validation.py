@@ -222,12 +222,11 @@ def test_run_search_trains_and_plans_with_the_factors(tmp_path, monkeypatch):
                    **{**kw, "prepare": lambda *_: pytest.fail("prepared before the factors were checked")})
 
 
-def test_run_compare_trains_every_scheme_with_the_factors(tmp_path, monkeypatch):
+def test_run_compare_trains_every_scheme_with_the_factors(monkeypatch, insitu_cache):
     import insitu.mcu.compare as compare_mod
     import insitu.sparse.contributions as contributions_mod
     from insitu.mcu.compare import format_text, run_compare
 
-    monkeypatch.setenv("INSITU_CACHE", str(tmp_path))
     options = _spy_compiles(monkeypatch, compare_mod, contributions_mod)
     bundle = _bundle()
     budget = MemoryModel(bundle.graph, bundle.grad_scales, 0.05)(S.bias_only(bundle.graph, 3))
