@@ -382,11 +382,15 @@ class FixedPoint:
 
 
 def max_abs_format(x, bits: int = 16, name: str = "max-abs") -> FixedPoint:
-    """Dynamic max-abs format: the finest power-of-2 scale whose range holds max |x|.
+    """Dynamic max-abs format: the finest power-of-2 scale at which no element saturates.
 
-    Chosen so that ``max |x| < 2**(bits-1-frac)``: the largest element is representable with at most
-    half an LSB of rounding error and never saturates. An all-zero tensor gets ``frac = bits - 1``
-    (range [-1, 1)).
+    ``frac`` is the largest with ``round_half_up(max|x| * 2**frac) <= 2**(bits-1) - 1``, that is
+    ``max|x| < (2**(bits-1) - 1/2) * 2**-frac``: every element rounds to its nearest code (at most
+    half an LSB off) and none is clipped by ``quantize_code``'s saturation. One step finer, max |x|
+    would round past the largest code. That includes the tie, max |x| exactly half an LSB above the
+    largest code: 7.5 in 4 bits rounds (half up) to 8 at frac 0, so it gets frac -1, although 7,
+    the clipped code at frac 0, is also half an LSB off. The rule reads max |x| only, so the range
+    is the same for x and -x. An all-zero tensor gets ``frac = bits - 1`` (range [-1, 1)).
     """
     x = np.asarray(x, dtype=np.float64)
     if x.size and not np.isfinite(x).all():
@@ -397,7 +401,8 @@ def max_abs_format(x, bits: int = 16, name: str = "max-abs") -> FixedPoint:
     # floor(log2(peak)) + 1 is the smallest e with peak < 2**e; then frac = bits - 1 - e.
     exponent = math.frexp(peak)[1]
     frac = bits - 1 - exponent
-    # A peak that rounds up to 2**e (e.g. 2**e - tiny) would saturate by one code: widen once.
+    # A peak at or above the largest code + 1/2 LSB (2**e - tiny, or exactly that tie) rounds up to
+    # code 2**(bits-1) and would saturate by one code: widen once (then it is below half the range).
     if round_half_up(math.ldexp(peak, frac)) > (1 << (bits - 1)) - 1:
         frac -= 1
     return FixedPoint(bits, frac, name=name)
