@@ -21,6 +21,11 @@ def test_adapt_reports_accuracy_and_writes_and_saves_figure_json_counts(run_cli,
     assert 0 <= result["online_accuracy"] <= 1
     assert result["max_writes_per_cell"] >= 1 and result["total_writes"] >= result["max_writes_per_cell"]
     assert [s["start"] for s in result["segments"]] == [0, 60, 120, 180]
+    # A curve point every 12 samples (1/20 of the run): the loss and the online accuracy of its
+    # samples, and the test accuracy of the weights there.
+    assert [p["samples"] for p in result["curve"]] == list(range(12, 241, 12))
+    for point in result["curve"]:
+        assert point["loss"] > 0 and 0 <= point["train_accuracy"] <= 1 and 0 <= point["test_accuracy"] <= 1
     assert json.loads(out.read_text()) == result
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with np.load(counts) as saved:
