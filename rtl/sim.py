@@ -31,8 +31,12 @@ from pathlib import Path
 from insitu.accel.params import DEFAULT_PARAMS, TOP_MODULE, AcceleratorParams
 from insitu.resources import cache_dir
 
-#: Where builds are cached unless a directory is given.
-DEFAULT_BUILD_ROOT = Path(os.environ.get("INSITU_SIM_BUILD") or cache_dir("sim"))
+def default_build_root() -> Path:
+    """Where builds are cached unless a directory is given: ``INSITU_SIM_BUILD``, else the cache
+    (read at each build, not at import: a test or a caller may point the cache elsewhere)."""
+    return Path(os.environ.get("INSITU_SIM_BUILD") or cache_dir("sim"))
+
+
 TIMESCALE = ("1ns", "1ps")
 SIMULATORS = ("verilator", "icarus")
 
@@ -163,7 +167,7 @@ def _options(simulator: str, waves: bool) -> dict:
 
 def _build_dir(source: str, simulator: str, options: dict, build_root: Path | None) -> Path:
     key = hashlib.sha256((source + simulator + repr(sorted(options.items()))).encode()).hexdigest()[:16]
-    return Path(build_root or DEFAULT_BUILD_ROOT) / f"{simulator}-{key}"
+    return Path(build_root or default_build_root()) / f"{simulator}-{key}"
 
 
 def is_built(simulator: str, params: AcceleratorParams = DEFAULT_PARAMS, waves: bool = False,
