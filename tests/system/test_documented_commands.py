@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import IO, Any, Callable, Iterable, Iterator, TypeAlias, TypeVar
 
 import click
 import pytest
@@ -63,7 +63,7 @@ def _commands_of_line(line: str) -> list[str]:
     """The `insitu` commands of one (joined) line: split on &&, without a trailing comment, a
     trailing &, a prompt, or a command list's description."""
     line = re.sub(r"\s+#(\s.*)?$", "", line.strip())
-    found = []
+    found: list[str] = []
     for part in line.split("&&"):
         part = part.strip()
         if part.startswith("$ "):
@@ -75,22 +75,28 @@ def _commands_of_line(line: str) -> list[str]:
     return found
 
 
-def _joined(lines: list[tuple[int, str]]):
+def _joined(lines: Iterable[tuple[int, str]]) -> Iterator[tuple[int, str]]:
     """(first line number, text) of each logical line: lines ending in a backslash continue."""
-    buffer, start = "", None
+    buffer, start = "", 0
     for number, raw in lines:
-        start = number if start is None else start
+        if not buffer:                  # a new logical line: a continued one leaves at least a space
+            start = number
         if raw.rstrip().endswith("\\"):
             buffer += raw.rstrip()[:-1].strip() + " "
             continue
         yield start, (buffer + raw.strip()) if buffer else raw.strip()
-        buffer, start = "", None
+        buffer = ""
     if buffer:
         yield start, buffer.strip()
 
 
-def _from_markdown(path: Path):
-    inside, block = False, []
+#: A documented command and where it is shown (file:line, or `insitu ... --help`).
+Shown: TypeAlias = tuple[str, str]
+
+
+def _from_markdown(path: Path) -> Iterator[Shown]:
+    inside = False
+    block: list[tuple[int, str]] = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip().startswith("```"):
             if inside:
@@ -103,14 +109,15 @@ def _from_markdown(path: Path):
             block.append((number, line))
 
 
-def _walk(command: click.Command, path: tuple[str, ...] = ()):
+def _walk(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    """(the subcommands' names, the command) of ``command`` and of every command under it."""
     yield path, command
     if isinstance(command, click.Group):
         for name, sub in sorted(command.commands.items()):
             yield from _walk(sub, path + (name,))
 
 
-def _from_help():
+def _from_help() -> Iterator[Shown]:
     """The code lines (indented four or more) of each command's help text before its options."""
     from insitu.cli import main
 
@@ -125,7 +132,7 @@ def _from_help():
                 yield found, f"`{name} --help`"
 
 
-def _from_examples():
+def _from_examples() -> Iterator[Shown]:
     for path in sorted(p for p in (ROOT / "examples").rglob("*") if p.is_file()):
         for number, line in enumerate(path.read_text().splitlines(), 1):
             comment = re.match(r"\s*#\s*(insitu .*)", line)
@@ -151,17 +158,25 @@ def example_files() -> list[str]:
 
 # ====================================================================================== the table
 
+#: What a command run here gives: its exit status and its output as text.
+Result: TypeAlias = subprocess.CompletedProcess[str]
+#: A check of what a Run printed (the Result) or wrote (in its workspace folder): it asserts.
+Check: TypeAlias = Callable[[Result, Path], None]
+#: A Run that runs its documented command itself (a server to start and stop, a design to swap).
+RunsItself: TypeAlias = Callable[["Workspace", str], Result]
+
+
 @dataclass(frozen=True)
 class Run:
     """Run here at small settings: ``small`` (a bash line, or a function of the workspace) in a
     workspace folder, after ``needs`` (documented commands or SETUP names) ran there."""
-    small: str | Callable
-    check: tuple = ()
+    small: str | RunsItself
+    check: tuple[Check, ...] = ()
     needs: tuple[str, ...] = ()
     workspace: str | None = None        # shared with the other commands of a walkthrough
     code: int = 0                        # the exit status the page shows (an error it documents)
     drops: tuple[str, ...] = ()         # documented options the small run leaves out (and why, in a comment)
-    marks: tuple = ()
+    marks: tuple[pytest.MarkDecorator, ...] = ()
     timeout: int = 600
 
 
@@ -184,6 +199,11 @@ class FailsCleanly:
     small: str | None = None
 
 
+TableEntry: TypeAlias = Run | Covered | FailsCleanly
+#: One kind of TableEntry, as a test parametrized with that kind's commands gets it (entry_of).
+Entry = TypeVar("Entry", Run, Covered, FailsCleanly)
+
+
 # ---------------------------------------------------------------------------- small settings
 
 SAMPLES = "--samples 64 --test-samples 50"                     # insitu train (sgd, tt)
@@ -197,11 +217,13 @@ SPARSE = "--model mbv2-tiny --samples 6 --test-samples 20"     # train --algo sp
 
 #: Inputs a command reads that no documented command before it makes: bash lines or functions of
 #: the workspace folder, run once per workspace.
-SETUP: dict[str, str | Callable[[Path], None]] = {}
+SetupStep: TypeAlias = Callable[[Path], None]
+SETUP: dict[str, str | SetupStep] = {}
 
 
-def setup(name: str):
-    def register(function):
+def setup(name: str) -> Callable[[SetupStep], SetupStep]:
+    """Registers the decorated function as SETUP[name]."""
+    def register(function: SetupStep) -> SetupStep:
         SETUP[name] = function
         return function
     return register
@@ -232,7 +254,7 @@ def _rgb_npz(folder: Path) -> None:
 
     ds = load_dataset("digits")
 
-    def rgb(x):
+    def rgb(x: np.ndarray) -> np.ndarray:
         big = np.kron(x[:, :, :, None] if x.ndim == 3 else x, np.ones((1, 5, 5, 1), dtype=x.dtype))
         return np.repeat(big, 3, axis=3)[:, :40, :40]
 
@@ -240,9 +262,14 @@ def _rgb_npz(folder: Path) -> None:
              x_test=rgb(ds.x_test[:40]), y_test=ds.y_test[:40])
 
 
+#: A value of a sweep TOML that SHRINK sets: numbers, strings and lists of them.
+TomlValue: TypeAlias = int | float | str | list[int] | list[float] | list[str]
+#: {section: {key: value}} of a sweep TOML.
+SweepChanges: TypeAlias = dict[str, dict[str, TomlValue]]
+
 #: The examples' sweeps at small settings: [fixed] and [grid] values replaced ([sweep] seeds too),
 #: written over the copy in the workspace, so the command runs as the page shows it.
-SHRINK = {
+SHRINK: dict[str, SweepChanges] = {
     "examples/sweeps/lrt_fig6.toml": {
         "fixed": {"samples": 120, "dataset": "digits"},
         "grid": {"lr": [0.016], "dense_batch": [10, 32]}},
@@ -257,11 +284,11 @@ SHRINK = {
 }
 
 
-def _toml_value(value) -> str:
+def _toml_value(value: TomlValue) -> str:
     return json.dumps(value)              # numbers, strings and lists of them are the same in TOML
 
 
-def shrink(text: str, changes: dict) -> str:
+def shrink(text: str, changes: SweepChanges) -> str:
     """``text`` (a sweep TOML) with the keys of ``changes`` ({section: {key: value}}) replaced, or
     added at the end of their section; comments and the other keys are kept."""
     for section, values in changes.items():
@@ -280,7 +307,7 @@ def shrink(text: str, changes: dict) -> str:
 
 
 for _example, _changes in SHRINK.items():
-    def _write(folder: Path, example=_example, changes=_changes) -> None:
+    def _write(folder: Path, example: str = _example, changes: SweepChanges = _changes) -> None:
         target = folder / example
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(shrink((ROOT / example).read_text(), changes))
@@ -289,28 +316,34 @@ for _example, _changes in SHRINK.items():
 
 # ------------------------------------------------------------------------------------ checks
 
-def _json(run) -> object:
+#: A command's JSON as json.loads gives it: each check reads the fields its command prints (each
+#: command its own), and a missing one fails the check.
+Json: TypeAlias = Any
+
+
+def _json(run: Result) -> Json:
     return json.loads(run.stdout)
 
 
-def out_json(test: Callable[[object], bool], what: str):
+def out_json(test: Callable[[Json], bool], what: str) -> Check:
     """The command's JSON on stdout satisfies ``test`` (``what`` says what it asserts)."""
-    def check(run, folder):
+    def check(run: Result, folder: Path) -> None:
         assert test(_json(run)), f"its JSON: {what} ({run.stdout[:1500]})"
     return check
 
 
-def file_json(path: str, test: Callable[[object], bool], what: str):
-    def check(run, folder):
+def file_json(path: str, test: Callable[[Json], bool], what: str) -> Check:
+    """The JSON file ``path`` was written and satisfies ``test``."""
+    def check(run: Result, folder: Path) -> None:
         assert (folder / path).is_file(), f"{path} was not written"
         data = json.loads((folder / path).read_text())
         assert test(data), f"{path}: {what}"
     return check
 
 
-def files(*paths: str):
+def files(*paths: str) -> Check:
     """Each of ``paths`` (globs allowed) was written, not empty; .png files are PNGs."""
-    def check(run, folder):
+    def check(run: Result, folder: Path) -> None:
         for path in paths:
             found = sorted(folder.glob(path))
             assert found, f"{path} was not written (the folder holds {sorted(p.name for p in folder.iterdir())})"
@@ -322,23 +355,23 @@ def files(*paths: str):
     return check
 
 
-def says(*words: str):
+def says(*words: str) -> Check:
     """Its output (stdout, then stderr) holds each of ``words``."""
-    def check(run, folder):
+    def check(run: Result, folder: Path) -> None:
         text = run.stdout + run.stderr
         for word in words:
             assert word in text, f"{word!r} not in its output: {text[-2000:]}"
     return check
 
 
-def sweep_done(out: str, points: int):
+def sweep_done(out: str, points: int) -> Check:
     return file_json(f"{out}/sweep.json", lambda d: d["points"] == points and d["failed"] == []
                      and len(d["table"]) >= 1, f"{points} points, none failed")
 
 
 # --------------------------------------------------------------------- long-running commands
 
-def _read_line(stream, timeout_s: float = 60.0) -> str:
+def _read_line(stream: IO[bytes], timeout_s: float = 60.0) -> str:
     deadline = time.monotonic() + timeout_s
     line = b""
     while not line.endswith(b"\n"):
@@ -354,17 +387,18 @@ class Served:
     """A command that serves until Ctrl-C (`insitu power emulate`, `insitu mcu emulate`): started,
     its port read from the line it prints, stopped with SIGINT."""
 
-    def __init__(self, command: str, folder: Path, env: dict, port_on: str, pattern: str):
+    def __init__(self, command: str, folder: Path, env: dict[str, str], port_on: str, pattern: str):
         self.command = command
         self.proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=folder, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         stream = self.proc.stdout if port_on == "stdout" else self.proc.stderr
+        assert stream is not None                           # both are pipes
         self.first = _read_line(stream, timeout_s=300)      # a first twin builds its firmware
         match = re.search(pattern, self.first)
         assert match, f"{command}: no port in {self.first!r}"
         self.port = match[1]
 
-    def stop(self) -> subprocess.CompletedProcess:
+    def stop(self) -> Result:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
         try:
@@ -379,13 +413,13 @@ class Served:
 POWERSHIELD = r"simulated PowerShield on (\S+)"
 
 
-def serve_and_stop(port_on: str, pattern: str, serve: str | None = None, then: str | None = None):
+def serve_and_stop(port_on: str, pattern: str, serve: str | None = None, then: str | None = None) -> RunsItself:
     """Start ``serve`` (default: the documented command), read its port, run ``then`` (PORT replaced)
     against it, stop it with Ctrl-C (it must exit 0). The result: ``then``'s exit status, and the
     output of both."""
-    def run(workspace, command):
+    def run(workspace: Workspace, command: str) -> Result:
         served = Served(serve or command, workspace.path, workspace.env, port_on, pattern)
-        after = subprocess.CompletedProcess(then, 0, "", "")
+        after: Result = subprocess.CompletedProcess([], 0, "", "")     # nothing run against it yet
         try:
             if then:
                 after = workspace.bash(then.replace("PORT", served.port))
@@ -398,7 +432,7 @@ def serve_and_stop(port_on: str, pattern: str, serve: str | None = None, then: s
     return run
 
 
-def rtl_timing_on_a_small_design(workspace, command):
+def rtl_timing_on_a_small_design(workspace: Workspace, command: str) -> Result:
     """`insitu rtl timing ...` as documented, in this process, on a small top level: Yosys takes
     minutes per part on the accelerator, seconds on a registered multiply-accumulate."""
     from unittest import mock
@@ -411,10 +445,10 @@ def rtl_timing_on_a_small_design(workspace, command):
     from insitu.cli import main
 
     class MultiplyAccumulate(Elaboratable):
-        def __init__(self):
+        def __init__(self) -> None:
             self.a, self.b, self.o = Signal(8), Signal(8), Signal(16)
 
-        def elaborate(self, platform):
+        def elaborate(self, platform: object) -> Module:
             m = Module()
             ra, rb = Signal(8), Signal(8)
             m.d.sync += [ra.eq(self.a), rb.eq(self.b), self.o.eq(ra * rb + self.o)]
@@ -488,10 +522,10 @@ WRITES_RUNS = Covered("tests/system/test_cli_writes.py::test_sgd_vs_lrt_side_by_
 WRITES_SIDE_BY_SIDE = Covered("tests/system/test_cli_writes.py::test_sgd_vs_lrt_side_by_side",
                               shows=('"report", runs / "sgd.json", "--counts", runs / "sgd.npz", "--compare"',
                                      '"--compare-counts", runs / "lrt.npz", "--plot", plot, "--json"'))
-BOARD_FAILS = dict(reason="runs on the board itself: a PYNQ image with the Vivado-built bitstream",
-                   code=2, says="insitu_ultra96v2.bit is missing")
+BOARD_FAILS = FailsCleanly(reason="runs on the board itself: a PYNQ image with the Vivado-built bitstream",
+                           code=2, says="insitu_ultra96v2.bit is missing")
 
-TABLE: dict[str, Run | Covered | FailsCleanly] = {
+TABLE: dict[str, TableEntry] = {
     # ------------------------------------------------------------------ README.md, the basics
     "insitu doctor": Run("insitu doctor", (says("python", "everything is in place"),)),
     "insitu boards --json": BOARDS,
@@ -564,7 +598,7 @@ TABLE: dict[str, Run | Covered | FailsCleanly] = {
     "insitu deploy --board ultra96v2 --bitstream build/rtl/insitu_ultra96v2.bit --out-dir bundle --host u96 -- --algo tt":
         FailsCleanly("needs the Vivado-built bitstream and a PYNQ board reachable as u96", 2,
                      "'build/rtl/insitu_ultra96v2.bit' does not exist"),
-    "insitu train --board ultra96v2 --bitstream insitu_ultra96v2.bit --algo tt --json": FailsCleanly(**BOARD_FAILS),
+    "insitu train --board ultra96v2 --bitstream insitu_ultra96v2.bit --algo tt --json": BOARD_FAILS,
 
     # ---------------------------------------------------------------------------- docs/lrt.md
     "insitu lrt adapt --env {control,shift,analog,digital} --scheme {inference,bias,sgd,lrt,lrt-maxnorm,all} "
@@ -596,7 +630,7 @@ TABLE: dict[str, Run | Covered | FailsCleanly] = {
         "needs an STM32F746G-DISCO on /dev/ttyACM0", 1, "cannot open the serial port /dev/ttyACM0"),
     "insitu mcu search --budget 64K --out scheme.json --plot curves.png": Run(
         f"insitu mcu search --budget 64K --out scheme.json --plot curves.png {SEARCH}",
-        (files("curves.png"), file_json("scheme.json", lambda d: isinstance(d, dict) and d, "a scheme"))),
+        (files("curves.png"), file_json("scheme.json", lambda d: isinstance(d, dict) and len(d) > 0, "a scheme"))),
     "insitu train --board stm32f746-disco-sim --algo sparse --scheme \"$(cat scheme.json)\"": Covered(
         WALKTHROUGH.test, reads=_walkthrough_scheme_from_file),
     "insitu mcu compare --budgets 32K,48K,64K --measure-heap --plot fig9.png": COMPARE_HEAP,
@@ -743,7 +777,7 @@ TABLE: dict[str, Run | Covered | FailsCleanly] = {
                                        shows=('run_cli("lrt", "bench", "--sizes", "32,64", "--json")',)),
     "insitu mcu build-twin": Run("insitu mcu build-twin", (says("firmware.elf"),)),
     "insitu mcu search": Run(f"insitu mcu search --budget 64K {SEARCH} --json",
-                             (out_json(lambda d: isinstance(d, dict) and d, "a report"),)),
+                             (out_json(lambda d: isinstance(d, dict) and len(d) > 0, "a report"),)),
     "insitu mcu minheap": MINHEAP,
     "insitu mcu compare": Run(f"insitu mcu compare --budgets 16K,32K {MCU}", (says("sparse (searched)"),)),
     "insitu mcu import FILE.onnx": Run("insitu mcu import FILE.onnx", (says("MACs"),), needs=("FILE.onnx",)),
@@ -813,7 +847,7 @@ TABLE: dict[str, Run | Covered | FailsCleanly] = {
         # one sample: a step simulated in Amaranth's simulator takes ~30 s
         "insitu train --algo tt --model tiny --mode rtl-amaranth --samples 1 --batch-size 1 --test-samples 1",
         (says("accuracy"),), marks=(pytest.mark.rtl,)),
-    "insitu train --board ultra96v2 --bitstream insitu_ultra96v2.bit --algo tt": FailsCleanly(**BOARD_FAILS),
+    "insitu train --board ultra96v2 --bitstream insitu_ultra96v2.bit --algo tt": BOARD_FAILS,
     "insitu train --board stm32f746-disco-sim --algo sparse --samples 500 --json": SPARSE_ON_TWIN,
     "insitu tt train --variant all --epochs 10 --plot tt.png --out tt.json": Run(
         f"insitu tt train --variant all {TT} --plot tt.png --out tt.json",
@@ -860,25 +894,32 @@ TABLE: dict[str, Run | Covered | FailsCleanly] = {
 
 # ===================================================================================== running
 
+def entry_of(command: str, kind: type[Entry]) -> Entry:
+    """TABLE's entry for ``command``, of the kind whose commands the calling test is parametrized with."""
+    entry = TABLE[command]
+    assert isinstance(entry, kind), f"{command!r} is a {type(entry).__name__}, not a {kind.__name__}"
+    return entry
+
+
 class Workspace:
     """A folder the commands of one walkthrough run in, each once (later tests reuse the result)."""
 
-    def __init__(self, path: Path, env: dict):
+    def __init__(self, path: Path, env: dict[str, str]):
         self.path, self.env = path, env
-        self.done: dict[str, subprocess.CompletedProcess] = {}
+        self.done: dict[str, Result] = {}
 
-    def bash(self, line: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    def bash(self, line: str, timeout: int = 600) -> Result:
         return subprocess.run(["bash", "-c", line], cwd=self.path, env=self.env, capture_output=True,
                               text=True, timeout=timeout)
 
-    def run(self, command: str) -> subprocess.CompletedProcess:
+    def run(self, command: str) -> Result:
         if command in self.done:
             return self.done[command]
         if command in SETUP:
             step = SETUP[command]
             if callable(step):
                 step(self.path)
-                result = subprocess.CompletedProcess(command, 0, "", "")
+                result: Result = subprocess.CompletedProcess(command, 0, "", "")
             else:
                 result = self.bash(step)
                 assert result.returncode == 0, f"setup {command!r} failed: {result.stderr[-3000:]}"
@@ -887,7 +928,8 @@ class Workspace:
             assert isinstance(entry, Run), f"{command!r} is needed here but not run here"
             for need in entry.needs:
                 before = self.run(need)
-                expected = TABLE[need].code if need in TABLE else 0
+                needed = TABLE.get(need)          # a Run (self.run asserted it), or a SETUP name
+                expected = needed.code if isinstance(needed, Run) else 0
                 assert before.returncode == expected, \
                     f"{need!r}, run before {command!r}, failed: {before.stderr[-3000:]}"
             if callable(entry.small):
@@ -898,8 +940,12 @@ class Workspace:
         return result
 
 
+#: The workspace a command runs in (the workspaces fixture).
+WorkspaceOf: TypeAlias = Callable[[str], Workspace]
+
+
 @pytest.fixture(scope="module")
-def workspaces(tmp_path_factory):
+def workspaces(tmp_path_factory: pytest.TempPathFactory) -> WorkspaceOf:
     root = tmp_path_factory.mktemp("documented")
     cache = root / "cache"
     cache.mkdir()
@@ -911,7 +957,8 @@ def workspaces(tmp_path_factory):
 
     def get(command: str) -> Workspace:
         entry = TABLE[command]
-        name = getattr(entry, "workspace", None) or re.sub(r"[^A-Za-z0-9]+", "-", command)[:60]
+        shared = entry.workspace if isinstance(entry, Run) else None
+        name = shared or re.sub(r"[^A-Za-z0-9]+", "-", command)[:60]
         if name not in made:
             folder = root / "ws" / f"{len(made):03d}-{name}"
             folder.mkdir(parents=True)
@@ -920,14 +967,15 @@ def workspaces(tmp_path_factory):
     return get
 
 
-def _params(kind, marks: bool = False):
-    return [pytest.param(command, marks=getattr(entry, "marks", ()) if marks else (), id=command)
+def _params(kind: type[TableEntry], marks: bool = False):
+    """The commands of TABLE's ``kind`` entries, each with a Run's marks if ``marks``."""
+    return [pytest.param(command, marks=entry.marks if marks and isinstance(entry, Run) else (), id=command)
             for command, entry in TABLE.items() if isinstance(entry, kind)]
 
 
 @pytest.mark.parametrize("command", _params(Run, marks=True))
-def test_documented_command_runs(workspaces, command):
-    entry = TABLE[command]
+def test_documented_command_runs(workspaces: WorkspaceOf, command: str):
+    entry = entry_of(command, Run)
     workspace = workspaces(command)
     run = workspace.run(command)
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
@@ -939,8 +987,8 @@ def test_documented_command_runs(workspaces, command):
 
 
 @pytest.mark.parametrize("command", _params(FailsCleanly))
-def test_documented_command_without_its_hardware_fails_cleanly(workspaces, command):
-    entry = TABLE[command]
+def test_documented_command_without_its_hardware_fails_cleanly(workspaces: WorkspaceOf, command: str):
+    entry = entry_of(command, FailsCleanly)
     run = workspaces(command).bash(entry.small or command, timeout=120)
     assert run.returncode == entry.code, (run.returncode, run.stderr[-3000:])
     assert entry.says in run.stderr, run.stderr[-3000:]
@@ -989,13 +1037,15 @@ def _test_source(test: str) -> tuple[str, str]:
     source = (ROOT / path).read_text()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.FunctionDef) and node.name == name:
-            return source, ast.get_source_segment(source, node)
+            function = ast.get_source_segment(source, node)
+            assert function is not None             # parsed from this very source: the node has its position
+            return source, function
     raise AssertionError(f"{test}: no such test")
 
 
 @pytest.mark.parametrize("command", _params(Covered))
-def test_the_existing_test_runs_it(command):
-    entry = TABLE[command]
+def test_the_existing_test_runs_it(command: str):
+    entry = entry_of(command, Covered)
     module, _ = _test_source(entry.test)
     if entry.reads is not None:
         assert command in entry.reads(), f"{entry.test} does not run {command!r}"
@@ -1005,7 +1055,7 @@ def test_the_existing_test_runs_it(command):
 
 # ================================================================================== the options
 
-def _resolve(command: str):
+def _resolve(command: str) -> tuple[click.Command, list[str]]:
     """(the click command, the documented arguments after its name) of ``command``."""
     from insitu.cli import main
 
@@ -1013,7 +1063,8 @@ def _resolve(command: str):
         words = shlex.split(command)
     except ValueError:                          # a synopsis: <the point's options>
         words = command.split()
-    cmd, rest = main, words[1:]
+    cmd: click.Command = main
+    rest = words[1:]
     while isinstance(cmd, click.Group) and rest and rest[0] in cmd.commands:
         cmd, rest = cmd.commands[rest[0]], rest[1:]
     return cmd, rest
@@ -1025,7 +1076,7 @@ def _documented_options(command: str) -> list[str]:
 
 
 @pytest.mark.parametrize("command", [pytest.param(c, id=c) for c in documented_commands()])
-def test_documented_options_exist(command):
+def test_documented_options_exist(command: str):
     """Each option a page shows is one of the command's, with a value it takes when it is a choice."""
     cmd, rest = _resolve(command)
     assert not isinstance(cmd, click.Group), f"{command!r}: no such command"
@@ -1048,8 +1099,8 @@ def test_documented_options_exist(command):
 
 
 @pytest.mark.parametrize("command", _params(Run))
-def test_small_variants_keep_the_documented_options(command):
-    entry = TABLE[command]
+def test_small_variants_keep_the_documented_options(command: str):
+    entry = entry_of(command, Run)
     if callable(entry.small):
         return                                   # the function runs the documented line itself
     missing = [opt for opt in _documented_options(command) if opt not in entry.small and opt not in entry.drops]
