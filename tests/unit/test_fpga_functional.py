@@ -15,7 +15,6 @@
 import gc
 import json
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -768,20 +767,18 @@ def _dmasr(message, channel):
 
 @pytest.mark.parametrize("role,channel", [("in", "MM2S"), ("out", "S2MM")])
 def test_driver_on_a_dma_decode_error_raises_within_its_timeout(overlay, role, channel):
-    """What happens: the DMA halts with DMADecErr, the op never ends, and the driver raises an
-    AcceleratorError (a timeout) at its deadline whose register dump shows the DMA status; the
-    next op runs."""
+    """What happens: the DMA halts with DMADecErr, and the driver raises an AcceleratorError whose
+    register dump shows the DMA status: the DMA's error as soon as it polls it, or at the latest
+    the timeout of its deadline, never an endless poll; the next op runs."""
     acc = open_board(BOARD, mode="fast", bitstream=overlay, timeout_s=0.5)
     cfg = PEConfig("PE1", 5, 3, 16, 4, 2)
     lhs, rhs = random_operands(np.random.default_rng(1), cfg)
     words = pe_stream.stream_in(cfg, lhs, rhs)
     acc.buffers[role] = _bogus_buffer(acc)
-    t0 = time.monotonic()
     with pytest.raises(AcceleratorError) as info:
         acc.run(Op.PE1, words, **tt_registers(cfg))
-    elapsed = time.monotonic() - t0
-    assert elapsed < 5.0, f"took {elapsed:.1f} s"
     message = str(info.value)
+    assert "the AXI DMA reported an error" in message or "timed out after 0.5 s" in message, message
     assert _dmasr(message, channel) & AxiDmaModel.DECODE_ERROR, message
     assert "Registers:" in message and "PE1" in message
     del acc.buffers[role]
@@ -794,9 +791,9 @@ def test_driver_reports_a_dma_decode_error_promptly(overlay):
     cfg = PEConfig("PE1", 5, 3, 16, 4, 2)
     lhs, rhs = random_operands(np.random.default_rng(1), cfg)
     acc.buffers["in"] = _bogus_buffer(acc)
-    t0 = time.monotonic()
     with pytest.raises(AcceleratorError) as info:
         acc.run(Op.PE1, pe_stream.stream_in(cfg, lhs, rhs), **tt_registers(cfg))
-    assert time.monotonic() - t0 < 0.5
+    # Promptly: the DMA's error as the driver polls it, not the timeout of its deadline.
     assert not isinstance(info.value, AcceleratorTimeout)
+    assert "timed out" not in str(info.value) and "the AXI DMA reported an error" in str(info.value)
     assert "DMA" in str(info.value).split("Registers:")[0]

@@ -170,7 +170,10 @@ def test_short_adaptation_improves_a_partly_trained_base(cache):
     assert result["max_writes_per_cell"] == counts.max() > 0
     assert result["writes_total"] == counts.sum()
     assert result["env"] == "control" and result["rank"] == 4 and result["lr"] == 0.03
-    assert 0 < result["seconds_per_sample"] < 0.1
+    # The figure is the run's time over its samples (its speed is the benchmarks' to print).
+    print(f"\nLRT adaptation on the golden PE: {result['seconds_per_sample'] * 1e3:.3f} ms a sample")
+    assert result["seconds_per_sample"] > 0 and math.isfinite(result["seconds_per_sample"])
+    assert result["seconds_per_sample"] == pytest.approx(result["seconds"] / 1000, abs=1e-6)
 
 
 def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(cache, tmp_path):
