@@ -194,7 +194,9 @@ class SGDLearner:
     def __init__(self, model: nn.Sequential, lr: float, x: np.ndarray, y: np.ndarray, seed: int):
         self.model, self.optimizer = model, nn.SGD(model, lr=lr)
         self.x, self.y, self.seed = x, y, seed
-        self.correct = self.seen = 0               # training accuracy of this session
+        # The training accuracy of the run (kept in checkpoints: a resumed or complete run's
+        # figure covers all its training passes, not only this session's).
+        self.correct = self.seen = 0
 
     def train(self, start: int, count: int) -> float:
         batch = sample_order(len(self.x), self.seed, start, count)
@@ -209,13 +211,15 @@ class SGDLearner:
         return loss
 
     def state(self) -> tuple[dict, dict]:
-        return self.model.state_dict(), {}
+        return self.model.state_dict(), {"correct": self.correct, "seen": self.seen}
 
     def load_state(self, arrays: dict, meta: dict) -> None:
         try:
             self.model.load_state_dict(arrays)
         except (KeyError, ValueError) as exc:
             raise InsituError(f"the checkpoint does not fit the model ({exc})") from None
+        # Checkpoints written before the run's counts were kept start them afresh.
+        self.correct, self.seen = meta.get("correct", 0), meta.get("seen", 0)
 
 
 def _run_sgd(config: TrainConfig, board: Board, advance) -> dict:

@@ -218,3 +218,18 @@ def test_lrt_adapt_from_scratch_in_a_run_folder_is_complete_when_asked_again(run
     run = run_cli(*args, timeout=300)
     assert run.returncode == 0 and "already holds this run, complete" in run.stderr
     assert json.loads(run.stdout) == first
+
+
+def test_a_complete_checkpoint_run_again_keeps_the_runs_figures(run_cli, tmp_path):
+    """Only --checkpoint: the rerun trains nothing and reports the run's training accuracy and
+    rate; a run resumed half-way reports the same training accuracy as one run straight through."""
+    args = ("train", *DIGITS, "--samples", "640", "--json")
+    straight = json.loads(run_cli(*args, "--checkpoint", tmp_path / "a.npz").stdout)
+    run = run_cli(*args, "--checkpoint", tmp_path / "a.npz")
+    assert run.returncode == 0 and "is already complete at 640 samples" in run.stderr
+    again = json.loads(run.stdout)
+    assert again["train_accuracy"] == straight["train_accuracy"] is not None
+    assert again["samples_per_second"] is not None and again["curve"] == straight["curve"]
+    run_cli("train", *DIGITS, "--samples", "320", "--checkpoint", tmp_path / "b.npz")
+    resumed = json.loads(run_cli(*args, "--checkpoint", tmp_path / "b.npz").stdout)
+    assert resumed["resumed_from"] == 320 and resumed["train_accuracy"] == straight["train_accuracy"]
