@@ -19,7 +19,8 @@ so that every command behaves the same way:
   training steps only;
 * **a curve**: at regular points (``curve_every`` positions, about :data:`CURVE_POINTS` over the
   budget) the mean training loss since the last point, the training accuracy when the learner
-  counts its right predictions (``learner.correct``) and a cheap test probe (``probe()``, a fixed
+  counts its right predictions (``learner.correct``, over ``learner.scored`` samples where it
+  predicts fewer than it trains: SMD's dropped batches) and a cheap test probe (``probe()``, a fixed
   subset of the test set), with the sample count; kept in checkpoints, so a resumed run's curve is
   whole;
 * **progress**: ``advance(n)`` as positions are consumed (a resume advances to where it stands),

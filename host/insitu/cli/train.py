@@ -162,7 +162,7 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
             folder.finish(result)
     if out:
         write_json(out, result, "--out")
-    if plot:
+    if plot:                        # after --out is written; then --out names the figure too
         draw_curve(result, plot, config)
         if out:
             write_json(out, result, "--out")
@@ -182,7 +182,6 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
         if "max_writes_per_cell" in result:
             line += f"; at most {result['max_writes_per_cell']} writes per cell"
         report.print(line)
-
 
 
 def draw_curve(result: dict, path, config: TrainConfig) -> None:
