@@ -183,10 +183,12 @@ def test_runs_of_every_training_command_are_compared_in_one_table(run_cli, tmp_p
     # Each command's complete folder, asked again, shows its result and runs nothing.
     for name in ("tt", "e2"):
         before = (tmp_path / name / "result.json").read_bytes()
-        run = run_cli(*runs[name], "--run-dir", tmp_path / name, "--json", timeout=300)
+        plot = ("--plot", tmp_path / "tt-again.png") if name == "tt" else ()
+        run = run_cli(*runs[name], "--run-dir", tmp_path / name, *plot, "--json", timeout=300)
         assert run.returncode == 0 and "already holds this run, complete" in run.stderr, run.stderr
         assert json.loads(run.stdout) == json.loads(before)
         assert (tmp_path / name / "result.json").read_bytes() == before
+    assert (tmp_path / "tt-again.png").stat().st_size > 0
     # A rerun of the TT folder with another rank is refused, not overwritten.
     run = run_cli(*runs["tt"][:-1], "rank=2", "--run-dir", tmp_path / "tt")
     assert run.returncode == 2 and "rank 4 there, 2 here" in run.stderr
@@ -215,9 +217,10 @@ def test_lrt_adapt_from_scratch_in_a_run_folder_is_complete_when_asked_again(run
     assert run.returncode == 0, run.stderr
     first = json.loads(run.stdout)
     assert "pre-training" not in run.stderr and first["samples"] == 200
-    run = run_cli(*args, timeout=300)
+    run = run_cli(*args, "--plot", tmp_path / "again.png", timeout=300)
     assert run.returncode == 0 and "already holds this run, complete" in run.stderr
     assert json.loads(run.stdout) == first
+    assert (tmp_path / "again.png").stat().st_size > 0       # a figure asked now is drawn
 
 
 def test_a_complete_checkpoint_run_again_keeps_the_runs_figures(run_cli, tmp_path):

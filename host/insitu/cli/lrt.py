@@ -142,6 +142,8 @@ def adapt(ctx, **_):
     if folder is not None and folder.complete:
         payload = folder.already_complete()
         results = payload["runs"] if "runs" in payload else [payload]
+        if p["plot"]:                         # a figure asked now: drawn from the kept results
+            plot_adapt(results, p["plot"])
     else:
         results = []
         with (folder.running() if folder else contextlib.nullcontext()):

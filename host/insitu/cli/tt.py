@@ -126,6 +126,9 @@ def train(ctx, **_):
     if folder is not None and folder.complete:
         payload = folder.already_complete()
         results = payload["results"] if "results" in payload else [payload]
+        if p["plot"]:                         # a figure asked now: drawn from the kept results
+            from insitu.tt.report import plot_history
+            plot_history(results, p["plot"])
     else:
         payload = _train_variants(configs, datasets, epochs, train_size, checkpoint, plot, folder)
         results = payload["results"] if "results" in payload else [payload]

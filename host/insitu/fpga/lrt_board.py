@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import replace
 from typing import Callable, Protocol
 
 import numpy as np
@@ -76,9 +75,9 @@ from insitu.accel.stream import pad_words
 from insitu.lrt.pe_ops import append_reciprocal
 from insitu.lrt.qnet import QNet
 from insitu.lrt.sks import random_orthonormal, core_rotation
-from insitu.lrt.schemes import LRTConfig, loss_gradient, evaluate
+from insitu.lrt.schemes import LRTConfig, cross_entropy, evaluate, loss_gradient
 from insitu.numerics import LRT_BASIS, LRT_BIAS, LRT_PE_WORD_BITS, LRT_WEIGHT, max_abs_format
-from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams
+from insitu.accel.params import AcceleratorParams
 from insitu.accel.regmap import Op
 
 from .regs import bitstream_params
@@ -452,8 +451,7 @@ class LRTBoardTrainer:
         logits = layer.forward(feat, train=True)
         correct = bool(np.argmax(logits[0]) == label[0])
         # The sample's cross-entropy, from the logits its gradient needs anyway (O(classes)).
-        z = logits[0] - logits[0].max()
-        self.last_losses[i] = float(np.log(np.sum(np.exp(z))) - z[label[0]])
+        self.last_losses[i] = cross_entropy(logits[0], int(label[0]))
         if layer.bias_grad is not None:
             layer.bias_grad.fill(0.0)
         layer.backward(loss_gradient(logits, label))

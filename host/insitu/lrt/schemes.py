@@ -36,7 +36,7 @@ from insitu.lrt.maxnorm import MaxNorm
 from insitu.lrt.nvm import NVMArray, NVMModel
 from insitu.lrt.qnet import QNet, QNormalize
 from insitu.lrt.sks import KroneckerSum
-from insitu.nn.functional import softmax
+from insitu.nn.functional import log_softmax, softmax
 from insitu.numerics import LRT_BIAS, LRT_GRADIENT, round_half_up
 
 __all__ = ["SCHEMES", "LRTConfig", "OnlineTrainer", "check_rank", "learning_rate", "loss_gradient", "pretrain",
@@ -91,8 +91,7 @@ def loss_gradient(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 def cross_entropy(logits: np.ndarray, label: int) -> float:
     """One sample's softmax cross-entropy, from its logits (``(classes,)``)."""
-    z = logits - logits.max()
-    return float(np.log(np.sum(np.exp(z))) - z[label])
+    return float(-log_softmax(logits)[label])
 
 
 def evaluate(net: QNet, x: np.ndarray, y: np.ndarray) -> float:
