@@ -30,9 +30,21 @@ from dataclasses import asdict, dataclass, field, replace
 
 from insitu.accel.params import CLOCK_HZ, DEFAULT_PARAMS, TOP_MODULE, AcceleratorParams
 
-#: Parts, their Yosys family and the clock-period goal the estimate is judged on (ns).
+#: Parts, their Yosys family, and the board whose PL clock (boards/<board>.toml, pl_clock_hz) each
+#: part's estimate is judged on.
 PARTS = {"xc7z020": "xc7", "xczu3eg": "xcup"}
-BUDGET_NS = {"xc7z020": 8.0, "xczu3eg": 5.0}
+PART_BOARDS = {"xc7z020": "zedboard", "xczu3eg": "ultra96v2"}
+
+
+def clock_period_ns(part: str) -> float:
+    """The clock period (ns) of the board built on ``part``: its ``pl_clock_hz``."""
+    from insitu.boards import get_board
+    fpga = get_board(PART_BOARDS[part]).fpga
+    assert fpga is not None
+    return 1e9 / fpga["pl_clock_hz"]
+
+
+BUDGET_NS = {part: clock_period_ns(part) for part in PARTS}
 CLOCK_PERIOD_NS = 1e9 / CLOCK_HZ
 #: The clock port of the top level (rtl/top.py AcceleratorTop, rtl/vivado.py CLOCK_PORT).
 CLOCK_PORT = "aclk"

@@ -50,6 +50,8 @@ class AcceleratorParams:
     * ``pe2_b_max``: PE2's largest ``b`` (its tile is ``b`` entries of 16 words; the network's
       second layer needs 512);
     * ``pe3_b_max``: PE3's largest batch ``b`` (its X block is ``b`` entries of 16 words);
+    * ``pe3_batch_lanes``: batch entries PE3 multiplies per cycle (1 or 2): 2 doubles its
+      multipliers (16 lanes x 2 entries) and halves its MAC cycles, for the parts with the DSPs;
     * ``shift_min``/``shift_max``: the output rescaling shifts the PEs accept (negative: left);
     * ``lrt_rows_max``, ``lrt_cols_max``: LRT basis memories (rows x q columns, both sides);
     * ``lrt_cells_max``: LRT weight memory cells (m * n).
@@ -59,6 +61,7 @@ class AcceleratorParams:
     pe1_row_entries: int = 16
     pe2_b_max: int = 512
     pe3_b_max: int = 256
+    pe3_batch_lanes: int = 1
     shift_min: int = -16
     shift_max: int = 63
     lrt_rows_max: int = 256
@@ -79,6 +82,8 @@ class AcceleratorParams:
         if self.factor_words % (self.c_lanes * self.pe_rows):
             raise ValueError(f"AcceleratorParams.factor_words ({self.factor_words}) must be a multiple "
                              f"of {self.c_lanes * self.pe_rows}")
+        if self.pe3_batch_lanes not in (1, 2):
+            raise ValueError(f"AcceleratorParams.pe3_batch_lanes must be 1 or 2, got {self.pe3_batch_lanes!r}")
         if not self.shift_min <= 0 <= self.shift_max:
             raise ValueError("AcceleratorParams: need shift_min <= 0 <= shift_max")
 
