@@ -8,14 +8,20 @@ words (2 beats) per row (PE3_PSG: 4 beats, see below).
 Datapath (16 multipliers along the last input mode, the paper's PE3; the X operand is cached):
 
 * **loader** (input side): X beats go to a ping-pong X buffer (two banks of ``pe3_b_max`` entries
-  of 256 bits, written 128 bits at a time), dY beats to a FIFO of ``DY_FIFO_BEATS`` beats. A bank
+  of 256 bits, written 128 bits at a time; with ``pe3_batch_lanes`` = 2 a memory word holds the
+  two entries of a MAC step), dY beats to a FIFO of ``DY_FIFO_BEATS`` beats. A bank
   is marked full when its block is loaded and freed when the last row of that block has issued its
   last MAC, so the next block loads while the current one computes, and the dY FIFO lets the
   input run ahead into the next block.
 * **issue**: one MAC step per cycle: word ``s`` of the current dY beat (unpacked one word a cycle
   from the FIFO head) and X entry ``s`` of the block's bank; no bubbles between rows or blocks.
+  With ``pe3_batch_lanes`` = 2 (a generate-time parameter) a step is two consecutive batch entries
+  ``s, s + 1`` (two dY words, two X entries): a row takes ``ceil(b / 2)`` steps. For odd ``b`` the
+  last step's second entry lies beyond the row (its dY word is padding, its X entry stale): its
+  products are masked by a registered flag.
 * **pipeline**: X read + dY word register -> both registered again (the block RAM outputs stay off
-  the DSP inputs) -> 16 products (registered, DSP friendly) -> 16 accumulators
+  the DSP inputs) -> 16 products (registered, DSP friendly; 2 x 16 with two entries a step, then
+  each lane's pair summed in a registered stage, one cycle more per op) -> 16 accumulators
   of ``accumulator_bits(16, 16, pe3_b_max)`` bits; the last step of a row copies the sums into a
   holding register.
 * **output**: the 16 sums go through 8 :class:`RoundShiftSaturate` stages in two cycles (lanes
@@ -122,6 +128,7 @@ class PE3(PE):
         W = TT_PE_DATA_BITS
         L = self.lanes
         bmax = p.pe3_b_max
+        BL = p.pe3_batch_lanes                          # batch entries per MAC step
         a, b, c, d = self.a, self.b, self.c, self.d
 
         psg = Signal()
@@ -137,7 +144,7 @@ class PE3(PE):
                      self.out_beats.eq(config.out_beats)]
 
         # ------------------------------------------------------------ storage and loader
-        entry_bits = ceil_log2(bmax)
+        step_bits = pe3_step_bits(p)                    # X buffer address within a bank
         dyf = m.submodules.dy_fifo = SyncFIFOBuffered(width=STREAM_BITS, depth=self.dy_fifo_beats)
         outf = m.submodules.out_fifo = SyncFIFOBuffered(width=STREAM_BITS, depth=self.out_fifo_beats)
         # The counters' last values, registered from the held sizes (settled long before start):
@@ -160,8 +167,8 @@ class PE3(PE):
         # ------------------------------------------------------------ issue
         cp_active = Signal()
         rd_bank = Signal()
-        s_idx = Signal(max(1, entry_bits))              # batch index within the row
-        w_idx = Signal(3)                               # word within the current dY beat
+        s_idx = Signal(max(1, step_bits))               # MAC step within the row (BL entries)
+        w_idx = Signal(ceil_log2(STREAM_WORDS // BL))   # step within the current dY beat
         cp_row_blk = Signal(16)
         cp_rows = Signal(16)
         out_left = Signal(range(2 * (1 << 16) + 1))     # output beats still to send
@@ -172,14 +179,16 @@ class PE3(PE):
         # (Implied by dyf.r_rdy -- a block's dY is queued after its X block -- but kept as a guard.)
         bank_full = Mux(rd_bank, full[1], full[0])
 
-        # first (s_idx == 0) and last (s_idx == b - 1) are registers, set a cycle ahead from
-        # b - 2 and b == 1 (registered; b is held from several cycles before start): no size
-        # arithmetic or wide compare in front of issue, which drives the dY FIFO's read side.
+        # first (s_idx == 0) and last (s_idx == steps - 1) are registers, set a cycle ahead from
+        # steps - 2 and steps == 1 (registered; b is held from several cycles before start): no
+        # size arithmetic or wide compare in front of issue, which drives the dY FIFO's read
+        # side. A row takes steps = ceil(b / BL) MAC steps.
         first = Signal(init=1)
         last = Signal()
         b_is_1 = Signal()
         b_minus_2 = Signal(16)
-        m.d.sync += [b_is_1.eq(b == 1), b_minus_2.eq(b - 2)]
+        steps = b if BL == 1 else (b + BL - 1) >> ceil_log2(BL)
+        m.d.sync += [b_is_1.eq(steps == 1), b_minus_2.eq(steps - 2)]
         # Whether a row's beats fit in the output FIFO and the cooldown is over, registered
         # (room): the compares are off the issue path.
         room = Signal(init=1)
@@ -187,8 +196,8 @@ class PE3(PE):
         m_fire = Signal()
         m.d.comb += [
             issue.eq(cp_active & bank_full & dyf.r_rdy & (~first | room)),
-            dyf.r_en.eq(issue & (last | (w_idx == STREAM_WORDS - 1))),
-            loader.x_rd_addr.eq(Cat(s_idx[:entry_bits], rd_bank)),
+            dyf.r_en.eq(issue & (last | (w_idx == STREAM_WORDS // BL - 1))),
+            loader.x_rd_addr.eq(Cat(s_idx[:step_bits], rd_bank)),
             m_fire.eq(self.m.valid & self.m.ready),
         ]
         row_start = issue & first
@@ -244,10 +253,18 @@ class PE3(PE):
                 m.d.sync += [s_idx.eq(s_idx + 1), w_idx.eq(w_idx + 1)]
 
         # ------------------------------------------------------------ MAC array and output
-        m.submodules.macs = macs = PE3MacArray(L, self.acc_bits, self.msb_acc_bits)
+        m.submodules.macs = macs = PE3MacArray(L, self.acc_bits, self.msb_acc_bits, BL)
         m.d.comb += [macs.start.eq(self.start), macs.issue.eq(issue), macs.first.eq(first),
-                     macs.last.eq(last), macs.dy_word.eq(dyf.r_data.word_select(w_idx, W)),
+                     macs.last.eq(last), macs.dy_word.eq(dyf.r_data.word_select(w_idx, BL * W)),
                      macs.x_entry.eq(loader.x_entry)]
+        if BL > 1:
+            # Entry j of a step is within the row unless it is the last step and j >= the
+            # entries left (b odd: the pair's second entry, whose X may be stale or unwritten).
+            # tail_ok[j]: entry j of the last step is within b (registered from the held b).
+            tail_ok = Signal(BL)
+            rem_m1 = (b - 1)[:ceil_log2(BL)]           # entries of the last step, minus 1
+            m.d.sync += tail_ok.eq(Cat(*(rem_m1 >= j for j in range(BL))))
+            m.d.comb += macs.entry_ok.eq(Mux(last, tail_ok, (1 << BL) - 1))
         m.submodules.rows_out = rows_out = PE3RowOutput(p, self.acc_bits, self.msb_acc_bits)
         m.d.comb += [
             rows_out.start.eq(self.start), rows_out.psg.eq(psg),
@@ -411,16 +428,19 @@ class PE3Loader(wiring.Component):
             "dy_w_en": Out(1),
             "full": Out(2),
             "release": In(2),
-            "x_rd_addr": In(ceil_log2(params.pe3_b_max) + 1),
-            "x_entry": Out(L * W),
+            "x_rd_addr": In(pe3_step_bits(params) + 1),
+            "x_entry": Out(params.pe3_batch_lanes * L * W),
         })
 
     def elaborate(self, platform):
         m = Module()
         L, W = self.params.c_lanes, TT_PE_DATA_BITS
         bmax = self.params.pe3_b_max
-        entry_bits = ceil_log2(bmax)
-        xmem = m.submodules.xmem = Memory(shape=L * W, depth=2 << entry_bits, init=[])
+        BL = self.params.pe3_batch_lanes
+        step_bits = pe3_step_bits(self.params)
+        # One memory word holds the BL entries of a MAC step (entries BL*k .. BL*k + BL - 1),
+        # written one beat (128 bits, half an entry) at a time.
+        xmem = m.submodules.xmem = Memory(shape=BL * L * W, depth=2 << step_bits, init=[])
         x_wr = xmem.write_port(granularity=STREAM_BITS)
         x_rd = xmem.read_port(domain="sync")
         m.d.comb += [x_rd.addr.eq(self.x_rd_addr), self.x_entry.eq(x_rd.data)]
@@ -452,6 +472,7 @@ class PE3Loader(wiring.Component):
         m.d.sync += [b2_m1.eq(2 * b - 1), rb_m1.eq(dy_row_beats(b) - 1)]
 
         s_fire = Signal()
+        part_bits = ceil_log2(2 * BL)
         # PE3_PSG: X words are 8-bit codes, their low byte sign-extended (the upper byte ignored).
         x_words = [self.s_payload.word_select(k, W) for k in range(STREAM_WORDS)]
         x8_beat = Cat(*(Cat(w[:PSG_ACTIVATION_BITS], w[PSG_ACTIVATION_BITS - 1].replicate(
@@ -460,9 +481,11 @@ class PE3Loader(wiring.Component):
         m.d.comb += [
             self.s_ready.eq(ld_active & Mux(ld_x, bank_free, self.dy_w_rdy)),
             s_fire.eq(self.s_valid & self.s_ready),
-            x_wr.addr.eq(Cat(ld_idx[1:], wr_bank)),
-            x_wr.data.eq(Cat(x_beat, x_beat)),
-            x_wr.en.eq(Mux(s_fire & ld_x, Cat(~ld_idx[0], ld_idx[0]), 0)),
+            # X beat ld_idx is 128-bit part ld_idx % (2 BL) of word ld_idx // (2 BL).
+            x_wr.addr.eq(Cat(ld_idx[part_bits:part_bits + step_bits], wr_bank)),
+            x_wr.data.eq(Cat(*([x_beat] * (2 * BL)))),
+            x_wr.en.eq(Mux(s_fire & ld_x, Cat(*(ld_idx[:part_bits] == i for i in range(2 * BL))),
+                           0)),
             self.dy_w_data.eq(self.s_payload),
             self.dy_w_en.eq(self.s_valid & ld_active & ~ld_x),
         ]
@@ -494,38 +517,55 @@ class PE3MacArray(wiring.Component):
     predictor's 16 narrow ones, from an issued step to the row's sums in holding registers
     (``res``, ``msb_res``; ``res_due`` the cycle before they land, ``res_valid`` the cycle after).
 
+    With ``batch_lanes`` = BL > 1 a step is BL consecutive batch entries: ``dy_word`` holds BL
+    dY words, ``x_entry`` BL X entries, and each lane has BL multipliers (and BL narrow ones)
+    whose products are summed in a registered stage of their own before the accumulator (one
+    cycle more per op). ``entry_ok`` (BL > 1 only) says which entries of the step are within
+    the row: a masked entry's products are dropped (its X may be stale or never written).
+
     Separate because it is pure datapath: the issue logic decides when a step enters (``issue``,
     with the row's ``first`` and ``last`` step) and nothing flows back to it.
     """
 
-    def __init__(self, lanes: int, acc_bits: int, msb_acc_bits: int):
+    def __init__(self, lanes: int, acc_bits: int, msb_acc_bits: int, batch_lanes: int = 1):
         self.lanes, self.acc_bits, self.msb_acc_bits = lanes, acc_bits, msb_acc_bits
-        super().__init__({
+        self.batch_lanes = batch_lanes
+        ports = {
             "start": In(1),
             "issue": In(1),
             "first": In(1),
             "last": In(1),
-            "dy_word": In(TT_PE_DATA_BITS),
-            "x_entry": In(lanes * TT_PE_DATA_BITS),
+            "dy_word": In(batch_lanes * TT_PE_DATA_BITS),
+            "x_entry": In(batch_lanes * lanes * TT_PE_DATA_BITS),
             "res": Out(data.ArrayLayout(signed(acc_bits), lanes)),
             "msb_res": Out(data.ArrayLayout(signed(msb_acc_bits), lanes)),
             "res_due": Out(1),
             "res_valid": Out(1),
-        })
+        }
+        if batch_lanes > 1:
+            ports["entry_ok"] = In(batch_lanes)
+        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
         W = TT_PE_DATA_BITS
         L = self.lanes
+        BL = self.batch_lanes
+        entries = range(BL)
+
+        def name(base, j):
+            """Signal names of batch entry j (entry 0's as with one entry a step)."""
+            return base if j == 0 else f"{base}_e{j}"
+
         # Datapath registers have no reset (the valid bits qualify them): fewer flip-flops on
         # the reset net, and the DSPs can take the product registers.
         v1, first1, last1 = Signal(), Signal(), Signal()
-        dy1 = Signal(signed(W), reset_less=True)
+        dy1 = [Signal(signed(W), name=name("dy1", j), reset_less=True) for j in entries]
         m.d.sync += [
             v1.eq(self.issue & ~self.start),
             first1.eq(self.first),
             last1.eq(self.last),
-            dy1.eq(self.dy_word),
+            *(dy1[j].eq(self.dy_word.word_select(j, W)) for j in entries),
         ]
         # Stage 1b: the X entry and the dY word registered once more before the multipliers. The
         # block RAM outputs (no output register) would otherwise run through the word select and
@@ -534,29 +574,59 @@ class PE3MacArray(wiring.Component):
         # Yosys packs dy1 and dy1b into all 16 DSPs (AREG=2) and the rounding's net fans out to
         # them all behind the block RAM (11 ns).
         v1b, first1b, last1b = Signal(), Signal(), Signal()
-        x1b = Signal(L * W, reset_less=True)
-        x1b_msb = [Signal(signed(PSG_ACTIVATION_MSB_BITS), name=f"x1b_msb{k}", reset_less=True)
-                   for k in range(L)]
-        dy1b = Signal(signed(W), reset_less=True)
-        dy1b_msb = Signal(signed(PSG_GRADIENT_MSB_BITS), reset_less=True)
-        m.d.sync += [v1b.eq(v1 & ~self.start), first1b.eq(first1), last1b.eq(last1),
-                     x1b.eq(self.x_entry), dy1b.eq(dy1),
-                     dy1b_msb.eq(msb_code(dy1, PSG_GRADIENT_BITS, PSG_GRADIENT_MSB_BITS))]
-        for k in range(L):
-            x_word = self.x_entry.word_select(k, W)
-            m.d.sync += x1b_msb[k].eq(msb_code(x_word[:PSG_ACTIVATION_BITS], PSG_ACTIVATION_BITS,
-                                               PSG_ACTIVATION_MSB_BITS))
+        x1b = [Signal(L * W, name=name("x1b", j), reset_less=True) for j in entries]
+        x1b_msb = [[Signal(signed(PSG_ACTIVATION_MSB_BITS), name=name(f"x1b_msb{k}", j),
+                           reset_less=True) for k in range(L)] for j in entries]
+        dy1b = [Signal(signed(W), name=name("dy1b", j), reset_less=True) for j in entries]
+        dy1b_msb = [Signal(signed(PSG_GRADIENT_MSB_BITS), name=name("dy1b_msb", j),
+                           reset_less=True) for j in entries]
+        m.d.sync += [v1b.eq(v1 & ~self.start), first1b.eq(first1), last1b.eq(last1)]
+        for j in entries:
+            x_entry = self.x_entry.word_select(j, L * W)
+            m.d.sync += [x1b[j].eq(x_entry), dy1b[j].eq(dy1[j]),
+                         dy1b_msb[j].eq(msb_code(dy1[j], PSG_GRADIENT_BITS, PSG_GRADIENT_MSB_BITS))]
+            for k in range(L):
+                x_word = x_entry.word_select(k, W)
+                m.d.sync += x1b_msb[j][k].eq(msb_code(x_word[:PSG_ACTIVATION_BITS],
+                                                      PSG_ACTIVATION_BITS, PSG_ACTIVATION_MSB_BITS))
         v2, first2, last2 = Signal(), Signal(), Signal()
-        prod = [Signal(signed(2 * W), name=f"prod{k}", reset_less=True) for k in range(L)]
+        prod = [[Signal(signed(2 * W), name=name(f"prod{k}", j), reset_less=True)
+                 for k in range(L)] for j in entries]
         m.d.sync += [v2.eq(v1b & ~self.start), first2.eq(first1b), last2.eq(last1b)]
         # The PSG predictor's narrow products: msb10(dY) times msb4(x8).
-        msb_prod = [Signal(signed(PSG_GRADIENT_MSB_BITS + PSG_ACTIVATION_MSB_BITS),
-                           name=f"msb_prod{k}", reset_less=True) for k in range(L)]
-        for k in range(L):
-            m.d.sync += [
-                prod[k].eq(dy1b * x1b.word_select(k, W).as_signed()),
-                msb_prod[k].eq(dy1b_msb * x1b_msb[k]),
-            ]
+        msb_prod = [[Signal(signed(PSG_GRADIENT_MSB_BITS + PSG_ACTIVATION_MSB_BITS),
+                            name=name(f"msb_prod{k}", j), reset_less=True) for k in range(L)]
+                    for j in entries]
+        for j in entries:
+            for k in range(L):
+                m.d.sync += [
+                    prod[j][k].eq(dy1b[j] * x1b[j].word_select(k, W).as_signed()),
+                    msb_prod[j][k].eq(dy1b_msb[j] * x1b_msb[j][k]),
+                ]
+
+        # What the accumulators add: the products (one entry a step), or their sum over the
+        # step's entries, registered (stage 2s), entries beyond the row masked.
+        v_acc, first_acc, last_acc = v2, first2, last2
+        term, msb_term = prod[0], msb_prod[0]
+        if BL > 1:
+            ok1, ok1b, ok2 = Signal(BL), Signal(BL), Signal(BL)
+            m.d.sync += [ok1.eq(self.entry_ok), ok1b.eq(ok1), ok2.eq(ok1b)]
+            v_acc, first_acc, last_acc = Signal(name="v2s"), Signal(name="first2s"), \
+                Signal(name="last2s")
+            m.d.sync += [v_acc.eq(v2 & ~self.start), first_acc.eq(first2), last_acc.eq(last2)]
+            grow = ceil_log2(BL)
+            term = [Signal(signed(2 * W + grow), name=f"pair_sum{k}", reset_less=True)
+                    for k in range(L)]
+            msb_term = [Signal(signed(PSG_GRADIENT_MSB_BITS + PSG_ACTIVATION_MSB_BITS + grow),
+                               name=f"msb_pair_sum{k}", reset_less=True) for k in range(L)]
+            for k in range(L):
+                # entry 0 of a step is always within the row
+                m.d.sync += [
+                    term[k].eq(sum((Mux(ok2[j], prod[j][k], 0) for j in entries[1:]),
+                                   prod[0][k])),
+                    msb_term[k].eq(sum((Mux(ok2[j], msb_prod[j][k], 0) for j in entries[1:]),
+                                       msb_prod[0][k])),
+                ]
 
         acc = [Signal(signed(self.acc_bits), name=f"acc{k}", reset_less=True) for k in range(L)]
         res = [Signal(signed(self.acc_bits), name=f"res{k}", reset_less=True) for k in range(L)]
@@ -565,14 +635,14 @@ class PE3MacArray(wiring.Component):
         msb_res = [Signal(signed(self.msb_acc_bits), name=f"msb_res{k}", reset_less=True)
                    for k in range(L)]
         res_v = self.res_valid
-        m.d.comb += self.res_due.eq(v2 & last2 & ~self.start)
+        m.d.comb += self.res_due.eq(v_acc & last_acc & ~self.start)
         m.d.sync += res_v.eq(self.res_due)
         for k in range(L):
-            total = Mux(first2, 0, acc[k]) + prod[k]
-            msb_total = Mux(first2, 0, msb_acc[k]) + msb_prod[k]
-            with m.If(v2):
+            total = Mux(first_acc, 0, acc[k]) + term[k]
+            msb_total = Mux(first_acc, 0, msb_acc[k]) + msb_term[k]
+            with m.If(v_acc):
                 m.d.sync += [acc[k].eq(total), msb_acc[k].eq(msb_total)]
-                with m.If(last2):
+                with m.If(last_acc):
                     m.d.sync += [res[k].eq(total), msb_res[k].eq(msb_total)]
 
         m.d.comb += [self.res[k].eq(res[k]) for k in range(L)]
@@ -713,6 +783,12 @@ class PE3RowOutput(wiring.Component):
                 m.d.sync += self.psg_max.eq(peak8)
 
         return m
+
+
+def pe3_step_bits(params: AcceleratorParams) -> int:
+    """Address bits of one X buffer bank: ``ceil(pe3_b_max / pe3_batch_lanes)`` words of
+    ``pe3_batch_lanes`` entries each."""
+    return ceil_log2(-(-params.pe3_b_max // params.pe3_batch_lanes))
 
 
 def dy_row_beats(b):

@@ -1,4 +1,6 @@
-"""PE3 (outer products) against the golden stream model, in Amaranth's simulator."""
+"""PE3 (outer products) against the golden stream model, in Amaranth's simulator, generated with
+one or two batch entries a MAC step (``AcceleratorParams.pe3_batch_lanes``): the same streams and
+output words either way, only the cycles differ."""
 
 import numpy as np
 import pytest
@@ -8,11 +10,17 @@ from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams
 from insitu.rtl.pe3 import CFG_STAGES, PE3
 from insitu.accel.regmap import ErrorCode
 from insitu.accel.stream import beats, words_of
-from insitu.tt.pe_stream import PEConfig, reference_stream_out, stream_in
+from insitu.tt.pe_stream import PEConfig, estimated_cycles, psg_config, reference_stream_out, stream_in
 
 pytestmark = pytest.mark.rtl
 
 LO, HI = -(1 << 15), (1 << 15) - 1
+#: pe3_batch_lanes the tests generate PE3 with.
+LANES = pytest.mark.parametrize("lanes", [1, 2])
+
+
+def _pe3(lanes=1, **params):
+    return AcceleratorParams(pe3_batch_lanes=lanes, **params)
 
 
 def _codes(rng, shape):
@@ -38,13 +46,14 @@ async def settle(ctx, dut):
     raise AssertionError("cfg_ready never rose")
 
 
-def simulate(dut, jobs, rng=None, gap=0.0, stall=0.0, max_cycles=200_000, status=None):
+def simulate(dut, jobs, rng=None, gap=0.0, stall=0.0, max_cycles=200_000, status=None,
+             stream=stream_in):
     """Run ``jobs`` [(cfg, dy, x)] one after another on ``dut``; returns [(out_words, cycles)].
 
     ``gap``: probability of an idle cycle before each input beat; ``stall``: probability that
     ``m.ready`` is low in a cycle. ``cycles``: cycles ``busy`` is high after ``start``. A cfg
     with ``tau`` (PE3_PSG) sets ``psg_tau``; ``status`` (a list) receives ``(psg_predicted,
-    psg_max)`` after each job.
+    psg_max)`` after each job. ``stream(cfg, dy, x)`` gives a job's input words.
     """
     rng = rng or np.random.default_rng(0)
     results = []
@@ -64,7 +73,7 @@ def simulate(dut, jobs, rng=None, gap=0.0, stall=0.0, max_cycles=200_000, status
             assert ctx.get(dut.cfg_error) == 0
             assert ctx.get(dut.in_beats) == cfg.in_beats()
             assert ctx.get(dut.out_beats) == cfg.out_beats()
-            job = {"in": beats(stream_in(cfg, dy, x)), "n_out": cfg.out_beats(), "out": [],
+            job = {"in": beats(stream(cfg, dy, x)), "n_out": cfg.out_beats(), "out": [],
                    "done": False}
             state["job"] = job
             ctx.set(dut.start, 1)
@@ -136,7 +145,8 @@ def _check(dut, shapes, rng, **kwargs):
         np.testing.assert_array_equal(out, reference_stream_out(cfg, dy, x), err_msg=str(cfg))
 
 
-def test_random_shapes_with_gaps_and_backpressure():
+@LANES
+def test_random_shapes_with_gaps_and_backpressure(lanes):
     rng = np.random.default_rng(1234)
     # Edge shapes (b = 1, b below / across / at a beat, d = 1, b = b_max), then random ones; one
     # DUT runs them back to back (state is re-initialised by each start).
@@ -145,22 +155,24 @@ def test_random_shapes_with_gaps_and_backpressure():
         d = int(rng.integers(1, 5))
         shapes.append((d * int(rng.integers(1, 4)), int(rng.integers(1, 21)), d))
     # Small generate-time bounds (b_max not a power of 2) keep the simulation quick.
-    _check(PE3(AcceleratorParams(pe3_b_max=20)), shapes, rng, gap=0.3, stall=0.3)
+    _check(PE3(_pe3(lanes, pe3_b_max=20)), shapes, rng, gap=0.3, stall=0.3)
 
 
-def test_tiny_fifos_under_heavy_stalls():
+@LANES
+def test_tiny_fifos_under_heavy_stalls(lanes):
     """FIFOs at their minimum depths: the loader waits on the dY FIFO within a block (d rows of
     dY do not fit) and rows wait for output room; nothing is lost or duplicated."""
     rng = np.random.default_rng(99)
-    dut = PE3(AcceleratorParams(pe3_b_max=16), dy_fifo_beats=2, out_fifo_beats=4)
+    dut = PE3(_pe3(lanes, pe3_b_max=16), dy_fifo_beats=2, out_fifo_beats=4)
     _check(dut, [(12, 3, 6), (8, 16, 4), (5, 1, 5), (6, 9, 1)], rng, gap=0.5, stall=0.6)
 
 
-def test_back_to_back_short_rows():
+@LANES
+def test_back_to_back_short_rows(lanes):
     """Always-valid / always-ready streams with b = 1..3: rows start every cycle or two, so the
     output stage (two beats a row) is what limits the rows."""
     rng = np.random.default_rng(5)
-    _check(PE3(AcceleratorParams(pe3_b_max=16)), [(32, 1, 16), (16, 2, 8), (16, 3, 16)], rng)
+    _check(PE3(_pe3(lanes, pe3_b_max=16)), [(32, 1, 16), (16, 2, 8), (16, 3, 16), (16, 5, 4)], rng)
 
 
 def test_fifo_depths_are_checked():
@@ -168,34 +180,87 @@ def test_fifo_depths_are_checked():
         PE3(out_fifo_beats=2)
 
 
-def test_extreme_shifts_and_full_scale_sums():
-    """Sums that reach the accumulator's extremes (every product -2^15 * -2^15, 32 terms)."""
+@LANES
+def test_extreme_shifts_and_full_scale_sums(lanes):
+    """Sums that reach the accumulator's extremes (every product -2^15 * -2^15, 32 terms; 31 with
+    the pair's second entry masked)."""
     rng = np.random.default_rng(7)
     jobs = []
-    for shift in (-16, 0, 1, 15, 40, 63):
-        cfg = PEConfig("PE3", 2, 32, 16, 1, shift)
+    for shift, b in ((-16, 32), (0, 31), (1, 32), (15, 31), (40, 32), (63, 31)):
+        cfg = PEConfig("PE3", 2, b, 16, 1, shift)
         dy, x = _operands(rng, cfg)
         dy[0] = LO
         x[0] = LO
         jobs.append((cfg, dy, x))
-    dut = PE3(AcceleratorParams(pe3_b_max=32))
+    dut = PE3(_pe3(lanes, pe3_b_max=32))
     results = simulate(dut, jobs, rng, gap=0.1, stall=0.1)
     for (cfg, dy, x), (out, _) in zip(jobs, results):
         np.testing.assert_array_equal(out, reference_stream_out(cfg, dy, x), err_msg=str(cfg))
 
 
-def _utilization(a, b, d, rng):
+def _utilization(a, b, d, rng, lanes=1):
     cfg = PEConfig("PE3", a, b, 16, d, 8)
     dy, x = _operands(rng, cfg)
-    [(out, cycles)] = simulate(PE3(), [(cfg, dy, x)], rng)
+    [(out, cycles)] = simulate(PE3(_pe3(lanes)), [(cfg, dy, x)], rng)
     np.testing.assert_array_equal(out, reference_stream_out(cfg, dy, x))
-    return cfg.macs() / (16 * cycles)
+    return cfg.macs() / (16 * lanes * cycles)
 
 
-def test_throughput_on_the_network_shape():
-    """(a, 64, 16, 16) with always-valid / always-ready streams: one MAC step a clock."""
-    util = _utilization(64, 64, 16, np.random.default_rng(3))
+@LANES
+def test_throughput_on_the_network_shape(lanes):
+    """(a, 64, 16, 16) with always-valid / always-ready streams: one MAC step (16 lanes x
+    pe3_batch_lanes entries) a clock."""
+    util = _utilization(64, 64, 16, np.random.default_rng(3), lanes)
     assert util >= 0.9, util
+
+
+@LANES
+@pytest.mark.parametrize("kind", ["PE3", "PE3_PSG"])
+def test_steady_state_row_takes_ceil_b_over_lanes_cycles(lanes, kind):
+    """Always-valid / always-ready streams: each row more costs ceil(b / pe3_batch_lanes)
+    cycles (b even and odd), and the cycle model (estimated_cycles) agrees within 2 %."""
+    rng = np.random.default_rng(11)
+    params = _pe3(lanes, pe3_b_max=64)
+    for b in (64, 13):
+        jobs = []
+        for a in (32, 64):
+            cfg = PEConfig("PE3", a, b, 16, 16, 8) if kind == "PE3" else psg_config(a, b, 16, 8, 1)
+            jobs.append((cfg, *_operands(rng, cfg)))
+        results = simulate(PE3(params), jobs, rng)
+        for (cfg, dy, x), (out, cycles) in zip(jobs, results):
+            np.testing.assert_array_equal(out, reference_stream_out(cfg, dy, x))
+            assert abs(estimated_cycles(cfg, params) / cycles - 1) < 0.02, (cfg, cycles)
+        (_, short), (_, long) = results
+        assert long - short == 32 * -(-b // lanes), (b, short, long)
+
+
+def _junk_padding(rng):
+    """stream_in, with random nonzero words in each dY row's padding (the PE must ignore them)."""
+    def stream(cfg, dy, x):
+        words = stream_in(cfg, dy, x).copy()
+        b8 = -(-cfg.b // 8) * 8
+        block = cfg.b * 16 + cfg.d * b8
+        for t in range(cfg.a // cfg.d):
+            for r in range(cfg.d):
+                at = t * block + cfg.b * 16 + r * b8
+                words[at + cfg.b:at + b8] = rng.integers(1, 1 << 15, size=b8 - cfg.b)
+        return words
+    return stream
+
+
+@LANES
+def test_odd_b_ignores_stale_x_and_stream_padding(lanes):
+    """Odd b after even b on one PE: the last step's second entry (pe3_batch_lanes = 2) is a stale
+    X entry of the previous op and, here, nonzero junk in the dY padding; its products are masked,
+    so the outputs equal the golden model's (which never reads the padding)."""
+    rng = np.random.default_rng(21)
+    jobs = []
+    for a, b, d in ((4, 8, 2), (4, 7, 2), (6, 10, 3), (6, 5, 3), (3, 1, 1)):
+        cfg = PEConfig("PE3", a, b, 16, d, 0)
+        jobs.append((cfg, *_operands(rng, cfg)))
+    results = simulate(PE3(_pe3(lanes, pe3_b_max=16)), jobs, rng, stream=_junk_padding(rng))
+    for (cfg, dy, x), (out, _) in zip(jobs, results):
+        np.testing.assert_array_equal(out, reference_stream_out(cfg, dy, x), err_msg=str(cfg))
 
 
 def _error(dut, a, b, c, d, shift=0, op=3, tau=1):
@@ -219,9 +284,10 @@ def _error(dut, a, b, c, d, shift=0, op=3, tau=1):
     return out
 
 
-def test_configuration_errors_and_beat_counts():
+@LANES
+def test_configuration_errors_and_beat_counts(lanes):
     p = DEFAULT_PARAMS
-    dut = PE3()
+    dut = PE3(_pe3(lanes))
     cases = [
         ((0, 64, 16, 16), ErrorCode.ZERO_SIZE), ((16, 0, 16, 16), ErrorCode.ZERO_SIZE),
         ((16, 64, 0, 16), ErrorCode.ZERO_SIZE), ((16, 64, 16, 0), ErrorCode.ZERO_SIZE),
@@ -249,8 +315,9 @@ def test_configuration_errors_and_beat_counts():
     assert big["error"] == ErrorCode.TILE and 0 <= big["in"] < 1 << 32
 
 
-def test_converts_to_verilog():
+@LANES
+def test_converts_to_verilog(lanes):
     from amaranth.back import verilog
 
-    text = verilog.convert(PE3(), name="pe3")
+    text = verilog.convert(PE3(_pe3(lanes)), name="pe3")
     assert "module pe3" in text

@@ -1,18 +1,18 @@
 """PE3_PSG (E2-Train's predictive sign gradient on PE3) against the golden model, in Amaranth's
 simulator: output words (rescaled g_msb, eq.-2 signs) and the PSG_PREDICTED / PSG_MAX ports,
 with random shapes, codes with their extremes, X words over all 16 bits (the PE takes the low
-byte), random thresholds (1, tiny, around beta * max, exactly max, huge), gaps and stalls."""
+byte), random thresholds (1, tiny, around beta * max, exactly max, huge), gaps and stalls; PE3
+generated with one or two batch entries a MAC step (``pe3_batch_lanes``)."""
 
 import numpy as np
 import pytest
 
-from insitu.accel.params import AcceleratorParams
 from insitu.rtl.pe3 import PE3
 from insitu.accel.regmap import ErrorCode, Op
 from insitu.tt import pe_stream as ps
 from insitu.tt.pe_stream import PEConfig, psg_config
 
-from test_pe3_amaranth import _codes, _error, simulate  # the test folder is on sys.path
+from test_pe3_amaranth import LANES, _codes, _error, _pe3, simulate  # the test folder is on sys.path
 
 pytestmark = pytest.mark.rtl
 
@@ -68,7 +68,8 @@ def _check(dut, jobs, rng, **kwargs):
     return results
 
 
-def test_random_psg_ops_with_gaps_and_backpressure():
+@LANES
+def test_random_psg_ops_with_gaps_and_backpressure(lanes):
     rng = np.random.default_rng(4321)
     shapes = [(4, 1, 1), (6, 5, 3), (3, 8, 3), (4, 13, 2), (2, 17, 1), (4, 2, 4), (2, 20, 2)]
     for _ in range(5):
@@ -81,26 +82,28 @@ def test_random_psg_ops_with_gaps_and_backpressure():
         jobs.insert(at, (cfg, _codes(rng, (4, cfg.b)), _codes(rng, (2, cfg.b, 16))))
     taus = {cfg.tau for cfg, _, _ in jobs if cfg.kind == "PE3_PSG"}
     assert 1 in taus and U32_MAX in taus
-    _check(PE3(AcceleratorParams(pe3_b_max=20)), jobs, rng, gap=0.3, stall=0.3)
+    _check(PE3(_pe3(lanes, pe3_b_max=20)), jobs, rng, gap=0.3, stall=0.3)
 
 
-def test_psg_tiny_fifos_and_short_rows():
+@LANES
+def test_psg_tiny_fifos_and_short_rows(lanes):
     """The smallest FIFOs under heavy stalls, and b = 1..3 rows back to back without stalls (a
     PSG row takes 4 output beats: rows start every 4 cycles at most)."""
     rng = np.random.default_rng(77)
-    dut = PE3(AcceleratorParams(pe3_b_max=16), dy_fifo_beats=2, out_fifo_beats=4)
+    dut = PE3(_pe3(lanes, pe3_b_max=16), dy_fifo_beats=2, out_fifo_beats=4)
     jobs = [_psg_job(rng, 12, 3, 6), _psg_job(rng, 8, 16, 4), _psg_job(rng, 5, 1, 5),
             _psg_job(rng, 6, 9, 1)]
     _check(dut, jobs, rng, gap=0.5, stall=0.6)
     jobs = [_psg_job(rng, 32, 1, 16), _psg_job(rng, 16, 2, 8), _psg_job(rng, 16, 3, 16),
             _psg_job(rng, 16, 5, 16)]
-    results = _check(PE3(AcceleratorParams(pe3_b_max=16)), jobs, rng)
+    results = _check(PE3(_pe3(lanes, pe3_b_max=16)), jobs, rng)
     for (cfg, _, _), (_, cycles) in zip(jobs, results):
         # bound by max(b, 4) cycles a row, plus the X blocks and the pipeline
         assert cycles <= cfg.a * max(cfg.b, 4) + cfg.in_beats() // 2 + 20, (cfg, cycles)
 
 
-def test_psg_full_scale_sums():
+@LANES
+def test_psg_full_scale_sums(lanes):
     """Sums at the narrow accumulators' extremes at the generated b_max: every predictor product
     (-512) * (-8) (max) or (-512) * 7 (min), full-precision extremes alongside, SHIFT over its
     range, tau at and around the peak."""
@@ -114,19 +117,21 @@ def test_psg_full_scale_sums():
         dy[1, ::3] = (1 << 15) - 1                     # a second row of mixed signs
         x[1, :, ::2] = _x_words(rng, (bmax, 8))
         jobs.append((cfg, dy, x))
-    _check(PE3(), jobs, rng, gap=0.1, stall=0.1)
+    _check(PE3(_pe3(lanes)), jobs, rng, gap=0.1, stall=0.1)
 
 
-def test_psg_throughput_on_the_network_shape():
+@LANES
+def test_psg_throughput_on_the_network_shape(lanes):
     """(a, 64, 16, 16) with always-valid / always-ready streams: one MAC step a clock, as PE3."""
     rng = np.random.default_rng(3)
     job = _psg_job(rng, 64, 64, 16, shift=8)
-    [(_, cycles)] = _check(PE3(), [job], rng)
-    assert job[0].macs() / (16 * cycles) >= 0.9, cycles
+    [(_, cycles)] = _check(PE3(_pe3(lanes)), [job], rng)
+    assert job[0].macs() / (16 * lanes * cycles) >= 0.9, cycles
 
 
-def test_psg_configuration_errors_and_beat_counts():
-    dut = PE3()
+@LANES
+def test_psg_configuration_errors_and_beat_counts(lanes):
+    dut = PE3(_pe3(lanes))
     psg = int(Op.PE3_PSG)
     cases = [
         ((16, 64, 16, 16, 0, psg, 0), ErrorCode.PSG_TAU),

@@ -103,6 +103,18 @@ IP_VLNV = f"{IP_VENDOR}:{IP_LIBRARY}:{TOP_MODULE}:{IP_VERSION}"
 #: Clock the figures and the block designs assume.
 CLOCK_HZ = 100_000_000
 
-#: Multipliers of each TT PE kind: 8 rows x 16 lanes (PE1, PE2), 16 lanes (PE3 and its PSG mode).
-MAC_UNITS = {"PE1": DEFAULT_PARAMS.pe_rows * C_LANES, "PE2": DEFAULT_PARAMS.pe_rows * C_LANES,
-             "PE3": C_LANES, "PE3_PSG": C_LANES}
+
+def mac_units(kind: str, params: AcceleratorParams = DEFAULT_PARAMS) -> int:
+    """Multipliers of a TT PE kind in the design generated with ``params``: 8 rows x 16 lanes
+    (PE1, PE2); 16 lanes x ``pe3_batch_lanes`` batch entries (PE3 and its PSG mode, whose
+    predictor's narrow multipliers are not counted)."""
+    if kind in ("PE1", "PE2"):
+        return params.pe_rows * params.c_lanes
+    if kind in ("PE3", "PE3_PSG"):
+        return params.c_lanes * params.pe3_batch_lanes
+    raise KeyError(kind)
+
+
+#: :func:`mac_units` of each TT PE kind in the default design (:data:`DEFAULT_PARAMS`): 8 rows x
+#: 16 lanes (PE1, PE2), 16 lanes (PE3 and its PSG mode).
+MAC_UNITS = {kind: mac_units(kind) for kind in ("PE1", "PE2", "PE3", "PE3_PSG")}

@@ -158,7 +158,7 @@ class FunctionalModel:
                 self.regs.update(PSG_PREDICTED=run.predicted_count, PSG_MAX=run.peak)
             else:
                 self.outputs = pe_stream.reference_stream_out(tt, lhs, rhs)
-            cycles = pe_stream.estimated_cycles(tt)
+            cycles = pe_stream.estimated_cycles(tt, self.params)
         else:
             self._configure_lrt(cfg)
             cycles = self.lrt.cycles(cfg["OP"])

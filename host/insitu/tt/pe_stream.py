@@ -33,7 +33,7 @@ import numpy as np
 
 from insitu.numerics import (PSG_ACTIVATION_BITS, TT_FACTOR_BITS, TT_PE_DATA_BITS, code_range,
                               psg_sign, psg_weight_gradient, tt_pe_format)
-from insitu.accel.params import DEFAULT_PARAMS, MAC_UNITS, STREAM_WORDS
+from insitu.accel.params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams, mac_units
 from insitu.accel.regmap import PE_OPS, ErrorCode
 from insitu.accel.stream import from_words, to_words
 
@@ -410,19 +410,18 @@ def operands_from_stream(cfg: PEConfig, words) -> tuple[np.ndarray, np.ndarray]:
     return dy, x
 
 
-#: MAC units of each PE (PE1/PE2: 8 rows x 16 lanes; PE3: 16 lanes, PE3_PSG: the same 16 beside
-#: 16 narrow predictor MACs).
-
-
-def estimated_cycles(cfg: PEConfig) -> int:
-    """Cycles of the op on the PE when its streams never stall, for the functional model.
+def estimated_cycles(cfg: PEConfig, params: AcceleratorParams = DEFAULT_PARAMS) -> int:
+    """Cycles of the op on the PE of the design generated with ``params`` when its streams never
+    stall, for the functional model.
 
     The larger of the MAC bound and the longer stream (one 128-bit beat per cycle each way), plus
     what does not overlap: PE1 and PE2 load their factor operand before the first MAC, and every
-    op pays a short pipeline fill. ``tests/unit/test_fpga_functional.py`` checks it against the
-    CYCLES measured in simulation (``docs/results/rtl/report.json``).
+    op pays a short pipeline fill. PE3 with ``pe3_batch_lanes`` = 2 takes two batch entries a
+    step: ceil(b / 2) steps a row, and one pipeline stage more (the pair sum).
+    ``tests/unit/test_fpga_functional.py`` checks it against the CYCLES measured in simulation
+    (``docs/results/rtl/report.json``).
     """
-    mac_cycles = -(-cfg.macs() // MAC_UNITS[cfg.kind])
+    mac_cycles = -(-cfg.macs() // mac_units(cfg.kind, params))
     if cfg.kind == "PE1":
         # each DSP computes two d's at once: an odd d costs a whole last pair
         mac_cycles = mac_cycles * _ceil_to(cfg.d, 2) // cfg.d
@@ -432,6 +431,10 @@ def estimated_cycles(cfg: PEConfig) -> int:
         # the factor operand loads first; each tile's first entries arrive before its MACs
         mac_cycles += cfg.b * _ceil_to(cfg.d, PE_ROWS) // STREAM_WORDS + cfg.b
     else:
+        lanes = params.pe3_batch_lanes
+        # a row of b entries takes ceil(b / lanes) steps of 16 lanes x lanes entries
+        mac_cycles = cfg.a * -(-cfg.b // lanes)
+        mac_cycles += lanes - 1                              # the pair sum's stage
         mac_cycles += cfg.b * C_LANES // STREAM_WORDS        # the first X block
         # added for 100 MHz: two output stages (lane mux, rescale), the operands' register
         # before the multipliers
