@@ -92,6 +92,7 @@ from .lrt_project import LrtProjection
 from .lrt_rotate import LrtRotation
 from .lrt_update import LrtWeightUpdate
 from .requantize import RoundShiftSaturate
+from .skid import InputSkid
 
 __all__ = ["PELRT"]
 
@@ -319,6 +320,12 @@ class PELRT(PE):
             qrow.eq(Mux(self.side, qr_rd.data.as_value(), ql_rd.data.as_value())),
         ]
 
+        # ------------------------------------------------------------------ input skid buffer
+        # The top sees TREADY from registers; the ops consume `sin` as they would the stream.
+        m.submodules.skid = skid = InputSkid(L * WB)
+        wiring.connect(m, wiring.flipped(self.s), skid.i)
+        sin = skid.o
+
         # ------------------------------------------------------------------ output FIFO
         m.submodules.out_fifo = fifo = SyncFIFO(width=L * WB, depth=_OUT_FIFO_DEPTH)
         m.d.comb += [self.m.valid.eq(fifo.r_rdy), self.m.payload.eq(fifo.r_data),
@@ -345,6 +352,7 @@ class PELRT(PE):
         in_left = Signal(signed(2 * SIZE_BITS + 1))
         # beat == in_beats as a flag set with the last beat (a compare off the stream handshake).
         in_done = Signal()
+        in_run = Signal()                        # in IN with beats to come: ~in_done there
         beat1 = Signal.like(self.in_beats)       # beat + 1, kept as a register
         rd_left = Signal(signed(2 * SIZE_BITS + 1))
         rd_left1 = Signal(signed(2 * SIZE_BITS + 1))
@@ -444,7 +452,7 @@ class PELRT(PE):
         ]
 
         # ------------------------------------------------------------------ streams in
-        pay = data.View(row_layout, self.s.payload)
+        pay = data.View(row_layout, sin.payload)
         # The basis write data without the FSM's priority chain: the stream (LOAD_BASIS) or the
         # write back (the enables pick the lanes).
         m.d.comb += [qw_data[k].eq(Mux(ld_basis, pay[k],
@@ -493,6 +501,7 @@ class PELRT(PE):
                     with m.Switch(op):
                         with m.Case(Op.LRT_LOAD_BASIS, Op.LRT_PROJECT, Op.LRT_UPDATE,
                                     Op.LRT_LOAD_WEIGHTS):
+                            m.d.sync += in_run.eq(self.in_beats != 0)
                             m.next = "IN"
                         with m.Case(Op.LRT_ROTATE):
                             m.next = "ROT_IN"
@@ -514,16 +523,10 @@ class PELRT(PE):
                             m.next = "UROW"
                         with m.Default():
                             m.next = "FINISH"
-                with m.Else():
-                    m.d.comb += self.s.ready.eq(1)
-                    with m.If(self.s.valid):
-                        m.d.sync += [beat.eq(beat + 1), beat1.eq(beat1 + 1), in_left.eq(in_left - L),
-                                     in_done.eq(beat1 == self.in_beats)]
-                        with m.Switch(op):
-                            with m.Case(Op.LRT_PROJECT):
-                                m.d.comb += res_wr.en.eq(in_lanes)
-                            with m.Case(Op.LRT_LOAD_WEIGHTS):
-                                m.d.comb += w_wr.en.eq(in_lanes)
+                with m.Elif(sin.valid):
+                    m.d.sync += [beat.eq(beat + 1), beat1.eq(beat1 + 1), in_left.eq(in_left - L),
+                                 in_done.eq(beat1 == self.in_beats),
+                                 in_run.eq(beat1 != self.in_beats)]
 
             # LRT_PROJECT / LRT_REPROJECT: pass p over the rows, then drain and finish the pass.
             with m.State("PASS"):
@@ -557,8 +560,6 @@ class PELRT(PE):
                         m.next = "FINISH"
                     with m.Else():
                         m.next = "ROT"
-                with m.Else():
-                    m.d.comb += self.s.ready.eq(rot.s_ready)
             with m.State("ROT"):
                 m.d.sync += [i1.eq(i), j1.eq(j), j.eq(j + 1)]
                 with m.If(j == r_m1):
@@ -599,14 +600,25 @@ class PELRT(PE):
         m.d.comb += read_issue.eq(fsm.ongoing("READ") & (fifo.level + inflight < _OUT_FIFO_DEPTH))
         # Memory addresses and write data from the op flags, outside the FSM (its priority
         # chains were the long paths); the write enables stay with the states.
-        in_st = fsm.ongoing("IN")
-        op_start = fsm.ongoing("IDLE") & self.start
-        in_beat = in_st & ~in_done & self.s.valid
+        # The input state's handshake and write enables from the flag in_run (IN and beats to
+        # come), the op's start from busy: flip-flops, not the state decode, in front of the
+        # enables' fan-out.
+        rot_in = fsm.ongoing("ROT_IN")
+        op_start = ~busy & self.start
+        in_beat = in_run & sin.valid
+        m.d.comb += sin.ready.eq(in_run | (rot_in & ~rot.loaded & rot.s_ready))
+        with m.If(in_beat):
+            with m.Switch(op):
+                with m.Case(Op.LRT_PROJECT):
+                    m.d.comb += res_wr.en.eq(in_lanes)
+                with m.Case(Op.LRT_LOAD_WEIGHTS):
+                    m.d.comb += w_wr.en.eq(in_lanes)
+        m.d.comb += [skid.start.eq(op_start), skid.beats.eq(self.in_beats)]
         m.d.comb += [
             mgs.start.eq(op_start),
             mgs.pass_done.eq(fsm.ongoing("PASS_END") & ~Cat(*v[1:]).any()),
-            rot.start.eq(op_start), rot.qr.eq(qr3), rot.loading.eq(fsm.ongoing("ROT_IN")),
-            rot.s_valid.eq(self.s.valid), rot.payload.eq(pay),
+            rot.start.eq(op_start), rot.qr.eq(qr3), rot.loading.eq(rot_in),
+            rot.s_valid.eq(sin.valid), rot.payload.eq(pay),
             upd.start.eq(op_start), upd.clear_start.eq(op_start & (op == Op.LRT_LOAD_WEIGHTS)),
             upd.r.eq(r), upd.s_load.eq(in_beat & (op == Op.LRT_UPDATE)), upd.payload.eq(pay),
         ]
@@ -622,11 +634,11 @@ class PELRT(PE):
             ql_rd.addr.eq(q_addr), qr_rd.addr.eq(Mux(m_upd, j, q_addr)),
             res_rd.addr.eq(i >> 3),
             w_rd.addr.eq(Mux(m_upd, cell >> 3, beat)), c_rd.addr.eq(Mux(m_upd, cell >> 3, beat)),
-            res_wr.addr.eq(Mux(in_st, beat, i6 >> 3)),
-            w_wr.addr.eq(Mux(in_st, beat, cell6 >> 3)),
+            res_wr.addr.eq(Mux(in_run, beat, i6 >> 3)),
+            w_wr.addr.eq(Mux(in_run, beat, cell6 >> 3)),
             c_wr.addr.eq(upd.cnt_addr), c_wr.en.eq(upd.cnt_en),
         ]
-        m.d.comb += [res_wr.data[k].eq(Mux(in_st, pay[k], new_word)) for k in range(L)]
-        m.d.comb += [w_wr.data[k].eq(Mux(in_st, sat_in[k], upd.new_w)) for k in range(L)]
+        m.d.comb += [res_wr.data[k].eq(Mux(in_run, pay[k], new_word)) for k in range(L)]
+        m.d.comb += [w_wr.data[k].eq(Mux(in_run, sat_in[k], upd.new_w)) for k in range(L)]
         m.d.comb += [c_wr.data[k].eq(upd.cnt_data) for k in range(L)]
         return m
