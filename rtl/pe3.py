@@ -47,7 +47,7 @@ model :func:`insitu.tt.pe_stream.psg_run`): the same input stream, sizes and che
   and 16-bit saturation as PE3 (SHIFT; SHIFT = 0 gives g_msb exactly while |g_msb| < 2**15),
   beats 2-3 the eq.-2 signs as int16 -1/0/+1: ``sgn(g_msb)`` where ``|g_msb| >= psg_tau``,
   else ``sgn(g_full)``. Rows start at most every 4 cycles (2 in PE3 ops), so the rescale stage
-  takes 4 cycles a row; an X-block row of b >= 4 batch entries still runs at one MAC step a cycle.
+  takes 4 cycles a row; a row of >= 4 MAC steps still runs at one step a cycle.
 * Status: ``psg_predicted`` counts the entries the predictor decided and ``psg_max`` is the max
   of ``|g_msb|`` over the op (both cleared at a PE3_PSG start, kept through other ops, final once
   ``busy`` falls); the host forms the next threshold ``max(1, ceil(beta * psg_max))``
