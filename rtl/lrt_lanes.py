@@ -3,7 +3,7 @@ multiplier lanes, their sum and its rounding shift."""
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal, signed
+from amaranth.hdl import Module, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -14,10 +14,11 @@ from .requantize import RoundShiftSaturate
 
 
 class LrtLanes(wiring.Component):
-    """Stages S2 to S5 of the LRT pipeline: the operands ``a`` (a word or a 32-bit ``u_k``) and
-    ``b`` (a word or the 17-bit LRT_RECIP) registered into one multiplier per lane (S2: operand
-    and product registers, DSP friendly), the lanes' sum with the rounding term (S3), the
-    rounding shift by ``shift`` (S4) and the saturation into ``y`` (S5, 18 bits: the MGS step
+    """Stages S2 to S6 of the LRT pipeline: the operands ``a`` (a word or a 32-bit ``u_k``) and
+    ``b`` (a word or the 17-bit LRT_RECIP) registered into two multipliers per lane (S2: operand
+    and product registers, DSP friendly; S3 their sum, the lane's product), the lanes' sum with
+    the rounding term (S4), the rounding shift by ``shift`` (S5) and the saturation into ``y``
+    (S6, 18 bits: the MGS step
     ``round(c Q, 14)`` must not saturate before ``x - y`` does).
 
     Separate because it is the one datapath the ops share: each op only chooses the operands
@@ -42,17 +43,31 @@ class LrtLanes(wiring.Component):
         m = Module()
         P, L, sum_bits = self.params, self.lanes, self.sum_bits
         a_shape, b_shape = self.a.shape().elem_shape, self.b.shape().elem_shape
-        opa = [Signal(a_shape, name=f"opa{k}", reset_less=True) for k in range(L)]
+        # S2-S3: a 32-bit ``a`` times ``b`` is two multiplies of one DSP each (DSP48E1 25 x 18,
+        # DSP48E2 27 x 18): the low half of ``a`` (unsigned) and the high half (signed), each
+        # with registered operands and product (S2); their sum is a stage of its own (S3). As one
+        # 32 x 18 multiply, the partial products' adder ran behind unregistered DSP48E2s (Yosys
+        # keeps their registers outside) and was the long path on xczu3eg.
+        half_bits = a_shape.width // 2
+        opa_lo = [Signal(unsigned(half_bits), name=f"opa_lo{k}", reset_less=True) for k in range(L)]
+        opa_hi = [Signal(signed(a_shape.width - half_bits), name=f"opa_hi{k}", reset_less=True)
+                  for k in range(L)]
         opb = [Signal(b_shape, name=f"opb{k}", reset_less=True) for k in range(L)]
+        prod_lo = [Signal(signed(half_bits + 1 + b_shape.width), name=f"prod_lo{k}", reset_less=True)
+                   for k in range(L)]
+        prod_hi = [Signal(signed(a_shape.width - half_bits + b_shape.width), name=f"prod_hi{k}",
+                          reset_less=True) for k in range(L)]
         prod = [Signal(self.products.shape().elem_shape, name=f"prod{k}", reset_less=True)
                 for k in range(L)]
-        m.d.sync += [opa[k].eq(self.a[k]) for k in range(L)]
+        m.d.sync += [opa_lo[k].eq(self.a[k][:half_bits]) for k in range(L)]
+        m.d.sync += [opa_hi[k].eq(self.a[k][half_bits:]) for k in range(L)]
         m.d.sync += [opb[k].eq(self.b[k]) for k in range(L)]
-        # S2: the multiplies.
-        m.d.sync += [prod[k].eq(opa[k] * opb[k]) for k in range(L)]
+        m.d.sync += [prod_lo[k].eq(opa_lo[k] * opb[k]) for k in range(L)]
+        m.d.sync += [prod_hi[k].eq(opa_hi[k] * opb[k]) for k in range(L)]
+        m.d.sync += [prod[k].eq((prod_hi[k] << half_bits) + prod_lo[k]) for k in range(L)]
         m.d.comb += [self.products[k].eq(prod[k]) for k in range(L)]
 
-        # S3: the adder tree.
+        # S4: the adder tree.
         # The rounding term rides in the tree (prerounded), so that the rescale only shifts.
         rshift = Signal(range(P.shift_min, P.shift_max + 1), reset_less=True)
         # Written every cycle from rshift and read only by total (itself reset-less, gated by
@@ -62,7 +77,7 @@ class LrtLanes(wiring.Component):
         total = Signal(signed(sum_bits + 1), reset_less=True)
         m.d.sync += total.eq(sum(prod) + half)
 
-        # S4-S5: rescale (round half up: S4 the rounding shift, S5 the saturation into y).
+        # S5-S6: rescale (round half up: S5 the rounding shift, S6 the saturation into y).
         m.submodules.rescale = rescale = RoundShiftSaturate(
             sum_bits + 1, LRT_PE_WORD_BITS + 2, P.shift_max, P.shift_min, stages=1,
             prerounded=True)

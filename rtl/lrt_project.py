@@ -19,7 +19,7 @@ class LrtProjection(wiring.Component):
     ``c_prev``, the coefficient the next pass subtracts; the last pass's sum is ``norm2``.
 
     Separate from the shared lane datapath because it is the one op state that lives across
-    passes, and its multiply-accumulate (S7 product, S8 sum) follows the write back, after the
+    passes, and its multiply-accumulate (S8 product, S9 sum) follows the write back, after the
     lanes: the PE only tells it when a pass starts over (``start``), when a row's new residual
     word is written back (``wb_valid``, ``new_word`` and ``q_col``, its ``Q[i, p]``), when the
     product is due in the accumulator (``acc_valid``) and when a pass has drained
@@ -53,7 +53,7 @@ class LrtProjection(wiring.Component):
         m.d.comb += [self.last.eq(p == r),
                      self.c_beat.eq(Cat(*(Mux(k < r, cvec[k], 0) for k in range(L))))]
 
-        # S7 multiplies x'_i by Q[i, p] (or by itself in the last pass); S8 adds.
+        # S8 multiplies x'_i by Q[i, p] (or by itself in the last pass); S9 adds.
         mac7 = Signal(signed(2 * WB), reset_less=True)
         last_pass = Signal()
         m.d.sync += last_pass.eq(p == r)

@@ -36,8 +36,8 @@ class LrtRotation(wiring.Component):
             "loaded": Out(1),                    # all of M is in
             "j_operand": In(range(lanes)),       # the output column at the operand stage (S1)
             "m_col": Out(row),
-            "j_wb": In(range(lanes)),            # and at the difference stage (S6)
-            "wb_valid": In(1),                   # an output is written back (S7)
+            "j_wb": In(range(lanes)),            # and at the difference stage (S7)
+            "wb_valid": In(1),                   # an output is written back (S8)
             "new_word": In(word),
             "rot_row": Out(row),
             "jsel": Out(lanes),                  # the write-back output's lane, one-hot
@@ -79,7 +79,7 @@ class LrtRotation(wiring.Component):
                 with m.If(buf_w == L - 1):
                     m.d.sync += buf_full.eq(0)
 
-        # S6: the output's lane and whether it ends the row; S7: into the row buffer.
+        # S7: the output's lane and whether it ends the row; S8: into the row buffer.
         jsel = Signal(L, reset_less=True)
         jlast = Signal(reset_less=True)
         m.d.sync += [jsel.eq(1 << self.j_wb), jlast.eq(self.j_wb == self.r_m1)]

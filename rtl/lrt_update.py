@@ -3,7 +3,7 @@ write-if-changed with the write counters, and LRT_LOAD_WEIGHTS' counter clear.""
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -19,7 +19,7 @@ class LrtWeightUpdate(wiring.Component):
     * LRT_UPDATE's operands: ``s`` (from the stream, lanes ``>= r`` zero) and, per row, the exact
       products ``u_k = Q_L[i, k] s_k`` taken from the lanes' multipliers (``u_fwd`` says they are
       in the product registers this cycle, not yet in ``u``);
-    * the new code ``W - y`` saturated to 8 bits (S6) and its write back (S7): the cell and its
+    * the new code ``W - y`` saturated to 8 bits (S7) and its write back (S8): the cell and its
       counter (saturating at 2**16 - 1) are written only when the code changes, and
       ``writes_total`` / ``writes_max`` count those writes;
     * LRT_LOAD_WEIGHTS' clear of every write counter, one memory word a cycle, and of the two
@@ -42,14 +42,14 @@ class LrtWeightUpdate(wiring.Component):
             "s_load": In(1),                     # the stream beat of s is taken
             "payload": In(data.ArrayLayout(word, lanes)),
             "s": Out(data.ArrayLayout(word, lanes)),
-            "row_step": In(1),                   # S1 of a row step: u_k is in the products in 2
+            "row_step": In(1),                   # S1 of a row step: u_k is in the products in 3
             "products": In(data.ArrayLayout(signed(prod_bits), lanes)),
             "u": Out(data.ArrayLayout(signed(u_bits), lanes)),
             "u_fwd": Out(1),
-            "y": In(signed(y_bits)),             # S5: round(sum_k u_k Q_R[j, k], SHIFT)
-            "w5": In(signed(wbits)),             # S5: the cell's code and counter
+            "y": In(signed(y_bits)),             # S6: round(sum_k u_k Q_R[j, k], SHIFT)
+            "w5": In(signed(wbits)),             # S6: the cell's code and counter
             "n5": In(LRT_WRITE_COUNT_BITS),
-            "wb_valid": In(1),                   # S7: a cell of LRT_UPDATE
+            "wb_valid": In(1),                   # S8: a cell of LRT_UPDATE
             "w6": In(signed(wbits)),
             "cell6": In(cell_bits),
             "new_w": Out(signed(wbits)),
@@ -72,13 +72,13 @@ class LrtWeightUpdate(wiring.Component):
             m.d.sync += [self.s[k].eq(0) for k in range(L)]
         with m.Elif(self.s_load):
             m.d.sync += [self.s[k].eq(Mux(k < self.r, self.payload[k], 0)) for k in range(L)]
-        # u_k reaches the products two cycles after the row step's S1.
-        u_load = Signal()
-        m.d.sync += [u_load.eq(self.row_step), self.u_fwd.eq(u_load)]
+        # u_k reaches the products three cycles after the row step's S1.
+        u_load = Signal(2)
+        m.d.sync += [u_load.eq(Cat(self.row_step, u_load[0])), self.u_fwd.eq(u_load[1])]
         with m.If(self.u_fwd):
             m.d.sync += [self.u[k].eq(self.products[k]) for k in range(L)]
 
-        # S6: the new code and the counter's next value.
+        # S7: the new code and the counter's next value.
         m.submodules.sat_weight = sat_weight = RoundShiftSaturate(LRT_PE_WORD_BITS + 3, wbits, 0)
         m.d.comb += [sat_weight.data_in.eq(self.w5 - self.y), sat_weight.shift.eq(0)]
         m.d.sync += self.new_w.eq(sat_weight.data_out)
@@ -86,7 +86,7 @@ class LrtWeightUpdate(wiring.Component):
         n5 = self.n5
         m.d.sync += bumped.eq(Mux(n5 == (1 << LRT_WRITE_COUNT_BITS) - 1, n5, n5 + 1))
 
-        # S7: write if changed.
+        # S8: write if changed.
         with m.If(self.wb_valid & (self.new_w != self.w6)):
             m.d.comb += self.w_write.eq(1 << self.cell6[:3])
             m.d.sync += writes_total.eq(Mux(writes_total == (1 << LRT_WRITES_TOTAL_BITS) - 1,

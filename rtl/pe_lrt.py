@@ -55,7 +55,7 @@ an op cut short leaves its memory partly updated (a partial LOAD_WEIGHTS: counte
 cleared; a partial UPDATE: some cells written).
 
 The parts, each an Amaranth component: :class:`LrtConfig` (the configuration results and the op
-decodes), :class:`~insitu.rtl.lrt_lanes.LrtLanes` (S2-S5: the multipliers, their sum, the
+decodes), :class:`~insitu.rtl.lrt_lanes.LrtLanes` (S2-S6: the multipliers, their sum, the
 rescale), :class:`~insitu.rtl.lrt_project.LrtProjection` (the MGS passes),
 :class:`~insitu.rtl.lrt_rotate.LrtRotation` (LRT_ROTATE's M and row buffer) and
 :class:`~insitu.rtl.lrt_update.LrtWeightUpdate` (LRT_UPDATE's operands, write-if-changed, the
@@ -358,13 +358,14 @@ class PELRT(PE):
         rd_left1 = Signal(signed(2 * SIZE_BITS + 1))
 
         # ------------------------------------------------------------------ the pipeline
-        # Eight stages after the issue, for 100 MHz: S1 memory data and the operand muxes, S2 the
-        # multiplies (operand and product registers, DSP friendly), S3 the adder tree with the
-        # rounding term, S4 the shift, S5 its saturation, S6 the differences and their
-        # saturation, S7 the write back (write-if-changed) and the MGS product, S8 (MGS passes)
+        # Nine stages after the issue: S1 memory data and the operand muxes, S2 the multiplies
+        # (operand and product registers, DSP friendly), S3 the sum of a lane's two partial
+        # products, S4 the adder tree with the rounding term, S5 the shift, S6 its saturation, S7
+        # the differences and their saturation, S8 the write back (write-if-changed) and the MGS
+        # product, S9 (MGS passes)
         # the accumulation. Datapath registers have no reset (the reset valid bits qualify them);
         # control (valid bits, flags, counters, bounds) is reset or registered from the registers.
-        WR, ACC = 7, 8                            # the write-back and accumulate stages
+        WR, ACC = 8, 9                            # the write-back and accumulate stages
         issue = Signal()                          # S0: an element enters this cycle
         v = [issue] + [Signal(name=f"v{k}") for k in range(1, ACC + 1)]
         m.d.sync += [v[k].eq(v[k - 1]) for k in range(1, ACC + 1)]
@@ -394,7 +395,7 @@ class PELRT(PE):
 
         # S1: memory data arrive; the operand muxes, into the lanes' operand registers.
         # a: a word or u_k (32 bits); b: a word or the unsigned LRT_RECIP (17 bits signed).
-        # S2-S5: the lanes' products, their sum and its rescale by 14 or SHIFT into y.
+        # S2-S6: the lanes' products, their sum and its rescale by 14 or SHIFT into y.
         m.submodules.lanes = lanes = LrtLanes(P, L, u_bits)
         prod = lanes.products
         resword = res_rd.data[i1[:3]]
@@ -425,7 +426,7 @@ class PELRT(PE):
         # and then to 16 (or W - y to 8, see numerics.LRT_PE_DELTA_BITS) is saturating once.
         y = lanes.y
 
-        # S6: the differences and their saturation.
+        # S7: the differences and their saturation.
         # (The weight update saturates W - y itself.)
         m.submodules.sat_word = sat_word = RoundShiftSaturate(WB + 3, WB, 0)
         m.d.comb += [
@@ -434,12 +435,12 @@ class PELRT(PE):
         ]
         new_word = Signal(word)
         m.d.sync += new_word.eq(sat_word.data_out)
-        # Also in S6, what the write back decides on (in the op parts): the counter's next value
+        # Also in S7, what the write back decides on (in the op parts): the counter's next value
         # and ROTATE's output lane (one-hot) and last output of the row.
         m.d.comb += [upd.y.eq(y), upd.w5.eq(w_[WR - 1]), upd.n5.eq(n_[WR - 1]),
                      rot.j_wb.eq(j_[WR - 1]), rot.r_m1.eq(r_m1)]
         jsel = rot.jsel
-        # S7: the write back; S7 (MGS) also multiplies x'_i by Q[i, p], S8 accumulates.
+        # S8: the write back; S8 (MGS) also multiplies x'_i by Q[i, p], S9 accumulates.
         i6, cell6 = i_[WR], cell_[WR]
         with m.If(v[WR] & m_pass):
             m.d.comb += res_wr.en.eq(1 << i6[:3])
@@ -571,6 +572,8 @@ class PELRT(PE):
             with m.State("UROW"):
                 m.next = "UROW2"
             with m.State("UROW2"):
+                m.next = "UROW3"
+            with m.State("UROW3"):
                 m.next = "UCELL"
             with m.State("UCELL"):
                 m.d.sync += [cell1.eq(cell), cell.eq(cell + 1), j.eq(j + 1)]

@@ -257,20 +257,20 @@ class LRTPEModel:
 
         # MGS passes, then the c beat (two cycles: its output state and the FIFO drain); without
         # columns (r = 0) there is no c beat and the last pass ends a cycle earlier.
-        # (The compute ops' pipeline is 8 stages deep after the issue, for a 100 MHz clock: each
+        # (The compute ops' pipeline is 9 stages deep after the issue: each
         # pass, and each op, drains it.)
         # An op with an input stream takes its beats one cycle after the stream delivers them
         # (the PE's input skid buffer, whose TREADY is a register): one cycle more.
         skid = 1 if self.in_beats(op) else 0
-        passes = (r + 1) * (rows + 9) + (1 if r else -1)
+        passes = (r + 1) * (rows + 10) + (1 if r else -1)
         return {
             Op.LRT_LOAD_BASIS: rows + 2 + skid,
             Op.LRT_READ_BASIS: rows + 3,
             Op.LRT_PROJECT: b(rows) + passes + 3 + skid,
             Op.LRT_REPROJECT: passes + 2,
-            Op.LRT_APPEND: rows + 9,
-            Op.LRT_ROTATE: b(q * r) + q * r + rows * r + 10 + skid if r else 2,
-            Op.LRT_UPDATE: b(r) + self.rows_l * (self.rows_r + 2) + 10 + skid,
+            Op.LRT_APPEND: rows + 10,
+            Op.LRT_ROTATE: b(q * r) + q * r + rows * r + 11 + skid if r else 2,
+            Op.LRT_UPDATE: b(r) + self.rows_l * (self.rows_r + 3) + 11 + skid,
             Op.LRT_LOAD_WEIGHTS: max(b(cells) + 2 + skid, b(self.params.lrt_cells_max) + 1),
             Op.LRT_READ_WEIGHTS: b(cells) + 3,
             Op.LRT_READ_COUNTS: b(cells) + 3,
