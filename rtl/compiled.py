@@ -9,8 +9,11 @@ per register access or block of stream cycles.
 
 :func:`library` builds once per design and toolchain: the cache folder
 (``$INSITU_CACHE/rtl-twin``, else ``$XDG_CACHE_HOME/insitu/rtl-twin``, else
-``~/.cache/insitu/rtl-twin``) holds one folder per hash of the Verilog, the harness, the
-Verilator version, the C++ compiler and the flags, built in a temporary folder and renamed into
+``~/.cache/insitu/rtl-twin``) holds one folder per hash of the Verilog (generated with the
+design's accelerator parameters, a board's :func:`insitu.boards.accelerator_params`: the text
+carries every parameter that changes the hardware, so each board's design has its own build and
+designs that are the same hardware share one), the harness, the Verilator version, the C++
+compiler and the flags, built in a temporary folder and renamed into
 place (a second process waits on a lock for the first build). :class:`CompiledTwin` is one
 instance of the design (its own Verilated context).
 """
@@ -110,6 +113,8 @@ def verilog(params: AcceleratorParams = DEFAULT_PARAMS) -> str:
 
 
 def build_key(source: str, verilator) -> str:
+    """The cache folder's name: a hash of the design's Verilog (``source``, generated with its
+    parameters), the harness and the toolchain."""
     digest = hashlib.sha256()
     for part in (source, HARNESS.read_text(), f"verilator {verilator.version}",
                  " ".join(VERILATOR_FLAGS), CXX_FLAGS, " ".join(MAKE_FLAGS), _cxx_version()):

@@ -2,13 +2,22 @@
 
 :func:`generate` writes into one folder:
 
-* ``pe1.v``, ``pe2.v``, ``pe3.v``, ``pe_lrt.v``: each PE on its own (simulation, synthesis
-  estimates); ``insitu_accel.v``: the Vivado-facing top level with the PEs inside it, the one file
-  the IP is packaged from;
-* ``registers.md`` and ``registers.json``: the register map for people and for drivers;
-* ``package_ip.tcl``, ``bd_<board>.tcl``, ``build_<board>.tcl``: see :mod:`insitu.rtl.vivado`;
-* ``manifest.json``: every file with its SHA-256, the register map VERSION, the parameters and
-  the IP's VLNV.
+* per board (``ultra96v2``, ``zedboard``), generated with that board's accelerator parameters
+  (:func:`insitu.boards.accelerator_params`: the defaults with its board file's
+  ``[accelerator]`` overrides) and for its PL clock (``[fpga] pl_clock_hz``):
+  ``insitu_accel_<board>.v``, the Vivado-facing top level with the PEs inside it, the one file
+  the board's IP is packaged from; ``insitu_accel_<board>_ooc.xdc``, its clock at the board's
+  period (and ``insitu_accel_<board>.xdc`` with any declared false/multicycle paths);
+  ``registers_<board>.md`` / ``.json``, the register map with that design's reset values and
+  clock; ``bd_<board>.tcl`` and ``build_<board>.tcl`` (see :mod:`insitu.rtl.vivado`); and, for a
+  board whose parameters differ from the defaults, its PEs on their own, ``pe1_<board>.v`` ...;
+* the reference design, with the default parameters (:data:`~insitu.accel.params.DEFAULT_PARAMS`,
+  what the simulations and the cocotb tests run): ``pe1.v``, ``pe2.v``, ``pe3.v``, ``pe_lrt.v``
+  (each PE on its own: simulation, synthesis estimates), ``insitu_accel.v`` (the top level),
+  ``registers.md`` and ``registers.json``;
+* ``package_ip.tcl``: packages a board's top level (one script for all boards);
+* ``manifest.json``: every file with its SHA-256, the register map VERSION, the IP's VLNV, the
+  reference parameters and, per board, its part, clock, parameters and files.
 
 Everything is produced in memory first (Verilog conversion is the slow, fallible part); then each
 file is written atomically and ``manifest.json`` last, so an interrupted run leaves the previous
@@ -26,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from insitu.accel.params import (CLOCK_HZ, DEFAULT_PARAMS, IP_VLNV, STREAM_BITS, STREAM_WORDS, TOP_MODULE,
-                     WORD_BITS, AcceleratorParams)
+from insitu.accel.params import (DEFAULT_PARAMS, IP_VLNV, STREAM_BITS, STREAM_WORDS, TOP_MODULE,
+                                 WORD_BITS, AcceleratorParams)
 from insitu.accel.regmap import ADDR_BITS, ID_VALUE, REGISTERS, VERSION, ErrorCode, Op, markdown, reset_value
 
 
@@ -94,9 +103,23 @@ def to_verilog(component, name: str) -> str:
     return verilog.convert(component, name=name, ports=component.ports(), emit_src=False)
 
 
-def registers_json(params: AcceleratorParams = DEFAULT_PARAMS, interrupt: bool = False) -> dict:
-    """The register map as data: what a driver needs to talk to this bitstream."""
-    from .vivado import BOARD_DESIGNS, address_map
+def board_entry(key: str, interrupt: bool = False) -> dict:
+    """One board's design as the register map and the manifest describe it: its addresses, part,
+    PL clock and accelerator parameters."""
+    from .vivado import address_map, board_design
+
+    design = board_design(key)
+    return {**address_map(key, interrupt), "clock_hz": design.clock_hz,
+            "params": asdict(design.params)}
+
+
+def registers_json(params: AcceleratorParams = DEFAULT_PARAMS, interrupt: bool = False,
+                   board: str | None = None) -> dict:
+    """The register map as data: what a driver needs to talk to this bitstream.
+
+    ``board``: the map of that board's design (its parameters' reset values, its clock and its
+    addresses); None: the reference design's, with every board's addresses and clock."""
+    from .vivado import BOARD_DESIGNS
 
     registers = []
     for r in REGISTERS:
@@ -122,9 +145,11 @@ def registers_json(params: AcceleratorParams = DEFAULT_PARAMS, interrupt: bool =
         "params": asdict(params),
         "top_module": TOP_MODULE,
         "vlnv": IP_VLNV,
-        "clock_hz": CLOCK_HZ,
+        "board": board,
+        # A board's design runs at its PL clock; the reference design has no board of its own.
+        "clock_hz": board_entry(board, interrupt)["clock_hz"] if board else None,
         "interrupt": interrupt,
-        "boards": {key: address_map(key, interrupt) for key in BOARD_DESIGNS},
+        "boards": {key: board_entry(key, interrupt) for key in ([board] if board else BOARD_DESIGNS)},
     }
 
 
@@ -132,44 +157,109 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def board_suffixed(filename: str, key: str) -> str:
+    """``pe3.v`` -> ``pe3_<board>.v``: a Verilog file of a board's own design."""
+    stem, dot, ext = filename.rpartition(".")
+    return f"{stem}_{key}{dot}{ext}"
+
+
+def board_files(key: str, params: AcceleratorParams, default: AcceleratorParams = DEFAULT_PARAMS,
+                ) -> list[str]:
+    """The files ``generate`` writes for one board (the Tcl, constraints, register map and
+    Verilog of its design)."""
+    from .timing import xdc_exceptions_text
+    from .vivado import ooc_xdc_filename, paths_xdc_filename, top_filename
+
+    names = [top_filename(key)]
+    if params != default:
+        names += [board_suffixed(s.filename, key) for s in rtl_sources()[:-1]]
+    names += [f"registers_{key}.md", f"registers_{key}.json", ooc_xdc_filename(key)]
+    if xdc_exceptions_text():
+        names.append(paths_xdc_filename(key))
+    return names + [f"bd_{key}.tcl", f"build_{key}.tcl"]
+
+
+def _convert(params: AcceleratorParams, progress: Callable[[str], None] | None,
+             label: str) -> dict[str, str]:
+    """Every source's Verilog for one parameter set: source file name -> text."""
+    out = {}
+    for source in rtl_sources():
+        if progress:
+            progress(source.filename + label)
+        out[source.filename] = to_verilog(source.build(params), source.verilog_name)
+    return out
+
+
 def render(params: AcceleratorParams = DEFAULT_PARAMS, progress: Callable[[str], None] | None = None,
-           ) -> dict[str, str]:
-    """Every file's text, in memory: file name -> text (without ``manifest.json``)."""
+           boards: dict[str, AcceleratorParams] | None = None) -> dict[str, str]:
+    """Every file's text, in memory: file name -> text (without ``manifest.json``).
+
+    ``params``: the reference design's parameters (the unsuffixed files); ``boards``: each
+    board's parameters (default: its board file's, :func:`insitu.boards.accelerator_params`).
+    Each distinct parameter set is converted once."""
     from insitu.errors import InsituError
 
     from .timing import xdc_clock_text, xdc_exceptions_text
-    from .vivado import check_top_ports, has_interrupt, tcl_files
+    from .vivado import (BOARD_DESIGNS, block_design_tcl, board_design, build_tcl, check_top_ports,
+                         has_interrupt, ooc_xdc_filename, package_ip_tcl, paths_xdc_filename,
+                         top_filename)
 
     missing = missing_sources()
     if missing:
         raise InsituError(f"cannot generate the RTL: module(s) {', '.join(missing)} missing from "
                           "this installation")
-    files: dict[str, str] = {}
-    for source in rtl_sources():
-        if progress:
-            progress(source.filename)
-        component = source.build(params)
-        files[source.filename] = to_verilog(component, source.verilog_name)
-    top = files[f"{TOP_MODULE}.v"]
-    problems = check_top_ports(top, TOP_MODULE)
-    if problems:
-        raise InsituError(f"the top level {TOP_MODULE} does not match the Vivado packaging "
-                          f"(insitu.rtl.vivado.top_ports): {'; '.join(problems)}")
-    interrupt = has_interrupt(top, TOP_MODULE)
+    if boards is None:
+        boards = {key: board_design(key).params for key in BOARD_DESIGNS}
+    converted: dict[AcceleratorParams, dict[str, str]] = {}
+
+    def verilog_of(p: AcceleratorParams, label: str) -> dict[str, str]:
+        if p not in converted:
+            converted[p] = _convert(p, progress, label)
+            top = converted[p][f"{TOP_MODULE}.v"]
+            problems = check_top_ports(top, TOP_MODULE)
+            if problems:
+                raise InsituError(f"the top level {TOP_MODULE} does not match the Vivado packaging "
+                                  f"(insitu.rtl.vivado.top_ports): {'; '.join(problems)}")
+        return converted[p]
+
+    files: dict[str, str] = dict(verilog_of(params, ""))
+    interrupt = has_interrupt(files[f"{TOP_MODULE}.v"], TOP_MODULE)
     files["registers.md"] = markdown(params)
     files["registers.json"] = json.dumps(registers_json(params, interrupt), indent=2) + "\n"
-    files.update(tcl_files(interrupt))
-    # Constraints the estimate of insitu.rtl.timing holds the design to (package_ip.tcl adds them).
-    files[f"{TOP_MODULE}_ooc.xdc"] = xdc_clock_text()
+    files["package_ip.tcl"] = package_ip_tcl(interrupt)
     exceptions = xdc_exceptions_text()
-    if exceptions:
-        files[f"{TOP_MODULE}.xdc"] = exceptions
+    for key, board_params in boards.items():
+        design = board_design(key)
+        verilog = verilog_of(board_params, f" ({key})")
+        top = verilog[f"{TOP_MODULE}.v"]
+        if has_interrupt(top, TOP_MODULE) != interrupt:
+            raise InsituError(f"the top level of {key} and the reference top level differ in their "
+                              f"{'interrupt'} port: one package_ip.tcl cannot package both")
+        files[top_filename(key)] = top
+        if board_params != params:
+            for source in rtl_sources()[:-1]:
+                files[board_suffixed(source.filename, key)] = verilog[source.filename]
+        files[f"registers_{key}.md"] = markdown(board_params)
+        files[f"registers_{key}.json"] = json.dumps(
+            registers_json(board_params, interrupt, board=key), indent=2) + "\n"
+        # Constraints the estimate of insitu.rtl.timing holds the design to (package_ip.tcl adds
+        # them): the board's clock period.
+        files[ooc_xdc_filename(key)] = xdc_clock_text(period_ns=1e9 / design.clock_hz)
+        if exceptions:
+            files[paths_xdc_filename(key)] = exceptions
+        files[f"bd_{key}.tcl"] = block_design_tcl(key, interrupt)
+        files[f"build_{key}.tcl"] = build_tcl(key)
     return files
 
 
-def manifest(files: dict[str, str], params: AcceleratorParams = DEFAULT_PARAMS) -> dict:
+def manifest(files: dict[str, str], params: AcceleratorParams = DEFAULT_PARAMS,
+             boards: dict[str, AcceleratorParams] | None = None) -> dict:
     from insitu import __version__
 
+    from .vivado import BOARD_DESIGNS, board_design
+
+    if boards is None:
+        boards = {key: board_design(key).params for key in BOARD_DESIGNS}
     return {
         "generator": "insitu rtl generate",
         "insitu_version": __version__,
@@ -177,10 +267,12 @@ def manifest(files: dict[str, str], params: AcceleratorParams = DEFAULT_PARAMS) 
         "version_hex": f"{VERSION:#010x}",
         "vlnv": IP_VLNV,
         "top_module": TOP_MODULE,
-        "clock_hz": CLOCK_HZ,
         "stream_bits": STREAM_BITS,
         "addr_bits": ADDR_BITS,
         "params": asdict(params),
+        "boards": {key: {"part": board_design(key).part, "clock_hz": board_design(key).clock_hz,
+                         "params": asdict(p), "files": board_files(key, p, params)}
+                   for key, p in boards.items()},
         "files": {name: {"sha256": _sha256(text), "bytes": len(text.encode())}
                   for name, text in sorted(files.items())},
     }
@@ -204,15 +296,18 @@ def generate(out_dir, params: AcceleratorParams = DEFAULT_PARAMS,
 
     ``progress`` is called with each Verilog file name before its (slow) conversion.
     The summary: ``out_dir``, ``files`` (names written, ``manifest.json`` last), ``version``,
-    ``vlnv``, ``top_module``.
+    ``vlnv``, ``top_module``, ``boards`` (per board: part, clock_hz, params, its files).
     """
     from insitu.errors import InsituError
     from insitu.io import atomic_write
 
+    from .vivado import BOARD_DESIGNS, board_design
+
     out_dir = Path(out_dir)
     _check_out_dir(out_dir)
-    files = render(params, progress)
-    meta = manifest(files, params)
+    boards = {key: board_design(key).params for key in BOARD_DESIGNS}
+    files = render(params, progress, boards)
+    meta = manifest(files, params, boards)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
@@ -221,4 +316,5 @@ def generate(out_dir, params: AcceleratorParams = DEFAULT_PARAMS,
     except OSError as exc:
         raise InsituError(f"cannot write into {out_dir}: {exc.strerror or exc}") from None
     return {"out_dir": str(out_dir), "files": [*files, "manifest.json"], "version": VERSION,
-            "version_hex": f"{VERSION:#010x}", "vlnv": IP_VLNV, "top_module": TOP_MODULE}
+            "version_hex": f"{VERSION:#010x}", "vlnv": IP_VLNV, "top_module": TOP_MODULE,
+            "boards": meta["boards"]}

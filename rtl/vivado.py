@@ -5,10 +5,13 @@ them. In that folder::
 
     vivado -mode batch -source build_ultra96v2.tcl [-tclargs JOBS]
 
-packages ``insitu_accel.v`` as IP :data:`~insitu.accel.params.IP_VLNV`, builds the board's block
-design (processing system, AXI DMA, the accelerator), runs synthesis, implementation and
-``write_bitstream``, and leaves ``insitu_<board>.bit`` and ``insitu_<board>.hwh`` side by side:
-the pair ``pynq.Overlay`` loads. Utilization, timing and power reports land beside them.
+packages ``insitu_accel_<board>.v`` (the top level generated with that board's accelerator
+parameters, :func:`insitu.boards.accelerator_params`) as IP
+:data:`~insitu.accel.params.IP_VLNV`, with its out-of-context clock at the board's PL clock
+(``insitu_accel_<board>_ooc.xdc``), builds the board's block design (processing system, AXI DMA,
+the accelerator), runs synthesis, implementation and ``write_bitstream``, and leaves
+``insitu_<board>.bit`` and ``insitu_<board>.hwh`` side by side: the pair ``pynq.Overlay`` loads.
+Utilization, timing and power reports land beside them.
 
 The Vivado-facing contract of the top level (:data:`~insitu.accel.params.TOP_MODULE`) is
 :func:`top_ports`: ``aclk``, ``aresetn`` (active low), the AXI4-Lite slave ``s_axi_control_*``,
@@ -19,7 +22,9 @@ whose Verilog ports differ.
 Block design (both boards): PS master port -> SmartConnect -> accelerator ``s_axi_control`` and
 the DMA's ``S_AXI_LITE``; DMA ``M_AXI_MM2S``/``M_AXI_S2MM`` -> SmartConnect -> PS HP0 port; DMA
 ``M_AXIS_MM2S`` -> accelerator ``s_axis``; accelerator ``m_axis`` -> DMA ``S_AXIS_S2MM``; one
-PL clock at :data:`~insitu.accel.params.CLOCK_HZ` and a ``proc_sys_reset``. The DMA runs in simple
+PL clock, the PS's FCLK0 at the board's ``pl_clock_hz`` (boards/<board>.toml; the PS's PLL that
+gives it, the closest otherwise: the achieved rate is in the .hwh, where the driver reads it), and
+a ``proc_sys_reset``. The DMA runs in simple
 (register) mode with 128-bit streams. When the top level has an ``interrupt`` output, it and the
 DMA's two interrupts reach the PS through an AXI interrupt controller (``pynq.Interrupt``);
 otherwise nothing is wired and the driver polls STATUS.
@@ -29,8 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from insitu.accel.params import (CLOCK_HZ, IP_LIBRARY, IP_VENDOR, IP_VERSION, IP_VLNV, STREAM_BITS,
-                     TOP_MODULE)
+from insitu.accel.params import (IP_LIBRARY, IP_VENDOR, IP_VERSION, IP_VLNV, STREAM_BITS, TOP_MODULE,
+                                 AcceleratorParams)
 from insitu.accel.regmap import ADDR_BITS, REGISTERS, VERSION, Field
 from insitu.accel.ip import (ACCEL_CELL, ADDRESS_BLOCK, ADDRESS_SPAN, AXIL_BUSIF, AXIS_MASTER_BUSIF,
                              AXIS_SLAVE_BUSIF, BD_NAME, CLOCK_PORT, DMA_CELL, DMA_LENGTH_BITS,
@@ -116,6 +121,20 @@ class BoardDesign:
     def ps_cell(self) -> str:
         return f"{self.ps}_0"
 
+    @property
+    def clock_hz(self) -> int:
+        """The board's PL clock (boards/<key>.toml ``[fpga] pl_clock_hz``)."""
+        from insitu.boards import pl_clock_hz
+
+        return pl_clock_hz(self.key)
+
+    @property
+    def params(self) -> AcceleratorParams:
+        """The accelerator parameters the board's design is generated with (its board file)."""
+        from insitu.boards import accelerator_params
+
+        return accelerator_params(self.key)
+
 
 BOARD_DESIGNS: dict[str, BoardDesign] = {
     "ultra96v2": BoardDesign(
@@ -140,6 +159,27 @@ def board_design(key: str) -> BoardDesign:
     except KeyError:
         raise ValueError(f"no Vivado block design for board {key!r}; known: "
                          f"{', '.join(BOARD_DESIGNS)}") from None
+
+
+def top_filename(key: str) -> str:
+    """The board's top-level Verilog (module :data:`~insitu.accel.params.TOP_MODULE`, the board's
+    parameters), the file its IP is packaged from."""
+    return f"{TOP_MODULE}_{key}.v"
+
+
+def ooc_xdc_filename(key: str) -> str:
+    """The board's out-of-context clock constraint (its PL clock period)."""
+    return f"{TOP_MODULE}_{key}_ooc.xdc"
+
+
+def paths_xdc_filename(key: str) -> str:
+    """The board's declared false/multicycle paths (written only when there are any)."""
+    return f"{TOP_MODULE}_{key}.xdc"
+
+
+def mhz(hz: int | float) -> str:
+    """A clock in MHz as the Tcl and the messages write it: 200, 125, 187.5."""
+    return f"{hz / 1e6:.6f}".rstrip("0").rstrip(".")
 
 
 def address_map(key: str, interrupt: bool = False) -> dict:
@@ -193,10 +233,11 @@ def _register_tcl() -> list[str]:
 
 
 _PACKAGE_TEMPLATE = r"""#   source package_ip.tcl
-#   insitu_package_ip HDL_DIR IP_REPO_DIR PART
+#   insitu_package_ip HDL_DIR IP_REPO_DIR PART BOARD
 #
-# Packages HDL_DIR/@TOP@.v (self-contained: the PEs are submodules in that file) as the IP
-# @VLNV@ in IP_REPO_DIR/@TOP@. Every bus interface is declared here, none is left
+# Packages HDL_DIR/@TOP@_BOARD.v (the top level generated with BOARD's accelerator parameters,
+# self-contained: the PEs are submodules in that file) as the IP @VLNV@ in
+# IP_REPO_DIR/@TOP@. Every bus interface is declared here, none is left
 # to inference: AXI4-Lite slave @AXIL@ (one @SPAN@-byte block of registers, @BLOCK@), AXI4-Stream
 # slave @AXIS_S@ and master @AXIS_M@ (@STREAM_BITS@-bit TDATA), clock @CLK@ for all three and
 # active-low reset @RST@.
@@ -238,21 +279,25 @@ proc insitu_add_register {block name offset access description fields} {
     }
 }
 
-proc insitu_package_ip {hdl_dir ip_repo part} {
+proc insitu_package_ip {hdl_dir ip_repo part board} {
     set ip_dir [file join $ip_repo @TOP@]
     set work_dir [file join $ip_repo _package_project]
     file delete -force $ip_dir $work_dir
     file mkdir $ip_repo
     create_project -force insitu_package $work_dir -part $part
-    add_files -norecurse [file join $hdl_dir @TOP@.v]
+    set hdl [file join $hdl_dir @TOP@_${board}.v]
+    if {![file exists $hdl]} {
+        error "insitu: $hdl is missing (insitu rtl generate writes one top level per board)"
+    }
+    add_files -norecurse $hdl
     set_property top @TOP@ [current_fileset]
-    # The IP's clock (100 MHz) for its out-of-context synthesis and implementation; in the block
-    # design the PS constrains the clock it drives. Declared false/multicycle paths, if any,
-    # apply everywhere. Both come from insitu.rtl.timing, the estimate's own constraints.
-    set ooc_xdc [file join $hdl_dir @TOP@_ooc.xdc]
+    # The IP's clock (the board's PL clock) for its out-of-context synthesis and implementation;
+    # in the block design the PS constrains the clock it drives. Declared false/multicycle paths,
+    # if any, apply everywhere. Both come from insitu.rtl.timing, the estimate's own constraints.
+    set ooc_xdc [file join $hdl_dir @TOP@_${board}_ooc.xdc]
     add_files -fileset constrs_1 -norecurse $ooc_xdc
     set_property USED_IN {synthesis implementation out_of_context} [get_files $ooc_xdc]
-    set paths_xdc [file join $hdl_dir @TOP@.xdc]
+    set paths_xdc [file join $hdl_dir @TOP@_${board}.xdc]
     if {[file exists $paths_xdc]} {
         add_files -fileset constrs_1 -norecurse $paths_xdc
     }
@@ -265,7 +310,7 @@ proc insitu_package_ip {hdl_dir ip_repo part} {
     set_property name @TOP@ $core
     set_property version @IPVERSION@ $core
     set_property display_name {insitu training accelerator} $core
-    set_property description {TT-format and low-rank training PEs behind AXI4-Lite control and AXI4-Stream data (register map VERSION @VERSION@)} $core
+    set_property description "TT-format and low-rank training PEs behind AXI4-Lite control and AXI4-Stream data (register map VERSION @VERSION@, generated for $board)" $core
     set_property vendor_display_name {insitu} $core
     set_property supported_families {zynq Production zynquplus Production} $core
 
@@ -298,7 +343,7 @@ proc insitu_package_ip {hdl_dir ip_repo part} {
     ipx::check_integrity $core
     ipx::save_core $core
     close_project
-    puts "insitu: packaged @VLNV@ in $ip_dir"
+    puts "insitu: packaged @VLNV@ for $board in $ip_dir"
 }
 """
 
@@ -325,7 +370,8 @@ _PS_SETUP = {
     set ps [create_bd_cell -type ip -vlnv xilinx.com:ip:zynq_ultra_ps_e:* @PS@]
     apply_bd_automation -rule xilinx.com:bd_rule:zynq_ultra_ps_e \
         -config [list apply_board_preset [expr {$board_part ne "" ? 1 : 0}]] $ps
-    # HPM0_FPD (32-bit) for the registers, HP0_FPD (@HP_BITS@-bit) for the DMA, PL clock 0.
+    # HPM0_FPD (32-bit) for the registers, HP0_FPD (@HP_BITS@-bit) for the DMA, PL clock 0 at the
+    # board's @CLOCK_MHZ@ MHz.
     set_property -dict [list \
         CONFIG.PSU__USE__M_AXI_GP0 {1} \
         CONFIG.PSU__MAXIGP0__DATA_WIDTH {32} \
@@ -336,13 +382,16 @@ _PS_SETUP = {
         CONFIG.PSU__FPGA_PL0_ENABLE {1} \
         CONFIG.PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ {@CLOCK_MHZ@} \
 @IRQ_CONFIG@    ] $ps
+    insitu_pl_clock $ps PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ PSU__CRL_APB__PL0_REF_CTRL__ACT_FREQMHZ \
+        PSU__CRL_APB__PL0_REF_CTRL__SRCSEL {IOPLL RPLL DPLL} @CLOCK_MHZ@
 """,
     "processing_system7": r"""
     set ps [create_bd_cell -type ip -vlnv xilinx.com:ip:processing_system7:* @PS@]
     apply_bd_automation -rule xilinx.com:bd_rule:processing_system7 \
         -config [list make_external "FIXED_IO, DDR" apply_board_preset \
                      [expr {$board_part ne "" ? 1 : 0}] Master Disable Slave Disable] $ps
-    # M_AXI_GP0 for the registers, S_AXI_HP0 (@HP_BITS@-bit) for the DMA, FCLK_CLK0.
+    # M_AXI_GP0 for the registers, S_AXI_HP0 (@HP_BITS@-bit) for the DMA, FCLK_CLK0 at the
+    # board's @CLOCK_MHZ@ MHz.
     set_property -dict [list \
         CONFIG.PCW_USE_M_AXI_GP0 {1} \
         CONFIG.PCW_USE_S_AXI_HP0 {1} \
@@ -351,6 +400,8 @@ _PS_SETUP = {
         CONFIG.PCW_EN_RST0_PORT {1} \
         CONFIG.PCW_FPGA0_PERIPHERAL_FREQMHZ {@CLOCK_MHZ@} \
 @IRQ_CONFIG@    ] $ps
+    insitu_pl_clock $ps PCW_FPGA0_PERIPHERAL_FREQMHZ PCW_ACT_FPGA0_PERIPHERAL_FREQMHZ \
+        PCW_FCLK0_PERIPHERAL_CLKSRC {{IO PLL} {ARM PLL} {DDR PLL}} @CLOCK_MHZ@
 """,
 }
 
@@ -370,6 +421,42 @@ _BD_TEMPLATE = r"""#   source bd_@BOARD@.tcl
 #
 # Address map (PS view): @ACCEL@/@AXIL@ at @ACCEL_BASE@ (@SPAN@ bytes), @DMA@/S_AXI_LITE at
 # @DMA_BASE@@IRQ_NOTE@. The DMA reaches DDR through @PS@/@DDR_SEGMENT@ (@DDR_RANGE@ bytes from 0).
+
+# PL clock 0 at MHZ: the first of the PS's source PLLs whose achieved rate (the PS's ACT
+# parameter) is within 0.1 % of it, else the closest one, with a warning. The achieved rate is
+# what the .hwh records and the driver converts cycles to seconds with.
+proc insitu_pl_clock {ps freq_param act_param src_param sources mhz} {
+    set best_src ""
+    set best_act ""
+    set best_err ""
+    foreach src $sources {
+        set_property -dict [list CONFIG.$src_param $src CONFIG.$freq_param $mhz] $ps
+        set act [get_property CONFIG.$act_param $ps]
+        if {![string is double -strict $act]} {
+            continue
+        }
+        set err [expr {abs($act - $mhz) / double($mhz)}]
+        if {$best_src eq "" || $err < $best_err} {
+            set best_src $src
+            set best_act $act
+            set best_err $err
+        }
+        if {$err <= 0.001} {
+            break
+        }
+    }
+    if {$best_src eq ""} {
+        set_property -dict [list CONFIG.$src_param [lindex $sources 0] CONFIG.$freq_param $mhz] $ps
+        puts "WARNING: insitu: PL clock 0 asked at $mhz MHz; the PS reports no achieved rate"
+        return
+    }
+    set_property -dict [list CONFIG.$src_param $best_src CONFIG.$freq_param $mhz] $ps
+    if {$best_err > 0.001} {
+        puts "WARNING: insitu: PL clock 0 runs at $best_act MHz, not $mhz MHz (no PS PLL divides to it; the driver reads the achieved rate from the .hwh)"
+    } else {
+        puts "insitu: PL clock 0 at $best_act MHz from $best_src"
+    }
+}
 
 proc insitu_find_board_part {patterns} {
     foreach pattern $patterns {
@@ -544,8 +631,7 @@ def block_design_tcl(key: str, interrupt: bool = False) -> str:
     """Tcl that builds one board's block design and bitstream (``bd_<board>.tcl``)."""
     b = board_design(key)
     master, slave, clock, reset, port_clocks, ps_irq = PS_PINS[b.ps]
-    if CLOCK_HZ % 1_000_000:
-        raise ValueError(f"CLOCK_HZ {CLOCK_HZ} is not a whole number of MHz")
+    clock_mhz = mhz(b.clock_hz)
     values = dict(
         BOARD=key, DESCRIPTION=b.description, PART=b.part, BIT=bitstream_name(key), BD=BD_NAME,
         BOARD_PARTS=" ".join(b.board_parts), VLNV=IP_VLNV, PS=b.ps_cell, ACCEL=ACCEL_CELL,
@@ -553,7 +639,7 @@ def block_design_tcl(key: str, interrupt: bool = False) -> str:
         RST=RESET_PORT, BLOCK=ADDRESS_BLOCK, SPAN=ADDRESS_SPAN, SPAN_HEX=_hex(ADDRESS_SPAN),
         ACCEL_BASE=_hex(b.accel_base), DMA_BASE=_hex(b.dma_base), DMA_RANGE=_hex(b.dma_range),
         DDR_SEGMENT=b.ddr_segment, DDR_RANGE=_hex(b.ddr_range), HP_BITS=b.hp_bits,
-        STREAM_BITS=STREAM_BITS, DMA_LENGTH_BITS=DMA_LENGTH_BITS, CLOCK_MHZ=CLOCK_HZ // 1_000_000,
+        STREAM_BITS=STREAM_BITS, DMA_LENGTH_BITS=DMA_LENGTH_BITS, CLOCK_MHZ=clock_mhz,
         PS_MASTER=master, PS_SLAVE=slave, PS_CLOCK=clock, PS_RESET=reset,
         CLOCK_PINS=" ".join([f"{b.ps_cell}/{pin}" for pin in port_clocks]
                             + ["axi_ctrl/aclk", "axi_mem/aclk", f"{DMA_CELL}/s_axi_lite_aclk",
@@ -569,7 +655,7 @@ def block_design_tcl(key: str, interrupt: bool = False) -> str:
     )
     ps_setup = _subst(_PS_SETUP[b.ps].replace("@IRQ_CONFIG@",
                                               _PS_IRQ_CONFIG[b.ps] if interrupt else ""),
-                      PS=b.ps_cell, HP_BITS=b.hp_bits, CLOCK_MHZ=CLOCK_HZ // 1_000_000)
+                      PS=b.ps_cell, HP_BITS=b.hp_bits, CLOCK_MHZ=clock_mhz)
     template = _BD_TEMPLATE.replace("@PS_SETUP@", ps_setup.strip("\n"))
     for key_, block in (("IRQ_CELLS", _IRQ_CELLS), ("IRQ_CONNECT", _IRQ_CONNECT),
                         ("IRQ_ADDRESS", _IRQ_ADDRESS)):
@@ -580,7 +666,8 @@ def block_design_tcl(key: str, interrupt: bool = False) -> str:
 
 _BUILD_TEMPLATE = r"""# End to end, in Vivado batch mode, from this folder:
 #   vivado -mode batch -source build_@BOARD@.tcl [-tclargs JOBS]
-# Packages @TOP@.v as IP @VLNV@, builds the @DESCRIPTION@ block design, runs synthesis,
+# Packages @TOP@_@BOARD@.v (generated with this board's accelerator parameters; its clock
+# @CLOCK_MHZ@ MHz) as IP @VLNV@, builds the @DESCRIPTION@ block design, runs synthesis,
 # implementation and write_bitstream, and leaves @BIT@.bit and @BIT@.hwh in this folder
 # (copy both to the board and load them with pynq.Overlay("@BIT@.bit")).
 
@@ -594,7 +681,7 @@ source [file join $here bd_@BOARD@.tcl]
 set build_dir [file join $here build_@BOARD@]
 set ip_repo [file join $build_dir ip_repo]
 file mkdir $build_dir
-insitu_package_ip $here $ip_repo @PART@
+insitu_package_ip $here $ip_repo @PART@ @BOARD@
 insitu_build_@BOARD@ $ip_repo $build_dir $here $jobs
 """
 
@@ -604,7 +691,7 @@ def build_tcl(key: str) -> str:
     b = board_design(key)
     return _header(f"Build the insitu accelerator for {b.description}.") + _subst(
         _BUILD_TEMPLATE, BOARD=key, TOP=TOP_MODULE, VLNV=IP_VLNV, DESCRIPTION=b.description,
-        BIT=bitstream_name(key), PART=b.part)
+        BIT=bitstream_name(key), PART=b.part, CLOCK_MHZ=mhz(b.clock_hz))
 
 
 def tcl_files(interrupt: bool = False) -> dict[str, str]:

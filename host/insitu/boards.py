@@ -4,14 +4,21 @@ A real board file states the board's kind and resources; a twin file (``<board>-
 board it stands in for with ``twin_of`` and takes its resources from that board's file, so a
 figure is never written twice. The schema below is the only description of what a board file may
 hold: an unknown key is an error too (it is usually a typo).
+
+An FPGA board also fixes the accelerator built for it: ``[fpga] pl_clock_hz`` is the PL clock the
+design is generated, constrained and timed for, and the optional ``[accelerator]`` table
+overrides fields of :class:`insitu.accel.params.AcceleratorParams` (its generate-time bounds,
+e.g. ``pe3_batch_lanes = 2``); :func:`accelerator_params` is that board's (or its twin's)
+parameter set, :func:`pl_clock_hz` its clock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
+from insitu.accel.params import AcceleratorParams
 from insitu.errors import BoardFileError, UsageError
 from insitu.io import tomllib
 from insitu.resources import package_dir
@@ -29,6 +36,11 @@ _SECTIONS = {
 }
 # Which sections each kind of real board must have.
 _KIND_SECTIONS = {"fpga-soc": ("fpga", "processor"), "mcu": ("mcu", "processor")}
+# The optional table of an FPGA board that overrides the accelerator's generate-time parameters:
+# any field of AcceleratorParams but the two the RTL fixes (its lane and row counts).
+ACCELERATOR_SECTION = "accelerator"
+_FIXED_PARAMS = ("pe_rows", "c_lanes")
+ACCELERATOR_KEYS = tuple(f.name for f in fields(AcceleratorParams) if f.name not in _FIXED_PARAMS)
 
 
 @dataclass(frozen=True)
@@ -58,12 +70,18 @@ class Board:
     def cpu_hz(self) -> int:
         return self.sections["processor"]["cpu_hz"]
 
+    @property
+    def accelerator_overrides(self) -> dict:
+        """The board's ``[accelerator]`` table (its twin's: the real board's); empty for defaults."""
+        return dict(self.sections.get(ACCELERATOR_SECTION, {}))
+
     def describe(self) -> dict:
         """The flat JSON view listed by ``insitu boards --json``."""
         out = {"name": self.name, "kind": self.kind, "twin_of": self.twin_of,
                "description": self.description}
         if self.fpga:
             out.update({k: self.fpga[k] for k in ("part", "lut", "ff", "dsp", "bram18", "pl_clock_hz")})
+            out["accelerator"] = self.accelerator_overrides
         if self.mcu:
             out.update({k: self.mcu[k] for k in ("part", "sram_bytes", "flash_bytes",
                                                   "training_budget_bytes")})
@@ -89,6 +107,25 @@ def _check_keys(path: Path, where: str, table: dict, schema: dict, require: bool
                 raise BoardFileError(f"{path}: missing key '{where}{key}'")
 
 
+def _check_accelerator(path: Path, table: dict) -> None:
+    """The ``[accelerator]`` table: known AcceleratorParams fields, integers, a valid set."""
+    for key, value in table.items():
+        if key in _FIXED_PARAMS:
+            raise BoardFileError(f"{path}: key '{ACCELERATOR_SECTION}.{key}' is fixed by the RTL "
+                                 f"and cannot be set per board (allowed: {', '.join(ACCELERATOR_KEYS)})")
+        if key not in ACCELERATOR_KEYS:
+            raise BoardFileError(f"{path}: unknown key '{ACCELERATOR_SECTION}.{key}': not a "
+                                 "parameter of the accelerator (insitu.accel.params.AcceleratorParams; "
+                                 f"allowed: {', '.join(ACCELERATOR_KEYS)})")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise BoardFileError(f"{path}: key '{ACCELERATOR_SECTION}.{key}' must be int, "
+                                 f"got {type(value).__name__} {value!r}")
+    try:
+        AcceleratorParams(**table)
+    except ValueError as exc:
+        raise BoardFileError(f"{path}: [{ACCELERATOR_SECTION}]: {exc}") from None
+
+
 def _read(path: Path) -> dict:
     try:
         with path.open("rb") as fh:
@@ -99,9 +136,12 @@ def _read(path: Path) -> dict:
     _check_keys(path, "", top, _TOP, require=True)
     for section, table in raw.items():
         if isinstance(table, dict):
+            if section == ACCELERATOR_SECTION:
+                _check_accelerator(path, table)
+                continue
             if section not in _SECTIONS:
                 raise BoardFileError(f"{path}: unknown section '[{section}]' "
-                                     f"(allowed: {', '.join(_SECTIONS)})")
+                                     f"(allowed: {', '.join([*_SECTIONS, ACCELERATOR_SECTION])})")
             _check_keys(path, f"{section}.", table, _SECTIONS[section], require=True)
     if raw["name"] != path.stem:
         raise BoardFileError(f"{path}: key 'name' is {raw['name']!r} but the file is named "
@@ -121,6 +161,9 @@ def _resolve(raws: dict[str, tuple[Path, dict]]) -> dict[str, Board]:
             for needed in _KIND_SECTIONS[kind]:
                 if needed not in sections:
                     raise BoardFileError(f"{path}: a {kind} board needs a [{needed}] section")
+            if ACCELERATOR_SECTION in sections and kind != "fpga-soc":
+                raise BoardFileError(f"{path}: [{ACCELERATOR_SECTION}] is the FPGA accelerator's "
+                                     f"parameters; a {kind} board has none")
         else:
             if twin_of not in raws or raws[twin_of][1].get("twin_of") is not None:
                 raise BoardFileError(f"{path}: key 'twin_of' names {twin_of!r}, which is not a real "
@@ -160,3 +203,31 @@ def get_board(name: str, directory: Path | str | None = None) -> Board:
 def twin_name(board: Board) -> str:
     """The name of the simulated twin that stands in for ``board`` (itself if it is a twin)."""
     return board.name if board.is_twin else f"{board.name}-sim"
+
+
+def _board(board: Board | str) -> Board:
+    return get_board(board) if isinstance(board, str) else board
+
+
+def accelerator_params(board: Board | str) -> AcceleratorParams:
+    """The accelerator parameters of an FPGA board or its twin (by name or :class:`Board`): the
+    defaults of :class:`~insitu.accel.params.AcceleratorParams` with the board file's
+    ``[accelerator]`` overrides. A board without an FPGA is a usage error."""
+    board = _board(board)
+    if board.fpga is None:
+        raise UsageError(f"{board.name} has no FPGA: the accelerator runs on "
+                         f"{', '.join(n for n, b in load_boards().items() if b.fpga)}")
+    return AcceleratorParams(**board.accelerator_overrides)
+
+
+def pl_clock_hz(board: Board | str) -> int:
+    """The PL clock of an FPGA board or its twin (``[fpga] pl_clock_hz``), in Hz."""
+    board = _board(board)
+    if board.fpga is None:
+        raise UsageError(f"{board.name} has no FPGA, so no PL clock")
+    return board.fpga["pl_clock_hz"]
+
+
+def fpga_boards(directory: Path | str | None = None) -> dict[str, Board]:
+    """The real FPGA boards (not their twins), by name: the boards an accelerator is built for."""
+    return {name: b for name, b in load_boards(directory).items() if b.fpga and not b.is_twin}

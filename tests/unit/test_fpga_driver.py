@@ -13,13 +13,13 @@ import pynq
 import pynq.lib.dma
 import pytest
 
-from insitu.boards import get_board
+from insitu.boards import accelerator_params, get_board, pl_clock_hz
 from insitu.errors import UsageError
 from insitu.fpga import boards as fpga_boards
 from insitu.fpga import twin as fpga_twin
 from insitu.fpga.boards import open_board, twin_overlay_dir
-from insitu.fpga.driver import (AcceleratorError, AcceleratorTimeout, BitstreamError,
-                                InsituAcceleratorIP, InsituOverlay)
+from insitu.fpga.driver import (Accelerator, AcceleratorError, AcceleratorTimeout, BitstreamError,
+                                InsituAcceleratorIP, InsituOverlay, overlay_clock_hz)
 from insitu.fpga.twin import TwinDevice, write_twin_overlay
 from insitu.accel.params import IP_VLNV
 from insitu.accel.regmap import ID_VALUE, VERSION, ErrorCode, Op
@@ -288,10 +288,72 @@ def test_figures_count_ops_cycles_and_bytes(acc):
     run_good(acc, cfg)
     fig = acc.figures()
     assert fig["ops"] == {"PE1": 1, "PE3": 1}
-    assert fig["cycles_by_op"] == {"PE1": pe_stream.estimated_cycles(GOOD),
-                                   "PE3": pe_stream.estimated_cycles(cfg)}
+    params = accelerator_params(SIM)          # the twin's board's design (PE3: 2 batch lanes)
+    assert fig["cycles_by_op"] == {"PE1": pe_stream.estimated_cycles(GOOD, params),
+                                   "PE3": pe_stream.estimated_cycles(cfg, params)}
     assert fig["dma_bytes"] == 2 * sum(c.in_words() + c.out_words() for c in (GOOD, cfg))
     assert fig["seconds_at_board_clock"] == pytest.approx(fig["pl_cycles"] / fig["pl_clock_hz"])
+    assert fig["pl_clock_hz"] == pl_clock_hz(SIM) and fig["pl_clock_source"] == "board file"
+
+
+@pytest.mark.parametrize("name", ["ultra96v2-sim", "zedboard-sim"])
+def test_twin_seconds_are_cycles_at_its_board_clock(name, tmp_path):
+    """Each twin runs its board's design (parameters in its overlay) and reports seconds at its
+    board's pl_clock_hz (Ultra96-V2 200 MHz, ZedBoard 125 MHz); its .hwh records the same clock."""
+    board = get_board(name)
+    bit = write_twin_overlay(board.twin_of, tmp_path)
+    acc = open_board(board, mode="fast", bitstream=bit, timeout_s=2.0)
+    cfg = PEConfig("PE3", 4, 9, 16, 2, 5)
+    run_good(acc, cfg)
+    run_good(acc)
+    fig = acc.figures()
+    clock = {"ultra96v2-sim": 200_000_000, "zedboard-sim": 125_000_000}[name]
+    assert fig["pl_clock_hz"] == clock == pl_clock_hz(board)
+    assert fig["seconds_at_board_clock"] == fig["pl_cycles"] / clock
+    params = accelerator_params(board)
+    assert acc.device.pl.params == params
+    assert fig["cycles_by_op"]["PE3"] == pe_stream.estimated_cycles(cfg, params)
+    assert acc.read("CAP_PE3_B_MAX") == params.pe3_b_max
+    # The overlay's .hwh carries the clock (what a real board's driver reads).
+    assert overlay_clock_hz(acc.overlay) == clock
+    # Read from the overlay when no clock is given.
+    assert Accelerator(acc.overlay, clock_hz=None).clock_hz == clock
+
+
+def test_the_twins_differ_in_pe3_cycles_as_their_designs_do(tmp_path):
+    """The same PE3 op: the Ultra96-V2's design (two batch entries a step) takes fewer cycles."""
+    cfg = PEConfig("PE3", 4, 64, 16, 2, 5)
+    cycles = {}
+    for name in ("ultra96v2-sim", "zedboard-sim"):
+        board = get_board(name)
+        acc = open_board(board, mode="fast", bitstream=write_twin_overlay(board.twin_of, tmp_path / name))
+        run_good(acc, cfg)
+        cycles[name] = acc.figures()["cycles_by_op"]["PE3"]
+    assert cycles["ultra96v2-sim"] < cycles["zedboard-sim"]
+
+
+def test_a_real_board_reads_its_clock_from_the_overlay_hwh(tmp_path, monkeypatch):
+    """board_clock on a real board: the PS's running clock where pynq reads it, else the .hwh's
+    achieved rate (as Vivado writes it), else the board file's."""
+    board = get_board("ultra96v2")
+
+    class Overlay:
+        bitfile_name = str(tmp_path / "insitu_ultra96v2.bit")
+        clock_dict = {0: {"enable": 1, "divisor0": 8, "divisor1": 1}}      # pynq 3.0: no rate
+
+    from insitu.fpga import hwh
+    hwh.write_hwh("ultra96v2", tmp_path / "insitu_ultra96v2.hwh", clock_hz=187_500_000)
+    assert fpga_boards.board_clock(board, Overlay()) == (187_500_000, "hwh")
+    monkeypatch.setattr(fpga_boards, "running_pl_clock_hz", lambda: 199_998_000)
+    assert fpga_boards.board_clock(board, Overlay(), running=True) == (199_998_000, "PS clock registers")
+    monkeypatch.setattr(fpga_boards, "running_pl_clock_hz", lambda: None)
+    Overlay.clock_dict = {0: {"enable": 1, "frequency": 199.998001}}     # newer pynqmetadata
+    assert fpga_boards.board_clock(board, Overlay(), running=True) == (199_998_001, "hwh")
+    Overlay.clock_dict = {0: {"enable": 1}}
+    (tmp_path / "insitu_ultra96v2.hwh").write_text("<EDKSYSTEM/>")
+    assert fpga_boards.board_clock(board, Overlay()) == (200_000_000, "board file")
+    # a twin is its board's clock whatever its overlay says
+    assert fpga_boards.board_clock(get_board("ultra96v2-sim"), Overlay()) == (200_000_000, "board file")
 
 
 def test_registers_are_written_only_when_they_change(acc, monkeypatch):

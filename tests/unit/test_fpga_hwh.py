@@ -6,13 +6,15 @@ file), so each board's file is parsed here with the class ``HWH`` names on that 
 """
 
 import re
+from xml.etree import ElementTree as ET
 
 import pytest
 
 from insitu.fpga import hwh
 from insitu.accel import ip
 from insitu.rtl import vivado
-from insitu.accel.params import CLOCK_HZ, IP_VLNV
+from insitu.accel.params import IP_VLNV
+from insitu.boards import pl_clock_hz
 from insitu.accel.regmap import ID_VALUE, REGISTERS
 from insitu.accel.ip import (ACCEL_CELL, ADDRESS_SPAN, DMA_CELL, DMA_LENGTH_BITS, INTC_CELL,
                              bitstream_name)
@@ -116,6 +118,58 @@ def test_clock_dict_enables_fclk0_only(board, parsed):
     assert parsed.ps_name == board_design(board).ps_cell
 
 
+# The PS parameters of PL clock 0, per PS IP: requested MHz, achieved MHz, source, divisors.
+CLOCK_PARAMS = {
+    "zynq_ultra_ps_e": ("PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ", "PSU__CRL_APB__PL0_REF_CTRL__ACT_FREQMHZ",
+                        "PSU__CRL_APB__PL0_REF_CTRL__SRCSEL", "PSU__CRL_APB__PL0_REF_CTRL__DIVISOR0",
+                        "PSU__CRL_APB__PL0_REF_CTRL__DIVISOR1"),
+    "processing_system7": ("PCW_FPGA0_PERIPHERAL_FREQMHZ", "PCW_ACT_FPGA0_PERIPHERAL_FREQMHZ",
+                           "PCW_FCLK0_PERIPHERAL_CLKSRC", "PCW_FCLK0_PERIPHERAL_DIVISOR0",
+                           "PCW_FCLK0_PERIPHERAL_DIVISOR1"),
+}
+
+
+@pytest.mark.parametrize("board, mhz", [("ultra96v2", 200), ("zedboard", 125)])
+def test_the_hwh_carries_the_board_clock(board, mhz, tmp_path):
+    """FCLK0 asked and achieved at the board's pl_clock_hz, its divisors from a PLL the twin
+    models, and the clock net's CLKFREQUENCY; read back by hwh_clock_hz and by pynq's parser."""
+    assert pl_clock_hz(board) == mhz * 1_000_000
+    path = hwh.write_hwh(board, tmp_path / "clock.hwh")
+    root = ET.parse(path).getroot()
+    design = board_design(board)
+    ps = root.find(f"./MODULES/MODULE[@INSTANCE='{design.ps_cell}']")
+    values = {p.get("NAME"): p.get("VALUE") for p in ps.iterfind("./PARAMETERS/PARAMETER")}
+    want, act, src, div0, div1 = CLOCK_PARAMS[design.ps]
+    assert float(values[want]) == mhz and float(values[act]) == mhz
+    pll = dict(hwh.PS_PLLS[design.ps])[values[src]]
+    assert pll / (int(values[div0]) * int(values[div1])) == mhz * 1_000_000
+    freqs = {port.get("CLKFREQUENCY") for port in root.iter("PORT") if port.get("SIGIS") == "clk"}
+    assert freqs == {str(mhz * 1_000_000)}
+    assert hwh.hwh_clock_hz(path) == mhz * 1_000_000
+    parsed = parse(board, path)
+    assert (parsed.clock_dict[0]["divisor0"], parsed.clock_dict[0]["divisor1"]) == \
+           (int(values[div0]), int(values[div1]))
+
+
+def test_the_ultra96v2_clock_needs_another_pll_than_its_iopll():
+    """1500 MHz / 200 MHz is no integer: the twin's ZU+ takes the first PLL that divides exactly,
+    and reports the closest rate where none does."""
+    assert hwh.pl_clock_divisors("zynq_ultra_ps_e", 200_000_000)[0] != "IOPLL"
+    assert hwh.pl_clock_divisors("zynq_ultra_ps_e", 100_000_000) == ("IOPLL", 15, 1, 100_000_000)
+    # 1000 MHz / 130 MHz: 8 gives 125 MHz, 7 gives 142.9 MHz; the closer one, not exact
+    assert hwh.pl_clock_divisors("processing_system7", 130_000_000) == ("IO PLL", 8, 1, 125_000_000)
+
+
+def test_hwh_clock_of_a_given_clock_and_of_files_without_one(tmp_path):
+    path = hwh.write_hwh("zedboard", tmp_path / "z.hwh", clock_hz=100_000_000)
+    assert hwh.hwh_clock_hz(path) == 100_000_000
+    (tmp_path / "bad.hwh").write_text("<EDKSYSTEM><MODULES/></EDKSYSTEM>")
+    assert hwh.hwh_clock_hz(tmp_path / "bad.hwh") is None
+    (tmp_path / "junk.hwh").write_text("not xml")
+    assert hwh.hwh_clock_hz(tmp_path / "junk.hwh") is None
+    assert hwh.hwh_clock_hz(tmp_path / "missing.hwh") is None
+
+
 def test_pynq_dma_driver_builds_simple_mode_channels(board, parsed):
     from pynq.lib.dma import DMA
 
@@ -180,5 +234,6 @@ def test_pynqmetadata_reads_the_same_design(board, tmp_path, interrupt):
         assert {k: (v["address_offset"], v["access"]) for k, v in got["registers"].items()} == regs
     assert md.mem_dict == {}
     assert md.clock_dict[0]["enable"] == 1
-    if board_design(board).ps == "zynq_ultra_ps_e":        # pynqmetadata reads it on ZU+ only
-        assert md.clock_dict[0]["frequency"] == CLOCK_HZ / 1e6
+    if "frequency" in md.clock_dict[0] and board_design(board).ps == "zynq_ultra_ps_e":
+        # newer pynqmetadata reads the achieved rate (on ZU+ only): the board's clock
+        assert md.clock_dict[0]["frequency"] == pl_clock_hz(board) / 1e6

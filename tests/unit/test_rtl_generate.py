@@ -17,14 +17,14 @@ from amaranth.hdl import ClockDomain, ClockSignal, Module, ResetSignal, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from insitu.boards import load_boards
+from insitu.boards import accelerator_params, load_boards, pl_clock_hz
 from insitu.errors import InsituError, UsageError
 from insitu.accel import ip
 from insitu.rtl import generate as gen
 from insitu.accel import regmap
 from insitu.rtl import vivado
 from insitu.rtl.axil import AXILiteRegisters, AXILiteSignature
-from insitu.accel.params import CLOCK_HZ, DEFAULT_PARAMS, IP_VLNV, STREAM_BITS, TOP_MODULE
+from insitu.accel.params import DEFAULT_PARAMS, IP_VLNV, STREAM_BITS, TOP_MODULE
 from insitu.accel.regmap import ADDR_BITS, REGISTERS, VERSION
 
 pytestmark = pytest.mark.unit
@@ -144,17 +144,38 @@ def tcl_physical_ports(tcl: str) -> set:
 # ---- generate --------------------------------------------------------------------------------
 
 
+#: Per board: its top level, clock constraint, register map and Tcl.
+BOARD_FILES = {"{top}_{b}.v", "{top}_{b}_ooc.xdc", "registers_{b}.md", "registers_{b}.json",
+               "bd_{b}.tcl", "build_{b}.tcl"}
+
+
 def test_generate_writes_every_file_with_a_matching_manifest(generated):
     out, result = generated[False]
-    expected = {"pe1.v", "pe2.v", "pe3.v", "pe_lrt.v", f"{TOP_MODULE}.v", "registers.md",
-                "registers.json", "package_ip.tcl", "bd_ultra96v2.tcl", "build_ultra96v2.tcl",
-                "bd_zedboard.tcl", "build_zedboard.tcl", f"{TOP_MODULE}_ooc.xdc", "manifest.json"}
+    reference = {"pe1.v", "pe2.v", "pe3.v", "pe_lrt.v", f"{TOP_MODULE}.v", "registers.md",
+                 "registers.json"}
+    per_board = {b: {f.format(top=TOP_MODULE, b=b) for f in BOARD_FILES}
+                 for b in ("ultra96v2", "zedboard")}
+    # The Ultra96-V2's parameters differ from the defaults: its PEs are written on their own too.
+    per_board["ultra96v2"] |= {"pe1_ultra96v2.v", "pe2_ultra96v2.v", "pe3_ultra96v2.v",
+                               "pe_lrt_ultra96v2.v"}
+    expected = reference | per_board["ultra96v2"] | per_board["zedboard"] | {
+        "package_ip.tcl", "manifest.json"}
     assert set(result["files"]) == expected and result["files"][-1] == "manifest.json"
     assert {p.name for p in out.iterdir()} == expected          # no temporary files left
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["version"] == VERSION and manifest["vlnv"] == IP_VLNV
     assert manifest["params"]["factor_words"] > 0 and manifest["top_module"] == TOP_MODULE
     assert set(manifest["files"]) == expected - {"manifest.json"}
+    for board in ("ultra96v2", "zedboard"):
+        entry = manifest["boards"][board]
+        assert set(entry["files"]) == per_board[board]
+        assert entry["clock_hz"] == pl_clock_hz(board)
+        assert entry["params"] == json.loads(json.dumps(
+            __import__("dataclasses").asdict(accelerator_params(board))))
+        assert entry["part"] == vivado.BOARD_DESIGNS[board].part
+    assert manifest["boards"]["ultra96v2"]["params"]["pe3_batch_lanes"] == 2
+    assert manifest["boards"]["zedboard"]["params"] == manifest["params"]       # the defaults
+    assert result["boards"] == manifest["boards"]
     import hashlib
     for name, meta in manifest["files"].items():
         data = (out / name).read_bytes()
@@ -162,6 +183,54 @@ def test_generate_writes_every_file_with_a_matching_manifest(generated):
     # Each Verilog file holds its module.
     for source in gen.RTL_SOURCES:
         assert re.search(rf"\bmodule {source.verilog_name}\(", (out / source.filename).read_text())
+
+
+def test_each_board_top_level_is_generated_with_its_parameters(stubs, monkeypatch):
+    """The board's top and PEs are built with the board's AcceleratorParams, the reference files
+    with the defaults; each distinct parameter set is converted once."""
+    built = []
+
+    class Recording(StubTop):
+        def __init__(self, params, **kwargs):
+            built.append(params)
+            super().__init__(params, **kwargs)
+
+    monkeypatch.setattr(gen, "RTL_SOURCES", stub_sources(top=Recording))
+    gen.render()
+    assert built == [DEFAULT_PARAMS, accelerator_params("ultra96v2")]   # zedboard: the defaults
+
+
+def test_xdc_clock_period_per_board(generated):
+    out = generated[False][0]
+    for board, period in (("ultra96v2", "5.000"), ("zedboard", "8.000")):
+        xdc = (out / vivado.ooc_xdc_filename(board)).read_text()
+        assert f"create_clock -period {period} -name aclk [get_ports aclk]" in xdc
+        assert 1e9 / pl_clock_hz(board) == float(period)
+    assert not (out / f"{TOP_MODULE}_ooc.xdc").exists()     # no board-independent clock
+
+
+@pytest.mark.parametrize("board, mhz", [("ultra96v2", "200"), ("zedboard", "125")])
+def test_tcl_sets_each_board_fclk0(generated, board, mhz):
+    """The PS's FCLK0 asked at the board's pl_clock_hz (property names as Vivado's PS IPs have
+    them), with the search over the PS's source PLLs, and the messages at that clock."""
+    out = generated[False][0]
+    bd = (out / f"bd_{board}.tcl").read_text()
+    want, act, src, plls = {
+        "ultra96v2": ("PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ", "PSU__CRL_APB__PL0_REF_CTRL__ACT_FREQMHZ",
+                      "PSU__CRL_APB__PL0_REF_CTRL__SRCSEL", "{IOPLL RPLL DPLL}"),
+        "zedboard": ("PCW_FPGA0_PERIPHERAL_FREQMHZ", "PCW_ACT_FPGA0_PERIPHERAL_FREQMHZ",
+                     "PCW_FCLK0_PERIPHERAL_CLKSRC", "{{IO PLL} {ARM PLL} {DDR PLL}}"),
+    }[board]
+    assert f"CONFIG.{want} {{{mhz}}}" in bd
+    assert f"insitu_pl_clock $ps {want} {act} \\\n        {src} {plls} {mhz}\n" in bd
+    assert f"One clock ({mhz} MHz)" in bd and f"timing not met on {board} at {mhz} MHz" in bd
+    assert "100" not in re.findall(r"FREQMHZ \{(\d+)\}", bd)
+    build = (out / f"build_{board}.tcl").read_text()
+    assert f"insitu_package_ip $here $ip_repo {vivado.BOARD_DESIGNS[board].part} {board}" in build
+    registers = json.loads((out / f"registers_{board}.json").read_text())
+    assert registers["clock_hz"] == pl_clock_hz(board) and registers["board"] == board
+    assert registers["params"] == json.loads(json.dumps(
+        __import__("dataclasses").asdict(accelerator_params(board))))
 
 
 def test_generate_is_deterministic(stubs, generated):
@@ -174,6 +243,8 @@ def test_generate_is_deterministic(stubs, generated):
 def test_tcl_maps_exactly_the_ports_of_the_top_verilog(generated, interrupt):
     tmp_path = generated[interrupt][0]
     ports = module_ports((tmp_path / f"{TOP_MODULE}.v").read_text(), TOP_MODULE)
+    for board in vivado.BOARD_DESIGNS:         # every board's top has the same ports
+        assert module_ports((tmp_path / vivado.top_filename(board)).read_text(), TOP_MODULE) == ports
     tcl = (tmp_path / "package_ip.tcl").read_text()
     mapped = tcl_physical_ports(tcl)
     assert mapped == set(ports)                     # every port named exists, every port mapped
@@ -220,9 +291,9 @@ def test_block_design_addresses_widths_and_clock(generated):
                       "c_m_axi_mm2s_data_width", "c_m_axi_s2mm_data_width"):
             assert f"CONFIG.{param} {{{STREAM_BITS}}}" in bd
         assert f"-part {board.part}" in bd
-        assert f"{{{CLOCK_HZ // 1_000_000}}}" in bd
+        assert f"{{{board.clock_hz // 1_000_000}}}" in bd
         build = (tmp_path / f"build_{key}.tcl").read_text()
-        assert f"insitu_package_ip $here $ip_repo {board.part}" in build
+        assert f"insitu_package_ip $here $ip_repo {board.part} {key}" in build
         assert f"source [file join $here bd_{key}.tcl]" in build
     assert vivado.BOARD_DESIGNS["ultra96v2"].accel_base == 0xA0000000
     assert vivado.BOARD_DESIGNS["zedboard"].accel_base == 0x43C00000
@@ -240,7 +311,8 @@ def test_board_designs_agree_with_the_board_files():
         fpga = boards[key].fpga
         # boards/*.toml may write the part with extra dashes; Vivado's name is design.part.
         assert fpga["part"].replace("-", "") == design.part.replace("-", ""), key
-        assert fpga["pl_clock_hz"] == CLOCK_HZ
+        assert fpga["pl_clock_hz"] == design.clock_hz
+        assert design.params == accelerator_params(key)
         assert {"zynqmp": "zynq_ultra_ps_e", "zynq7000": "processing_system7"}[fpga["family"]] == design.ps
 
 
@@ -248,6 +320,9 @@ def test_registers_md_and_json_describe_the_map(generated):
     tmp_path = generated[False][0]
     md = (tmp_path / "registers.md").read_text()
     assert md == regmap.markdown()
+    for board in vivado.BOARD_DESIGNS:          # a board's map: its parameters' reset values
+        assert (tmp_path / f"registers_{board}.md").read_text() == \
+            regmap.markdown(accelerator_params(board))
     for reg in REGISTERS:
         assert f"| `{reg.offset:#05x}` | `{reg.name}` |" in md
     data = json.loads((tmp_path / "registers.json").read_text())
@@ -364,6 +439,9 @@ set ::log [open $::env(MOCK_LOG) w]
 set ::ports [split $::env(MOCK_PORTS) ,]
 set ::board_parts $::env(MOCK_BOARD_PARTS)
 set ::projects {}
+# The PS's properties set so far; MOCK_ACT (a dict source PLL -> achieved MHz) answers the ACT
+# parameter of the source last set, as the PS IP does; without it the ACT reads as no number.
+set ::props [dict create]
 
 set ::vivado_commands {
     create_project add_files set_property get_property update_compile_order current_project
@@ -387,6 +465,17 @@ proc unknown {cmd args} {
         error "mock vivado: set_property takes 3 words (name value object or -dict list object): $args"
     }
     puts $::log [concat [list $cmd] $args]
+    if {$cmd eq "set_property" && [lindex $args 0] eq "-dict"} {
+        foreach {key value} [lindex $args 1] { dict set ::props $key $value }
+    }
+    if {$cmd eq "get_property" && [string match CONFIG.*ACT_* [lindex $args 0]]
+            && [info exists ::env(MOCK_ACT)]} {
+        dict for {key value} $::props {
+            if {[string match *SRCSEL $key] || [string match *CLKSRC $key]} {
+                if {[dict exists $::env(MOCK_ACT) $value]} { return [dict get $::env(MOCK_ACT) $value] }
+            }
+        }
+    }
     switch -- $cmd {
         create_project {
             lassign $args name dir
@@ -435,7 +524,7 @@ proc unknown {cmd args} {
 """
 
 
-def run_mock_build(out: Path, board: str, ports, board_parts: str = ""):
+def run_mock_build(out: Path, board: str, ports, board_parts: str = "", act: str | None = None):
     tclsh = shutil.which("tclsh")
     if not tclsh:
         pytest.skip("tclsh is not installed (apt-get install tcl)")
@@ -443,7 +532,7 @@ def run_mock_build(out: Path, board: str, ports, board_parts: str = ""):
     driver = out / "mock_driver.tcl"
     driver.write_text(MOCK_VIVADO + f"\nset argv {{3}}\nsource {out / f'build_{board}.tcl'}\n")
     env = {"MOCK_LOG": str(log), "MOCK_PORTS": ",".join(ports), "MOCK_BOARD_PARTS": board_parts,
-           "PATH": "/usr/bin:/bin"}
+           "PATH": "/usr/bin:/bin", **({"MOCK_ACT": act} if act is not None else {})}
     run = subprocess.run([tclsh, str(driver)], capture_output=True, text=True, env=env, timeout=60,
                          check=False)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -454,7 +543,7 @@ def run_mock_build(out: Path, board: str, ports, board_parts: str = ""):
 @pytest.mark.parametrize("board", sorted(vivado.BOARD_DESIGNS))
 def test_build_scripts_run_end_to_end_under_a_mock_vivado(fresh, board, interrupt):
     tmp_path = fresh(interrupt)
-    ports = module_ports((tmp_path / f"{TOP_MODULE}.v").read_text(), TOP_MODULE)
+    ports = module_ports((tmp_path / vivado.top_filename(board)).read_text(), TOP_MODULE)
     stdout, log = run_mock_build(tmp_path, board, ports)
     design = vivado.BOARD_DESIGNS[board]
     # The bitstream and hardware handoff side by side, as pynq.Overlay wants them.
@@ -468,11 +557,21 @@ def test_build_scripts_run_end_to_end_under_a_mock_vivado(fresh, board, interrup
     assert mapped == set(ports)
     assert "create_project -force insitu_package" in text and f"-part {design.part}" in text
     assert f"ipx::package_project -root_dir {tmp_path}/build_{board}/ip_repo/insitu_accel" in text
-    # The clock constraint goes into the IP before packaging, for its out-of-context runs.
-    ooc = tmp_path / f"{TOP_MODULE}_ooc.xdc"
+    # The board's own top level is packaged.
+    assert f"add_files -norecurse {tmp_path / vivado.top_filename(board)}" in text
+    # The clock constraint goes into the IP before packaging, for its out-of-context runs: the
+    # board's period.
+    ooc = tmp_path / vivado.ooc_xdc_filename(board)
     assert f"add_files -fileset constrs_1 -norecurse {ooc}" in text
     assert text.index(f"add_files -fileset constrs_1 -norecurse {ooc}") < text.index("ipx::package_project")
-    assert "create_clock -period 10.000 -name aclk [get_ports aclk]" in ooc.read_text()
+    period = 1e9 / pl_clock_hz(board)
+    assert f"create_clock -period {period:.3f} -name aclk [get_ports aclk]" in ooc.read_text()
+    # FCLK0 at the board's clock, the source PLL tried (the mock reports no achieved rate).
+    mhz = vivado.mhz(pl_clock_hz(board))
+    freq = {"ultra96v2": "PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ",
+            "zedboard": "PCW_FPGA0_PERIPHERAL_FREQMHZ"}[board]
+    assert re.search(rf"set_property -dict \{{CONFIG\.\w+ .*CONFIG\.{freq} {mhz}\}}", text), text
+    assert f"PL clock 0 asked at {mhz} MHz" in stdout
     # Block design: the accelerator cell from the packaged VLNV, fixed addresses, the run.
     assert f"create_bd_cell -type ip -vlnv {IP_VLNV} insitu_accel_0" in text
     assert (f"assign_bd_address -offset {design.accel_base:#010X}".replace("0X", "0x")
@@ -481,9 +580,28 @@ def test_build_scripts_run_end_to_end_under_a_mock_vivado(fresh, board, interrup
     assert ("axi_intc_0" in text) == interrupt
 
 
+@pytest.mark.parametrize("board, act, source, message", [
+    # the Ultra96-V2's 1500 MHz IOPLL gives 187.5 MHz: the RPLL within 0.1 % is taken
+    ("ultra96v2", "IOPLL 187.5 RPLL 199.998 DPLL 200.0", "RPLL", "PL clock 0 at 199.998 MHz from RPLL"),
+    # none within 0.1 %: the closest, with a warning naming the rate the board will run at
+    ("ultra96v2", "IOPLL 187.5 RPLL 214.28 DPLL 190.0", "DPLL",
+     "WARNING: insitu: PL clock 0 runs at 190.0 MHz, not 200 MHz"),
+    ("zedboard", "{IO PLL} 125.0 {ARM PLL} 133.3", "IO PLL", "PL clock 0 at 125.0 MHz from IO PLL"),
+])
+def test_the_pl_clock_source_is_the_pll_that_gives_the_board_clock(fresh, board, act, source, message):
+    tmp_path = fresh()
+    ports = module_ports((tmp_path / vivado.top_filename(board)).read_text(), TOP_MODULE)
+    stdout, log = run_mock_build(tmp_path, board, ports, act=act)
+    assert message in stdout
+    src_param = {"ultra96v2": "PSU__CRL_APB__PL0_REF_CTRL__SRCSEL",
+                 "zedboard": "PCW_FCLK0_PERIPHERAL_CLKSRC"}[board]
+    last = [line for line in log if f"CONFIG.{src_param}" in line][-1]
+    assert f"CONFIG.{src_param} {{{source}}}" in last or f"CONFIG.{src_param} {source} " in last
+
+
 def test_build_scripts_apply_board_presets_when_board_files_exist(fresh):
     tmp_path = fresh()
-    ports = module_ports((tmp_path / f"{TOP_MODULE}.v").read_text(), TOP_MODULE)
+    ports = module_ports((tmp_path / vivado.top_filename("ultra96v2")).read_text(), TOP_MODULE)
     _, log = run_mock_build(tmp_path, "ultra96v2", ports,
                                  board_parts="avnet.com:ultra96v2:part0:1.2")
     text = "\n".join(log)
@@ -493,7 +611,7 @@ def test_build_scripts_apply_board_presets_when_board_files_exist(fresh):
 
 def test_packaging_fails_clearly_on_a_missing_port(fresh):
     tmp_path = fresh()
-    ports = module_ports((tmp_path / f"{TOP_MODULE}.v").read_text(), TOP_MODULE)
+    ports = module_ports((tmp_path / vivado.top_filename("zedboard")).read_text(), TOP_MODULE)
     ports.pop("m_axis_tlast")
     tclsh = shutil.which("tclsh")
     if not tclsh:

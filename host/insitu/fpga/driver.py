@@ -8,7 +8,9 @@
 * :class:`Accelerator` runs ops: registers, START, the two AXI DMA channels of
   ``pynq.lib.dma.DMA`` on buffers from ``pynq.allocate``, and a deadline on every wait (an
   :class:`AcceleratorTimeout` with a register dump, never an endless poll). It counts cycles and
-  bytes for the figures. It is the *port* the training code programs against.
+  bytes for the figures, and converts cycles to seconds at the design's PL clock: the rate the
+  overlay's .hwh records for PL clock 0 (:func:`overlay_clock_hz`), or the one it is given (the
+  board file's). It is the *port* the training code programs against.
 
 The code here is what runs on a board: it knows pynq's devices, not which one it is given (a
 board's own, or a simulated twin's: :mod:`insitu.fpga.boards` chooses).
@@ -27,7 +29,7 @@ from pynq.bitstream import Bitstream
 
 from insitu.errors import InsituError, UsageError
 from insitu.accel import ip
-from insitu.accel.params import CLOCK_HZ, IP_VLNV, STREAM_BITS, STREAM_WORDS
+from insitu.accel.params import IP_VLNV, STREAM_BITS, STREAM_WORDS
 from insitu.accel.regmap import ID_VALUE, VERSION, ErrorCode, Op
 
 from .regs import DONE, ERROR, Registers, format_dump
@@ -101,6 +103,26 @@ class InsituOverlay(Overlay):
         self.accel.check_design(str(bitfile))
 
 
+def overlay_clock_hz(overlay) -> int | None:
+    """PL clock 0 of a loaded overlay in Hz, as its design records it, or None.
+
+    pynq's ``clock_dict`` gives the achieved rate where its metadata reads it (pynqmetadata's
+    ``frequency``, MHz: newer releases, Zynq UltraScale+ only); otherwise the .hwh beside the .bit
+    is read for the processing system's achieved-rate parameter (what Vivado writes: pynq 3.0's
+    ``clock_dict`` has only the enable and the divisors)."""
+    from .hwh import hwh_clock_hz
+
+    try:
+        clock = overlay.clock_dict[0]
+        frequency = clock.get("frequency") if clock.get("enable", 1) else None
+    except (AttributeError, KeyError, TypeError, IndexError):
+        frequency = None
+    if frequency:
+        return round(float(frequency) * 1e6)
+    bitfile = getattr(overlay, "bitfile_name", None)
+    return hwh_clock_hz(Path(bitfile).with_suffix(".hwh")) if bitfile else None
+
+
 class Accelerator:
     """Runs accelerator ops through the overlay's registers and DMA (module docstring).
 
@@ -108,16 +130,28 @@ class Accelerator:
     streams ``words`` (signed 16-bit words, a whole number of beats) in and returns the output
     stream as signed int64 words. Registers keep their values between ops, as on the hardware,
     and are only written when they change.
+
+    ``clock_hz``: the PL clock the figures convert cycles to seconds with; None reads it from
+    the overlay (:func:`overlay_clock_hz`), and an overlay that records none is refused.
+    ``clock_source`` says where the given clock came from (for the figures).
     """
 
     def __init__(self, overlay: InsituOverlay, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 clock_hz: int = CLOCK_HZ):
+                 clock_hz: int | None = None, clock_source: str = "given"):
         self.overlay = overlay
         self.regs = overlay.accel.regs
         self.dma = overlay.dma
         self.device = overlay.device
         self.timeout_s = timeout_s
-        self.clock_hz = clock_hz
+        if clock_hz is None:
+            clock_hz, clock_source = overlay_clock_hz(overlay), "hwh"
+            if clock_hz is None:
+                raise BitstreamError(f"{getattr(overlay, 'bitfile_name', 'the overlay')}: its .hwh "
+                                     "records no PL clock rate; give the board's clock (clock_hz)")
+        if clock_hz <= 0:
+            raise ValueError(f"clock_hz must be positive, got {clock_hz}")
+        self.clock_hz = int(clock_hz)
+        self.clock_source = clock_source
         self.written: dict[str, int] = {}
         self.buffers: dict[str, PynqBuffer] = {}
         self.ops: Counter = Counter()
@@ -133,7 +167,8 @@ class Accelerator:
 
     def figures(self) -> dict:
         return {"pl_cycles": self.cycles, "seconds_at_board_clock": self.cycles / self.clock_hz,
-                "pl_clock_hz": self.clock_hz, "dma_bytes": self.dma_bytes,
+                "pl_clock_hz": self.clock_hz, "pl_clock_source": self.clock_source,
+                "dma_bytes": self.dma_bytes,
                 "ops": dict(sorted(self.ops.items())),
                 "cycles_by_op": dict(sorted(self.cycles_by_op.items()))}
 

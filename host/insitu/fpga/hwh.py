@@ -17,6 +17,13 @@ It is written for pynq 4's own parsers and carries what they read:
   bus interfaces (master/slave, ``aximm``), scalar ports with their connections, and the clock's
   ``ACT_FREQMHZ`` / ``SRCSEL`` parameters.
 
+The PL clock is the board's (``[fpga] pl_clock_hz`` of boards/<board>.toml): FCLK0's requested
+and achieved rate, its divisors, and the clock net's ``CLKFREQUENCY``. Vivado picks the source PLL
+and divisors from the board's PS presets; the twin models the PLLs of :data:`PS_PLLS` and takes the
+first that divides to the board's clock exactly (:func:`pl_clock_divisors`), so its .hwh records
+exactly the board's clock. :func:`hwh_clock_hz` reads the achieved rate back from any .hwh (a
+Vivado build's too): what the driver converts cycles to seconds with on a board.
+
 ``mem_dict`` stays empty under both, as for a Vivado build: the DDR the DMA reaches is the PS's
 own (it appears in the DMA's ``MEMORYMAP``, not the PS's), and pynq allocates it as ``PSDDR``.
 
@@ -32,7 +39,7 @@ from xml.etree import ElementTree as ET
 
 from insitu.errors import UsageError
 from insitu.io import atomic_write
-from insitu.accel.params import CLOCK_HZ, IP_VLNV, STREAM_BITS, TOP_MODULE
+from insitu.accel.params import IP_VLNV, STREAM_BITS, TOP_MODULE
 from insitu.accel.regmap import REGISTERS, VERSION, Field
 from insitu.accel.ip import (ACCEL_CELL, ADDRESS_BLOCK, ADDRESS_SPAN, AXIL_BUSIF, AXIS_MASTER_BUSIF,
                              AXIS_SLAVE_BUSIF, BD_NAME, CLOCK_PORT, DMA_CELL, DMA_LENGTH_BITS,
@@ -51,38 +58,61 @@ DMA_CONFIG = {
     "c_mm2s_burst_size": 16, "c_s2mm_burst_size": 16, "c_addr_width": 32,
 }
 
-# Per processing system: its IP, the device family, the PL clock's source PLL (the boards' PS
-# reference clocks give a 1500 MHz IOPLL on the Ultra96-V2, 1000 MHz IO PLL on the ZedBoard),
-# and what the Tcl turns on.
+# Per processing system: its IP, the device family, and what the Tcl turns on.
 _PS_VLNV = {"zynq_ultra_ps_e": "xilinx.com:ip:zynq_ultra_ps_e:3.4",
             "processing_system7": "xilinx.com:ip:processing_system7:5.5"}
 _PS_ARCH = {"zynq_ultra_ps_e": "zynquplus", "processing_system7": "zynq"}
-_PLL_HZ = {"zynq_ultra_ps_e": 1_500_000_000, "processing_system7": 1_000_000_000}
+#: The PL clock's source PLLs the twin models, in the order the Tcl tries them (SRCSEL / CLKSRC
+#: values), with their rates: the boards' PS reference clocks give a 1500 MHz IOPLL on the
+#: Ultra96-V2 (no integer divisor of it is 200 MHz) and a 1000 MHz IO PLL on the ZedBoard; the
+#: ZU+ RPLL is modeled at 1600 MHz (48 x the 33.33 MHz reference, a rate presets use), not read
+#: from the Ultra96-V2's preset. A real build's .hwh records what Vivado chose.
+PS_PLLS = {"zynq_ultra_ps_e": (("IOPLL", 1_500_000_000), ("RPLL", 1_600_000_000)),
+           "processing_system7": (("IO PLL", 1_000_000_000),)}
+#: The PS parameter holding PL clock 0's achieved rate in MHz, as Vivado writes it into a .hwh.
+ACT_CLOCK_PARAMS = {"zynq_ultra_ps_e": "PSU__CRL_APB__PL0_REF_CTRL__ACT_FREQMHZ",
+                    "processing_system7": "PCW_ACT_FPGA0_PERIPHERAL_FREQMHZ"}
 
 _IPXACT_ACCESS = {"rw": "read-write", "ro": "read-only", "wo": "write-only"}
 
 
-def _ps_parameters(ps: str, hp_bits: int, interrupt: bool) -> dict:
+def pl_clock_divisors(ps: str, clock_hz: int) -> tuple[str, int, int, float]:
+    """The twin's PL clock 0 for ``clock_hz``: ``(source PLL, divisor0, divisor1, achieved Hz)``.
+
+    The first PLL of :data:`PS_PLLS` with divisors (1..63 each) that give the clock exactly, else
+    the closest rate of any (fewest stages first)."""
+    best = None
+    for source, pll in PS_PLLS[ps]:
+        d0, d1 = min(((a, b) for b in range(1, 64) for a in range(1, 64)),
+                     key=lambda d: (abs(pll / (d[0] * d[1]) - clock_hz), d[1], d[0]))
+        got = pll / (d0 * d1)
+        if best is None or abs(got - clock_hz) < abs(best[3] - clock_hz):
+            best = (source, d0, d1, got)
+        if got == clock_hz:
+            break
+    assert best is not None
+    return best
+
+
+def _ps_parameters(ps: str, hp_bits: int, interrupt: bool, clock_hz: int) -> dict:
     """The PS cell's parameters: its ports as the Tcl enables them and the four PL clocks.
 
     pynq reads, for every clock 0..3, the enable and both divisors (a missing one is an error),
     and pynqmetadata also the source PLL and the achieved frequency.
     """
-    pll = _PLL_HZ[ps]
-    d0, d1 = min(((a, b) for b in range(1, 64) for a in range(1, 64)),
-                 key=lambda d: (abs(pll / (d[0] * d[1]) - CLOCK_HZ), d[1], d[0]))
-    want, got = f"{CLOCK_HZ / 1e6:g}", f"{pll / (d0 * d1) / 1e6:.6f}"
+    source, d0, d1, achieved = pl_clock_divisors(ps, clock_hz)
+    want, got = f"{clock_hz / 1e6:g}", f"{achieved / 1e6:.6f}"
     params = {}
     for i in range(4):
         on = int(i == 0)     # fclk0 only: the whole PL runs on one clock
         if ps == "zynq_ultra_ps_e":
             pre = f"PSU__CRL_APB__PL{i}_REF_CTRL__"
-            params.update({f"PSU__FPGA_PL{i}_ENABLE": on, pre + "SRCSEL": "IOPLL",
+            params.update({f"PSU__FPGA_PL{i}_ENABLE": on, pre + "SRCSEL": source,
                            pre + "DIVISOR0": d0, pre + "DIVISOR1": d1,
                            pre + "FREQMHZ": want, pre + "ACT_FREQMHZ": got if on else 0})
         else:
             params.update({f"PCW_FPGA_FCLK{i}_ENABLE": on, f"PCW_EN_CLK{i}_PORT": on,
-                           f"PCW_FCLK{i}_PERIPHERAL_CLKSRC": "IO PLL",
+                           f"PCW_FCLK{i}_PERIPHERAL_CLKSRC": source,
                            f"PCW_FCLK{i}_PERIPHERAL_DIVISOR0": d0,
                            f"PCW_FCLK{i}_PERIPHERAL_DIVISOR1": d1,
                            f"PCW_FPGA{i}_PERIPHERAL_FREQMHZ": want,
@@ -103,7 +133,8 @@ def _ps_parameters(ps: str, hp_bits: int, interrupt: bool) -> dict:
 class _Design:
     """An EDKSYSTEM document under construction: cells, nets, bus connections, address maps."""
 
-    def __init__(self, name: str, arch: str, part: str, title: str):
+    def __init__(self, name: str, arch: str, part: str, title: str, clock_hz: int):
+        self.clock_hz = clock_hz
         self.root = ET.Element("EDKSYSTEM", EDWVERSION="1.2")
         self.root.append(ET.Comment(f" {title}: generated by insitu.fpga.hwh (register map "
                                     f"VERSION {VERSION:#010x}), not by Vivado "))
@@ -142,7 +173,7 @@ class _Design:
         signame = "_".join(source)
         extra = {"SIGIS": sigis} if sigis else {}
         if sigis == "clk":
-            extra["CLKFREQUENCY"] = str(CLOCK_HZ)
+            extra["CLKFREQUENCY"] = str(self.clock_hz)
         for end, direction, others in [(source, "O", sinks)] + [(s, "I", [source]) for s in sinks]:
             port = ET.SubElement(self._section(end[0], "PORTS"), "PORT",
                                  {"NAME": end[1], "DIR": direction, "SIGNAME": signame, **extra})
@@ -195,8 +226,11 @@ def _register_block(mod: ET.Element) -> None:
                         access=access, bit_offset=f.lsb, bit_width=f.width)
 
 
-def hwh_xml(board: str, interrupt: bool = False) -> str:
+def hwh_xml(board: str, interrupt: bool = False, clock_hz: int | None = None) -> str:
     """The ``.hwh`` (XML text) of ``board``'s block design ("ultra96v2" or "zedboard").
+
+    ``clock_hz``: its PL clock (default: the board's ``pl_clock_hz``): FCLK0's rate and divisors
+    (:func:`pl_clock_divisors`) and the clock net's CLKFREQUENCY.
 
     ``interrupt=True`` describes the design with the AXI interrupt controller (the accelerator's
     ``interrupt`` and the DMA's two, through an ``xlconcat``, to the PS), as the Tcl builds it for
@@ -205,13 +239,15 @@ def hwh_xml(board: str, interrupt: bool = False) -> str:
     every ``interrupts`` entry is an empty dict.
     """
     b = board_design(board)
+    clock_hz = b.clock_hz if clock_hz is None else clock_hz
     amap = address_map(board, interrupt)
     ps = b.ps_cell
     master, hp_slave, pl_clk, pl_rst, ps_clock_pins, ps_irq = PS_PINS[b.ps]
     d = _Design(BD_NAME, _PS_ARCH[b.ps], b.part,
-                f"block design {BD_NAME!r} of the insitu accelerator on {b.description}")
+                f"block design {BD_NAME!r} of the insitu accelerator on {b.description}",
+                round(pl_clock_divisors(b.ps, clock_hz)[3]))
 
-    d.cell(ps, _PS_VLNV[b.ps], b.ps, _ps_parameters(b.ps, b.hp_bits, interrupt),
+    d.cell(ps, _PS_VLNV[b.ps], b.ps, _ps_parameters(b.ps, b.hp_bits, interrupt, clock_hz),
            modclass="PROCESSOR")
     accel = d.cell(ACCEL_CELL, IP_VLNV, TOP_MODULE, {})
     _register_block(accel)
@@ -277,10 +313,33 @@ def hwh_xml(board: str, interrupt: bool = False) -> str:
     return f'<?xml version="1.0" encoding="UTF-8"?>\n{xml}\n'
 
 
-def write_hwh(board: str, path: str | Path, interrupt: bool = False) -> Path:
+def write_hwh(board: str, path: str | Path, interrupt: bool = False,
+              clock_hz: int | None = None) -> Path:
     """Write :func:`hwh_xml` to ``path`` atomically (next to a ``.bit`` of the same name for
     ``pynq.Overlay``); returns the path."""
-    return atomic_write(path, hwh_xml(board, interrupt))
+    return atomic_write(path, hwh_xml(board, interrupt, clock_hz))
+
+
+def hwh_clock_hz(path) -> int | None:
+    """PL clock 0's achieved rate in Hz as a .hwh records it (the processing system's
+    ``PSU__CRL_APB__PL0_REF_CTRL__ACT_FREQMHZ`` or ``PCW_ACT_FPGA0_PERIPHERAL_FREQMHZ``, what
+    Vivado writes and :func:`hwh_xml` too); None when the file has none (or does not parse)."""
+    try:
+        root = ET.parse(Path(path)).getroot()
+    except (ET.ParseError, OSError, UnicodeDecodeError):
+        return None
+    for module in root.iterfind("./MODULES/MODULE"):
+        name = ACT_CLOCK_PARAMS.get(module.get("MODTYPE", ""))
+        if name is None:
+            continue
+        found = module.find(f"./PARAMETERS/PARAMETER[@NAME='{name}']")
+        try:
+            mhz = float(found.get("VALUE", "")) if found is not None else 0.0
+        except ValueError:
+            mhz = 0.0
+        if mhz > 0:
+            return round(mhz * 1e6)
+    return None
 
 
 def _property(el: ET.Element, name: str, convert: Callable[[Any], Any] = str):

@@ -16,8 +16,9 @@ on a board. The driver is handed a :class:`TwinDevice` instead of the board's ow
   arrays with device addresses the DMA model resolves.
 
 A twin loads a *twin overlay*: the ``.hwh`` of the board's block design (the one a Vivado build
-leaves, :mod:`insitu.fpga.hwh`) next to a ``.bit`` that, instead of a configuration bitstream,
-names the design (JSON: board, register-map version, accelerator parameters).
+leaves, :mod:`insitu.fpga.hwh`, at the board's PL clock) next to a ``.bit`` that, instead of a
+configuration bitstream, names the design (JSON: board, register-map version, accelerator
+parameters (the board's, :func:`insitu.boards.accelerator_params`), PL clock).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pynq.buffer import PynqBuffer
 from insitu.errors import UsageError
 from insitu.io import atomic_write
 from insitu.accel import ip
-from insitu.accel.params import DEFAULT_PARAMS, IP_VLNV, STREAM_WORDS, AcceleratorParams
+from insitu.accel.params import IP_VLNV, STREAM_WORDS, AcceleratorParams
 from insitu.accel.regmap import VERSION
 
 from .driver import BEAT_BYTES, BitstreamError
@@ -53,15 +54,22 @@ TWIN_FORMAT = "insitu-twin-bitstream"
 
 # ------------------------------------------------------------------------------------ twin overlay
 
-def write_twin_overlay(board: str, folder, params: AcceleratorParams = DEFAULT_PARAMS,
-                       version: int = VERSION) -> Path:
+def write_twin_overlay(board: str, folder, params: AcceleratorParams | None = None,
+                       version: int = VERSION, clock_hz: int | None = None) -> Path:
     """Write ``insitu_<board>.bit`` (the design's description) and ``.hwh`` into ``folder``;
-    returns the .bit path. ``board`` is the real board the twin stands for (its block design)."""
+    returns the .bit path. ``board`` is the real board the twin stands for (its block design);
+    ``params`` and ``clock_hz`` default to that board's (its board file's ``[accelerator]`` and
+    ``pl_clock_hz``)."""
+    from insitu.boards import accelerator_params, pl_clock_hz
+
+    params = accelerator_params(board) if params is None else params
+    clock_hz = pl_clock_hz(board) if clock_hz is None else clock_hz
     folder = Path(folder)
     bit = folder / f"{ip.bitstream_name(board)}.bit"
-    write_hwh(board, bit.with_suffix(".hwh"))
+    write_hwh(board, bit.with_suffix(".hwh"), clock_hz=clock_hz)
     atomic_write(bit, json.dumps({"format": TWIN_FORMAT, "board": board, "ip": IP_VLNV,
-                                  "register_map_version": version, "params": asdict(params)}, indent=1))
+                                  "register_map_version": version, "params": asdict(params),
+                                  "pl_clock_hz": clock_hz}, indent=1))
     return bit
 
 
@@ -297,12 +305,17 @@ class TwinDevice(pynq.Device):
 
     def download(self, bitstream, parser=None):
         meta = self._twin_bitstream(bitstream.bitfile_name)
-        params = AcceleratorParams(**meta["params"])
+        try:
+            params = AcceleratorParams(**meta["params"])
+        except (TypeError, ValueError) as exc:
+            raise BitstreamError(f"{bitstream.bitfile_name}: its accelerator parameters are not "
+                                 f"this insitu's ({exc}); write the twin's overlay again (leave "
+                                 "out --bitstream)") from None
         if self.mode in RTL_MODELS:
             if meta["register_map_version"] != VERSION:
                 raise BitstreamError(f"{bitstream.bitfile_name} was built from register map "
                                      f"{meta['register_map_version']:#010x}; this RTL has {VERSION:#010x}")
-            self.pl = RTL_MODELS[self.mode](params)
+            self.pl = RTL_MODELS[self.mode](params, clock_hz=meta.get("pl_clock_hz"))
         else:
             self.pl = FunctionalModel(params, version=meta["register_map_version"])
         self.windows = []

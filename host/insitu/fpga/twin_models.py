@@ -14,6 +14,11 @@ Interchangeable models of the same hardware, behind one small interface (``axil_
   models (:mod:`insitu.tt.pe_stream`, :class:`insitu.lrt.pe_ops.LRTPEModel`) with CYCLES from
   their cycle models: for long runs.
 
+Every model is built with the design's :class:`~insitu.accel.params.AcceleratorParams` (the
+twin's board's, from its overlay): the RTL models elaborate (and the compiled one builds and
+caches) that design, the functional model checks configurations against its bounds and estimates
+its cycles (``pe_stream.estimated_cycles(cfg, params)``).
+
 Both RTL models run in the driver's own process and are stepped from it (a register read
 advances the clock), so the twin needs no second process, socket or protocol between the driver
 and the simulator; cocotb (on Verilator or Icarus) on the generated Verilog stays the RTL's own
@@ -33,7 +38,7 @@ import numpy as np
 
 from insitu.lrt.pe_ops import REGISTER_NAMES as LRT_ATTRS
 from insitu.lrt.pe_ops import LRTPEModel
-from insitu.accel.params import CLOCK_HZ, DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
+from insitu.accel.params import DEFAULT_PARAMS, STREAM_WORDS, AcceleratorParams
 from insitu.accel.regmap import LRT_OPS, OFFSETS, PE_OPS, REGISTERS, ErrorCode, Op, reset_value
 from insitu.accel import stream
 from insitu.tt import pe_stream
@@ -46,6 +51,9 @@ _TT_KINDS = {op: kind for kind, op in PE_OPS.items()}
 _PE3_OPS = (Op.PE3, Op.PE3_PSG)
 _U32 = (1 << 32) - 1
 _CTRL_OFFSET = OFFSETS["CTRL"]
+#: The Amaranth simulator's clock when no board clock is given (only simulated time depends on
+#: it: the models count cycles).
+_SIM_CLOCK_HZ = 100_000_000
 
 
 class FunctionalModel:
@@ -214,7 +222,8 @@ class RTLModel:
     next poll goes on from there).
     """
 
-    def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS, cycles_per_advance: int = 4096):
+    def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS, cycles_per_advance: int = 4096,
+                 clock_hz: int | None = None):
         from amaranth.sim import Simulator
 
         from insitu.rtl.top import Accelerator
@@ -223,7 +232,8 @@ class RTLModel:
         self.cycles_per_advance = cycles_per_advance
         self.dut = Accelerator(params)
         self.sim = Simulator(self.dut)
-        self.sim.add_clock(1 / CLOCK_HZ)
+        # The board's clock: simulated time (waveforms) in the board's seconds.
+        self.sim.add_clock(1 / (clock_hz or _SIM_CLOCK_HZ))
         self.requests: deque = deque()
         self.in_flight = False          # a START was written and the op has not ended
         self.cycles = 0                 # simulated clock cycles so far
@@ -349,9 +359,11 @@ class CompiledRTLModel:
     goes in, the beats the design did not take go back.
     """
 
-    def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS, cycles_per_advance: int = 4096):
+    def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS, cycles_per_advance: int = 4096,
+                 clock_hz: int | None = None):
         from insitu.rtl.compiled import CompiledTwin
 
+        # (clock_hz: the RTLModel's interface; the compiled model counts cycles, it keeps no time)
         self.params = params
         self.cycles_per_advance = cycles_per_advance
         self.twin = CompiledTwin(params)
