@@ -49,6 +49,18 @@ def twins(tmp_path_factory):
     return compiled_twin, open_board(BOARD, mode="rtl-amaranth", bitstream=bit, timeout_s=300)
 
 
+def test_the_compiled_twin_builds_each_board_design_on_its_own():
+    """Its cache key hashes the Verilog generated with the board's parameters: the Ultra96-V2's
+    design (two PE3 batch lanes) and the ZedBoard's (the defaults) are two builds."""
+    from insitu.rtl.sim import board_verilog
+
+    class Verilator:
+        version = (5, 48)
+
+    keys = {b: compiled.build_key(board_verilog(b), Verilator()) for b in ("ultra96v2", "zedboard")}
+    assert keys["ultra96v2"] != keys["zedboard"]
+
+
 def registers_of(acc) -> dict:
     return {name: acc.read(name) for name in COMPARED}
 

@@ -332,6 +332,27 @@ def test_the_twins_differ_in_pe3_cycles_as_their_designs_do(tmp_path):
     assert cycles["ultra96v2-sim"] < cycles["zedboard-sim"]
 
 
+@pytest.mark.parametrize("mode", ["rtl", "rtl-amaranth"])
+@pytest.mark.parametrize("name", ["ultra96v2-sim", "zedboard-sim"])
+def test_the_rtl_twins_are_built_with_the_board_design(name, mode, tmp_path, monkeypatch):
+    """The RTL models (compiled, Amaranth) get the board's parameters and clock from the twin
+    overlay (recorded here, not built: a build is minutes)."""
+    built = []
+
+    class Recorded(Exception):
+        pass
+
+    def record(params, clock_hz=None):
+        built.append((params, clock_hz))
+        raise Recorded
+
+    monkeypatch.setitem(fpga_twin.RTL_MODELS, mode, record)
+    board = get_board(name)
+    with pytest.raises(Recorded):
+        open_board(board, mode=mode, bitstream=write_twin_overlay(board.twin_of, tmp_path))
+    assert built == [(accelerator_params(board), pl_clock_hz(board))]
+
+
 def test_a_real_board_reads_its_clock_from_the_overlay_hwh(tmp_path, monkeypatch):
     """board_clock on a real board: the PS's running clock where pynq reads it, else the .hwh's
     achieved rate (as Vivado writes it), else the board file's."""

@@ -51,18 +51,71 @@ def test_summary_and_targets():
     assert s["per_pe"]["PE2"]["utilization"] == pytest.approx(115 / 200)
     assert s["per_pe"]["PE2"]["utilization_cap_of_streams"] == pytest.approx(115 / 190)
     assert s["per_pe"]["PE2"]["stream_bound_ops"] == 1
-    assert s["batch64_seconds_at_100mhz"] == pytest.approx(13.0)
+    assert s["cycles"] == 1300 and s["batch_seconds"] == pytest.approx(13.0)
     assert s["ratio_to_mac_bound"] == pytest.approx(1300 / 1200)
-    t = report.targets({**s, "resources": {"xczu3eg": {"LUT": 1, "DSP": 279, "BRAM18": 1}}})
+    t = report.targets({**s, "yosys_part": "xczu3eg",
+                        "resources": {"LUT": 1, "DSP": 279, "BRAM18": 1}})
     assert t["pe1_pe2_utilization_ge_0.90"] is False
     assert t["within_1.5x_of_mac_bound"] is True
-    assert t["xczu3eg_within_paper_table2"] is False
-    t = report.targets({**s, "resources": {"xc7z020": {"LUT": 1, "DSP": 201, "BRAM18": 1}},
-                        "timing": {"xc7z020": {"worst_ns": 9.0, "budget_ns": 8.0},
-                                   "xczu3eg": {"worst_ns": 4.9, "budget_ns": 5.0}}})
-    assert t["xc7z020_dsp_le_200"] is False
-    assert t["xc7z020_worst_le_10ns"] is True and t["xc7z020_worst_le_8ns_goal"] is False
-    assert t["xczu3eg_worst_le_10ns"] is True and t["xczu3eg_worst_le_5ns_goal"] is True
+    assert t["batch64_le_0.09s"] is False
+    assert t["xczu3eg_within_paper_table2"] is False and "xc7z020_dsp_le_200" not in t
+    t = report.targets({**s, "yosys_part": "xc7z020", "resources": {"LUT": 1, "DSP": 201, "BRAM18": 1},
+                        "timing": {"worst_ns": 9.0, "budget_ns": 8.0}})
+    assert t["xc7z020_dsp_le_200"] is False and "xczu3eg_within_paper_table2" not in t
+    assert t["xc7z020_worst_le_8ns_clock"] is False
+    t = report.targets({**s, "yosys_part": "xczu3eg", "timing": {"worst_ns": 4.9, "budget_ns": 5.0}},
+                       batch=1)
+    assert t["xczu3eg_worst_le_5ns_clock"] is True and "batch64_le_0.09s" not in t
+
+
+def test_each_board_is_reported_on_its_design_at_its_clock(monkeypatch):
+    """Without simulating: the same measured rows give each board's seconds at its own clock,
+    utilization against its design's MAC units; boards with the same parameters share one
+    simulation."""
+    from insitu.accel.params import AcceleratorParams
+
+    designs = report.board_designs()
+    assert designs["ultra96v2"]["clock_hz"] == 200_000_000 and designs["zedboard"]["clock_hz"] == 125_000_000
+    assert designs["ultra96v2"]["yosys_part"] == "xczu3eg" and designs["zedboard"]["yosys_part"] == "xc7z020"
+    assert designs["ultra96v2"]["params"] == AcceleratorParams(pe3_batch_lanes=2)
+    assert designs["zedboard"]["params"] == AcceleratorParams()
+    simulated = []
+
+    def fake_measure(batch, params):
+        simulated.append(params)
+        lanes = params.pe3_batch_lanes
+        return [{**_row("PE1", 1000, 900, 100), "op": "x"}, {**_row("PE2", 2000, 1600, 100), "op": "y"},
+                {**_row("PE3", 4000 // lanes, 3990 / lanes, 100), "op": "z"}]
+
+    monkeypatch.setattr(report, "measure_network", fake_measure)
+    rep = report.report(64, synth=False)
+    assert simulated == [AcceleratorParams(pe3_batch_lanes=2), AcceleratorParams()]
+    assert set(rep["boards"]) == {"ultra96v2", "zedboard"} and rep["batch"] == 64
+    u96, zed = rep["boards"]["ultra96v2"], rep["boards"]["zedboard"]
+    assert u96["cycles"] == 1000 + 2000 + 2000 and zed["cycles"] == 1000 + 2000 + 4000
+    assert u96["batch_seconds"] == pytest.approx(5000 / 200e6)
+    assert zed["batch_seconds"] == pytest.approx(7000 / 125e6)
+    assert u96["mac_units"]["PE3"] == 32 and zed["mac_units"]["PE3"] == 16
+    assert u96["params"]["pe3_batch_lanes"] == 2 and u96["part"].startswith("xczu3eg")
+    assert "resources" not in u96 and "timing" not in u96
+    assert u96["targets"]["batch64_le_0.09s"] is True
+    assert report.report_ops(rep, "zedboard") == zed["ops"]
+    assert report.report_ops({"ops": [1]}) == [1]           # a report of the earlier layout
+    # Only one board asked: only its design.
+    simulated.clear()
+    one = report.report(1, ["zedboard"], synth=False)
+    assert list(one["boards"]) == ["zedboard"] and simulated == [AcceleratorParams()]
+
+
+def test_network_rows_count_mac_units_of_the_design(monkeypatch):
+    """measure_network's ideal cycles divide by the MAC units of the design it simulates."""
+    from insitu.accel.params import AcceleratorParams
+
+    monkeypatch.setattr(report, "simulate_cycles", lambda configs, params: [10**9] * len(configs))
+    for lanes in (1, 2):
+        rows = report.measure_network(64, AcceleratorParams(pe3_batch_lanes=lanes))
+        pe3 = [r for r in rows if r["kind"] == "PE3"]
+        assert pe3 and all(r["ideal_cycles"] == r["macs"] / (16 * lanes) for r in pe3)
 
 
 def test_resources_from_yosys_cells():

@@ -100,7 +100,10 @@ DEFAULT_PARAMS = AcceleratorParams()
 TOP_MODULE = "insitu_accel"
 IP_VENDOR, IP_LIBRARY, IP_VERSION = "insitu.dev", "insitu", "1.0"
 IP_VLNV = f"{IP_VENDOR}:{IP_LIBRARY}:{TOP_MODULE}:{IP_VERSION}"
-#: Clock the figures and the block designs assume.
+#: A board-independent 100 MHz reference, kept only for the timing estimate's count of endpoints
+#: over 10 ns (``insitu.rtl.timing``: ``clock_ns``, ``over_clock_endpoints``). No figure, block
+#: design, constraint or twin uses it: each board's design runs at its ``[fpga] pl_clock_hz``
+#: (:func:`insitu.boards.pl_clock_hz`).
 CLOCK_HZ = 100_000_000
 
 

