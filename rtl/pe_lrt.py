@@ -65,10 +65,10 @@ operand muxes, the valid bits and delay lines of the pipeline, the output reads 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, wiring
-from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -87,17 +87,16 @@ from insitu.numerics import (
 from insitu.accel.params import DEFAULT_PARAMS, SIZE_BITS, STREAM_WORDS, AcceleratorParams
 from .pe_interface import BEATS_BITS, ERROR_BITS, SHIFT_BITS, PE, settled
 from insitu.accel.regmap import ErrorCode, Op, register
+from .lrt_control import LrtControl
 from .lrt_lanes import LrtLanes
 from .lrt_project import LrtProjection
+from .lrt_readout import LrtReadout
 from .lrt_rotate import LrtRotation
 from .lrt_update import LrtWeightUpdate
 from .requantize import RoundShiftSaturate
 from .skid import InputSkid
 
 __all__ = ["PELRT"]
-
-_OUT_FIFO_DEPTH = 4
-
 
 def _or_all(pairs):
     """The OR of the values whose (one-hot) select is high: a flat AND-OR, not a priority chain."""
@@ -149,6 +148,7 @@ class LrtConfig(wiring.Component):
             # The op decodes and the bounds the control compares against, registered.
             "m_pass": Out(1), "m_rot": Out(1), "m_app": Out(1), "m_upd": Out(1),
             "rd_basis": Out(1), "rd_wts": Out(1), "ld_basis": Out(1),
+            "takes_in": Out(1),                  # the op's IN state has beats to take
             "rows_m1": Out(signed(SIZE_BITS + 1)),
             "rows_l_m1": Out(signed(SIZE_BITS + 1)),
             "rows_r_m1": Out(signed(SIZE_BITS + 1)),
@@ -202,7 +202,9 @@ class LrtConfig(wiring.Component):
             m.d.sync += self.cfg_error.eq(ErrorCode.NONE)
 
         in_beats, out_beats = Signal(BEATS_BITS), Signal(BEATS_BITS)
-        m.d.sync += [self.in_beats.eq(in_beats), self.out_beats.eq(out_beats)]
+        m.d.sync += [self.in_beats.eq(in_beats), self.out_beats.eq(out_beats),
+                     self.takes_in.eq(_is_op(op, Op.LRT_LOAD_BASIS, Op.LRT_PROJECT, Op.LRT_UPDATE,
+                                             Op.LRT_LOAD_WEIGHTS) & (in_beats != 0))]
         with m.Switch(op):
             with m.Case(Op.LRT_LOAD_BASIS):
                 m.d.comb += in_beats.eq(rows)                            # L words = one beat a row
@@ -272,46 +274,81 @@ class PELRT(PE):
         P = self.params
         L = P.lrt_cols_max                       # lanes = basis columns = words per beat
         WB = LRT_PE_WORD_BITS
-        word = signed(WB)
-        wbits = LRT_WEIGHT.bits
-        rows_max, cells_max = P.lrt_rows_max, P.lrt_cells_max
-        cell_depth = self._cnt_mem.depth
-        # Exact widths: the MGS accumulator (rows_max products of words), the 32-bit u_k.
-        acc_bits = accumulator_bits(WB, WB, rows_max)
-        u_bits = product_bits(WB, WB)
-        frac = LRT_BASIS.frac
+        cells_max, cell_depth = P.lrt_cells_max, self._cnt_mem.depth
+        u_bits = product_bits(WB, WB)            # u_k = Q_L[i, k] s_k, exact
 
-        # ------------------------------------------------------------------ configuration
-        op, r = self.op, self.cols
         m.submodules.config = config = LrtConfig(P)
         m.d.comb += [getattr(config, name).eq(getattr(self, name)) for name in LrtConfig.INPUTS]
         m.d.comb += [self.cfg_error.eq(config.cfg_error), self.cfg_ready.eq(config.cfg_ready),
                      self.in_beats.eq(config.in_beats), self.out_beats.eq(config.out_beats)]
-        rows, qr3, cells_r = config.rows, config.qr, config.cells
+        mem = self._memories(m)
 
-        # The op decodes and bounds, registered (in the configuration part).
-        m_pass, m_rot, m_app, m_upd = config.m_pass, config.m_rot, config.m_app, config.m_upd
-        rd_basis, rd_wts, ld_basis = config.rd_basis, config.rd_wts, config.ld_basis
-        rows_m1, rows_l_m1, rows_r_m1, r_m1 = (config.rows_m1, config.rows_l_m1, config.rows_r_m1,
-                                               config.r_m1)
-        rot_b, app_en, rot_en = config.rot_b, config.app_en, config.rot_en
+        # The input stream through the skid buffer (the top sees TREADY from registers); the
+        # ops consume `sin` as they would the stream.
+        m.submodules.skid = skid = InputSkid(L * WB)
+        wiring.connect(m, wiring.flipped(self.s), skid.i)
+        sin = skid.o
+        pay = data.View(mem.row_layout, sin.payload)
 
-        # ------------------------------------------------------------------ memories
+        # The op control, the output side, and the ops' own state: the MGS passes, LRT_ROTATE's
+        # M and row buffer, the weight update and counters.
+        m.submodules.control = ctl = LrtControl(L, cells_max, max(P.lrt_rows_max, cell_depth) + 1,
+                                                len(self.cols))
+        m.submodules.readout = out = LrtReadout(mem.row_layout, self._wts_mem.shape,
+                                                self._cnt_mem.shape, cells_max)
+        wiring.connect(m, out.m, wiring.flipped(self.m))
+        m.submodules.projection = mgs = LrtProjection(L, accumulator_bits(WB, WB, P.lrt_rows_max),
+                                                      len(self.cols))
+        m.submodules.rotation = rot = LrtRotation(L, len(self.cols))
+        m.submodules.update = upd = LrtWeightUpdate(
+            L, u_bits, u_bits + LRT_RECIP_BITS + 1, len(ctl.cell), cell_depth, WB + 2)
+        m.d.comb += [self.norm2.eq(mgs.norm2), self.writes_max.eq(upd.writes_max),
+                     self.writes_total.eq(upd.writes_total), self.busy.eq(ctl.busy)]
+
+        pipe = self._pipeline(m, config, mem, ctl, mgs, rot, upd)
+
+        in_beat = ctl.in_run & sin.valid
+        op_start = ctl.op_start
+        m.d.comb += [
+            ctl.start.eq(self.start), ctl.op.eq(self.op), ctl.in_beats.eq(self.in_beats),
+            ctl.takes_in.eq(config.takes_in),
+            ctl.out_beats.eq(self.out_beats), ctl.rows.eq(config.rows), ctl.cells.eq(config.cells),
+            ctl.cols.eq(self.cols), ctl.rows_m1.eq(config.rows_m1),
+            ctl.rows_l_m1.eq(config.rows_l_m1), ctl.rows_r_m1.eq(config.rows_r_m1),
+            ctl.r_m1.eq(config.r_m1), ctl.in_valid.eq(sin.valid), ctl.rot_loaded.eq(rot.loaded),
+            ctl.mgs_last.eq(mgs.last), ctl.pipe_empty.eq(~pipe.in_flight),
+            ctl.drained.eq(~(pipe.in_flight | out.pending | upd.clearing)),
+            ctl.read_room.eq(out.room),
+            sin.ready.eq(ctl.in_run | (ctl.rot_in & ~rot.loaded & rot.s_ready)),
+            skid.start.eq(op_start), skid.beats.eq(self.in_beats),
+            out.start.eq(op_start), out.cells.eq(config.cells), out.rd_basis.eq(config.rd_basis),
+            out.rd_wts.eq(config.rd_wts), out.issue.eq(ctl.read_issue), out.qrow.eq(mem.qrow),
+            out.w_data.eq(mem.w_rd.data), out.c_data.eq(mem.c_rd.data), out.c_out.eq(ctl.c_out),
+            out.c_beat.eq(mgs.c_beat),
+            mgs.start.eq(op_start), mgs.pass_done.eq(ctl.pass_end),
+            rot.start.eq(op_start), rot.qr.eq(config.qr), rot.loading.eq(ctl.rot_in),
+            rot.s_valid.eq(sin.valid), rot.payload.eq(pay),
+            upd.start.eq(op_start), upd.clear_start.eq(op_start & (self.op == Op.LRT_LOAD_WEIGHTS)),
+            upd.r.eq(self.cols), upd.s_load.eq(in_beat & (self.op == Op.LRT_UPDATE)),
+            upd.payload.eq(pay),
+        ]
+        self._memory_ports(m, config, mem, ctl, rot, upd, pipe, pay, in_beat)
+        return m
+
+    def _memories(self, m) -> SimpleNamespace:
+        """The memories' ports, one write view of the selected basis (``qw_*``) and one read view
+        (``qrow``)."""
+        L = self.params.lrt_cols_max
+        mems = (self._q_l_mem, self._q_r_mem, self._res_mem, self._wts_mem, self._cnt_mem)
+        for name, mem in zip(("q_l", "q_r", "res", "wts", "cnt"), mems):
+            m.submodules[name] = mem
         row_layout = self._q_l_mem.shape
-        q_l, q_r, res, wts, cnt = (self._q_l_mem, self._q_r_mem, self._res_mem, self._wts_mem,
-                                   self._cnt_mem)
-        m.submodules.q_l, m.submodules.q_r, m.submodules.res = q_l, q_r, res
-        m.submodules.wts, m.submodules.cnt = wts, cnt
-        ql_rd, qr_rd, res_rd, w_rd, c_rd = (mem.read_port() for mem in (q_l, q_r, res, wts, cnt))
+        ql_rd, qr_rd, res_rd, w_rd, c_rd = (mem.read_port() for mem in mems)
         ql_wr, qr_wr, res_wr, w_wr, c_wr = (mem.write_port(granularity=1)       # per-lane enables
-                                            for mem in (q_l, q_r, res, wts, cnt))
-
-        # One write port view of the selected basis, one read view.
-        qw_addr = Signal(range(rows_max))
+                                            for mem in mems)
+        qw_addr = Signal(range(self.params.lrt_rows_max))
         qw_data = Signal(row_layout)
         qw_en = Signal(L)
-        ld_accept = Signal()                     # LOAD_BASIS takes a beat
-        q_addr = Signal(range(rows_max))
         qrow = Signal(row_layout)
         m.d.comb += [
             ql_wr.addr.eq(qw_addr), qr_wr.addr.eq(qw_addr),
@@ -319,55 +356,24 @@ class PELRT(PE):
             ql_wr.en.eq(Mux(self.side, 0, qw_en)), qr_wr.en.eq(Mux(self.side, qw_en, 0)),
             qrow.eq(Mux(self.side, qr_rd.data.as_value(), ql_rd.data.as_value())),
         ]
+        return SimpleNamespace(row_layout=row_layout, ql_rd=ql_rd, qr_rd=qr_rd, res_rd=res_rd,
+                               w_rd=w_rd, c_rd=c_rd, res_wr=res_wr, w_wr=w_wr, c_wr=c_wr,
+                               qw_addr=qw_addr, qw_data=qw_data, qw_en=qw_en, qrow=qrow)
 
-        # ------------------------------------------------------------------ input skid buffer
-        # The top sees TREADY from registers; the ops consume `sin` as they would the stream.
-        m.submodules.skid = skid = InputSkid(L * WB)
-        wiring.connect(m, wiring.flipped(self.s), skid.i)
-        sin = skid.o
-
-        # ------------------------------------------------------------------ output FIFO
-        m.submodules.out_fifo = fifo = SyncFIFO(width=L * WB, depth=_OUT_FIFO_DEPTH)
-        m.d.comb += [self.m.valid.eq(fifo.r_rdy), self.m.payload.eq(fifo.r_data),
-                     fifo.r_en.eq(self.m.ready)]
-
-        # ------------------------------------------------------------------ state
-        beat = Signal(range(max(rows_max, cell_depth) + 2))
-        i = Signal(SIZE_BITS)                    # row (issue stage)
-        j = Signal(SIZE_BITS)                    # column (ROTATE) or weight column (UPDATE)
-        cell = Signal(range(cells_max + 1))      # i * n + j (UPDATE)
-        # The ops' own state: the MGS passes, LRT_ROTATE's M and row buffer, the weight update
-        # and counters (their data come from the lanes' write-back stages, below).
-        m.submodules.projection = mgs = LrtProjection(L, acc_bits, len(r))
-        m.submodules.rotation = rot = LrtRotation(L, len(r))
-        m.submodules.update = upd = LrtWeightUpdate(
-            L, u_bits, u_bits + LRT_RECIP_BITS + 1, len(cell), cell_depth, WB + 2)
-        p, c_prev, u_fwd = mgs.p, mgs.c_prev, upd.u_fwd
-        m.d.comb += [self.norm2.eq(mgs.norm2), self.writes_max.eq(upd.writes_max),
-                     self.writes_total.eq(upd.writes_total)]
-        # Reads in flight towards the output FIFO.
-        inflight = Signal()
-        # Words still to come in (write enables: lane k while k < in_left) and to read out (the
-        # lanes past m n read as 0): counters, not beat * 8 + k < limit comparators.
-        in_left = Signal(signed(2 * SIZE_BITS + 1))
-        # beat == in_beats as a flag set with the last beat (a compare off the stream handshake).
-        in_done = Signal()
-        in_run = Signal()                        # in IN with beats to come: ~in_done there
-        beat1 = Signal.like(self.in_beats)       # beat + 1, kept as a register
-        rd_left = Signal(signed(2 * SIZE_BITS + 1))
-        rd_left1 = Signal(signed(2 * SIZE_BITS + 1))
-
-        # ------------------------------------------------------------------ the pipeline
-        # Nine stages after the issue: S1 memory data and the operand muxes, S2 the multiplies
-        # (operand and product registers, DSP friendly), S3 the sum of a lane's two partial
-        # products, S4 the adder tree with the rounding term, S5 the shift, S6 its saturation, S7
-        # the differences and their saturation, S8 the write back (write-if-changed) and the MGS
-        # product, S9 (MGS passes)
-        # the accumulation. Datapath registers have no reset (the reset valid bits qualify them);
-        # control (valid bits, flags, counters, bounds) is reset or registered from the registers.
+    def _pipeline(self, m, config, mem, ctl, mgs, rot, upd) -> SimpleNamespace:
+        """The compute pipeline, nine stages after the issue: S1 memory data and the operand
+        muxes, S2 the multiplies (operand and product registers, DSP friendly), S3 the sum of a
+        lane's two partial products, S4 the adder tree with the rounding term, S5 the shift, S6
+        its saturation, S7 the differences and their saturation, S8 the write back
+        (write-if-changed) and the MGS product, S9 (MGS passes) the accumulation. Datapath
+        registers have no reset (the reset valid bits qualify them); control (valid bits, flags,
+        counters, bounds) is reset or registered from the registers."""
+        P = self.params
+        L = P.lrt_cols_max
+        word = signed(LRT_PE_WORD_BITS)
+        wbits = LRT_WEIGHT.bits
         WR, ACC = 8, 9                            # the write-back and accumulate stages
-        issue = Signal()                          # S0: an element enters this cycle
-        v = [issue] + [Signal(name=f"v{k}") for k in range(1, ACC + 1)]
+        v = [ctl.issue] + [Signal(name=f"v{k}") for k in range(1, ACC + 1)]
         m.d.sync += [v[k].eq(v[k - 1]) for k in range(1, ACC + 1)]
 
         def delay(first, stages, shape, name):
@@ -378,16 +384,14 @@ class PELRT(PE):
                 m.d.sync += sigs[k].eq(sigs[k - 1])
             return sigs
 
-        i1 = Signal(SIZE_BITS, reset_less=True)
-        j1 = Signal(range(L), reset_less=True)
-        cell1 = Signal(range(cells_max + 1), reset_less=True)
+        i1, j1, cell1 = ctl.i1, ctl.j1, ctl.cell1
         x2 = Signal(word, reset_less=True)
         qc2 = Signal(word, reset_less=True)
         w2 = Signal(signed(wbits), reset_less=True)
         n2 = Signal(LRT_WRITE_COUNT_BITS, reset_less=True)
         i_ = delay(i1, range(1, WR + 1), SIZE_BITS, "i")
         j_ = delay(j1, range(1, WR + 1), range(L), "j")
-        cell_ = delay(cell1, range(1, WR + 1), range(cells_max + 1), "cell")
+        cell_ = delay(cell1, range(1, WR + 1), len(cell1), "cell")
         x_ = delay(x2, range(2, WR + 1), word, "x")
         qc_ = delay(qc2, range(2, WR + 1), word, "qc")
         w_ = delay(w2, range(2, WR + 1), signed(wbits), "w")
@@ -396,252 +400,97 @@ class PELRT(PE):
         # S1: memory data arrive; the operand muxes, into the lanes' operand registers.
         # a: a word or u_k (32 bits); b: a word or the unsigned LRT_RECIP (17 bits signed).
         # S2-S6: the lanes' products, their sum and its rescale by 14 or SHIFT into y.
-        m.submodules.lanes = lanes = LrtLanes(P, L, u_bits)
-        prod = lanes.products
-        resword = res_rd.data[i1[:3]]
+        m.submodules.lanes = lanes = LrtLanes(P, L, product_bits(LRT_PE_WORD_BITS, LRT_PE_WORD_BITS))
+        prod, qrow, p = lanes.products, mem.qrow, mgs.p
+        resword = mem.res_rd.data[i1[:3]]
         row_step = Signal()                      # S1 of an LRT_UPDATE row step (u_k = Q_L s_k)
+        m.d.sync += row_step.eq(ctl.urow)
         # AND-OR selects (the op flags are static during an op), not an If/Elif priority chain.
-        sel_ql = Signal()
-        sel_prod = Signal()
-        sel_u = Signal()
-        sel_qr = Signal()
-        m.d.comb += [sel_ql.eq(m_upd & row_step), sel_prod.eq(m_upd & ~row_step & u_fwd),
-                     sel_u.eq(m_upd & ~row_step & ~u_fwd), sel_qr.eq(m_upd & ~row_step)]
+        m_pass, m_rot, m_app, m_upd = config.m_pass, config.m_rot, config.m_app, config.m_upd
+        sel_ql, sel_prod, sel_u, sel_qr = Signal(), Signal(), Signal(), Signal()
+        m.d.comb += [sel_ql.eq(m_upd & row_step), sel_prod.eq(m_upd & ~row_step & upd.u_fwd),
+                     sel_u.eq(m_upd & ~row_step & ~upd.u_fwd), sel_qr.eq(m_upd & ~row_step)]
         for k in range(L):
-            a_terms = [(m_rot, qrow[k]), (sel_ql, ql_rd.data[k]), (sel_prod, prod[k]),
+            a_terms = [(m_rot, qrow[k]), (sel_ql, mem.ql_rd.data[k]), (sel_prod, prod[k]),
                        (sel_u, upd.u[k])]
-            b_terms = [(rot_b[k], rot.m_col[k]), (sel_ql, upd.s[k]), (sel_qr, qr_rd.data[k])]
+            b_terms = [(config.rot_b[k], rot.m_col[k]), (sel_ql, upd.s[k]),
+                       (sel_qr, mem.qr_rd.data[k])]
             if k == 0:
-                a_terms += [(m_pass, c_prev), (m_app, resword)]
+                a_terms += [(m_pass, mgs.c_prev), (m_app, resword)]
                 b_terms += [(m_pass, qrow[(p - 1)[:3]]), (m_app, self.recip)]
             m.d.comb += [lanes.a[k].eq(_or_all(a_terms)),
                          lanes.b[k].eq(_or_all(b_terms))]
         m.d.sync += [x2.eq(resword), qc2.eq(qrow[p[:3]]),
-                     w2.eq(w_rd.data[cell1[:3]]), n2.eq(c_rd.data[cell1[:3]])]
-        m.d.comb += [upd.row_step.eq(row_step), rot.j_operand.eq(j1)]
-        m.d.comb += upd.products.eq(prod)
-        m.d.comb += lanes.shift.eq(
-            Mux(_is_op(op, Op.LRT_PROJECT, Op.LRT_REPROJECT, Op.LRT_ROTATE), frac, self.shift))
+                     w2.eq(mem.w_rd.data[cell1[:3]]), n2.eq(mem.c_rd.data[cell1[:3]])]
+        m.d.comb += [upd.row_step.eq(row_step), rot.j_operand.eq(j1), upd.products.eq(prod)]
+        m.d.comb += lanes.shift.eq(Mux(_is_op(self.op, Op.LRT_PROJECT, Op.LRT_REPROJECT,
+                                              Op.LRT_ROTATE), LRT_BASIS.frac, self.shift))
         # y keeps 18 bits (|c Q| <= 2**30 in the MGS step); for the other ops saturating to 18
         # and then to 16 (or W - y to 8, see numerics.LRT_PE_DELTA_BITS) is saturating once.
         y = lanes.y
 
-        # S7: the differences and their saturation.
-        # (The weight update saturates W - y itself.)
-        m.submodules.sat_word = sat_word = RoundShiftSaturate(WB + 3, WB, 0)
-        m.d.comb += [
-            sat_word.data_in.eq(Mux(m_pass, x_[WR - 1] - y, y)),
-            sat_word.shift.eq(0),
-        ]
+        # S7: the differences and their saturation (the weight update saturates W - y itself),
+        # and what the write back decides on (in the op parts): the counter's next value and
+        # ROTATE's output lane (one-hot) and last output of the row.
+        m.submodules.sat_word = sat_word = RoundShiftSaturate(LRT_PE_WORD_BITS + 3, LRT_PE_WORD_BITS, 0)
+        m.d.comb += [sat_word.data_in.eq(Mux(m_pass, x_[WR - 1] - y, y)), sat_word.shift.eq(0)]
         new_word = Signal(word)
         m.d.sync += new_word.eq(sat_word.data_out)
-        # Also in S7, what the write back decides on (in the op parts): the counter's next value
-        # and ROTATE's output lane (one-hot) and last output of the row.
         m.d.comb += [upd.y.eq(y), upd.w5.eq(w_[WR - 1]), upd.n5.eq(n_[WR - 1]),
-                     rot.j_wb.eq(j_[WR - 1]), rot.r_m1.eq(r_m1)]
-        jsel = rot.jsel
+                     rot.j_wb.eq(j_[WR - 1]), rot.r_m1.eq(config.r_m1)]
         # S8: the write back; S8 (MGS) also multiplies x'_i by Q[i, p], S9 accumulates.
-        i6, cell6 = i_[WR], cell_[WR]
-        with m.If(v[WR] & m_pass):
-            m.d.comb += res_wr.en.eq(1 << i6[:3])
         m.d.comb += [
-            mgs.r.eq(r), mgs.wb_valid.eq(v[WR] & m_pass), mgs.new_word.eq(new_word),
+            mgs.r.eq(self.cols), mgs.wb_valid.eq(v[WR] & m_pass), mgs.new_word.eq(new_word),
             mgs.q_col.eq(qc_[WR]), mgs.acc_valid.eq(v[ACC] & m_pass),
             rot.wb_valid.eq(v[WR] & m_rot), rot.new_word.eq(new_word),
-            upd.wb_valid.eq(v[WR] & m_upd), upd.w6.eq(w_[WR]), upd.cell6.eq(cell6),
-            w_wr.en.eq(upd.w_write),
+            upd.wb_valid.eq(v[WR] & m_upd), upd.w6.eq(w_[WR]), upd.cell6.eq(cell_[WR]),
         ]
+        return SimpleNamespace(in_flight=Cat(*v[1:]).any(), wb_valid=v[WR], new_word=new_word,
+                               i_wb=i_[WR], cell_wb=cell_[WR])
 
-        # ------------------------------------------------------------------ streams in
-        pay = data.View(row_layout, sin.payload)
-        # The basis write data without the FSM's priority chain: the stream (LOAD_BASIS) or the
-        # write back (the enables pick the lanes).
-        m.d.comb += [qw_data[k].eq(Mux(ld_basis, pay[k],
-                                       Mux(m_rot & ~jsel[k], rot.rot_row[k], new_word)))
-                     for k in range(L)]
-        in_lanes = Cat(*(in_left > k for k in range(L)))
-        sat_in = []
+    def _memory_ports(self, m, config, mem, ctl, rot, upd, pipe, pay, in_beat):
+        """Addresses, data and write enables of the memories: from the op flags and the flag
+        registers (``in_run``), not the state machine's decode."""
+        L = self.params.lrt_cols_max
+        in_run, beat = ctl.in_run, ctl.beat
+        res_wr, w_wr, c_wr = mem.res_wr, mem.w_wr, mem.c_wr
+        # Input lanes still to come (write enables: lane k while k < in_left).
+        in_lanes = Cat(*(ctl.in_left > k for k in range(L)))
+        sat_in = []                              # stream words saturated to weight codes
         for k in range(L):
-            s8 = RoundShiftSaturate(WB, wbits, 0)
+            s8 = RoundShiftSaturate(LRT_PE_WORD_BITS, LRT_WEIGHT.bits, 0)
             m.submodules[f"sat_in{k}"] = s8
             m.d.comb += [s8.data_in.eq(pay[k]), s8.shift.eq(0)]
             sat_in.append(s8.data_out)
-
-        # ------------------------------------------------------------------ output reads
-        read_issue = Signal()
-        m.d.sync += [inflight.eq(read_issue), rd_left1.eq(rd_left)]
-        with m.If(read_issue):
-            m.d.sync += rd_left.eq(rd_left - L)
-        with m.If(inflight):
-            m.d.comb += fifo.w_en.eq(1)
-            out_row = Signal(row_layout)
-            with m.If(rd_basis):
-                m.d.comb += out_row.eq(qrow)
-            with m.Elif(rd_wts):
-                m.d.comb += [out_row[k].eq(Mux(rd_left1 > k, w_rd.data[k], 0))
-                             for k in range(L)]
-            with m.Else():
-                m.d.comb += [out_row[k].eq(Mux(rd_left1 > k, c_rd.data[k], 0))
-                             for k in range(L)]
-            m.d.comb += fifo.w_data.eq(out_row)
-
-        pipe_busy = Cat(*v[1:]).any() | inflight | (fifo.level != 0) | upd.clearing
-
-        # ------------------------------------------------------------------ control
-        # busy as a register set and cleared with the IDLE transitions (the same cycles as
-        # ~ongoing("IDLE")): the top's done/error logic reads a flip-flop, not the state decode.
-        busy = Signal()
-        m.d.comb += self.busy.eq(busy)
-        with m.FSM() as fsm:
-            with m.State("IDLE"):
-                with m.If(self.start):
-                    m.d.sync += busy.eq(1)
-                    m.d.sync += [beat.eq(0), beat1.eq(1), i.eq(0), j.eq(0), cell.eq(0),
-                                 rd_left.eq(cells_r), in_done.eq(self.in_beats == 0),
-                                 in_left.eq(Mux(op == Op.LRT_LOAD_WEIGHTS, cells_r, rows))]
-                    with m.Switch(op):
-                        with m.Case(Op.LRT_LOAD_BASIS, Op.LRT_PROJECT, Op.LRT_UPDATE,
-                                    Op.LRT_LOAD_WEIGHTS):
-                            m.d.sync += in_run.eq(self.in_beats != 0)
-                            m.next = "IN"
-                        with m.Case(Op.LRT_ROTATE):
-                            m.next = "ROT_IN"
-                        with m.Case(Op.LRT_READ_BASIS, Op.LRT_READ_WEIGHTS, Op.LRT_READ_COUNTS):
-                            m.next = "READ"
-                        with m.Case(Op.LRT_REPROJECT):
-                            m.next = "PASS"
-                        with m.Case(Op.LRT_APPEND):
-                            m.next = "APPEND"
-                        with m.Default():
-                            m.d.sync += busy.eq(0)          # no op of this PE: stays IDLE
-
-            with m.State("IN"):
-                with m.If(in_done):
-                    with m.Switch(op):
-                        with m.Case(Op.LRT_PROJECT):
-                            m.next = "PASS"
-                        with m.Case(Op.LRT_UPDATE):
-                            m.next = "UROW"
-                        with m.Default():
-                            m.next = "FINISH"
-                with m.Elif(sin.valid):
-                    m.d.sync += [beat.eq(beat + 1), beat1.eq(beat1 + 1), in_left.eq(in_left - L),
-                                 in_done.eq(beat1 == self.in_beats),
-                                 in_run.eq(beat1 != self.in_beats)]
-
-            # LRT_PROJECT / LRT_REPROJECT: pass p over the rows, then drain and finish the pass.
-            with m.State("PASS"):
-                m.d.sync += [i1.eq(i), i.eq(i + 1)]
-                with m.If(i == rows_m1):
-                    m.d.sync += i.eq(0)
-                    m.next = "PASS_END"
-            with m.State("PASS_END"):
-                with m.If(~Cat(*v[1:]).any()):
-                    with m.If(mgs.last):
-                        with m.If(r != 0):
-                            m.next = "C_OUT"
-                        with m.Else():
-                            m.next = "FINISH"
-                    with m.Else():
-                        m.next = "PASS"
-            with m.State("C_OUT"):
-                m.d.comb += fifo.w_en.eq(1)
-                m.d.comb += fifo.w_data.eq(mgs.c_beat)
-                m.next = "FINISH"
-
-            with m.State("APPEND"):
-                m.d.sync += [i1.eq(i), i.eq(i + 1)]
-                with m.If(i == rows_m1):
-                    m.next = "FINISH"
-
-            # LRT_ROTATE: M into the rotation part's registers, then one output (i, j) per cycle.
-            with m.State("ROT_IN"):
-                with m.If(rot.loaded):
-                    with m.If(r == 0):
-                        m.next = "FINISH"
-                    with m.Else():
-                        m.next = "ROT"
-            with m.State("ROT"):
-                m.d.sync += [i1.eq(i), j1.eq(j), j.eq(j + 1)]
-                with m.If(j == r_m1):
-                    m.d.sync += [j.eq(0), i.eq(i + 1)]
-                    with m.If(i == rows_m1):
-                        m.next = "FINISH"
-
-            # LRT_UPDATE: a row step (u_k = Q_L[i, k] s_k), then the row's cells.
-            with m.State("UROW"):
-                m.next = "UROW2"
-            with m.State("UROW2"):
-                m.next = "UROW3"
-            with m.State("UROW3"):
-                m.next = "UCELL"
-            with m.State("UCELL"):
-                m.d.sync += [cell1.eq(cell), cell.eq(cell + 1), j.eq(j + 1)]
-                with m.If(j == rows_r_m1):
-                    m.d.sync += [j.eq(0), i.eq(i + 1)]
-                    with m.If(i == rows_l_m1):
-                        m.next = "FINISH"
-                    with m.Else():
-                        m.next = "UROW"
-
-            # Reads towards the output stream, as the FIFO has room.
-            with m.State("READ"):
-                with m.If(read_issue):
-                    m.d.sync += [beat.eq(beat + 1), beat1.eq(beat1 + 1)]
-                    with m.If(beat1 == self.out_beats):
-                        m.next = "FINISH"
-
-            with m.State("FINISH"):
-                with m.If(~pipe_busy):
-                    m.d.sync += busy.eq(0)
-                    m.next = "IDLE"
-
-        # issue and read_issue decoded from the state outside the FSM's processes: assigned in them
-        # stays X on a 4-state simulator from power-up until the state first changes (the
-        # process never wakes), and that X would run down the reset valid bits v1..v8.
-        m.d.comb += issue.eq(Cat(*(fsm.ongoing(st) for st in ("PASS", "APPEND", "ROT", "UCELL"))).any())
-        m.d.comb += read_issue.eq(fsm.ongoing("READ") & (fifo.level + inflight < _OUT_FIFO_DEPTH))
-        # Memory addresses and write data from the op flags, outside the FSM (its priority
-        # chains were the long paths); the write enables stay with the states.
-        # The input state's handshake and write enables from the flag in_run (IN and beats to
-        # come), the op's start from busy: flip-flops, not the state decode, in front of the
-        # enables' fan-out.
-        rot_in = fsm.ongoing("ROT_IN")
-        op_start = ~busy & self.start
-        in_beat = in_run & sin.valid
-        m.d.comb += sin.ready.eq(in_run | (rot_in & ~rot.loaded & rot.s_ready))
+        m.d.comb += w_wr.en.eq(upd.w_write)
+        with m.If(pipe.wb_valid & config.m_pass):
+            m.d.comb += res_wr.en.eq(1 << pipe.i_wb[:3])
         with m.If(in_beat):
-            with m.Switch(op):
+            with m.Switch(self.op):
                 with m.Case(Op.LRT_PROJECT):
                     m.d.comb += res_wr.en.eq(in_lanes)
                 with m.Case(Op.LRT_LOAD_WEIGHTS):
                     m.d.comb += w_wr.en.eq(in_lanes)
-        m.d.comb += [skid.start.eq(op_start), skid.beats.eq(self.in_beats)]
+        # The basis write data without a priority chain: the stream (LOAD_BASIS) or the write
+        # back (the enables pick the lanes).
+        m.d.comb += [mem.qw_data[k].eq(Mux(config.ld_basis, pay[k],
+                                           Mux(config.m_rot & ~rot.jsel[k], rot.rot_row[k],
+                                               pipe.new_word)))
+                     for k in range(L)]
+        q_addr = Mux(config.rd_basis, beat, ctl.i)
         m.d.comb += [
-            mgs.start.eq(op_start),
-            mgs.pass_done.eq(fsm.ongoing("PASS_END") & ~Cat(*v[1:]).any()),
-            rot.start.eq(op_start), rot.qr.eq(qr3), rot.loading.eq(rot_in),
-            rot.s_valid.eq(sin.valid), rot.payload.eq(pay),
-            upd.start.eq(op_start), upd.clear_start.eq(op_start & (op == Op.LRT_LOAD_WEIGHTS)),
-            upd.r.eq(r), upd.s_load.eq(in_beat & (op == Op.LRT_UPDATE)), upd.payload.eq(pay),
-        ]
-        m.d.comb += ld_accept.eq(in_beat & ld_basis)
-        m.d.comb += [
-            qw_addr.eq(Mux(ld_basis, beat, i6)),
-            qw_en.eq(Mux(ld_accept, (1 << L) - 1, 0) | Mux(v[WR] & m_app, app_en, 0)
-                     | Mux(v[WR] & m_rot & rot.jlast, rot_en, 0)),
-        ]
-        m.d.sync += row_step.eq(fsm.ongoing("UROW"))          # UROW2 follows UROW
-        m.d.comb += [
-            q_addr.eq(Mux(rd_basis, beat, i)),
-            ql_rd.addr.eq(q_addr), qr_rd.addr.eq(Mux(m_upd, j, q_addr)),
-            res_rd.addr.eq(i >> 3),
-            w_rd.addr.eq(Mux(m_upd, cell >> 3, beat)), c_rd.addr.eq(Mux(m_upd, cell >> 3, beat)),
-            res_wr.addr.eq(Mux(in_run, beat, i6 >> 3)),
-            w_wr.addr.eq(Mux(in_run, beat, cell6 >> 3)),
+            mem.qw_addr.eq(Mux(config.ld_basis, beat, pipe.i_wb)),
+            mem.qw_en.eq(Mux(in_beat & config.ld_basis, (1 << L) - 1, 0)
+                         | Mux(pipe.wb_valid & config.m_app, config.app_en, 0)
+                         | Mux(pipe.wb_valid & config.m_rot & rot.jlast, config.rot_en, 0)),
+            mem.ql_rd.addr.eq(q_addr), mem.qr_rd.addr.eq(Mux(config.m_upd, ctl.j, q_addr)),
+            mem.res_rd.addr.eq(ctl.i >> 3),
+            mem.w_rd.addr.eq(Mux(config.m_upd, ctl.cell >> 3, beat)),
+            mem.c_rd.addr.eq(Mux(config.m_upd, ctl.cell >> 3, beat)),
+            res_wr.addr.eq(Mux(in_run, beat, pipe.i_wb >> 3)),
+            w_wr.addr.eq(Mux(in_run, beat, pipe.cell_wb >> 3)),
             c_wr.addr.eq(upd.cnt_addr), c_wr.en.eq(upd.cnt_en),
         ]
-        m.d.comb += [res_wr.data[k].eq(Mux(in_run, pay[k], new_word)) for k in range(L)]
+        m.d.comb += [res_wr.data[k].eq(Mux(in_run, pay[k], pipe.new_word)) for k in range(L)]
         m.d.comb += [w_wr.data[k].eq(Mux(in_run, sat_in[k], upd.new_w)) for k in range(L)]
         m.d.comb += [c_wr.data[k].eq(upd.cnt_data) for k in range(L)]
-        return m
