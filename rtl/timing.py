@@ -6,22 +6,25 @@ through flip-flops, so this module walks the flattened netlist (``write_json``) 
 * start points: clocked outputs (FF Q, block RAM data out, DSP outputs behind an enabled register,
   distributed RAM / SRL outputs after a write) and top-level inputs;
 * end points: clocked inputs (FF D, CE, R/S and asynchronous CLR/PRE: a reset fan-out is a path
-  like any other; block RAM address/data/enable; DSP inputs whose input register is on; LUT-RAM
-  write ports) and top-level outputs;
+  like any other; block RAM address/data/enable; DSP inputs at the first register enabled on
+  their way: their own input register, else AD (pre-adder), M, P for A/B/D/INMODE, P for C and
+  the ALU controls; LUT-RAM write ports) and top-level outputs;
 * combinational arcs: LUTs, MUXF7/F8, CARRY4/CARRY8 bit by bit, DSPs by their register attributes,
   distributed RAM asynchronous reads;
 * one topological longest-path pass (arrival time per net bit), so the cost is linear in the
   netlist; the worst path to each end point is traced back through its predecessors.
 
 The delay model (:data:`MODELS`) is a first-order estimate, about ±30 %: a LUT level with its net,
-a fan-out term for nets with many loads, and the primitive delays of the -1 speed grade. It is
-documented in docs/rtl.md ("Timing estimate"). Exceptions (false or multicycle paths that are so by
+a fan-out term for nets with many loads, and the primitive delays of the -1 speed grade (where
+a data sheet gives them: each constant's comment says which are estimates). It is documented in
+docs/rtl.md ("Timing estimate"). Exceptions (false or multicycle paths that are so by
 construction) are declared once, in :data:`EXCEPTIONS`: the estimate honours them and
 :func:`xdc_text` writes them as constraints.
 """
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import math
 import re
@@ -54,44 +57,89 @@ CLOCK_PORT = "aclk"
 
 @dataclass(frozen=True)
 class DelayModel:
-    """Delays in ns of one family at speed grade -1 (see docs/rtl.md, "Timing estimate")."""
+    """Delays in ns of one family at speed grade -1 (see docs/rtl.md, "Timing estimate").
 
-    ff_clk_to_q: float = 0.46       # TCKO
-    ff_setup_d: float = 0.10        # TDICK (the LUT in front is counted as a level)
-    ff_setup_ce: float = 0.40       # TCECK
-    ff_setup_sr: float = 0.45       # TSRCK; also the recovery time of asynchronous CLR/PRE
-    lut: float = 0.12               # TILO
-    net: float = 0.45               # a routed net of low fan-out: LUT + net = 0.57 per level
-    fanout_free: int = 4            # loads a net drives before its delay grows
-    fanout_per_doubling: float = 0.25   # extra net delay per doubling of the loads beyond that
-    muxf: float = 0.30              # MUXF7 / MUXF8 (dedicated routes in and out of the slice)
-    carry_entry: float = 0.40       # S/DI into a carry cell, through to its CO/O
-    carry_stage: float = 0.115      # CI -> CO through one CARRY4 (4 bits)
-    carry_sum: float = 0.25         # CI -> O (the XOR of a bit)
-    dsp_mult: float = 4.20          # A/B -> P, multiplier and ALU, no register on the way
-    dsp_to_mreg: float = 2.90       # A/B (or A/B register) -> M register: setup
-    dsp_mreg_to_p: float = 1.90     # M register clock -> P (PREG = 0)
-    dsp_areg_to_p: float = 4.00     # A/B register clock -> P (MREG = PREG = 0)
-    dsp_to_preg_mult: float = 3.90  # A/B through the multiplier -> P register: setup (MREG = 0)
-    dsp_alu: float = 1.90           # C / PCIN / control -> P, PREG = 0
-    dsp_to_preg_alu: float = 1.50   # C / PCIN / control / M -> P register: setup
-    dsp_preg_to_p: float = 0.65     # P register clock -> P
-    dsp_in_setup: float = 0.35      # into an enabled input register (A, B, C, D, control)
-    dsp_ctrl_setup: float = 0.50    # CE / RST pins
-    bram_clk_to_out: float = 2.45   # TRCKO_DO, no output register
-    bram_clk_to_out_reg: float = 0.90   # with DO_REG = 1
-    bram_setup: float = 0.60        # address / data / write and port enables
-    lutram_clk_to_out: float = 1.10     # WCLK -> O after a write (TSHCKO)
-    lutram_setup: float = 0.70      # write address / data / enable
+    Where a constant comes from a published figure, its comment names the document and symbol;
+    every other one is an estimate (the figures of the issue that introduced this model, or
+    chosen to be consistent with them): the data sheets' tables of these delays were not
+    available to check them against."""
+
+    ff_clk_to_q: float = 0.46       # TCKO (estimate)
+    ff_setup_d: float = 0.10        # TDICK (estimate; the LUT in front is counted as a level)
+    ff_setup_ce: float = 0.40       # TCECK (estimate)
+    ff_setup_sr: float = 0.45       # TSRCK (estimate); also the recovery of asynchronous CLR/PRE
+    lut: float = 0.12               # TILO (the issue's figure)
+    net: float = 0.45               # a routed net of low fan-out (estimate, no data-sheet figure)
+    fanout_free: int = 4            # loads a net drives before its delay grows (estimate)
+    fanout_per_doubling: float = 0.25   # extra net delay per doubling of the loads (estimate)
+    muxf: float = 0.30              # MUXF7 / MUXF8 (estimate)
+    carry_entry: float = 0.40       # S/DI into a carry cell, through to its CO/O (estimate)
+    carry_stage: float = 0.115      # CI -> CO through one CARRY4, TBYP (the issue's figure)
+    carry_sum: float = 0.25         # CI -> O (the XOR of a bit) (estimate)
+    # DSP48E1/E2. "Into X" is the setup time into register X from a DSP input pin whose own
+    # input register is off; "X -> P" runs from register X's clock through the rest to the P
+    # outputs with the later registers off.
+    dsp_mult: float = 4.20          # A/B -> P through multiplier and ALU, no register (the issue's)
+    dsp_to_mreg: float = 2.90       # A/B through the multiplier into M (estimate)
+    dsp_mreg_to_p: float = 1.90     # M register -> P (PREG = 0) (estimate)
+    dsp_areg_to_p: float = 4.00     # A/B/D/AD register -> multiplier -> P (MREG = PREG = 0) (est.)
+    dsp_to_preg_mult: float = 3.90  # A/B through the multiplier into P (MREG = 0) (estimate)
+    dsp_preadd: float = 1.30        # extra for a path through the pre-adder (A/D, INMODE) (est.)
+    dsp_to_adreg: float = 1.60      # A/D through the pre-adder into AD (estimate)
+    dsp_alu: float = 1.90           # C / PCIN / OPMODE / ALUMODE / CARRYIN -> P, PREG = 0 (est.)
+    dsp_to_preg_alu: float = 1.50   # C / PCIN / OPMODE / ALUMODE / CARRYIN into P (estimate)
+    dsp_creg_to_p: float = 2.30     # C / OPMODE / ALUMODE / CARRYIN register -> P, PREG = 0 (est.)
+    dsp_preg_to_p: float = 0.65     # P register -> P, PCOUT, CARRYOUT... (estimate)
+    dsp_in_setup: float = 0.35      # into an enabled input register (A, B, C, D, INMODE...) (est.)
+    dsp_ctrl_setup: float = 0.50    # CE / RST pins of an enabled register (estimate)
+    dsp_cascade: float = 0.30       # A/B -> ACOUT/BCOUT, AREG/BREG = 0 (estimate)
+    dsp_cascade_clk_to_out: float = 0.65    # A/B register -> ACOUT/BCOUT (estimate)
+    bram_clk_to_out: float = 2.45   # TRCKO_DO, no output register (the issue's figure)
+    bram_clk_to_out_reg: float = 0.90   # TRCKO_DO_REG, DO_REG = 1 (estimate)
+    bram_setup: float = 0.60        # address / data / write and port enables, TRCCK (estimate)
+    lutram_clk_to_out: float = 1.10     # WCLK -> O after a write, TSHCKO (estimate)
+    lutram_setup: float = 0.70      # write address / data / enable (estimate)
     io_buffer: float = 0.0          # IBUF/OBUF: the ports are inside the FPGA (block design)
 
     def scaled(self, factor: float) -> "DelayModel":
         return replace(self, **{k: v * factor for k, v in asdict(self).items() if isinstance(v, float)})
 
 
-#: xc7 (Zynq-7000 -1) is the issue's model; UltraScale+ -1 is about 0.6x of it.
+#: UltraScale+ -1 against Zynq-7000 -1: about 0.6x (the issue's ratio, an estimate) for every
+#: delay the data sheet does not give.
 XCUP_SCALE = 0.6
-MODELS = {"xc7": DelayModel(), "xcup": DelayModel().scaled(XCUP_SCALE)}
+
+#: DS925 (Zynq UltraScale+ MPSoC DC and AC Switching Characteristics), "DSP48 Slice Switching
+#: Characteristics", speed grade -1 at VCCINT 0.85 V: the maximum frequencies of the DSP's
+#: internal register-to-register paths (MHz). Their periods are the delays from an input register
+#: through the multiplier (and pre-adder) into M or P; the model uses them for a path from the
+#: input pin with its register off (the bypassed register's clock-to-out standing for the pin's
+#: own entry delay).
+DS925_DSP_FMAX_MHZ = {
+    "FMAX": 645,                    # with all registers used: every internal stage, A/B -> M too
+    "FMAX_MULT_NOMREG": 456,        # two-register multiply without MREG: A/B reg -> P reg
+    "FMAX_PREADD_NOADREG": 468,     # without ADREG: A/D reg -> pre-adder -> multiplier -> M
+    "FMAX_NOPIPELINEREG": 338,      # without MREG, ADREG: A/D reg -> pre-adder -> mult -> P
+}
+
+
+def _period(mhz: float) -> float:
+    return round(1e3 / mhz, 3)
+
+
+def _xcup_model() -> DelayModel:
+    f = DS925_DSP_FMAX_MHZ
+    return replace(
+        DelayModel().scaled(XCUP_SCALE),
+        dsp_to_mreg=_period(f["FMAX"]),                                     # 1.550
+        dsp_to_preg_mult=_period(f["FMAX_MULT_NOMREG"]),                    # 2.193
+        dsp_to_adreg=_period(f["FMAX"]),                                    # 1.550
+        # The pre-adder's share: no ADREG/MREG against no MREG (2.959 - 2.193).
+        dsp_preadd=round(_period(f["FMAX_NOPIPELINEREG"]) - _period(f["FMAX_MULT_NOMREG"]), 3),
+    )
+
+
+MODELS = {"xc7": DelayModel(), "xcup": _xcup_model()}
 
 
 # ----------------------------------------------------------------------------- exceptions
@@ -114,9 +162,37 @@ class PathException:
         return _glob(name, self.end)
 
 
+_CFG_SETTLE = (
+    "the top's cfg_* registers follow the configuration registers only while idle (frozen from "
+    "START), and {pe}'s cfg_ready (pe_interface.settled) rises {ready} cycles after their last "
+    "change; {what} {depth} registers deep: final {depth} cycles after it with one-cycle "
+    "paths, {ready} with a first hop of 2 cycles, by the cycle cfg_ready rises. cfg_ready gates "
+    "CHECK and the launch: the top's in_last/out_last and the PE's own copies (out_left, the "
+    "LRT control's and skid's counts) are taken then; nothing samples them earlier (the "
+    "driver reads IN_BEATS/OUT_BEATS once they have settled, docs/rtl.md 'Control plane')")
+
 #: THE list of timing exceptions of the accelerator: the estimate honours it and xdc_text() writes
 #: it. Only paths that are false or multicycle by construction belong here, never a blanket one.
-EXCEPTIONS: list[PathException] = []
+#: (PE1/PE2 have none: their cfg_ready rises the cycle their 5-deep in_beats settles, no spare
+#: cycle; tests/rtl/test_rtl_timing.py measures each PE's margin against these declarations.)
+EXCEPTIONS: list[PathException] = [
+    PathException(
+        start="accel.cfg_*", end="accel.pe3.config.*", cycles=2,
+        reason=_CFG_SETTLE.format(
+            pe="PE3", ready=6, depth=5,
+            what="PE3Config's registers (in_beats, out_beats, cfg_error and their pipeline) are at "
+                 "most")),
+    PathException(
+        start="accel.cfg_*", end="accel.pe_lrt.config.*_beats", cycles=2,
+        reason=_CFG_SETTLE.format(
+            pe="the LRT PE", ready=3, depth=2,
+            what="LrtConfig's in_beats/out_beats (through cells, m n registered) are at most")),
+    PathException(
+        start="accel.cfg_*", end="accel.pe_lrt.config.cfg_error", cycles=2,
+        reason=_CFG_SETTLE.format(
+            pe="the LRT PE", ready=3, depth=2,
+            what="LrtConfig's cfg_error (through cells, m n registered) is at most")),
+]
 
 
 def _glob(name: str, pattern: str) -> bool:
@@ -124,9 +200,52 @@ def _glob(name: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(base, pattern)
 
 
-def _vivado_pattern(pattern: str) -> str:
-    # Amaranth's hierarchy `accel.pe3.x` is Vivado's `accel/pe3/x_reg[...]` inside the IP.
-    return "*" + pattern.replace(".", "/") + ("" if pattern.endswith("*") else "_reg*")
+def _vivado_filter(pattern: str, registers: list[tuple[str, str, set]] | None = None) -> str | None:
+    """The ``get_cells -filter`` of a glob on Amaranth names, None where it names nothing.
+
+    A whole scope ``accel.pe3.config.*`` is every leaf cell in ``accel/pe3/config`` (registers,
+    and DSPs with their internal registers: the exception takes their valid start or end
+    points). Other globs name registers, ``accel.x`` being Vivado's ``accel/x_reg[...]``; with
+    the Verilog's ``registers`` (:func:`verilog_registers`) they are the registers Amaranth
+    wrote under any matching name: a register often takes another name of its net (the top's
+    ``cfg_a`` is written ``reg a``, ``cfg_a`` only an alias of it)."""
+    if pattern.endswith(".*"):
+        return f"NAME =~ *{pattern[:-2].replace('.', '/')}/* && IS_PRIMITIVE"
+    if registers is None:
+        return f"NAME =~ *{pattern.replace('.', '/')}_reg*"
+    found = sorted({(scope, reg) for scope, reg, names in registers
+                    if any(_glob(n, pattern) for n in names)})
+    if not found:
+        return None
+    return " || ".join(f"NAME =~ *{scope.replace('.', '/') + '/' if scope else ''}{reg}_reg*"
+                       for scope, reg in found)
+
+
+def verilog_registers(verilog: str) -> list[tuple[str, str, set]]:
+    """The registers of Amaranth's Verilog: (scope, the name Vivado's cells take, every name of
+    it there). Amaranth writes one module per hierarchy node (``top.accel.pe3.config``); a
+    register is ``reg x``, and ``assign y = x;`` gives it another name."""
+    out = []
+    module, regs, aliases = None, [], defaultdict(set)
+
+    def flush():
+        if module is not None:
+            scope = module.split(".", 1)[1] if "." in module else ""
+            prefix = f"{scope}." if scope else ""
+            for reg in regs:
+                names = {prefix + re.sub(r"\$\d+$", "", n) for n in {reg, *aliases[reg]}}
+                out.append((scope, reg, names))
+
+    for line in verilog.splitlines():
+        if m := re.match(r"module\s+\\?(\S+)", line):
+            flush()
+            module, regs, aliases = m.group(1), [], defaultdict(set)
+        elif m := re.match(r"\s*reg\s+(?:signed\s+)?(?:\[[^]]*\]\s*)?\\?(\S+?)\s*(?:=|;)", line):
+            regs.append(m.group(1))
+        elif m := re.match(r"\s*assign\s+\\?(\S+)\s*=\s*\\?([^\s;\[]+)\s*;", line):
+            aliases[m.group(2)].add(m.group(1))
+    flush()
+    return out
 
 
 def xdc_clock_text(clock_port: str = CLOCK_PORT, period_ns: float = CLOCK_PERIOD_NS) -> str:
@@ -136,30 +255,51 @@ def xdc_clock_text(clock_port: str = CLOCK_PORT, period_ns: float = CLOCK_PERIOD
             f"create_clock -period {period_ns:.3f} -name {clock_port} [get_ports {clock_port}]\n")
 
 
-def xdc_exceptions_text(exceptions: list[PathException] | None = None) -> str:
-    """The declared false and multicycle paths as XDC (empty when there are none)."""
-    exceptions = EXCEPTIONS if exceptions is None else exceptions
+def xdc_exceptions_text(exceptions: list[PathException] | None = None, verilog: str | None = None) -> str:
+    """The declared false and multicycle paths as XDC (empty when there are none).
+
+    ``verilog``: the top level's Verilog the XDC goes with; the exceptions' registers are named
+    as it names them (:func:`verilog_registers`), and one that names none there is left out
+    (and said so). Without it, :data:`EXCEPTIONS` are written for the reference design's
+    Verilog (:func:`insitu.rtl.sim.top_verilog`, ~10 s once per process; every board's design
+    names these registers alike), a list given here by the plain mapping ``a.b.x`` ->
+    ``a/b/x_reg``."""
+    if exceptions is None:
+        exceptions = EXCEPTIONS
+        if exceptions and verilog is None:
+            from .sim import top_verilog
+            verilog = top_verilog()
     if not exceptions:
         return ""
+    registers = verilog_registers(verilog) if verilog is not None else None
     lines = ["# Generated by insitu.rtl.timing (exceptions: insitu.rtl.timing.EXCEPTIONS)"]
     for e in exceptions:
-        src = f"[get_cells -hierarchical -filter {{NAME =~ {_vivado_pattern(e.start)}}}]"
-        dst = f"[get_cells -hierarchical -filter {{NAME =~ {_vivado_pattern(e.end)}}}]"
-        to = "" if e.end == "*" else f" -to {dst}"
+        if e.cycles is not None and (e.cycles < 2 or e.end == "*"):
+            raise ValueError(f"multicycle path {e}: needs cycles >= 2 and its end points")
+        start, end = _vivado_filter(e.start, registers), _vivado_filter(e.end, registers)
         if e.reason:
             lines.append(f"# {e.reason}")
+        if start is None or (end is None and e.end != "*"):
+            lines.append(f"# (left out: {e.start if start is None else e.end} names no register of "
+                         "the Verilog)")
+            continue
+        src = f"[get_cells -hierarchical -filter {{{start}}}]"
+        to = "" if e.end == "*" else f" -to [get_cells -hierarchical -filter {{{end}}}]"
         if e.cycles is None:
             lines.append(f"set_false_path -from {src}{to}")
         else:
+            # UG903 ("Example Two: Setup=5 / Hold=4"): within one clock, a setup multiplier N
+            # moves the capture edge N - 1 cycles later and the hold check with it; a hold
+            # multiplier of N - 1 moves the hold check back to the launch edge.
             lines.append(f"set_multicycle_path {e.cycles} -setup -from {src}{to}")
             lines.append(f"set_multicycle_path {e.cycles - 1} -hold -from {src}{to}")
     return "\n".join(lines) + "\n"
 
 
 def xdc_text(exceptions: list[PathException] | None = None, clock_port: str = CLOCK_PORT,
-             period_ns: float = CLOCK_PERIOD_NS) -> str:
+             period_ns: float = CLOCK_PERIOD_NS, verilog: str | None = None) -> str:
     """The XDC of the accelerator alone: its clock and the declared exceptions."""
-    return xdc_clock_text(clock_port, period_ns) + xdc_exceptions_text(exceptions)
+    return xdc_clock_text(clock_port, period_ns) + xdc_exceptions_text(exceptions, verilog)
 
 
 # ----------------------------------------------------------------------------- the netlist
@@ -237,8 +377,18 @@ class Netlist:
             for b in bits:
                 if isinstance(b, int):
                     self.loads[b].append((-1, "port"))
-        self.names = self._bit_names(mod.get("netnames", {}), verilog.splitlines() if verilog else [])
+        lines = verilog.splitlines() if verilog else []
+        self.names = self._bit_names(mod.get("netnames", {}), lines)
+        # Where each Verilog module starts (Amaranth writes one per hierarchy node, named
+        # `top.accel.pe3.config`): a cell's `src` line there gives its true scope.
+        self._lines = lines
+        self._netnames = mod.get("netnames", {})
+        self._aliases: dict | None = None           # bit -> its public names, built when asked
+        self._registers: dict | None = None         # (scope, Verilog reg) -> its names there
+        self._modules = [(k + 1, m.group(1)) for k, line in enumerate(lines)
+                         if (m := re.match(r"module\s+\\?(\S+)", line))]
         self._prefix = self._common_prefix()
+        self._scopes: list[str] | None = None
 
     @staticmethod
     def _bit_names(netnames: dict, verilog: list[str]) -> dict[int, str]:
@@ -298,7 +448,8 @@ class Netlist:
         return len(self.loads.get(bit, ()))
 
     def cell_label(self, ci: int) -> str:
-        """A readable name of a cell: its first named output, else its cleaned Yosys name."""
+        """A readable name of a cell: its first named output, else its hierarchy (that of its
+        Yosys name, else the one :meth:`cell_scopes` infers) and type, else its Yosys name."""
         c = self.cells[ci]
         if c.type.startswith("IBUF"):           # a top-level input: the port's name
             return next((n for bits in c.inputs.values() for b in bits if (n := self.name(b))), c.name)
@@ -308,29 +459,111 @@ class Netlist:
                 if n:
                     return n
         m = re.match(r"\$flatten\\(.*?)\.\$", c.name)
-        return _strip(m.group(1)) + f".<{c.type}>" if m else _strip(c.name)
+        if m:
+            return _strip(m.group(1)) + f".<{c.type}>"
+        scope = self.cell_scopes()[ci]
+        return f"{scope}.<{c.type}>" if scope else _strip(c.name)
+
+    def cell_scopes(self) -> list[str]:
+        """The hierarchical scope of every cell (``accel.pe3.config``; "" for the top), inferred
+        as :meth:`cell_modules` does; computed once."""
+        if self._scopes is None:
+            def scope(name: str) -> str:
+                base = name.split("[", 1)[0].removesuffix("(input)")
+                return base.rsplit(".", 1)[0] if "." in base else ""
+            voted = self._vote(scope)
+            self._scopes = [self._src_scope(c) or voted[ci] or "" for ci, c in enumerate(self.cells)]
+        return self._scopes
+
+    def _src(self, c: _Cell) -> tuple[int, int] | None:
+        """The first Verilog line range (1-based) of a cell's `src` attribute."""
+        m = re.search(r"design\.v:(\d+)\.\d+-(\d+)\.", c.cell.get("attributes", {}).get("src", ""))
+        return (int(m.group(1)), int(m.group(2))) if m and self._modules else None
+
+    def _src_scope(self, c: _Cell) -> str | None:
+        """The scope of the Verilog module a cell's first `src` line lies in (flip-flops keep
+        it where their names lose the hierarchy), None without the Verilog."""
+        src = self._src(c)
+        if src is None:
+            return None
+        k = bisect.bisect_right(self._modules, (src[0], "\uffff")) - 1
+        if k < 0:
+            return None
+        name = self._modules[k][1]
+        return name.split(".", 1)[1] if "." in name else ""
+
+    def aliases(self, bit) -> list[str]:
+        """Every public name of a net bit (without its index)."""
+        if self._aliases is None:
+            self._aliases = defaultdict(list)
+            for name, net in self._netnames.items():
+                if not net.get("hide_name") and not name.startswith("$"):
+                    for b in net["bits"]:
+                        if isinstance(b, int):
+                            self._aliases[b].append(_strip(name))
+        return self._aliases.get(bit, []) if isinstance(bit, int) else []
+
+    def hier_names(self, ci: int) -> list[str]:
+        """The names an exception matches a cell by. A register declared in the Verilog (its
+        `src` lines, `always @(posedge clk) x <= ...`) is matched in that module's scope: by `x`
+        and its aliases there (:func:`verilog_registers`), by the names its output has there and
+        by its label's last part (without Yosys' `$N`).
+        Its label, the most telling name of its net, may be another module's: the registers
+        behind a submodule's output port are labelled after the parent's wire
+        (`accel.in_beats$103` for the LRT PE's `accel.pe_lrt.config.in_beats`,
+        `accel.cfg_error$97` for a PE's own), the top's `cfg_a` may be labelled `accel.a`.
+        Other cells go by their label."""
+        c = self.cells[ci]
+        label = self.cell_label(ci)
+        scope = self._src_scope(c)
+        if scope is None:
+            return [label]
+        first, last = self._src(c)
+        lhs = next((m.group(1) for line in self._lines[first - 1:last]
+                    if (m := re.match(r"\s*(\\?\S+)\s*<=", line))), None)
+        prefix = f"{scope}." if scope else ""
+        if self._registers is None:
+            self._registers = {(s, r): names for s, r, names in verilog_registers("\n".join(self._lines))}
+        names: list[str] = sorted(self._registers.get((scope, _strip(lhs or "")), ()))
+        parts = [lhs, label.split("[", 1)[0].rsplit(".", 1)[-1]]
+        for bits in c.outputs.values():
+            for b in bits[:1]:
+                parts += [n[len(prefix):] for n in self.aliases(b)
+                          if n.startswith(prefix) and "." not in n[len(prefix):]]
+        for part in parts:
+            if part:
+                name = prefix + re.sub(r"\$\d+$", "", _strip(part))
+                if name not in names:
+                    names.append(name)
+        return names
 
     def cell_modules(self) -> list[str]:
         """The submodule of every cell. abc's LUTs and the mapped flip-flops lose their hierarchy
         in their names, so a cell takes the module of its named outputs, else (nearest first) that
         of the cells it drives, else that of its drivers."""
-        labels: list[str | None] = [None] * len(self.cells)
+        return [label or "top" for label in self._vote(self.module_of_name)]
+
+    def _vote(self, label_of_name) -> list:
+        """A label for every cell from ``label_of_name`` of its names: that of its Yosys name
+        (``$flatten\\pe3.\\config.$...``) or of its named outputs, else the majority of the
+        cells it drives, else of its drivers (None where nothing tells)."""
+        labels: list = [None] * len(self.cells)
         for ci, c in enumerate(self.cells):
             m = re.match(r"\$flatten\\(.*?)\.\$", c.name)
             if m:
-                labels[ci] = self.module_of_name(_strip(m.group(1)) + ".x")
+                labels[ci] = label_of_name(_strip(m.group(1)) + ".x")
                 continue
             names = [self.name(b) for bits in c.outputs.values() for b in bits]
-            mods = Counter(self.module_of_name(n) for n in names if n)
-            if mods:
-                labels[ci] = mods.most_common(1)[0][0]
+            votes = Counter(label_of_name(n) for n in names if n)
+            if votes:
+                labels[ci] = votes.most_common(1)[0][0]
         for direction in ("loads", "drivers"):
             for _ in range(64):
                 changed = False
                 for ci, c in enumerate(self.cells):
                     if labels[ci] is not None:
                         continue
-                    votes: Counter = Counter()
+                    votes = Counter()
                     if direction == "loads":
                         for bits in c.outputs.values():
                             for b in bits:
@@ -348,7 +581,7 @@ class Netlist:
                         changed = True
                 if not changed:
                     break
-        return [label or "top" for label in labels]
+        return labels
 
 
 # ----------------------------------------------------------------------------- timing of cells
@@ -380,46 +613,101 @@ def _carry_timing(c: _Cell, m: DelayModel, width: int) -> _CellTiming:
     return t
 
 
-_DSP_MULT_INPUTS = {"A": "AREG", "B": "BREG", "D": "DREG", "ACIN": "AREG", "BCIN": "BREG"}
-_DSP_ALU_INPUTS = {"C": "CREG", "PCIN": None, "OPMODE": "OPMODEREG", "ALUMODE": "ALUMODEREG",
-                   "CARRYIN": "CARRYINREG", "CARRYINSEL": "CARRYINSELREG", "INMODE": "INMODEREG",
-                   "CARRYCASCIN": None, "MULTSIGNIN": None}
+# DSP48E1/E2 (UG479, UG579). Data inputs and the register that takes each (None: no register of
+# its own); the defaults of the attributes are the primitives' (UG953/UG974).
+_DSP_IN_REG = {"A": "AREG", "ACIN": "AREG", "B": "BREG", "BCIN": "BREG", "D": "DREG",
+               "INMODE": "INMODEREG", "C": "CREG", "OPMODE": "OPMODEREG", "ALUMODE": "ALUMODEREG",
+               "CARRYIN": "CARRYINREG", "CARRYINSEL": "CARRYINSELREG",
+               "PCIN": None, "CARRYCASCIN": None, "MULTSIGNIN": None}
+# Inputs into the multiplier (through the pre-adder where it is used): unregistered, they run to
+# AD, else M, else P. The others (C, PCIN, the ALU controls) run into P.
+_DSP_MULT_PINS = {"A", "ACIN", "B", "BCIN", "D", "INMODE"}
+_DSP_ALU_REGS = ("CREG", "OPMODEREG", "ALUMODEREG", "CARRYINREG", "CARRYINSELREG")
+# Clock enables and resets, by the register(s) they control: a pin of a register that is off
+# is ignored by the primitive, so it is no end point.
+_DSP_CTRL_PINS = {
+    "CEA1": ("AREG",), "CEA2": ("AREG",), "RSTA": ("AREG",),
+    "CEB1": ("BREG",), "CEB2": ("BREG",), "RSTB": ("BREG",),
+    "CEC": ("CREG",), "RSTC": ("CREG",), "CED": ("DREG",), "RSTD": ("DREG",), "CEAD": ("ADREG",),
+    "CEM": ("MREG",), "RSTM": ("MREG",), "CEP": ("PREG",), "RSTP": ("PREG",),
+    "CECTRL": ("OPMODEREG", "CARRYINSELREG"), "RSTCTRL": ("OPMODEREG", "CARRYINSELREG"),
+    "CEALUMODE": ("ALUMODEREG",), "RSTALUMODE": ("ALUMODEREG",),
+    "CEINMODE": ("INMODEREG",), "RSTINMODE": ("INMODEREG",),
+    "CECARRYIN": ("CARRYINREG",), "RSTALLCARRYIN": ("CARRYINREG",),
+}
+# Outputs that do not come from the ALU/P side: the A/B cascades.
+_DSP_CASCADE_OUT = {"ACOUT": ("A", "ACIN"), "BCOUT": ("B", "BCIN")}
+
+
+def _dsp_preadder_pins(c: _Cell) -> set[str]:
+    """The inputs that reach the multiplier through the pre-adder (empty when it is unused)."""
+    if c.type == "DSP48E1":
+        return {"A", "ACIN", "D", "INMODE"} if _param(c.cell, "USE_DPORT", "FALSE") == "TRUE" else set()
+    if "AD" not in (_param(c.cell, "AMULTSEL", "A"), _param(c.cell, "BMULTSEL", "B")):
+        return set()
+    first = ("B", "BCIN") if _param(c.cell, "PREADDINSEL", "A") == "B" else ("A", "ACIN")
+    return {"D", "INMODE", *first}
 
 
 def _dsp_timing(c: _Cell, m: DelayModel) -> _CellTiming:
-    """A DSP48E1/E2 by its register attributes: an input pin either ends a path (its register is
-    on) or runs to the next register inside (M, then P) or, with none, through to the outputs."""
+    """A DSP48E1/E2 by its register attributes. Each input ends at the first register enabled on
+    its way: its own input register; else, into the multiplier (A, B, D, INMODE), the AD register
+    behind the pre-adder when that is used, then M, then P; else, into the ALU (C, PCIN, OPMODE,
+    ALUMODE, CARRYIN), P. With none on the way, it runs through to the outputs (combinational).
+    The outputs start at the last register enabled before them; ACOUT/BCOUT at the A/B register
+    (else they follow A/B)."""
     t = _CellTiming()
+    reg = lambda name: int(_param(c.cell, name, 1))          # noqa: E731 (UG953: default 1)
     mult = _param(c.cell, "USE_MULT", "MULTIPLY") != "NONE"
-    mreg, preg = bool(_param(c.cell, "MREG", 1)) and mult, bool(_param(c.cell, "PREG", 1))
-    outs = [p for p in c.outputs]
-    in_regs = False
+    preadd = _dsp_preadder_pins(c) if mult else set()
+    adreg, mreg, preg = bool(preadd) and reg("ADREG") > 0, mult and reg("MREG") > 0, reg("PREG") > 0
+    p_outs = [p for p in c.outputs if p not in _DSP_CASCADE_OUT]
+    connected = {p for p, bits in c.inputs.items() if any(isinstance(b, int) for b in bits)}
+    p_starts = []                            # clock-to-P of the registers driving P (PREG = 0)
     for pin in c.inputs:
-        reg = _DSP_MULT_INPUTS.get(pin) or _DSP_ALU_INPUTS.get(pin)
-        through_mult = pin in _DSP_MULT_INPUTS and mult
-        if pin.startswith(("CE", "RST")):
-            t.ends.append((pin, m.dsp_ctrl_setup))
-        elif reg and _param(c.cell, reg, 1):
+        if pin in _DSP_CTRL_PINS:
+            if any(reg(r) for r in _DSP_CTRL_PINS[pin]):
+                t.ends.append((pin, m.dsp_ctrl_setup))
+            continue
+        if pin not in _DSP_IN_REG or (pin == "D" and "D" not in preadd):
+            continue                         # CLK; D without the pre-adder is unused
+        own = _DSP_IN_REG[pin]
+        through_mult = mult and pin in _DSP_MULT_PINS
+        extra = m.dsp_preadd if pin in preadd else 0.0
+        if own and reg(own):
             t.ends.append((pin, m.dsp_in_setup))
-            in_regs |= through_mult
+            if pin in connected and not preg:
+                if through_mult and not mreg:
+                    p_starts.append(m.dsp_areg_to_p + (0.0 if adreg else extra))
+                elif not through_mult:
+                    p_starts.append(m.dsp_creg_to_p)
+        elif through_mult and pin in preadd and adreg:
+            t.ends.append((pin, m.dsp_to_adreg))
         elif through_mult and mreg:
-            t.ends.append((pin, m.dsp_to_mreg))
+            t.ends.append((pin, m.dsp_to_mreg + extra))
         elif preg:
-            t.ends.append((pin, m.dsp_to_preg_mult if through_mult else m.dsp_to_preg_alu))
+            t.ends.append((pin, m.dsp_to_preg_mult + extra if through_mult else m.dsp_to_preg_alu))
         else:
-            for out in outs:
-                t.arcs.append((pin, None, out, None, m.dsp_mult if through_mult else m.dsp_alu))
-    # Clock-to-out of the last register before the outputs.
+            for out in p_outs:
+                t.arcs.append((pin, None, out, None, m.dsp_mult + extra if through_mult else m.dsp_alu))
+        # The A/B cascade outputs: registered by AREG/BREG, else A/B (or ACIN/BCIN) go through.
+        for out, ins in _DSP_CASCADE_OUT.items():
+            if pin in ins and out in c.outputs and not (own and reg(own)):
+                t.arcs.append((pin, None, out, None, m.dsp_cascade))
+    for out, ins in _DSP_CASCADE_OUT.items():
+        if out in c.outputs and reg(_DSP_IN_REG[ins[0]]):
+            t.starts.append((out, m.dsp_cascade_clk_to_out))
+    # Clock-to-out of the registers in front of P.
     if preg:
         tco = m.dsp_preg_to_p
-    elif mreg:
-        tco = m.dsp_mreg_to_p
-    elif in_regs:
-        tco = m.dsp_areg_to_p
     else:
-        tco = None
+        if mreg:
+            p_starts.append(m.dsp_mreg_to_p)
+        elif adreg:
+            p_starts.append(m.dsp_areg_to_p)
+        tco = max(p_starts, default=None)
     if tco is not None:
-        t.starts += [(out, tco) for out in outs]
+        t.starts += [(out, tco) for out in p_outs]
     return t
 
 
@@ -637,6 +925,14 @@ def _trace(net: Netlist, g: _Graph, pred: dict, node, end_ci: int, end_pin: str,
     return _Path(ns, start, end, pin, nodes, cells)
 
 
+def _start_names(net: Netlist, g: _Graph, node) -> list[str]:
+    """The names an exception may match a start point by (see :meth:`Netlist.hier_names`)."""
+    _, ci = g.arrival_start.get(node, (0.0, -1))
+    if ci < 0 or net.cells[ci].type.startswith("IBUF"):
+        return [_start_name(net, g, node)]
+    return net.hier_names(ci)
+
+
 def _start_name(net: Netlist, g: _Graph, node) -> str:
     _, ci = g.arrival_start.get(node, (0.0, -1))
     if ci >= 0 and net.cells[ci].type.startswith("IBUF"):
@@ -663,15 +959,30 @@ def analyze(netlist, family: str, *, budget_ns: float = CLOCK_PERIOD_NS, paths: 
 
     results = []                 # (equivalent single-cycle ns, _Path builder args)
     reruns: dict = {}
+    start_cache: dict = {}
+
+    def _starts_at(e: PathException, node) -> bool:
+        if node not in start_cache:
+            start_cache[node] = _start_names(net, g, node)
+        return any(e.matches_start(n) for n in start_cache[node])
+
+    # Per exception: the end points it names, and those whose worst path it covers (none at all
+    # means its names no longer match the design).
+    ends_matched, applied = Counter(), Counter()
     for node, after, ci, pin, bit in g.ends:
         if node not in arrival:
             continue
         ns = arrival[node] + after
         rules = []
         if exceptions:
-            end_name = net.cell_label(ci) if ci >= 0 else f"{pin}[{bit}]"
-            rules = [e for e in exceptions if e.matches_end(end_name)]
-        if rules and any(e.matches_start(_start_name(net, g, start_of(node))) for e in rules):
+            end_names = net.hier_names(ci) if ci >= 0 else [f"{pin}[{bit}]"]
+            rules = [e for e in exceptions if any(e.matches_end(n) for n in end_names)]
+            worst_starts = _start_names(net, g, start_of(node)) if rules else []
+            for idx, e in enumerate(exceptions):
+                if e in rules:
+                    ends_matched[idx] += 1
+                    applied[idx] += any(e.matches_start(n) for n in worst_starts)
+        if rules and any(e.matches_start(n) for e in rules for n in worst_starts):
             # The worst path is an exception: the worst of the other start points counts, and a
             # multicycle path counts as its delay over its cycles.
             best = None
@@ -680,8 +991,8 @@ def analyze(netlist, family: str, *, budget_ns: float = CLOCK_PERIOD_NS, paths: 
                     continue
                 if idx not in reruns:
                     reruns[idx] = (
-                        _propagate(g, lambda n, e=e: not e.matches_start(_start_name(net, g, n))),
-                        _propagate(g, lambda n, e=e: e.matches_start(_start_name(net, g, n)))
+                        _propagate(g, lambda n, e=e: not _starts_at(e, n)),
+                        _propagate(g, lambda n, e=e: _starts_at(e, n))
                         if e.cycles else None)
                 (arr_o, pred_o, _), mc = reruns[idx]
                 if node in arr_o:
@@ -736,7 +1047,8 @@ def analyze(netlist, family: str, *, budget_ns: float = CLOCK_PERIOD_NS, paths: 
         "over_clock_endpoints": over_clock,
         "by_module": dict(sorted(by_module.items())),
         "paths": list(groups.values()),
-        "exceptions": [asdict(e) for e in exceptions],
+        "exceptions": [{**asdict(e), "end_points": ends_matched[idx], "worst_paths": applied[idx]}
+                       for idx, e in enumerate(exceptions)],
         "unknown_cells": dict(unknown), "loop_nodes": loops,
     }
 
@@ -812,6 +1124,11 @@ def format_paths(part: str, t: dict) -> list[str]:
         lines.append(f"  {p['ns']:6.2f} ns{mc} {p['levels']:3d} levels  {p['start']} -> {p['end']} "
                      f"({p['end_pin']}, {p['bits']} bits, {p['bits_over_budget']} over budget)")
         lines.append(f"      via {' > '.join(p['nets'])}")
+    for e in t.get("exceptions", ()):
+        kind = f"multicycle {e['cycles']}" if e.get("cycles") else "false path"
+        lines.append(f"  exception ({kind}) {e['start']} -> {e['end']}: {e.get('end_points', '?')} end "
+                     f"points, {e.get('worst_paths', '?')} of them with their worst path through it"
+                     + ("  ** matches nothing in this netlist **" if e.get("end_points") == 0 else ""))
     if t.get("unknown_cells"):
         lines.append(f"  cells timed as one LUT level (no model): {t['unknown_cells']}")
     return lines

@@ -207,3 +207,351 @@ def test_cli_timing_is_registered(run_cli):
     assert r.returncode == 0, r.stderr
     for option in ("--part", "--paths", "--json", "--out"):
         assert option in r.stdout
+
+
+# ----------------------------------------------------------------------------- DSP inputs
+# Tiny hand-written netlists (Yosys JSON): flip-flops, LUTs and one or two DSPs, timed by the
+# model's constants. No Yosys run.
+
+class _Hand:
+    """A flattened Yosys JSON netlist built by hand: ``bits`` names a new bus, ``ff``/``lut``/
+    ``dsp`` add cells (unconnected pins are simply absent, constants are "0"/"1")."""
+
+    def __init__(self):
+        self.cells, self.netnames, self._next = {}, {}, 2
+        self.clk = self.bits("clk")
+
+    def bits(self, name, width=1):
+        out = list(range(self._next, self._next + width))
+        self._next += width
+        self.netnames[name] = {"bits": out, "hide_name": 0, "attributes": {}}
+        return out
+
+    def cell(self, name, kind, inputs, outputs, params=None):
+        self.cells[name] = {
+            "type": kind, "parameters": {k: (v if isinstance(v, str) else format(v, "032b"))
+                                         for k, v in (params or {}).items()},
+            "port_directions": {**{p: "input" for p in inputs}, **{p: "output" for p in outputs}},
+            "connections": {**inputs, **outputs}}
+
+    def ff(self, d, q, name=None):
+        self.cell(name or f"ff{len(self.cells)}", "FDRE",
+                  {"C": self.clk, "CE": ["1"], "R": ["0"], "D": d}, {"Q": q})
+
+    def lut(self, i, o):
+        self.cell(f"lut{len(self.cells)}", "LUT1", {"I0": i}, {"O": o}, {"INIT": 1})
+
+    def chain(self, name, levels, width=1):
+        """A register ``name`` and ``levels`` LUTs behind it; returns the last bits."""
+        src = self.bits(name, width)
+        for k in range(width):
+            self.ff(self.bits(f"{name}_d{k}"), [src[k]])
+        x = src
+        for level in range(levels):
+            y = self.bits(f"{name}_l{level}", width)
+            for k in range(width):
+                self.lut([x[k]], [y[k]])
+            x = y
+        return x
+
+    def netlist(self):
+        ports = {"clk": {"direction": "input", "bits": self.clk}}
+        mod = {"attributes": {"top": "1"}, "ports": ports, "cells": self.cells,
+               "netnames": self.netnames}
+        return timing.Netlist({"modules": {"top": mod}}, "top")
+
+
+# Every register off unless a test turns it on (Yosys writes them all).
+_OFF = {r: 0 for r in ("AREG", "BREG", "CREG", "DREG", "ADREG", "MREG", "PREG", "INMODEREG",
+                       "OPMODEREG", "ALUMODEREG", "CARRYINREG", "CARRYINSELREG",
+                       "ACASCREG", "BCASCREG")}
+
+
+def _hand_dsp(params, inputs, kind="DSP48E1", p_reg_name="prod", capture=True):
+    """DSP ``kind`` with ``params`` over the registers in _OFF; ``inputs`` maps a pin to the
+    number of LUT levels between its source register (named after the pin) and the pin. P's low
+    bit is captured by the register ``p_reg_name``."""
+    h = _Hand()
+    conn = {"CLK": h.clk}
+    for pin, levels in inputs.items():
+        conn[pin] = h.chain(f"src_{pin.lower()}", levels)
+    p = h.bits("p_out", 2)
+    h.cell("dsp", kind, conn, {"P": p}, {**_OFF, "USE_MULT": "MULTIPLY", **params})
+    if capture:
+        h.ff([p[0]], h.bits(p_reg_name))
+    return h
+
+
+def _ends(result, pin):
+    """The worst arrival (ns) per start signal at the DSP pin ``pin``."""
+    return {p["start"].split("[")[0]: p["ns"] for p in result["paths"] if p["end_pin"] == pin}
+
+
+def _analyze(h, family):
+    return timing.analyze(h.netlist(), family, paths=1000, exceptions=[])
+
+
+FAMILIES = ("xc7", "xcup")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dsp_unregistered_b_runs_through_the_multiplier_into_m(family):
+    # The issue's path: a register, 10 LUT levels, B of a DSP48E1 with BREG = 0 and MREG = 1.
+    m = timing.MODELS[family]
+    r = _analyze(_hand_dsp({"AREG": 1, "MREG": 1}, {"A": 0, "B": 10}), family)
+    levels = 10 * (m.lut + m.net)
+    assert _ends(r, "DSP48E1.B")["src_b"] == pytest.approx(m.ff_clk_to_q + m.net + levels + m.dsp_to_mreg)
+    assert _ends(r, "DSP48E1.A")["src_a"] == pytest.approx(m.ff_clk_to_q + m.net + m.dsp_in_setup)
+    # P is combinational from M (PREG = 0): M's clock-to-P, then a net into the capture register.
+    assert _path_to(r, "prod")["ns"] == pytest.approx(m.dsp_mreg_to_p + m.net + m.ff_setup_d)
+    assert _path_to(r, "prod")["start"] == "p_out[0]"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dsp_unregistered_b_without_m_ends_at_p(family):
+    m = timing.MODELS[family]
+    r = _analyze(_hand_dsp({"AREG": 1, "PREG": 1}, {"A": 0, "B": 10}), family)
+    levels = 10 * (m.lut + m.net)
+    assert _ends(r, "DSP48E1.B")["src_b"] == pytest.approx(
+        m.ff_clk_to_q + m.net + levels + m.dsp_to_preg_mult)
+    assert _path_to(r, "prod")["ns"] == pytest.approx(m.dsp_preg_to_p + m.net + m.ff_setup_d)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dsp_without_registers_is_combinational(family):
+    m = timing.MODELS[family]
+    r = _analyze(_hand_dsp({}, {"A": 2, "B": 1}), family)
+    assert not _ends(r, "DSP48E1.A") and not _ends(r, "DSP48E1.B")
+    p = _path_to(r, "prod")
+    assert p["start"] == "src_a"
+    assert p["ns"] == pytest.approx(m.ff_clk_to_q + m.net + 2 * (m.lut + m.net) + m.dsp_mult + m.net
+                                    + m.ff_setup_d)
+    assert p["cells"] == ["LUT1", "LUT1", "DSP48E1"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dsp_registered_a_unregistered_b_no_m_no_p(family):
+    # A's register starts a path through the multiplier; B runs through it combinationally.
+    m = timing.MODELS[family]
+    r = _analyze(_hand_dsp({"AREG": 1}, {"A": 0, "B": 3}), family)
+    through_b = m.ff_clk_to_q + m.net + 3 * (m.lut + m.net) + m.dsp_mult
+    p = _path_to(r, "prod")
+    assert p["ns"] == pytest.approx(max(m.dsp_areg_to_p, through_b) + m.net + m.ff_setup_d)
+    assert p["start"] == "src_b"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dsp_pre_adder(family):
+    m = timing.MODELS[family]
+    t0 = m.ff_clk_to_q + m.net
+    # DSP48E1 with the D port: A and D go through the pre-adder into AD (ADREG = 1), B does not.
+    r = _analyze(_hand_dsp({"USE_DPORT": "TRUE", "ADREG": 1, "MREG": 1}, {"A": 0, "B": 0, "D": 0}), family)
+    ends = {pin: _ends(r, f"DSP48E1.{pin}")[f"src_{pin.lower()}"] for pin in "ABD"}
+    assert ends == pytest.approx({"A": t0 + m.dsp_to_adreg, "D": t0 + m.dsp_to_adreg,
+                                  "B": t0 + m.dsp_to_mreg})
+    # Without ADREG they run through the pre-adder and the multiplier into M.
+    r = _analyze(_hand_dsp({"USE_DPORT": "TRUE", "MREG": 1}, {"A": 0, "D": 1}), family)
+    assert _ends(r, "DSP48E1.D")["src_d"] == pytest.approx(t0 + m.lut + m.net + m.dsp_preadd + m.dsp_to_mreg)
+    # Without the D port, D is unused: no end point.
+    r = _analyze(_hand_dsp({"MREG": 1}, {"A": 0, "D": 1}), family)
+    assert not _ends(r, "DSP48E1.D")
+    # A registered D (DREG = 1) ends at its register; P from AD through the multiplier (M off).
+    r = _analyze(_hand_dsp({"USE_DPORT": "TRUE", "DREG": 1, "ADREG": 1}, {"D": 0}), family)
+    assert _ends(r, "DSP48E1.D")["src_d"] == pytest.approx(t0 + m.dsp_in_setup)
+    assert _path_to(r, "prod")["ns"] == pytest.approx(m.dsp_areg_to_p + m.net + m.ff_setup_d)
+    # DSP48E2: the pre-adder is used when AMULTSEL or BMULTSEL is AD, on B with PREADDINSEL = B.
+    e2 = {"AMULTSEL": "AD", "PREADDINSEL": "B", "PREG": 1}
+    r = _analyze(_hand_dsp(e2, {"A": 0, "B": 0, "D": 0}, kind="DSP48E2"), family)
+    assert _ends(r, "DSP48E2.B")["src_b"] == pytest.approx(t0 + m.dsp_preadd + m.dsp_to_preg_mult)
+    assert _ends(r, "DSP48E2.D")["src_d"] == pytest.approx(t0 + m.dsp_preadd + m.dsp_to_preg_mult)
+    assert _ends(r, "DSP48E2.A")["src_a"] == pytest.approx(t0 + m.dsp_to_preg_mult)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dsp_c_and_controls(family):
+    m = timing.MODELS[family]
+    t0 = m.ff_clk_to_q + m.net
+    # Unregistered C and ALU controls end at P; INMODE (A/B/pre-adder select) at M.
+    pins = {"A": 0, "C": 0, "OPMODE": 0, "ALUMODE": 0, "CARRYIN": 0, "INMODE": 0}
+    r = _analyze(_hand_dsp({"AREG": 1, "MREG": 1, "PREG": 1}, pins), family)
+    for pin in ("C", "OPMODE", "ALUMODE", "CARRYIN"):
+        assert _ends(r, f"DSP48E1.{pin}")[f"src_{pin.lower()}"] == pytest.approx(t0 + m.dsp_to_preg_alu)
+    assert _ends(r, "DSP48E1.INMODE")["src_inmode"] == pytest.approx(t0 + m.dsp_to_mreg)
+    # Their own registers on: setup into them.
+    regs = {"AREG": 1, "MREG": 1, "PREG": 1, "CREG": 1, "OPMODEREG": 1, "INMODEREG": 1}
+    r = _analyze(_hand_dsp(regs, {"C": 0, "OPMODE": 0, "INMODE": 0}), family)
+    for pin in ("C", "OPMODE", "INMODE"):
+        assert _ends(r, f"DSP48E1.{pin}")[f"src_{pin.lower()}"] == pytest.approx(t0 + m.dsp_in_setup)
+    # P off, M on: C runs through the ALU to P, where M's clock-to-P also arrives.
+    r = _analyze(_hand_dsp({"AREG": 1, "MREG": 1}, {"A": 0, "C": 4}), family)
+    assert not _ends(r, "DSP48E1.C")
+    through_c = t0 + 4 * (m.lut + m.net) + m.dsp_alu
+    assert _path_to(r, "prod")["ns"] == pytest.approx(max(m.dsp_mreg_to_p, through_c) + m.net + m.ff_setup_d)
+    # P off, C registered: C's register clock-to-P.
+    r = _analyze(_hand_dsp({"AREG": 1, "MREG": 1, "CREG": 1}, {"A": 0, "C": 0}), family)
+    assert _path_to(r, "prod")["ns"] == pytest.approx(
+        max(m.dsp_mreg_to_p, m.dsp_creg_to_p) + m.net + m.ff_setup_d)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dsp_clock_enables_and_resets_of_registers_that_are_off(family):
+    m = timing.MODELS[family]
+    r = _analyze(_hand_dsp({"MREG": 1}, {"A": 0, "RSTA": 0, "CEA2": 0, "RSTM": 1, "CEM": 0}), family)
+    assert not _ends(r, "DSP48E1.RSTA") and not _ends(r, "DSP48E1.CEA2")
+    assert _ends(r, "DSP48E1.RSTM")["src_rstm"] == pytest.approx(
+        m.ff_clk_to_q + m.net + m.lut + m.net + m.dsp_ctrl_setup)
+    assert _ends(r, "DSP48E1.CEM")["src_cem"] == pytest.approx(m.ff_clk_to_q + m.net + m.dsp_ctrl_setup)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dsp_cascades(family):
+    # dsp1 (all registers) cascades A and P into dsp2 on dedicated routes (no net delay).
+    m = timing.MODELS[family]
+    h = _Hand()
+    a, b = h.chain("src_a", 0, 2), h.chain("src_b", 0, 2)
+    acout, pcout, p1, p2 = h.bits("acout", 2), h.bits("pcout", 2), h.bits("p1", 2), h.bits("p2", 2)
+    h.cell("dsp1", "DSP48E1", {"CLK": h.clk, "A": a, "B": b}, {"P": p1, "ACOUT": acout, "PCOUT": pcout},
+           {**_OFF, "AREG": 1, "ACASCREG": 1, "BREG": 1, "MREG": 1, "PREG": 1})
+    h.cell("dsp2", "DSP48E1", {"CLK": h.clk, "ACIN": acout, "B": b, "PCIN": pcout}, {"P": p2},
+           {**_OFF, "A_INPUT": "CASCADE", "BREG": 1, "MREG": 1, "PREG": 1})
+    r = _analyze(h, family)
+    assert _ends(r, "DSP48E1.ACIN")["acout"] == pytest.approx(m.dsp_cascade_clk_to_out + m.dsp_to_mreg)
+    assert _ends(r, "DSP48E1.PCIN")["pcout"] == pytest.approx(m.dsp_preg_to_p + m.dsp_to_preg_alu)
+    # Unregistered A: ACOUT follows A (and ACIN of the next one ends at its M).
+    h2 = _Hand()
+    a = h2.chain("src_a", 0, 2)
+    acout, p1, p2 = h2.bits("acout", 2), h2.bits("p1", 2), h2.bits("p2", 2)
+    h2.cell("dsp1", "DSP48E1", {"CLK": h2.clk, "A": a}, {"P": p1, "ACOUT": acout}, {**_OFF, "MREG": 1})
+    h2.cell("dsp2", "DSP48E1", {"CLK": h2.clk, "ACIN": acout}, {"P": p2}, {**_OFF, "MREG": 1})
+    r = _analyze(h2, family)
+    assert _ends(r, "DSP48E1.ACIN")["src_a"] == pytest.approx(
+        m.ff_clk_to_q + m.net + m.dsp_cascade + m.dsp_to_mreg)
+
+
+def test_xcup_dsp_constants_are_ds925s():
+    # The UltraScale+ DSP constants are the periods of DS925's DSP48 maximum frequencies (-1).
+    m = timing.MODELS["xcup"]
+    assert m.dsp_to_mreg == pytest.approx(1e3 / 645, abs=1e-3)
+    assert m.dsp_to_preg_mult == pytest.approx(1e3 / 456, abs=1e-3)
+    assert m.dsp_preadd == pytest.approx(1e3 / 338 - 1e3 / 456, abs=2e-3)
+    assert m.lut == pytest.approx(timing.XCUP_SCALE * timing.MODELS["xc7"].lut)
+
+
+# ----------------------------------------------------------------------------- exceptions vs RTL
+
+def _settle_margin(pe, configs, trials=8, seed=1):
+    """Cycles between the last change of a PE's configuration results (cfg_error, in_beats,
+    out_beats) and its cfg_ready, after a configuration change, the least over random changes:
+    a first hop of N cycles delays the results by N - 1."""
+    import random
+
+    from amaranth.sim import Simulator
+
+    rng = random.Random(seed)
+    outs = (pe.cfg_error, pe.in_beats, pe.out_beats)
+    margins = []
+
+    async def bench(ctx):
+        for _ in range(trials):
+            for cfg in (configs(rng), configs(rng)):
+                for name, value in cfg.items():
+                    ctx.set(getattr(pe, name), value)
+                trace = []
+                for _ in range(12):
+                    trace.append((ctx.get(pe.cfg_ready), tuple(ctx.get(o) for o in outs)))
+                    await ctx.tick()
+            ready = next(k for k in range(12) if all(r for r, _ in trace[k:]))
+            last = max([k for k in range(1, 12) if trace[k][1] != trace[k - 1][1]], default=0)
+            margins.append(ready - last)
+
+    sim = Simulator(pe)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return min(margins)
+
+
+def _sizes(rng):
+    size = lambda: rng.choice([1, 16, rng.randrange(1, 64), rng.randrange(1 << 16)])  # noqa: E731
+    return {"a": size(), "b": size(), "c": size(), "d": size(), "shift": rng.randrange(-128, 128)}
+
+
+def _pe3_config(rng):
+    from insitu.accel.regmap import Op
+
+    cfg = {**_sizes(rng), "op": rng.choice([int(Op.PE3), int(Op.PE3_PSG)]),
+           "psg_tau": rng.randrange(1 << 32)}
+    if rng.random() < 0.5:                       # a valid block: d divides a
+        d = rng.randrange(1, 64)
+        cfg.update(c=16, d=d, a=d * rng.randrange(1, 64))
+    return cfg
+
+
+def _lrt_config(rng):
+    from insitu.accel.regmap import LRT_OPS
+
+    return {**_sizes(rng), "op": rng.choice(sorted(int(o) for o in LRT_OPS)), "side": rng.randrange(2),
+            "rows_l": rng.randrange(1 << 12), "rows_r": rng.randrange(1 << 12), "cols": rng.randrange(16)}
+
+
+def test_declared_multicycle_paths_settle_before_cfg_ready():
+    """Every declared multicycle path is a first hop from the top's configuration registers into
+    a PE's configuration results, and that PE's cfg_ready leaves the cycles it needs (measured
+    on the RTL). PE1/PE2 have no spare cycle, so none is declared for them."""
+    from insitu.accel.params import DEFAULT_PARAMS
+    from insitu.rtl.pe1 import PE1
+    from insitu.rtl.pe3 import PE3
+    from insitu.rtl.pe_lrt import PELRT
+
+    pes = {"accel.pe3.config.": (PE3, _pe3_config), "accel.pe_lrt.config.": (PELRT, _lrt_config)}
+    margins = {}
+    assert timing.EXCEPTIONS
+    for e in timing.EXCEPTIONS:
+        assert e.cycles and e.start == "accel.cfg_*" and e.reason
+        scope = next((s for s in pes if e.end.startswith(s)), None)
+        assert scope, f"{e.end}: no check of this exception"
+        if scope not in margins:
+            cls, configs = pes[scope]
+            margins[scope] = _settle_margin(cls(DEFAULT_PARAMS), configs)
+        assert margins[scope] >= e.cycles - 1, (e.end, margins[scope])
+    assert _settle_margin(PE1(DEFAULT_PARAMS), lambda rng: {**_sizes(rng), "op": 1}, trials=4) == 0
+    assert not [e for e in timing.EXCEPTIONS if ".pe1." in e.end or ".pe2." in e.end]
+
+
+def test_multicycle_xdc_has_setup_and_hold():
+    rule = timing.PathException(start="accel.cfg_*", end="accel.pe3.config.*", cycles=3, reason="r")
+    xdc = timing.xdc_exceptions_text([rule])
+    src = "[get_cells -hierarchical -filter {NAME =~ *accel/cfg_*_reg*}]"
+    dst = "[get_cells -hierarchical -filter {NAME =~ *accel/pe3/config/* && IS_PRIMITIVE}]"
+    assert f"set_multicycle_path 3 -setup -from {src} -to {dst}" in xdc
+    assert f"set_multicycle_path 2 -hold -from {src} -to {dst}" in xdc
+    with pytest.raises(ValueError):
+        timing.xdc_exceptions_text([timing.PathException(start="accel.cfg_*", cycles=2)])
+    # With the Verilog, registers are named as Amaranth wrote them: `cfg_a` is an alias of `a`.
+    verilog = """module \\top.accel (clk);
+  reg [15:0] a = 16'h0000;
+  reg \\x$3 ;
+  wire [15:0] cfg_a;
+  assign cfg_a = a;
+endmodule
+module \\top.accel.pe3.config (clk);
+  reg [7:0] x0 = 8'h00;
+endmodule
+"""
+    xdc = timing.xdc_exceptions_text([rule], verilog)
+    assert "-from [get_cells -hierarchical -filter {NAME =~ *accel/a_reg*}] -to " + dst in xdc
+    lrt = timing.PathException(start="accel.cfg_*", end="accel.pe_lrt.config.in_beats", cycles=2)
+    assert "left out: accel.pe_lrt.config.in_beats names no register" in timing.xdc_exceptions_text(
+        [lrt], verilog)
+
+
+def test_declared_exceptions_name_registers_of_the_top_level():
+    """The XDC of the declared exceptions names the registers of the reference design's Verilog
+    (~10 s: the top level's conversion): the top's configuration registers as Amaranth writes
+    them, and every exception is written."""
+    xdc = timing.xdc_exceptions_text()
+    assert "left out" not in xdc
+    assert xdc.count("set_multicycle_path") == 2 * len(timing.EXCEPTIONS)
+    for reg in ("op", "a", "b", "c", "d", "shift", "psg_tau", "rows_l", "rows_r", "cols", "side"):
+        assert f"NAME =~ *accel/{reg}_reg*" in xdc
+    assert "*accel/pe_lrt/config/cfg_error_reg*" in xdc and "*accel/pe_lrt/config/in_beats_reg*" in xdc

@@ -24,6 +24,7 @@ from insitu.rtl import generate as gen
 from insitu.accel import regmap
 from insitu.rtl import vivado
 from insitu.rtl.axil import AXILiteRegisters, AXILiteSignature
+from insitu.rtl.timing import EXCEPTIONS
 from insitu.accel.params import DEFAULT_PARAMS, IP_VLNV, STREAM_BITS, TOP_MODULE
 from insitu.accel.regmap import ADDR_BITS, REGISTERS, VERSION
 
@@ -147,6 +148,9 @@ def tcl_physical_ports(tcl: str) -> set:
 #: Per board: its top level, clock constraint, register map and Tcl.
 BOARD_FILES = {"{top}_{b}.v", "{top}_{b}_ooc.xdc", "registers_{b}.md", "registers_{b}.json",
                "bd_{b}.tcl", "build_{b}.tcl"}
+# ... and its declared false/multicycle paths (insitu.rtl.timing.EXCEPTIONS), where there are any.
+if EXCEPTIONS:
+    BOARD_FILES.add("{top}_{b}.xdc")
 
 
 def test_generate_writes_every_file_with_a_matching_manifest(generated):
@@ -207,6 +211,22 @@ def test_xdc_clock_period_per_board(generated):
         assert f"create_clock -period {period} -name aclk [get_ports aclk]" in xdc
         assert 1e9 / pl_clock_hz(board) == float(period)
     assert not (out / f"{TOP_MODULE}_ooc.xdc").exists()     # no board-independent clock
+
+
+def test_paths_xdc_per_board_is_packaged(generated):
+    """The declared multicycle paths go to each board's XDC, with the hold multiplier one less
+    than the setup one (UG903), and package_ip.tcl adds that XDC to the IP."""
+    out = generated[False][0]
+    for board in ("ultra96v2", "zedboard"):
+        xdc = (out / vivado.paths_xdc_filename(board)).read_text()
+        for e in EXCEPTIONS:
+            if e.cycles:
+                assert f"set_multicycle_path {e.cycles} -setup -from " in xdc
+                assert f"set_multicycle_path {e.cycles - 1} -hold -from " in xdc
+        assert "left out" not in xdc
+    tcl = (out / "package_ip.tcl").read_text()
+    assert "set paths_xdc [file join $hdl_dir @TOP@_${board}.xdc]".replace("@TOP@", TOP_MODULE) in tcl
+    assert "add_files -fileset constrs_1 -norecurse $paths_xdc" in tcl
 
 
 @pytest.mark.parametrize("board, mhz", [("ultra96v2", "200"), ("zedboard", "125")])
