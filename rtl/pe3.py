@@ -59,15 +59,17 @@ a configuration change (``cfg_ready``): ``a / d`` is an exact division by multip
 refused with BLOCK (d does not divide a), ``in_beats`` means nothing.
 
 The parts, each an Amaranth component: :class:`PE3Config` (the configuration results),
-:class:`PE3Loader` (the X buffer's banks and the dY FIFO's input), :class:`PE3MacArray` (the
-multipliers and accumulators) and :class:`PE3RowOutput` (rescale, signs, PSG status); :class:`PE3`
-keeps the issue logic (rows, banks, credits) and the FIFOs.
+:class:`PE3Loader` (the X buffer's banks and the dY FIFO's input), :class:`PE3Issue` (the MAC
+steps: steps, rows and blocks, the bank read and release), :class:`PE3Credits` (whether a row's
+beats fit in the output FIFO), :class:`PE3MacArray` (the multipliers and accumulators) and
+:class:`PE3RowOutput` (rescale, signs, PSG status); :class:`PE3` wires them, holds the dY and
+output FIFOs, and drives ``cfg_ready`` and ``busy``.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed
-from amaranth.lib import data, wiring
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
@@ -98,7 +100,13 @@ RESCALE_LANES = STREAM_WORDS
 
 
 class PE3(PE):
-    """The outer-product PE (``op`` = 3, and 4 = PE3_PSG); see the module docstring."""
+    """The outer-product PE (``op`` = 3, and 4 = PE3_PSG); see the module docstring.
+
+    What is left here is the wiring of the parts, the two FIFOs between them, and what the PE
+    interface asks of every PE (``cfg_ready``, ``busy``): the loader fills the X buffer and the
+    dY FIFO, the issue logic takes a step a cycle from both into the MAC array while the credits
+    allow a row, and the row output fills the output FIFO, which is the PE's output stream.
+    """
 
     def __init__(self, params: AcceleratorParams = DEFAULT_PARAMS, *,
                  dy_fifo_beats: int = DY_FIFO_BEATS, out_fifo_beats: int = OUT_FIFO_BEATS):
@@ -125,10 +133,6 @@ class PE3(PE):
     def elaborate(self, platform):
         m = Module()
         p = self.params
-        W = TT_PE_DATA_BITS
-        L = self.lanes
-        bmax = p.pe3_b_max
-        BL = p.pe3_batch_lanes                          # batch entries per MAC step
         a, b, c, d = self.a, self.b, self.c, self.d
 
         psg = Signal()
@@ -143,66 +147,197 @@ class PE3(PE):
         m.d.comb += [self.cfg_error.eq(config.cfg_error), self.in_beats.eq(config.in_beats),
                      self.out_beats.eq(config.out_beats)]
 
-        # ------------------------------------------------------------ storage and loader
-        step_bits = pe3_step_bits(p)                    # X buffer address within a bank
+        # ------------------------------------------------------------ FIFOs
         dyf = m.submodules.dy_fifo = SyncFIFOBuffered(width=STREAM_BITS, depth=self.dy_fifo_beats)
         outf = m.submodules.out_fifo = SyncFIFOBuffered(width=STREAM_BITS, depth=self.out_fifo_beats)
         # The counters' last values, registered from the held sizes (settled long before start):
-        # the compares then have no subtractor in front of them.
+        # the loader's and the issue logic's compares then have no subtractor in front of them.
         a_m1, d_m1 = Signal(16), Signal(16)
         m.d.sync += [a_m1.eq(a - 1), d_m1.eq(d - 1)]
+
+        # ------------------------------------------------------------ loader and issue
         m.submodules.loader = loader = PE3Loader(p)
-        full = loader.full
-        clr_full = [Signal(name=f"bank{i}_clr") for i in range(2)]
+        m.submodules.issue = issue = PE3Issue(p)
+        m.submodules.credits = credits = PE3Credits(self.out_fifo_beats)
+        wiring.connect(m, wiring.flipped(self.s), loader.s)
+        wiring.connect(m, loader.dy, dyf.w_stream)
+        wiring.connect(m, dyf.r_stream, issue.dy)
+        m_fire = Signal()
         m.d.comb += [
+            m_fire.eq(self.m.valid & self.m.ready),
             loader.start.eq(self.start), loader.psg.eq(psg), loader.a_m1.eq(a_m1),
             loader.d_m1.eq(d_m1), loader.b.eq(b),
-            loader.s_valid.eq(self.s.valid), loader.s_payload.eq(self.s.payload),
-            self.s.ready.eq(loader.s_ready),
-            loader.dy_w_rdy.eq(dyf.w_rdy), dyf.w_data.eq(loader.dy_w_data),
-            dyf.w_en.eq(loader.dy_w_en),
-            loader.release.eq(Cat(*clr_full)),
+            loader.release.eq(issue.release), loader.x_rd_addr.eq(issue.x_rd_addr),
+            issue.start.eq(self.start), issue.a_m1.eq(a_m1), issue.d_m1.eq(d_m1), issue.b.eq(b),
+            issue.full.eq(loader.full), issue.room.eq(credits.room),
+            credits.start.eq(self.start), credits.out_row_beats.eq(out_row_beats),
+            credits.row_start.eq(issue.row_start), credits.sent.eq(m_fire),
         ]
 
-        # ------------------------------------------------------------ issue
+        # ------------------------------------------------------------ MAC array and output
+        m.submodules.macs = macs = PE3MacArray(self.lanes, self.acc_bits, self.msb_acc_bits,
+                                               p.pe3_batch_lanes)
+        m.d.comb += [macs.start.eq(self.start), macs.step.eq(issue.step),
+                     macs.first.eq(issue.first), macs.last.eq(issue.last),
+                     macs.dy_word.eq(issue.dy_word), macs.x_entry.eq(loader.x_entry)]
+        if p.pe3_batch_lanes > 1:
+            m.d.comb += macs.entry_ok.eq(issue.entry_ok)
+        m.submodules.rows_out = rows_out = PE3RowOutput(p, self.acc_bits, self.msb_acc_bits)
+        m.d.comb += [
+            rows_out.start.eq(self.start), rows_out.psg.eq(psg),
+            rows_out.out_row_beats.eq(out_row_beats), rows_out.shift.eq(self.shift),
+            rows_out.psg_tau.eq(self.psg_tau), rows_out.res.eq(macs.res),
+            rows_out.msb_res.eq(macs.msb_res), rows_out.res_due.eq(macs.res_due),
+            rows_out.res_valid.eq(macs.res_valid),
+            # No ready: the credits reserve a row's beats in the output FIFO before it starts.
+            outf.w_data.eq(rows_out.beat),
+            outf.w_en.eq(rows_out.beat_valid),
+            self.psg_predicted.eq(rows_out.psg_predicted),
+            self.psg_max.eq(rows_out.psg_max),
+        ]
+        wiring.connect(m, outf.r_stream, wiring.flipped(self.m))
+
+        # ------------------------------------------------------------ busy
+        out_left = Signal(range(2 * (1 << 16) + 1))     # output beats still to send
+        with m.If(self.start):
+            m.d.sync += [self.busy.eq(1), out_left.eq(self.out_beats)]
+        with m.Elif(m_fire & self.busy):
+            m.d.sync += out_left.eq(out_left - 1)
+            with m.If(out_left == 1):
+                m.d.sync += self.busy.eq(0)
+        return m
+
+
+class PE3Issue(wiring.Component):
+    """PE3's issue logic: one MAC step a cycle, ``dy_word`` (word(s) ``s`` of the dY FIFO's head
+    beat, unpacked one step a cycle) with X entry (step) ``s`` of the block's bank
+    (``x_rd_addr``, read by the loader's X buffer), no bubbles between rows or blocks. It counts
+    the steps of a row (``first``, ``last``), the rows of a block (then ``release`` frees the
+    block's bank and the next bank is read) and the rows of the op; a row starts only while
+    ``room`` (the credits) allows it. With ``pe3_batch_lanes`` = 2, ``entry_ok`` masks the
+    second entry of an odd ``b``'s last step.
+
+    Separate because it is the one scheduler between the two sides: the loader's bank flags
+    (``full``) and the dY FIFO (``dy``, a stream it takes words from) come in, the MAC array's
+    step controls go out; only these ports cross, and the counters are its own.
+    """
+
+    def __init__(self, params: AcceleratorParams):
+        self.params = params
+        BL = params.pe3_batch_lanes
+        ports = {
+            "start": In(1),
+            "a_m1": In(16),                      # rows - 1, block rows - 1 (held sizes)
+            "d_m1": In(16),
+            "b": In(SIZE_BITS),
+            "full": In(2),
+            "release": Out(2),
+            "dy": In(stream.Signature(STREAM_BITS)),
+            "room": In(1),
+            "x_rd_addr": Out(pe3_step_bits(params) + 1),
+            "step": Out(1),
+            "row_start": Out(1),
+            "first": Out(1, init=1),
+            "last": Out(1),
+            "dy_word": Out(BL * TT_PE_DATA_BITS),
+        }
+        if BL > 1:
+            ports["entry_ok"] = Out(BL)
+        super().__init__(ports)
+
+    def elaborate(self, platform):
+        m = Module()
+        BL = self.params.pe3_batch_lanes               # batch entries per MAC step
+        step_bits = pe3_step_bits(self.params)        # X buffer address within a bank
+        a_m1, d_m1, b = self.a_m1, self.d_m1, self.b
+        first, last, step = self.first, self.last, self.step
+
         cp_active = Signal()
         rd_bank = Signal()
         s_idx = Signal(max(1, step_bits))               # MAC step within the row (BL entries)
         w_idx = Signal(ceil_log2(STREAM_WORDS // BL))   # step within the current dY beat
         cp_row_blk = Signal(16)
         cp_rows = Signal(16)
-        out_left = Signal(range(2 * (1 << 16) + 1))     # output beats still to send
-        credits = Signal(range(self.out_fifo_beats + 1))     # output beats reserved, not yet sent
-        # Cycles before the next row may start: rows start at most every out_row_beats cycles,
-        # so a row's sums leave the holding register before the next row's land (b small).
-        cooldown = Signal(range(PSG_ROW_BEATS))
-        # (Implied by dyf.r_rdy -- a block's dY is queued after its X block -- but kept as a guard.)
-        bank_full = Mux(rd_bank, full[1], full[0])
+        # (Implied by dy.valid -- a block's dY is queued after its X block -- but kept as a guard.)
+        bank_full = Mux(rd_bank, self.full[1], self.full[0])
 
         # first (s_idx == 0) and last (s_idx == steps - 1) are registers, set a cycle ahead from
-        # steps - 2 and steps == 1 (registered; b is held from several cycles before start): no
-        # size arithmetic or wide compare in front of issue, which drives the dY FIFO's read
+        # one_step and steps_m2 (registered; b is held from several cycles before start): no
+        # size arithmetic or wide compare in front of step, which drives the dY FIFO's read
         # side. A row takes steps = ceil(b / BL) MAC steps.
-        first = Signal(init=1)
-        last = Signal()
-        b_is_1 = Signal()
-        b_minus_2 = Signal(16)
+        one_step = Signal()
+        steps_m2 = Signal(16)
         steps = b if BL == 1 else (b + BL - 1) >> ceil_log2(BL)
-        m.d.sync += [b_is_1.eq(steps == 1), b_minus_2.eq(steps - 2)]
-        # Whether a row's beats fit in the output FIFO and the cooldown is over, registered
-        # (room): the compares are off the issue path.
-        room = Signal(init=1)
-        issue = Signal()
-        m_fire = Signal()
+        m.d.sync += [one_step.eq(steps == 1), steps_m2.eq(steps - 2)]
         m.d.comb += [
-            issue.eq(cp_active & bank_full & dyf.r_rdy & (~first | room)),
-            dyf.r_en.eq(issue & (last | (w_idx == STREAM_WORDS // BL - 1))),
-            loader.x_rd_addr.eq(Cat(s_idx[:step_bits], rd_bank)),
-            m_fire.eq(self.m.valid & self.m.ready),
+            step.eq(cp_active & bank_full & self.dy.valid & (~first | self.room)),
+            self.row_start.eq(step & first),
+            self.dy.ready.eq(step & (last | (w_idx == STREAM_WORDS // BL - 1))),
+            self.dy_word.eq(self.dy.payload.word_select(w_idx, BL * TT_PE_DATA_BITS)),
+            self.x_rd_addr.eq(Cat(s_idx[:step_bits], rd_bank)),
         ]
-        row_start = issue & first
+        with m.If(self.start):
+            m.d.sync += [cp_active.eq(1), rd_bank.eq(0), s_idx.eq(0), w_idx.eq(0),
+                         cp_row_blk.eq(0), cp_rows.eq(0), first.eq(1), last.eq(one_step)]
+        with m.Elif(step):
+            m.d.sync += first.eq(last)
+            with m.If(last):
+                m.d.sync += last.eq(one_step)
+            with m.Else():
+                m.d.sync += last.eq(s_idx == steps_m2)
+            with m.If(last):
+                m.d.sync += [s_idx.eq(0), w_idx.eq(0), cp_rows.eq(cp_rows + 1)]
+                with m.If(cp_row_blk == d_m1):
+                    m.d.sync += [cp_row_blk.eq(0), rd_bank.eq(~rd_bank)]
+                    m.d.comb += [self.release[0].eq(~rd_bank), self.release[1].eq(rd_bank)]
+                with m.Else():
+                    m.d.sync += cp_row_blk.eq(cp_row_blk + 1)
+                with m.If(cp_rows == a_m1):
+                    m.d.sync += cp_active.eq(0)
+            with m.Else():
+                m.d.sync += [s_idx.eq(s_idx + 1), w_idx.eq(w_idx + 1)]
+
+        if BL > 1:
+            # Entry j of a step is within the row unless it is the last step and j >= the
+            # entries left (b odd: the pair's second entry, whose X may be stale or unwritten).
+            # tail_ok[j]: entry j of the last step is within b (registered from the held b).
+            tail_ok = Signal(BL)
+            rem_m1 = (b - 1)[:ceil_log2(BL)]           # entries of the last step, minus 1
+            m.d.sync += tail_ok.eq(Cat(*(rem_m1 >= j for j in range(BL))))
+            m.d.comb += self.entry_ok.eq(Mux(last, tail_ok, (1 << BL) - 1))
+        return m
+
+
+class PE3Credits(wiring.Component):
+    """PE3's row credits: ``room`` says a row may start now, its beats (``out_row_beats``, 2 or
+    PE3_PSG's 4) fit in the output FIFO beside those reserved for rows started and not yet sent,
+    and ``out_row_beats`` cycles have passed since the last row start (so a row's sums leave the
+    MAC array's holding register before the next row's land, ``b`` small). Counts the reserved
+    beats: + ``out_row_beats`` at a ``row_start``, - 1 a beat ``sent``.
+
+    Separate because it only counts: it sees the issue logic's row starts and the output
+    stream's handshakes, and gives back one registered flag, so the pipeline after the issue
+    stage never stalls and no compare sits on the issue path.
+    """
+
+    def __init__(self, out_fifo_beats: int):
+        self.out_fifo_beats = out_fifo_beats
+        super().__init__({
+            "start": In(1),
+            "out_row_beats": In(range(PSG_ROW_BEATS + 1)),
+            "row_start": In(1),
+            "sent": In(1),
+            "room": Out(1, init=1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        out_row_beats = self.out_row_beats
+        credits = Signal(range(self.out_fifo_beats + 1))     # output beats reserved, not yet sent
+        # Cycles before the next row may start: rows start at most every out_row_beats cycles.
+        cooldown = Signal(range(PSG_ROW_BEATS))
         cooldown_next = Signal.like(cooldown)
-        with m.If(row_start):
+        with m.If(self.row_start):
             m.d.comb += cooldown_next.eq(out_row_beats - 1)
         with m.Elif(cooldown != 0):
             m.d.comb += cooldown_next.eq(cooldown - 1)
@@ -210,14 +345,21 @@ class PE3(PE):
             m.d.comb += cooldown_next.eq(0)
         m.d.sync += cooldown.eq(cooldown_next)
         # credits' next value for each (row start, beat sent): the four candidates and whether a
-        # row still fits after each are formed from registers; issue only picks one.
+        # row still fits after each are formed from registers; the row start only picks one.
+        # Whether it fits, (credits + i out_row_beats - j, at credits' width) + out_row_beats <=
+        # the FIFO's depth, is a function of credits and out_row_beats alone: a table on their
+        # bits (LUTs), not an adder and a compare behind out_row_beats (the psg flag).
         cand = [[Signal.like(credits, name=f"credits_{i}{j}") for j in range(2)] for i in range(2)]
         cand_fits = [[Signal(name=f"fits_{i}{j}") for j in range(2)] for i in range(2)]
+        c_bits, r_bits = len(credits), len(out_row_beats)
         for i in range(2):
             for j in range(2):
+                fits = [((c + i * r - j) % (1 << c_bits)) + r <= self.out_fifo_beats
+                        for r in range(1 << r_bits) for c in range(1 << c_bits)]
+                table = Const(sum(f << n for n, f in enumerate(fits)), len(fits))
                 m.d.comb += [cand[i][j].eq(credits + Mux(i, out_row_beats, 0) - j),
-                             cand_fits[i][j].eq(cand[i][j] + out_row_beats <= self.out_fifo_beats)]
-        pick = Cat(m_fire, row_start)
+                             cand_fits[i][j].eq(table.bit_select(Cat(credits, out_row_beats), 1))]
+        pick = Cat(self.sent, self.row_start)
         credits_next = Signal.like(credits)
         fits_next = Signal()
         with m.If(self.start):
@@ -229,65 +371,8 @@ class PE3(PE):
                         with m.Case(2 * i + j):
                             m.d.comb += [credits_next.eq(cand[i][j]),
                                          fits_next.eq(cand_fits[i][j])]
-        m.d.sync += [credits.eq(credits_next), room.eq(fits_next & (cooldown_next == 0))]
-
-        with m.If(self.start):
-            m.d.sync += [cp_active.eq(1), rd_bank.eq(0), s_idx.eq(0), w_idx.eq(0),
-                         cp_row_blk.eq(0), cp_rows.eq(0), first.eq(1), last.eq(b_is_1)]
-        with m.Elif(issue):
-            m.d.sync += first.eq(last)
-            with m.If(last):
-                m.d.sync += last.eq(b_is_1)
-            with m.Else():
-                m.d.sync += last.eq(s_idx == b_minus_2)
-            with m.If(last):
-                m.d.sync += [s_idx.eq(0), w_idx.eq(0), cp_rows.eq(cp_rows + 1)]
-                with m.If(cp_row_blk == d_m1):
-                    m.d.sync += [cp_row_blk.eq(0), rd_bank.eq(~rd_bank)]
-                    m.d.comb += [clr_full[0].eq(~rd_bank), clr_full[1].eq(rd_bank)]
-                with m.Else():
-                    m.d.sync += cp_row_blk.eq(cp_row_blk + 1)
-                with m.If(cp_rows == a_m1):
-                    m.d.sync += cp_active.eq(0)
-            with m.Else():
-                m.d.sync += [s_idx.eq(s_idx + 1), w_idx.eq(w_idx + 1)]
-
-        # ------------------------------------------------------------ MAC array and output
-        m.submodules.macs = macs = PE3MacArray(L, self.acc_bits, self.msb_acc_bits, BL)
-        m.d.comb += [macs.start.eq(self.start), macs.issue.eq(issue), macs.first.eq(first),
-                     macs.last.eq(last), macs.dy_word.eq(dyf.r_data.word_select(w_idx, BL * W)),
-                     macs.x_entry.eq(loader.x_entry)]
-        if BL > 1:
-            # Entry j of a step is within the row unless it is the last step and j >= the
-            # entries left (b odd: the pair's second entry, whose X may be stale or unwritten).
-            # tail_ok[j]: entry j of the last step is within b (registered from the held b).
-            tail_ok = Signal(BL)
-            rem_m1 = (b - 1)[:ceil_log2(BL)]           # entries of the last step, minus 1
-            m.d.sync += tail_ok.eq(Cat(*(rem_m1 >= j for j in range(BL))))
-            m.d.comb += macs.entry_ok.eq(Mux(last, tail_ok, (1 << BL) - 1))
-        m.submodules.rows_out = rows_out = PE3RowOutput(p, self.acc_bits, self.msb_acc_bits)
-        m.d.comb += [
-            rows_out.start.eq(self.start), rows_out.psg.eq(psg),
-            rows_out.out_row_beats.eq(out_row_beats), rows_out.shift.eq(self.shift),
-            rows_out.psg_tau.eq(self.psg_tau), rows_out.res.eq(macs.res),
-            rows_out.msb_res.eq(macs.msb_res), rows_out.res_due.eq(macs.res_due),
-            rows_out.res_valid.eq(macs.res_valid),
-            outf.w_data.eq(rows_out.beat),
-            outf.w_en.eq(rows_out.beat_valid),
-            self.m.payload.eq(outf.r_data),
-            self.m.valid.eq(outf.r_rdy),
-            outf.r_en.eq(self.m.ready),
-            self.psg_predicted.eq(rows_out.psg_predicted),
-            self.psg_max.eq(rows_out.psg_max),
-        ]
-
-        # ------------------------------------------------------------ busy
-        with m.If(self.start):
-            m.d.sync += [self.busy.eq(1), out_left.eq(self.out_beats)]
-        with m.Elif(m_fire & self.busy):
-            m.d.sync += out_left.eq(out_left - 1)
-            with m.If(out_left == 1):
-                m.d.sync += self.busy.eq(0)
+        # Whether a row's beats fit and the cooldown is over, registered: off the issue path.
+        m.d.sync += [credits.eq(credits_next), self.room.eq(fits_next & (cooldown_next == 0))]
         return m
 
 
@@ -326,7 +411,6 @@ class PE3Config(wiring.Component):
         # a / d = (a >> k) * inverse(d >> k) mod 2**16 with k the trailing zeros of d, the
         # inverse of the odd part from an 8-bit table and one Newton step; d | a exactly when
         # the quotient times d gives a back (the BLOCK check).
-        M16 = (1 << 16) - 1
         # stage 1: k, the odd parts, the table; a * row_beats; every check but BLOCK
         k = Signal(range(16))
         for bit in reversed(range(16)):                  # the lowest set bit wins
@@ -358,14 +442,19 @@ class PE3Config(wiring.Component):
             d1.eq(d), a_odd1.eq(a >> k), x0.eq(inv_rd.data),
             self.out_beats.eq(a * Mux(self.op == Op.PE3_PSG, PSG_ROW_BEATS, ROW_BEATS)),
         ]
-        # stage 2: e = 2 - d_odd x0 (the Newton step's factor), p = (a >> k) x0, mod 2**16
+        # stage 2: e = 2 - d_odd x0 (the Newton step's factor), p = (a >> k) x0, mod 2**16.
+        # d_odd x0 is 1 mod 256 (x0 inverts d_odd's low byte; d = 0: d_odd = 0, x0 = 1, 0), so
+        # e's low byte is 1 (d = 0: 2) and only the high byte is a subtraction, an 8-bit negate
+        # after the multiply instead of a 16-bit subtract (the stage's longest path).
         e2, p2 = Signal(16), Signal(16)
         d2, a2, b2 = Signal(16), Signal(16), Signal(16)
         a_rows2, err2, due2 = Signal(32), Signal(ERROR_BITS), Signal()
         d_odd1 = Signal(16)
         m.d.sync += d_odd1.eq(d_odd)
+        dx = (d_odd1 * x0)[:16]
         m.d.sync += [
-            e2.eq((2 - (d_odd1 * x0)[:16]) & M16), p2.eq((a_odd1 * x0)[:16]),
+            e2.eq(Cat(Mux(dx[0], Const(1, 8), Const(2, 8)), (-dx[8:16])[:8])),
+            p2.eq((a_odd1 * x0)[:16]),
             d2.eq(d1), a2.eq(a), b2.eq(b), a_rows2.eq(a1 * row_beats1),
             due2.eq(block_due),
         ]
@@ -407,6 +496,9 @@ class PE3Loader(wiring.Component):
     rows into the dY FIFO. A bank is full from its block's last beat until the issue logic
     releases it (``release``), so the next block loads while the current one computes.
 
+    ``s`` is the PE's input stream; ``dy`` gives its dY beats to the dY FIFO (a stream: valid
+    while a dY beat is in ``s``, whatever the FIFO's room; ``s`` waits on ``dy.ready`` then).
+
     Separate from the issue logic: the two meet only at the bank flags, the X buffer's read port
     (``x_rd_addr``, ``x_entry`` a cycle later) and the dY FIFO.
     """
@@ -420,12 +512,8 @@ class PE3Loader(wiring.Component):
             "a_m1": In(16),                      # rows - 1, block rows - 1 (held sizes)
             "d_m1": In(16),
             "b": In(SIZE_BITS),
-            "s_valid": In(1),
-            "s_payload": In(STREAM_BITS),
-            "s_ready": Out(1),
-            "dy_w_rdy": In(1),
-            "dy_w_data": Out(STREAM_BITS),
-            "dy_w_en": Out(1),
+            "s": In(stream.Signature(STREAM_BITS)),
+            "dy": Out(stream.Signature(STREAM_BITS)),
             "full": Out(2),
             "release": In(2),
             "x_rd_addr": In(pe3_step_bits(params) + 1),
@@ -471,34 +559,37 @@ class PE3Loader(wiring.Component):
         b2_m1, rb_m1 = Signal(17), Signal(16)
         m.d.sync += [b2_m1.eq(2 * b - 1), rb_m1.eq(dy_row_beats(b) - 1)]
 
-        s_fire = Signal()
+        x_fire, dy_fire = Signal(), Signal()
         part_bits = ceil_log2(2 * BL)
         # PE3_PSG: X words are 8-bit codes, their low byte sign-extended (the upper byte ignored).
-        x_words = [self.s_payload.word_select(k, W) for k in range(STREAM_WORDS)]
+        x_words = [self.s.payload.word_select(k, W) for k in range(STREAM_WORDS)]
         x8_beat = Cat(*(Cat(w[:PSG_ACTIVATION_BITS], w[PSG_ACTIVATION_BITS - 1].replicate(
             W - PSG_ACTIVATION_BITS)) for w in x_words))
-        x_beat = Mux(self.psg, x8_beat, self.s_payload)
+        x_beat = Mux(self.psg, x8_beat, self.s.payload)
         m.d.comb += [
-            self.s_ready.eq(ld_active & Mux(ld_x, bank_free, self.dy_w_rdy)),
-            s_fire.eq(self.s_valid & self.s_ready),
+            self.s.ready.eq(ld_active & Mux(ld_x, bank_free, self.dy.ready)),
+            # The two handshakes apart (s.ready picks bank_free while ld_x): the X buffer's write
+            # enables and the bank flags then do not wait on the dY FIFO's level.
+            x_fire.eq(self.s.valid & ld_active & ld_x & bank_free),
+            dy_fire.eq(self.dy.valid & self.dy.ready),
             # X beat ld_idx is 128-bit part ld_idx % (2 BL) of word ld_idx // (2 BL).
             x_wr.addr.eq(Cat(ld_idx[part_bits:part_bits + step_bits], wr_bank)),
             x_wr.data.eq(Cat(*([x_beat] * (2 * BL)))),
-            x_wr.en.eq(Mux(s_fire & ld_x, Cat(*(ld_idx[:part_bits] == i for i in range(2 * BL))),
+            x_wr.en.eq(Mux(x_fire, Cat(*(ld_idx[:part_bits] == i for i in range(2 * BL))),
                            0)),
-            self.dy_w_data.eq(self.s_payload),
-            self.dy_w_en.eq(self.s_valid & ld_active & ~ld_x),
+            self.dy.payload.eq(self.s.payload),
+            self.dy.valid.eq(self.s.valid & ld_active & ~ld_x),
         ]
         with m.If(self.start):
             m.d.sync += [ld_active.eq(1), ld_x.eq(1), wr_bank.eq(0), ld_idx.eq(0), ld_beat.eq(0),
                          ld_row_blk.eq(0), ld_rows.eq(0)]
-        with m.Elif(s_fire & ld_x):
+        with m.Elif(x_fire):
             with m.If(ld_idx == b2_m1):
                 m.d.sync += [ld_idx.eq(0), ld_x.eq(0), wr_bank.eq(~wr_bank)]
                 m.d.comb += [set_full[0].eq(~wr_bank), set_full[1].eq(wr_bank)]
             with m.Else():
                 m.d.sync += ld_idx.eq(ld_idx + 1)
-        with m.Elif(s_fire):
+        with m.Elif(dy_fire):
             with m.If(ld_beat == rb_m1):
                 m.d.sync += [ld_beat.eq(0), ld_rows.eq(ld_rows + 1)]
                 with m.If(ld_row_blk == d_m1):
@@ -523,7 +614,7 @@ class PE3MacArray(wiring.Component):
     cycle more per op). ``entry_ok`` (BL > 1 only) says which entries of the step are within
     the row: a masked entry's products are dropped (its X may be stale or never written).
 
-    Separate because it is pure datapath: the issue logic decides when a step enters (``issue``,
+    Separate because it is pure datapath: the issue logic decides when a step enters (``step``,
     with the row's ``first`` and ``last`` step) and nothing flows back to it.
     """
 
@@ -532,7 +623,7 @@ class PE3MacArray(wiring.Component):
         self.batch_lanes = batch_lanes
         ports = {
             "start": In(1),
-            "issue": In(1),
+            "step": In(1),
             "first": In(1),
             "last": In(1),
             "dy_word": In(batch_lanes * TT_PE_DATA_BITS),
@@ -562,7 +653,7 @@ class PE3MacArray(wiring.Component):
         v1, first1, last1 = Signal(), Signal(), Signal()
         dy1 = [Signal(signed(W), name=name("dy1", j), reset_less=True) for j in entries]
         m.d.sync += [
-            v1.eq(self.issue & ~self.start),
+            v1.eq(self.step & ~self.start),
             first1.eq(self.first),
             last1.eq(self.last),
             *(dy1[j].eq(self.dy_word.word_select(j, W)) for j in entries),
