@@ -9,12 +9,15 @@ The PE keeps in on-chip memories (``amaranth.lib.memory.Memory``):
 * the weights (``lrt_cells_max`` 8-bit codes, 8 per memory word, written per cell) and the write
   counters (16 bits, 8 per memory word, written per cell).
 
-Datapath: 8 multiplier lanes (32 x 17 bits, shared by all ops) feed an adder tree, then one
+Datapath: 8 multiplier lanes (32 x 18 bits, each as two one-DSP multiplies of the operand's
+halves, shared by all ops) feed an adder tree, then one
 :class:`~insitu.rtl.requantize.RoundShiftSaturate` (shift 14 or SHIFT) and the saturations; a
 separate 16 x 16 multiply-accumulator forms the MGS dot products and the squared norm. Every op
-that computes is a pipeline of one element per cycle, registered for a 100 MHz clock: issue and
-memory read, operand muxes, multiply, sum, rounding shift, saturation, differences and their
-saturation, write back (the MGS passes add the accumulate stage):
+that computes is a pipeline of one element per cycle, nine registered stages after the issue:
+memory read and operand muxes, the two multiplies, their sum, the lanes' sum, rounding shift,
+saturation, differences and their saturation, write back (the MGS passes add the accumulate
+stage). The input stream goes through a skid buffer (:class:`~insitu.rtl.skid.InputSkid`): the
+top level sees TREADY from registers, and an op with an input takes its beats a cycle later.
 
 * LRT_PROJECT / LRT_REPROJECT: ``r + 1`` passes over the rows, one row per cycle; pass ``p``
   subtracts ``c_{p-1} Q[:, p-1]`` from the residual and accumulates ``Q[:, p] . residual`` (the
@@ -23,7 +26,7 @@ saturation, write back (the MGS passes add the accumulate stage):
 * LRT_ROTATE: M (at most 56 words) is deserialized into registers, one word per cycle; then one
   output ``Q[i, j]`` per cycle (a q-term dot product across the lanes). The new row collects in a
   row buffer and is written back once its r outputs are done, so every output reads the old row.
-* LRT_UPDATE: per row i a two-cycle step loads ``u_k = Q_L[i, k] s_k`` (exact 32-bit products),
+* LRT_UPDATE: per row i a three-cycle step loads ``u_k = Q_L[i, k] s_k`` (exact 32-bit products),
   then one cell per cycle: ``sum_k u_k Q_R[j, k]`` across the lanes (exact), the rounding shift, the
   saturated new code, a write (and counter increment) only when the code changes.
 * LRT_APPEND: one row per cycle, ``residual_i * LRT_RECIP`` rescaled by SHIFT into column r.
@@ -34,14 +37,14 @@ stall; ``rows`` of the side, ``q = r + 1``, ``B(x) = ceil(x / 8)`` beats (checke
 ==================  ================================================
 op                  cycles
 ==================  ================================================
-LRT_LOAD_BASIS      rows + 2
+LRT_LOAD_BASIS      rows + 3
 LRT_READ_BASIS      rows + 3
-LRT_PROJECT         B(rows) + (r + 1)(rows + 9) + 4 when r > 0, + 2 when r = 0
-LRT_REPROJECT       (r + 1)(rows + 9) + 3 when r > 0, + 1 when r = 0
-LRT_APPEND          rows + 9
-LRT_ROTATE          B(q r) + q r + rows r + 10 (r > 0; 2 for r = 0)
-LRT_UPDATE          B(r) + m (n + 2) + 10
-LRT_LOAD_WEIGHTS    max(B(m n) + 2, lrt_cells_max / 8 + 1)
+LRT_PROJECT         B(rows) + (r + 1)(rows + 10) + 5 when r > 0, + 3 when r = 0
+LRT_REPROJECT       (r + 1)(rows + 10) + 3 when r > 0, + 1 when r = 0
+LRT_APPEND          rows + 10
+LRT_ROTATE          B(q r) + q r + rows r + 12 (r > 0; 2 for r = 0)
+LRT_UPDATE          B(r) + m (n + 3) + 12 when r > 0, + 11 when r = 0
+LRT_LOAD_WEIGHTS    max(B(m n) + 3, lrt_cells_max / 8 + 1)
 LRT_READ_WEIGHTS    B(m n) + 3
 LRT_READ_COUNTS     B(m n) + 3
 ==================  ================================================
@@ -55,12 +58,15 @@ an op cut short leaves its memory partly updated (a partial LOAD_WEIGHTS: counte
 cleared; a partial UPDATE: some cells written).
 
 The parts, each an Amaranth component: :class:`LrtConfig` (the configuration results and the op
-decodes), :class:`~insitu.rtl.lrt_lanes.LrtLanes` (S2-S6: the multipliers, their sum, the
-rescale), :class:`~insitu.rtl.lrt_project.LrtProjection` (the MGS passes),
+decodes), :class:`~insitu.rtl.lrt_control.LrtControl` (the op state machine and its counters),
+:class:`~insitu.rtl.lrt_readout.LrtReadout` (reads towards the output stream, its FIFO),
+:class:`~insitu.rtl.skid.InputSkid` (the input stream's skid buffer),
+:class:`~insitu.rtl.lrt_lanes.LrtLanes` (S2-S6: the multipliers, their sum, the rescale),
+:class:`~insitu.rtl.lrt_project.LrtProjection` (the MGS passes),
 :class:`~insitu.rtl.lrt_rotate.LrtRotation` (LRT_ROTATE's M and row buffer) and
 :class:`~insitu.rtl.lrt_update.LrtWeightUpdate` (LRT_UPDATE's operands, write-if-changed, the
-write counters and their clear). :class:`PELRT` keeps the memories, the control FSM, the S1
-operand muxes, the valid bits and delay lines of the pipeline, the output reads and FIFO.
+write counters and their clear). :class:`PELRT` keeps the memories and their ports, the S1
+operand muxes, the valid bits and delay lines of the pipeline, and connects the parts.
 """
 
 from __future__ import annotations

@@ -92,59 +92,10 @@ class Accelerator(wiring.Component):
         frozen = Signal()                       # configuration latched (not idle)
         m.d.comb += frozen.eq(state != _State.IDLE)
 
-        # Configuration: follows the registers while idle, frozen from START to the end.
-        # Named, so timing paths and waveforms read `cfg_a`, not `$signal$172`.
-        shapes = {"op": 8, "a": 16, "b": 16, "c": 16, "d": 16, "shift": regs.shift.shape(),
-                  "side": 1, "rows_l": 16, "rows_r": 16, "cols": 8, "recip": 16,
-                  "psg_tau": regs.psg_tau.shape()}
-        cfg = {k: Signal(shape, name=f"cfg_{k}") for k, shape in shapes.items()}
-        live = {
-            "op": regs.op, "a": regs.size_a, "b": regs.size_b, "c": regs.size_c, "d": regs.size_d,
-            "shift": regs.shift, "side": regs.lrt_side, "rows_l": regs.lrt_rows_l,
-            "rows_r": regs.lrt_rows_r, "cols": regs.lrt_cols, "recip": regs.lrt_recip,
-            "psg_tau": regs.psg_tau,
-        }
-        with m.If(~frozen):
-            m.d.sync += [cfg[k].eq(live[k]) for k in cfg]
-            m.d.sync += [selected[name].eq(Cat(live["op"] == op for op in ops_of[name]).any())
-                         for name in pes]
+        self._configuration(m, regs, pes, ops_of, selected, frozen)
 
-        for name, pe in pes.items():
-            m.d.comb += [getattr(pe, k).eq(cfg[k]) for k in ("op", "a", "b", "c", "d", "shift")]
-        lrt = pes["pe_lrt"]
-        m.d.comb += [getattr(lrt, k).eq(cfg[k]) for k in ("side", "rows_l", "rows_r", "cols", "recip")]
-        m.d.comb += [
-            regs.lrt_norm2_lo.eq(lrt.norm2[:32]),
-            regs.lrt_norm2_hi.eq(lrt.norm2[32:]),
-            regs.lrt_writes_max.eq(lrt.writes_max),
-            regs.lrt_writes_total.eq(lrt.writes_total),
-        ]
-        pe3 = pes["pe3"]
-        m.d.comb += [
-            pe3.psg_tau.eq(cfg["psg_tau"]),
-            regs.psg_predicted.eq(pe3.psg_predicted),
-            regs.psg_max.eq(pe3.psg_max),
-        ]
-
-        # The selected PE's view (zeros when OP names no PE), as AND-OR selects (one PE at most).
-        # CHECK's outcome is formed per PE from its own registers (settled and accepted, settled
-        # and refused); the select enters last, so OP's select fans out into one gate level.
-        any_selected = Signal()
-        cfg_error = Signal(8, name="cfg_error")
-        in_beats, out_beats = Signal(32, name="in_beats"), Signal(32, name="out_beats")
-        pe_busy = Signal(name="pe_busy")
-        cfg_go, cfg_bad = Signal(name="cfg_go"), Signal(name="cfg_bad")
-        m.d.comb += any_selected.eq(Cat(*selected.values()).any())
-        m.d.comb += [
-            cfg_error.eq(_select(selected, {n: pe.cfg_error for n, pe in pes.items()})),
-            in_beats.eq(_select(selected, {n: pe.in_beats for n, pe in pes.items()})),
-            out_beats.eq(_select(selected, {n: pe.out_beats for n, pe in pes.items()})),
-            pe_busy.eq(_select(selected, {n: pe.busy for n, pe in pes.items()})),
-            cfg_go.eq(_select(selected, {n: pe.cfg_ready & (pe.cfg_error == 0)
-                                         for n, pe in pes.items()})),
-            cfg_bad.eq(_select(selected, {n: pe.cfg_ready & (pe.cfg_error != 0)
-                                          for n, pe in pes.items()})),
-        ]
+        view = self._selected_view(m, pes, selected)
+        any_selected, cfg_error, in_beats, out_beats, pe_busy, cfg_go, cfg_bad = view
         # (Not registered: the driver reads IN_BEATS right after its configuration writes.)
         m.d.comb += [regs.in_beats.eq(in_beats), regs.out_beats.eq(out_beats)]
         # The op's last input / output beat index, latched at launch: the per-beat TLAST checks
@@ -168,33 +119,10 @@ class Accelerator(wiring.Component):
         with m.If(frozen & (cycles != (1 << 32) - 1)):
             m.d.sync += cycles.eq(cycles + 1)
 
-        # Streams: only the selected PE, only while it runs (BUSY). `active_*` and `start_*` are
-        # registers set with the state: a PE's stream handshakes and start come from a flip-flop
-        # through one gate, not from the state and OP decode.
+        # Streams: only the selected PE, only while it runs (BUSY).
         active = {name: Signal(name=f"active_{name}") for name in pes}
         launch = {name: Signal(name=f"start_{name}") for name in pes}
-        in_fire = Signal()
-        out_fire = Signal()
-        for name, pe in pes.items():
-            m.d.sync += launch[name].eq(0)
-            m.d.comb += [
-                pe.start.eq(launch[name]),
-                pe.s.payload.eq(self.s_axis.tdata),
-                pe.s.valid.eq(self.s_axis.tvalid & active[name]),
-                pe.m.ready.eq(self.m_axis.tready & active[name]),
-            ]
-            with m.If(active[name]):
-                m.d.comb += [
-                    self.s_axis.tready.eq(pe.s.ready),
-                    self.m_axis.tdata.eq(pe.m.payload),
-                    self.m_axis.tvalid.eq(pe.m.valid),
-                ]
-        m.d.comb += [
-            in_fire.eq(self.s_axis.tvalid & self.s_axis.tready),
-            out_fire.eq(self.m_axis.tvalid & self.m_axis.tready),
-            self.m_axis.tlast.eq(beats_out == out_last),
-            self.m_axis.tkeep.eq(-1),
-        ]
+        in_fire, out_fire = self._streams(m, pes, active, launch, beats_out == out_last)
         with m.If(in_fire):
             m.d.sync += beats_in.eq(beats_in + 1)
         with m.If(out_fire):
@@ -241,6 +169,96 @@ class Accelerator(wiring.Component):
                     m.d.sync += [done.eq(1), state.eq(_State.IDLE)]
                     m.d.sync += [active[name].eq(0) for name in pes]
         return m
+
+    def _configuration(self, m, regs, pes, ops_of, selected, frozen):
+        """The configuration the PEs see: it follows the registers while idle and is frozen from
+        START to the end of the op; with it, which PE OP selects (registers too)."""
+        # Configuration: follows the registers while idle, frozen from START to the end.
+        # Named, so timing paths and waveforms read `cfg_a`, not `$signal$172`.
+        shapes = {"op": 8, "a": 16, "b": 16, "c": 16, "d": 16, "shift": regs.shift.shape(),
+                  "side": 1, "rows_l": 16, "rows_r": 16, "cols": 8, "recip": 16,
+                  "psg_tau": regs.psg_tau.shape()}
+        cfg = {k: Signal(shape, name=f"cfg_{k}") for k, shape in shapes.items()}
+        live = {
+            "op": regs.op, "a": regs.size_a, "b": regs.size_b, "c": regs.size_c, "d": regs.size_d,
+            "shift": regs.shift, "side": regs.lrt_side, "rows_l": regs.lrt_rows_l,
+            "rows_r": regs.lrt_rows_r, "cols": regs.lrt_cols, "recip": regs.lrt_recip,
+            "psg_tau": regs.psg_tau,
+        }
+        with m.If(~frozen):
+            m.d.sync += [cfg[k].eq(live[k]) for k in cfg]
+            m.d.sync += [selected[name].eq(Cat(live["op"] == op for op in ops_of[name]).any())
+                         for name in pes]
+
+        for name, pe in pes.items():
+            m.d.comb += [getattr(pe, k).eq(cfg[k]) for k in ("op", "a", "b", "c", "d", "shift")]
+        lrt = pes["pe_lrt"]
+        m.d.comb += [getattr(lrt, k).eq(cfg[k]) for k in ("side", "rows_l", "rows_r", "cols", "recip")]
+        m.d.comb += [
+            regs.lrt_norm2_lo.eq(lrt.norm2[:32]),
+            regs.lrt_norm2_hi.eq(lrt.norm2[32:]),
+            regs.lrt_writes_max.eq(lrt.writes_max),
+            regs.lrt_writes_total.eq(lrt.writes_total),
+        ]
+        pe3 = pes["pe3"]
+        m.d.comb += [
+            pe3.psg_tau.eq(cfg["psg_tau"]),
+            regs.psg_predicted.eq(pe3.psg_predicted),
+            regs.psg_max.eq(pe3.psg_max),
+        ]
+
+    def _selected_view(self, m, pes, selected):
+        """What the top reads of the PE that OP selects, as AND-OR selects (one PE at most):
+        any_selected, cfg_error, in_beats, out_beats, busy, and CHECK's outcome (go, bad)."""
+        # (Zeros when OP names no PE.)
+        # CHECK's outcome is formed per PE from its own registers (settled and accepted, settled
+        # and refused); the select enters last, so OP's select fans out into one gate level.
+        any_selected = Signal()
+        cfg_error = Signal(8, name="cfg_error")
+        in_beats, out_beats = Signal(32, name="in_beats"), Signal(32, name="out_beats")
+        pe_busy = Signal(name="pe_busy")
+        cfg_go, cfg_bad = Signal(name="cfg_go"), Signal(name="cfg_bad")
+        m.d.comb += any_selected.eq(Cat(*selected.values()).any())
+        m.d.comb += [
+            cfg_error.eq(_select(selected, {n: pe.cfg_error for n, pe in pes.items()})),
+            in_beats.eq(_select(selected, {n: pe.in_beats for n, pe in pes.items()})),
+            out_beats.eq(_select(selected, {n: pe.out_beats for n, pe in pes.items()})),
+            pe_busy.eq(_select(selected, {n: pe.busy for n, pe in pes.items()})),
+            cfg_go.eq(_select(selected, {n: pe.cfg_ready & (pe.cfg_error == 0)
+                                         for n, pe in pes.items()})),
+            cfg_bad.eq(_select(selected, {n: pe.cfg_ready & (pe.cfg_error != 0)
+                                          for n, pe in pes.items()})),
+        ]
+        return any_selected, cfg_error, in_beats, out_beats, pe_busy, cfg_go, cfg_bad
+
+    def _streams(self, m, pes, active, launch, last_out):
+        """The AXI-Streams to and from the selected PE, only while it runs (BUSY). ``active_*``
+        and ``start_*`` are registers set with the state: a PE's stream handshakes and start
+        come from a flip-flop through one gate, not from the state and OP decode. Returns the
+        input and output handshakes (``in_fire``, ``out_fire``); ``last_out`` is TLAST."""
+        in_fire = Signal()
+        out_fire = Signal()
+        for name, pe in pes.items():
+            m.d.sync += launch[name].eq(0)
+            m.d.comb += [
+                pe.start.eq(launch[name]),
+                pe.s.payload.eq(self.s_axis.tdata),
+                pe.s.valid.eq(self.s_axis.tvalid & active[name]),
+                pe.m.ready.eq(self.m_axis.tready & active[name]),
+            ]
+            with m.If(active[name]):
+                m.d.comb += [
+                    self.s_axis.tready.eq(pe.s.ready),
+                    self.m_axis.tdata.eq(pe.m.payload),
+                    self.m_axis.tvalid.eq(pe.m.valid),
+                ]
+        m.d.comb += [
+            in_fire.eq(self.s_axis.tvalid & self.s_axis.tready),
+            out_fire.eq(self.m_axis.tvalid & self.m_axis.tready),
+            self.m_axis.tlast.eq(last_out),
+            self.m_axis.tkeep.eq(-1),
+        ]
+        return in_fire, out_fire
 
 
 def _select(selected: dict, values: dict):

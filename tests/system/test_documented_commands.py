@@ -688,6 +688,9 @@ TABLE: dict[str, TableEntry] = {
     "insitu rtl report --json": Covered(
         "tests/system/test_cli_rtl.py::test_report_measures_the_network_in_simulation",
         shows=('"rtl", "report"', '"--json"')),      # with --no-synth: Yosys on the whole design takes minutes
+    "insitu rtl report --board zedboard --no-synth": Covered(
+        "tests/system/test_cli_rtl.py::test_report_measures_the_network_in_simulation",
+        shows=('"rtl", "report"', '"--no-synth"', '"--board", "zedboard"')),
     "insitu rtl timing --part all --paths 15": Run(
         rtl_timing_on_a_small_design, (says("xc7z020: LUT", "xczu3eg: LUT", "ns"),), marks=(pytest.mark.rtl,)),
     "insitu rtl timing --part xczu3eg --json --out build/timing.json --netlist-dir build/netlists": Run(
