@@ -9,7 +9,8 @@ Control (registers of :mod:`insitu.accel.regmap`):
 * while idle, the PEs see the live configuration registers (one cycle later), so IN_BEATS /
   OUT_BEATS show what the configured op will move (the PEs settle them within a few cycles of a
   configuration write: PE1/PE2 5, PE3 6, the LRT PE 2); CTRL.START freezes the configuration and checks it
-  one cycle later, or once the selected PE's ``cfg_ready`` says its checks have settled:
+  two cycles later (the selected PE's verdict is registered), or once the selected PE's
+  ``cfg_ready`` says its checks have settled:
   an unknown OP or a PE's ``cfg_error`` ends the op at once with STATUS.ERROR and ERROR_CODE
   (nothing starts, nothing hangs); otherwise the PE starts and STATUS.BUSY is set;
 * a START while busy is ignored (the running op is unaffected);
@@ -96,6 +97,14 @@ class Accelerator(wiring.Component):
 
         view = self._selected_view(m, pes, selected)
         any_selected, cfg_error, in_beats, out_beats, pe_busy, cfg_go, cfg_bad = view
+        # CHECK decides on the selected PE's verdict as registered a cycle before (its cfg_ready
+        # compares the configuration with the last cycle's, a wide compare that should not reach
+        # ERROR's enables), and so not in its first cycle: the configuration latched with START
+        # may have changed in that very cycle, which only the next cycle's verdict has seen.
+        check_first = Signal(name="check_first")
+        go, bad = Signal(name="cfg_go_r"), Signal(name="cfg_bad_r")
+        error_of_pe = Signal(8, name="cfg_error_r")
+        m.d.sync += [go.eq(cfg_go), bad.eq(cfg_bad), error_of_pe.eq(cfg_error)]
         # (Not registered: the driver reads IN_BEATS right after its configuration writes.)
         m.d.comb += [regs.in_beats.eq(in_beats), regs.out_beats.eq(out_beats)]
         # The op's last input / output beat index, latched at launch: the per-beat TLAST checks
@@ -139,7 +148,7 @@ class Accelerator(wiring.Component):
         with m.Switch(state):
             with m.Case(_State.IDLE):
                 with m.If(start_cmd):
-                    m.d.sync += [state.eq(_State.CHECK), done.eq(0), error.eq(0),
+                    m.d.sync += [state.eq(_State.CHECK), check_first.eq(1), done.eq(0), error.eq(0),
                                  error_code.eq(ErrorCode.NONE), cycles.eq(0),
                                  beats_in.eq(0), beats_out.eq(0)]
             with m.Case(_State.CHECK):
@@ -148,12 +157,14 @@ class Accelerator(wiring.Component):
                 # more than that).
                 # (Latched in every CHECK cycle: the last one, the launch, keeps them.)
                 m.d.sync += [has_in.eq(in_beats != 0), in_last.eq(in_beats - 1),
-                             out_last.eq(out_beats - 1)]
-                with m.If(~any_selected):
+                             out_last.eq(out_beats - 1), check_first.eq(0)]
+                with m.If(check_first):
+                    pass
+                with m.Elif(~any_selected):
                     fail(ErrorCode.BAD_OP)
-                with m.Elif(cfg_bad):
-                    fail(cfg_error)
-                with m.Elif(cfg_go):
+                with m.Elif(bad):
+                    fail(error_of_pe)
+                with m.Elif(go):
                     m.d.sync += state.eq(_State.LAUNCH)
                     m.d.sync += [launch[name].eq(selected[name]) for name in pes]
             with m.Case(_State.LAUNCH):

@@ -319,9 +319,9 @@ async def reset_in_the_middle_of_an_op(dut):
 # op's streams, IN_BEATS / OUT_BEATS, and the LRT_NORM2 / LRT_WRITES_* registers after every op.
 
 LRT_RESULT_REGISTERS = ("LRT_NORM2_LO", "LRT_NORM2_HI", "LRT_WRITES_MAX", "LRT_WRITES_TOTAL")
-#: CYCLES counts the top's CHECK and START states and the cycle the PE drops busy, on top of the
-#: PE's own busy cycles (LRTPEModel.cycles).
-LRT_TOP_CYCLES = 3
+#: CYCLES counts the top's CHECK (two cycles: its verdict is registered) and START states and the
+#: cycle the PE drops busy, on top of the PE's own busy cycles (LRTPEModel.cycles).
+LRT_TOP_CYCLES = 4
 
 
 def lrt_codes(rng: np.random.Generator, shape, scale: float = 1.0, bits: int = 16) -> np.ndarray:
