@@ -137,8 +137,11 @@ class Accelerator(wiring.Component):
         with m.If(out_fire):
             m.d.sync += beats_out.eq(beats_out + 1)
         # TLAST must come exactly on the op's last input beat (an AXI DMA transfer of IN_BEATS).
+        # Registered: found a cycle after the beat, so that the PEs' TREADY (through in_fire)
+        # does not run on into ERROR, the state and the per-PE resets. The PE is still busy
+        # then (it has a beat to process), so no op ends in between.
         short, long = Signal(name="short"), Signal(name="long")
-        m.d.comb += [short.eq(in_fire & self.s_axis.tlast & has_in & (beats_in < in_last)),
+        m.d.sync += [short.eq(in_fire & self.s_axis.tlast & has_in & (beats_in < in_last)),
                      long.eq(in_fire & ~self.s_axis.tlast & (beats_in == in_last))]
 
         def fail(code):
