@@ -48,7 +48,8 @@ class LrtProjection(wiring.Component):
         m = Module()
         L, WB, frac = self.lanes, LRT_PE_WORD_BITS, LRT_BASIS.frac
         p, r = self.p, self.r
-        acc = Signal(signed(self.acc_bits))
+        # No reset: every op's start clears it, and the PE's reset would fan out to its 40 bits.
+        acc = Signal(signed(self.acc_bits), reset_less=True)
         cvec = Array(Signal(signed(WB), name=f"c{k}") for k in range(L))
         m.d.comb += [self.last.eq(p == r),
                      self.c_beat.eq(Cat(*(Mux(k < r, cvec[k], 0) for k in range(L))))]
