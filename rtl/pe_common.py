@@ -1,8 +1,13 @@
 """Pieces the TT contraction PEs (:mod:`insitu.rtl.pe1`, :mod:`insitu.rtl.pe2`) share.
 
 * word / lane slicing of the 128-bit stream payload and of the wide buffer entries;
-* the output stage: a bank of :class:`~insitu.rtl.requantize.RoundShiftSaturate` feeding an
+* the packed multiply: two 4-bit codes in one DSP operand (:func:`pack_codes`,
+  :func:`packed_operand`) and the DSP's registered product split in two (:func:`packed_multiply`,
+  :func:`unpack_products`);
+* :class:`OutputStage`: a bank of :class:`~insitu.rtl.requantize.RoundShiftSaturate` feeding an
   output FIFO (registered output, ``SyncFIFOBuffered``) that drives the ``m`` stream;
+* the configuration pipelines' pieces (:func:`pipelined_product`, :func:`lut_product`,
+  :func:`delayed`);
 * the configuration checks both PEs make (zero sizes, 16 lanes, SHIFT range);
 * :class:`TileSequencer`: G first, then Z tiles into two ping-pong banks (load while computing).
 
@@ -13,7 +18,7 @@ be in flight (credits), so a full output never needs to stall the MAC pipeline i
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Module, Mux, Signal, Value, signed
-from amaranth.lib import wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
@@ -21,6 +26,7 @@ from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS, product_bits
 
 from insitu.accel.params import STREAM_BITS, STREAM_WORDS, WORD_BITS, AcceleratorParams
 from insitu.accel.regmap import ErrorCode
+from .pe_interface import SHIFT_BITS
 from .requantize import RoundShiftSaturate
 
 #: Bits of one factor code inside the factor buffers (the low 4 bits of a stream word).
@@ -74,6 +80,23 @@ def unpack_products(w: Value) -> tuple[Value, Value]:
     return low, high
 
 
+def packed_operand(m: Module, g0: Value, g1: Value, name: str) -> Signal:
+    """``pack_codes(g0, g1)`` registered (a DSP's A register): one operand for two d's."""
+    reg = Signal(signed(PACK_BITS), name=name)
+    m.d.sync += reg.eq(pack_codes(g0, g1))
+    return reg
+
+
+def packed_multiply(m: Module, z: Value, packed: Value, suffix: str) -> tuple[Value, Value]:
+    """One DSP of PE1 / PE2: ``z * packed`` (both registered by the caller: the A/B registers)
+    into its M register (``mul_<suffix>``), ``+ PACK_BIAS`` into its P register
+    (``wide_<suffix>``); returns the two products, ``unpack_products`` of P."""
+    m_r = Signal(signed(PACKED_PRODUCT_BITS), name=f"mul_{suffix}")
+    p_r = Signal(signed(PACKED_PRODUCT_BITS), name=f"wide_{suffix}")
+    m.d.sync += [m_r.eq(z * packed), p_r.eq(m_r + PACK_BIAS)]
+    return unpack_products(p_r)
+
+
 def adder_tree(terms: list[Value]) -> Value:
     """Balanced sum of ``terms`` (Amaranth widens each addition by one bit: no overflow)."""
     while len(terms) > 1:
@@ -87,8 +110,11 @@ def pipelined_product(m: Module, x: Value, y: Value, width: int, name: str,
     """The low ``width`` bits of ``x * y`` (unsigned) in LUTs, ``cycles`` clock edges after ``x``
     and ``y``: an adder tree over y's partial products with a register after every ``levels``
     adder levels (a carry chain and a LUT each), where a combinational 16 x 16 product is ~16 ns
-    on xc7. Returns ``(result, cycles)``; the registers have no reset (configuration only)."""
-    terms = [Mux(y[i], x << i, 0)[:width] for i in range(min(len(y), width))]
+    on xc7. Returns ``(result, cycles)``; the registers have no reset (configuration only).
+    Each register is as wide as its partial sum can be (at most ``width`` bits), so no stage
+    depends on synthesis finding its known-zero top bits (Yosys' ``wreduce`` does not always
+    see them through an adder chain); ``result`` may be narrower than ``width``."""
+    terms = [Mux(y[i], x.shift_left(i), 0)[:width] for i in range(min(len(y), width))]
     cycles = level = 0
     while True:
         if len(terms) > 1:
@@ -96,8 +122,8 @@ def pipelined_product(m: Module, x: Value, y: Value, width: int, name: str,
                      for i in range(0, len(terms), 2)]
             level += 1
         if len(terms) == 1 or level == levels:
-            regs = [Signal(width, name=f"{name}_p{cycles}_{i}", reset_less=True)
-                    for i in range(len(terms))]
+            regs = [Signal(len(t), name=f"{name}_p{cycles}_{i}", reset_less=True)
+                    for i, t in enumerate(terms)]
             m.d.sync += [r.eq(t) for r, t in zip(regs, terms)]
             terms, level, cycles = regs, 0, cycles + 1
             if len(terms) == 1:
@@ -141,62 +167,87 @@ def drive_cfg_error(m: Module, cfg_error: Signal, checks, domain: str = "comb") 
             m.d[domain] += cfg_error.eq(ErrorCode.NONE)
 
 
-class OutputStage:
-    """``STREAM_WORDS`` rescalers feeding a ``depth``-entry output FIFO that drives ``m``.
+class OutputStage(wiring.Component):
+    """The output side of PE1 and PE2: ``STREAM_WORDS`` rescalers
+    (:class:`~insitu.rtl.requantize.RoundShiftSaturate`, ``stages=1``, ``prerounded``) feeding a
+    ``depth``-beat output FIFO (``SyncFIFOBuffered``, registered output) that drives ``m``.
 
-    ``values`` (8 signed accumulators) are rescaled by ``shift`` and written when ``write`` is
-    high; the caller guarantees room (``free`` is the number of entries it may still write).
-    ``registered``: the rescalers are pipelined (``RoundShiftSaturate(stages=1)``: the shift is
-    registered, then saturated into the FIFO's write port, one cycle later) and ``prerounded``:
-    the caller starts its accumulators at ``half`` (the rounding term of ``shift``, a register) so
-    that ``values`` (``acc_bits + 1`` bits) already hold it, and the rescaler has no wide add
-    before its barrel shifter (accumulator -> add -> shift was 8.3 ns on xc7z020). ``free`` then
-    counts the beat in flight as taken.
+    ``values`` (8 signed accumulators of ``acc_bits + 1`` bits) are rescaled by ``shift`` and
+    written when ``write`` is high; the PE guarantees room (``free``: the entries it may still
+    write). The shift is registered inside the rescalers and then saturated into the FIFO's write
+    port one cycle later (its write enable follows). The PE starts its accumulators at ``half``,
+    the rounding term of ``shift`` (a register), so ``values`` already hold it and the rescaler
+    has no wide add before its barrel shifter (accumulator -> add -> shift was 8.3 ns on
+    xc7z020). ``free`` counts the beat in flight as written; ``fire``: a beat is accepted on
+    ``m`` this cycle.
+
+    Rescaler k's decode of ``shift`` passes ``FIRST_TAP + k`` registers instead of one
+    (``shift_delay``): identical decode registers are merged into one per bit by synthesis,
+    which then drives all 8 barrel shifters (in the whole accelerator those of every PE that
+    rescales by SHIFT: ~1,100 loads a bit); on a chain each shifter has a tap of its own. Tap 1,
+    the plain ``stages=1`` register, is left to the other PEs' rescalers. The delays change no
+    output: ``shift`` is a configuration, unchanged from 5 cycles before ``start`` (``cfg_ready``)
+    until ``busy`` falls, and the first beat reaches the rescalers 10 or more cycles after
+    ``start`` (PE2: a G beat, a Z entry, the 4 MAC stages and the shadow bank; PE1: a whole
+    group first), so any tap up to 15 holds the op's shift whenever a beat passes.
+
+    Separate from the PEs because it is the same in both: the PE's MAC side only decides which
+    8 results leave when, under the credit that ``free`` (PE2) or its own count (PE1) gives it.
     """
 
-    def __init__(self, m: Module, pe, acc_bits: int, params: AcceleratorParams, depth: int,
-                 prefix: str, registered: bool = False):
-        self.fifo = fifo = SyncFIFOBuffered(width=STREAM_BITS, depth=depth)
-        m.submodules[f"{prefix}_fifo"] = fifo
-        self.depth = depth
-        in_bits = acc_bits + 1 if registered else acc_bits
-        self.values = [Signal(signed(in_bits), name=f"{prefix}_val{k}")
-                       for k in range(STREAM_WORDS)]
-        self.write = Signal(name=f"{prefix}_write")
-        if registered:
-            #: The accumulators' initial value: the rounding term of ``shift`` (a configuration).
-            self.half = Signal(in_bits, name=f"{prefix}_half", reset_less=True)
-            m.d.sync += self.half.eq(RoundShiftSaturate.half_of(pe.shift, acc_bits,
-                                                                params.shift_max))
+    #: The shift decode delay of rescaler 0 (rescaler k: ``FIRST_TAP + k``).
+    FIRST_TAP = 2
+    #: The deepest tap that still holds the op's shift when PE2's first beat arrives (above).
+    LAST_SAFE_TAP = 15
+
+    def __init__(self, acc_bits: int, params: AcceleratorParams, depth: int):
+        assert self.FIRST_TAP + STREAM_WORDS - 1 <= self.LAST_SAFE_TAP
+        self.acc_bits, self.params, self.depth = acc_bits, params, depth
+        in_bits = acc_bits + 1
+        super().__init__({
+            "shift": In(signed(SHIFT_BITS)),
+            "half": Out(in_bits),
+            "values": In(data.ArrayLayout(signed(in_bits), STREAM_WORDS)),
+            "write": In(1),
+            "m": Out(stream.Signature(STREAM_BITS)),
+            "free": Out(range(depth + 1), init=depth),
+            "fire": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        in_bits = self.acc_bits + 1
+        m.submodules.fifo = fifo = SyncFIFOBuffered(width=STREAM_BITS, depth=self.depth)
+        # The accumulators' initial value: the rounding term of ``shift`` (a configuration).
+        half = Signal(in_bits, name="half", reset_less=True)
+        m.d.sync += half.eq(RoundShiftSaturate.half_of(self.shift, self.acc_bits, p.shift_max))
+        m.d.comb += self.half.eq(half)
         outs = []
         for k in range(STREAM_WORDS):
-            rss = RoundShiftSaturate(in_bits, WORD_BITS, params.shift_max, params.shift_min,
-                                     stages=1 if registered else 0, prerounded=registered)
-            m.submodules[f"{prefix}_rss{k}"] = rss
-            m.d.comb += [rss.data_in.eq(self.values[k]), rss.shift.eq(pe.shift)]
+            rss = RoundShiftSaturate(in_bits, WORD_BITS, p.shift_max, p.shift_min, stages=1,
+                                     prerounded=True, shift_delay=self.FIRST_TAP + k)
+            m.submodules[f"rss{k}"] = rss
+            m.d.comb += [rss.data_in.eq(self.values[k]), rss.shift.eq(self.shift)]
             outs.append(rss.data_out)
-        w_data, w_en = Cat(*outs), self.write
-        if registered:
-            # The rescalers hold the beat for a cycle; its write enable follows it.
-            w_en = Signal(name=f"{prefix}_wen")
-            m.d.sync += w_en.eq(self.write)
+        # The rescalers hold the beat for a cycle; its write enable follows it.
+        w_en = Signal(name="wen")
+        m.d.sync += w_en.eq(self.write)
         m.d.comb += [
-            fifo.w_data.eq(w_data),
+            fifo.w_data.eq(Cat(*outs)),
             fifo.w_en.eq(w_en),
-            pe.m.payload.eq(fifo.r_data),
-            pe.m.valid.eq(fifo.r_rdy),
-            fifo.r_en.eq(pe.m.ready),
+            self.m.payload.eq(fifo.r_data),
+            self.m.valid.eq(fifo.r_rdy),
+            fifo.r_en.eq(self.m.ready),
+            self.fire.eq(self.m.valid & self.m.ready),
         ]
-        #: Output beats accepted on ``m`` this cycle.
-        self.fire = Signal(name=f"{prefix}_fire")
-        m.d.comb += self.fire.eq(pe.m.valid & pe.m.ready)
-        #: Entries that can still be written (a SyncFIFOBuffered of depth >= 3 accepts a write
-        #: whenever its level is below its depth; a registered beat in flight counts as written).
-        #: A register, not depth - level - inflight: the FIFO's level (its r_rdy plus the inner
-        #: level) was several LUT and carry levels in front of the PEs' credit checks. free
-        #: follows the same count: a write takes an entry, a beat sent on m gives one back.
-        self.free = Signal(range(depth + 1), name=f"{prefix}_free", init=depth)
+        # Entries that can still be written (a SyncFIFOBuffered of depth >= 3 accepts a write
+        # whenever its level is below its depth; a registered beat in flight counts as written).
+        # A register, not depth - level - inflight: the FIFO's level (its r_rdy plus the inner
+        # level) was several LUT and carry levels in front of the PEs' credit checks. free
+        # follows the same count: a write takes an entry, a beat sent on m gives one back.
         m.d.sync += self.free.eq(self.free - self.write + self.fire)
+        return m
 
 
 class TileSequencer(wiring.Component):

@@ -10,6 +10,8 @@ latency) and so is the decode of ``shift``, which must then be set a cycle befor
 a configuration): this cuts its logic depth for a 100 MHz clock. With ``prerounded=True`` the
 caller has already added the rounding term (:meth:`RoundShiftSaturate.half_of`, e.g. as the initial
 value of an accumulator), and the rescaler only shifts and saturates: no wide add on its path.
+With ``shift_delay = n`` (``stages=1`` only) the decode of ``shift`` passes ``n`` registers, so
+``shift`` must be set ``n`` cycles before the data; see :class:`RoundShiftSaturate`.
 """
 
 from __future__ import annotations
@@ -30,14 +32,27 @@ class RoundShiftSaturate(wiring.Component):
     domain between the shift and the saturation: ``data_out`` one cycle after ``data_in``, with
     the ``shift`` of the cycle before). ``prerounded``: ``data_in`` is ``v + half_of(shift)``
     (``v`` within ``in_width - 1`` signed bits) and the output is that of ``v``.
+
+    ``shift_delay`` (``stages=1`` only, default 1): the registers that hold the decode of
+    ``shift`` (``right``; ``left`` and ``is_left`` with ``min_shift < 0``) are a chain of
+    ``shift_delay`` registers, and ``data_out`` is that of the ``shift`` of ``shift_delay``
+    cycles before ``data_in``'s. This is for rescalers that share one configuration ``shift``:
+    Yosys merges identical flip-flops (same D, clock and enable; ``opt_merge``, even with a
+    ``keep`` attribute), so their control registers become one per bit that drives every
+    rescaler's barrel shifter (in the whole accelerator ~1,100 loads on each ``right`` bit, a
+    net the timing model charges for its fan-out). Rescalers given different delays share one
+    chain, each taking its own tap.
     """
 
     def __init__(self, in_width: int, out_width: int, max_shift: int, min_shift: int = 0,
-                 stages: int = 0, prerounded: bool = False):
+                 stages: int = 0, prerounded: bool = False, shift_delay: int = 1):
         self.prerounded = prerounded
         if stages not in (0, 1):
             raise ValueError(f"RoundShiftSaturate: stages must be 0 or 1, got {stages}")
-        self.stages = stages
+        if shift_delay < 1 or (shift_delay > 1 and stages != 1):
+            raise ValueError(f"RoundShiftSaturate: shift_delay must be 1, or more with stages=1, "
+                             f"got {shift_delay} with stages={stages}")
+        self.stages, self.shift_delay = stages, shift_delay
         if not (1 <= out_width <= in_width) or max_shift < 0 or min_shift > 0:
             raise ValueError(f"RoundShiftSaturate: need 1 <= out_width <= in_width, max_shift >= 0 and "
                              f"min_shift <= 0, got in={in_width} out={out_width} "
@@ -66,11 +81,15 @@ class RoundShiftSaturate(wiring.Component):
         def control(value, name):
             # With a pipeline stage, what the shift decodes to is registered too: the shift is a
             # configuration (held), and its decode stays off the data path.
+            # (shift_delay > 1: a chain, the last register named as with one.)
             if not self.stages:
                 return value
-            reg = Signal(value.shape(), name=name, reset_less=True)
-            m.d.sync += reg.eq(value)
-            return reg
+            for i in range(self.shift_delay, 0, -1):
+                reg = Signal(value.shape(), name=name if i == 1 else f"{name}_t{i}",
+                             reset_less=True)
+                m.d.sync += reg.eq(value)
+                value = reg
+            return value
 
         right = control(Mux(self.shift > 0, self.shift, 0)[:max(1, self.max_shift.bit_length())],
                         "right")

@@ -193,6 +193,19 @@ def test_steady_state_is_one_mac_cycle_per_clock(b, c, d):
     assert first["cycles"] <= ideal + b * d * c // 8 + 16 * K + 12
 
 
+def test_shift_changed_just_before_the_fastest_ops():
+    """The rescalers' shift decodes are register chains (one tap per rescaler, up to 9 deep):
+    the smallest ops (the first beat reaches the rescalers soonest after START) back to back,
+    each with a SHIFT far from the one before, set as late as the PE allows (cfg_ready)."""
+    rng = np.random.default_rng(21)
+    ops = []
+    for i, shift in enumerate([0, 40, -16, 63, 1, 30, -3, 12, 50]):
+        a, b, c, d = [(1, 1, 16, 1), (8, 1, 16, 2), (3, 1, 16, 3)][i % 3]
+        cfg = PEConfig("PE1", a, b, c, d, shift)
+        ops.append((cfg, *operands(cfg, rng, extremes=0.5)))
+    check(PE1(), ops, seed=6)
+
+
 def test_converts_to_verilog():
     text = verilog.convert(PE1(), name="pe1")
     assert "module pe1" in text

@@ -196,6 +196,19 @@ def test_input_bound_when_d_fits_one_group():
     assert second["cycles"] - first["cycles"] == ops[1][0].in_beats() - ops[0][0].in_beats()
 
 
+def test_shift_changed_just_before_the_fastest_ops():
+    """The rescalers' shift decodes are register chains (one tap per rescaler, up to 9 deep):
+    the smallest ops (the first beat reaches the rescalers soonest after START) back to back,
+    each with a SHIFT far from the one before, set as late as the PE allows (cfg_ready)."""
+    rng = np.random.default_rng(21)
+    ops = []
+    for i, shift in enumerate([0, 40, -16, 63, 1, 30, -3, 12, 50]):
+        a, b, c, d = [(1, 1, 16, 1), (1, 1, 16, 8), (1, 2, 16, 3)][i % 3]
+        cfg = PEConfig("PE2", a, b, c, d, shift)
+        ops.append((cfg, *operands(cfg, rng, extremes=0.5)))
+    check(PE2(), ops, seed=6)
+
+
 def test_converts_to_verilog():
     text = verilog.convert(PE2(), name="pe2")
     assert "module pe2" in text
