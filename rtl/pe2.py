@@ -485,9 +485,12 @@ class PE2Shadow(wiring.Component):
         N, W = self.n, STREAM_WORDS
         shadow = [Signal(signed(self.acc_bits + 1), name=f"shadow_{i}") for i in range(N)]
         drain_left = Signal(range(N // W + 1))          # beats left in the shadow bank
+        # drain_left != 0 as a register kept in step with it: the drain's write enable is two
+        # flip-flops through one gate, not a compare in front of the FIFO's credit arithmetic.
+        has_drain = Signal()
         drain_write = Signal()
         free, fire = self.out_free, self.out_fire
-        m.d.comb += [drain_write.eq((drain_left != 0) & (free != 0)),
+        m.d.comb += [drain_write.eq(has_drain & (free != 0)),
                      self.write.eq(drain_write)]
         m.d.comb += [self.values[k].eq(shadow[k]) for k in range(W)]
         with m.If(drain_write):
@@ -499,6 +502,7 @@ class PE2Shadow(wiring.Component):
         m.d.comb += self.overrun.eq(self.load & (drain_left != 0) &
                                     ~((drain_left == 1) & drain_write))
         drain_next = drain_left - drain_write
+        m.d.sync += has_drain.eq(self.load | (drain_next != 0))
         shadow_ok = Signal(name="shadow_ok")
         m.d.sync += shadow_ok.eq(
             ~(self.issue & self.last) & ~self.stage_last.any() & ~self.load &
