@@ -78,7 +78,6 @@ void twin_reset(void* handle) {
     for (int i = 0; i < 2; i++) tick(t);
     t->top->aresetn = 1;
     settle(t);
-    tick(t);            // the top registers aresetn: out of reset one cycle after it rises
     t->cycles = 0;
     t->requests = 0;
 }

@@ -48,14 +48,17 @@ class LrtRotation(wiring.Component):
         m = Module()
         L = self.lanes
         word = signed(LRT_PE_WORD_BITS)
-        mreg = [Array(Signal(word, name=f"m{k}_{jj}") for jj in range(L)) for k in range(L)]
+        # M and the row buffer have no reset (each op loads them before it reads them): the PE's
+        # reset would fan out into their 1,152 bits.
+        mreg = [Array(Signal(word, name=f"m{k}_{jj}", reset_less=True) for jj in range(L))
+                for k in range(L)]
         mk = Signal(range(L + 1))
         mj = Signal(range(L + 1))
         words_left = Signal(range(L * L + 1))
         buf = Signal(self.payload.shape())
         buf_full = Signal()
         buf_w = Signal(range(L))
-        rot_out = Array(Signal(word, name=f"rot{k}") for k in range(L))
+        rot_out = Array(Signal(word, name=f"rot{k}", reset_less=True) for k in range(L))
         m.d.comb += [self.m_col[k].eq(mreg[k][self.j_operand]) for k in range(L)]
         m.d.comb += [self.rot_row[k].eq(rot_out[k]) for k in range(L)]
 

@@ -305,12 +305,7 @@ class AcceleratorTop(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         m.domains.sync = cd = ClockDomain("sync")
-        # aresetn registered once: the reset that fans out to every flip-flop with one starts at
-        # a flip-flop (in the block design it comes from proc_sys_reset through the fabric). The
-        # design leaves reset a cycle after aresetn rises.
-        rst = Signal(name="rst_q", reset_less=True)
-        m.d.sync += rst.eq(~self.aresetn)
-        m.d.comb += [cd.clk.eq(self.aclk), cd.rst.eq(rst)]
+        m.d.comb += [cd.clk.eq(self.aclk), cd.rst.eq(~self.aresetn)]
         m.submodules.accel = accel = Accelerator(self.params)
         m.d.comb += self.interrupt.eq(accel.done_irq)
         for name, member in AXILiteSignature.members.items():
