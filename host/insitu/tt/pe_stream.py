@@ -443,4 +443,4 @@ def estimated_cycles(cfg: PEConfig, params: AcceleratorParams = DEFAULT_PARAMS) 
 
 
 #: Cycles from START to the first MAC and from the last MAC to the last output beat (approximate).
-PIPELINE_CYCLES = 8
+PIPELINE_CYCLES = 9       # (the top's CHECK takes two cycles: the PE's verdict is registered)
