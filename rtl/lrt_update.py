@@ -47,11 +47,11 @@ class LrtWeightUpdate(wiring.Component):
             "u": Out(data.ArrayLayout(signed(u_bits), lanes)),
             "u_fwd": Out(1),
             "y": In(signed(y_bits)),             # S6: round(sum_k u_k Q_R[j, k], SHIFT)
-            "w5": In(signed(wbits)),             # S6: the cell's code and counter
-            "n5": In(LRT_WRITE_COUNT_BITS),
+            "w_diff": In(signed(wbits)),         # S6 (for S7, the difference): the code and counter
+            "n_diff": In(LRT_WRITE_COUNT_BITS),
             "wb_valid": In(1),                   # S8: a cell of LRT_UPDATE
-            "w6": In(signed(wbits)),
-            "cell6": In(cell_bits),
+            "w_wb": In(signed(wbits)),
+            "cell_wb": In(cell_bits),
             "new_w": Out(signed(wbits)),
             "w_write": Out(lanes),               # the weight memory's lane enables
             "cnt_en": Out(lanes),                # the counter memory's write port
@@ -80,15 +80,15 @@ class LrtWeightUpdate(wiring.Component):
 
         # S7: the new code and the counter's next value.
         m.submodules.sat_weight = sat_weight = RoundShiftSaturate(LRT_PE_WORD_BITS + 3, wbits, 0)
-        m.d.comb += [sat_weight.data_in.eq(self.w5 - self.y), sat_weight.shift.eq(0)]
+        m.d.comb += [sat_weight.data_in.eq(self.w_diff - self.y), sat_weight.shift.eq(0)]
         m.d.sync += self.new_w.eq(sat_weight.data_out)
         bumped = Signal(LRT_WRITE_COUNT_BITS, reset_less=True)
-        n5 = self.n5
-        m.d.sync += bumped.eq(Mux(n5 == (1 << LRT_WRITE_COUNT_BITS) - 1, n5, n5 + 1))
+        n_diff = self.n_diff
+        m.d.sync += bumped.eq(Mux(n_diff == (1 << LRT_WRITE_COUNT_BITS) - 1, n_diff, n_diff + 1))
 
         # S8: write if changed.
-        with m.If(self.wb_valid & (self.new_w != self.w6)):
-            m.d.comb += self.w_write.eq(1 << self.cell6[:3])
+        with m.If(self.wb_valid & (self.new_w != self.w_wb)):
+            m.d.comb += self.w_write.eq(1 << self.cell_wb[:3])
             m.d.sync += writes_total.eq(Mux(writes_total == (1 << LRT_WRITES_TOTAL_BITS) - 1,
                                             writes_total, writes_total + 1))
             with m.If(bumped > writes_max):
@@ -105,7 +105,7 @@ class LrtWeightUpdate(wiring.Component):
             m.d.sync += [clearing.eq(1), clr_addr.eq(0), writes_total.eq(0), writes_max.eq(0)]
         m.d.comb += [
             self.cnt_en.eq(Mux(clearing, (1 << L) - 1, self.w_write)),
-            self.cnt_addr.eq(Mux(clearing, clr_addr, self.cell6 >> 3)),
+            self.cnt_addr.eq(Mux(clearing, clr_addr, self.cell_wb >> 3)),
             self.cnt_data.eq(Mux(clearing, 0, bumped)),
         ]
         return m

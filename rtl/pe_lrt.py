@@ -442,14 +442,14 @@ class PELRT(PE):
         m.d.comb += [sat_word.data_in.eq(Mux(m_pass, x_[WR - 1] - y, y)), sat_word.shift.eq(0)]
         new_word = Signal(word)
         m.d.sync += new_word.eq(sat_word.data_out)
-        m.d.comb += [upd.y.eq(y), upd.w5.eq(w_[WR - 1]), upd.n5.eq(n_[WR - 1]),
+        m.d.comb += [upd.y.eq(y), upd.w_diff.eq(w_[WR - 1]), upd.n_diff.eq(n_[WR - 1]),
                      rot.j_wb.eq(j_[WR - 1]), rot.r_m1.eq(config.r_m1)]
         # S8: the write back; S8 (MGS) also multiplies x'_i by Q[i, p], S9 accumulates.
         m.d.comb += [
             mgs.r.eq(self.cols), mgs.wb_valid.eq(v[WR] & m_pass), mgs.new_word.eq(new_word),
             mgs.q_col.eq(qc_[WR]), mgs.acc_valid.eq(v[ACC] & m_pass),
             rot.wb_valid.eq(v[WR] & m_rot), rot.new_word.eq(new_word),
-            upd.wb_valid.eq(v[WR] & m_upd), upd.w6.eq(w_[WR]), upd.cell6.eq(cell_[WR]),
+            upd.wb_valid.eq(v[WR] & m_upd), upd.w_wb.eq(w_[WR]), upd.cell_wb.eq(cell_[WR]),
         ]
         return SimpleNamespace(in_flight=Cat(*v[1:]).any(), wb_valid=v[WR], new_word=new_word,
                                i_wb=i_[WR], cell_wb=cell_[WR])
