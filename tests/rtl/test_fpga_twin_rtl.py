@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from insitu.boards import get_board
+from insitu.boards import accelerator_params, get_board
 from insitu.fpga.boards import open_board
 from insitu.fpga.driver import AcceleratorError
 from insitu.fpga.psg_op import run_psg
@@ -28,6 +28,8 @@ from twin_ops import codes, random_tt_shapes, tt_operands  # the test folder is 
 pytestmark = pytest.mark.rtl
 
 BOARD = get_board("ultra96v2-sim")
+#: The design the twin runs: the board's accelerator parameters (two PE3 batch lanes).
+BOARD_PARAMS = accelerator_params(BOARD.name)
 LRT_REGS = ("LRT_SIDE", "LRT_ROWS_L", "LRT_ROWS_R", "LRT_COLS", "LRT_RECIP", "SHIFT")
 LRT_STATE = ("LRT_NORM2_LO", "LRT_NORM2_HI", "LRT_WRITES_MAX", "LRT_WRITES_TOTAL")
 
@@ -99,7 +101,7 @@ def test_random_ops_give_identical_results_on_both_twins(twins):
         assert pe_stream.cfg_error(cfg) == ErrorCode.NONE
         lhs, rhs = tt_operands(rng, kind, a, b, c, d)
         out = ls.run(f"{kind} a={a} b={b} c={c} d={d} shift={shift}", Op(cfg.op),
-                     pe_stream.stream_in(cfg, lhs, rhs), pe_stream.estimated_cycles(cfg),
+                     pe_stream.stream_in(cfg, lhs, rhs), pe_stream.estimated_cycles(cfg, BOARD_PARAMS),
                      SIZE_A=a, SIZE_B=b, SIZE_C=c, SIZE_D=d, SHIFT=shift)
         np.testing.assert_array_equal(out, pe_stream.reference_stream_out(cfg, lhs, rhs))
 
