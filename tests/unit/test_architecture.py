@@ -19,10 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = {"insitu": ROOT / "host" / "insitu", "insitu.rtl": ROOT / "rtl"}
 
 #: What the accelerator contract and the hardware may import: nothing of the algorithms, the
-#: platforms' drivers and twins, the run harness or the CLI.
+#: platforms' drivers and twins, the run harness or the CLI. The RTL reads the board files
+#: (``insitu.boards``: each FPGA board's clock and accelerator parameters), a description of the
+#: hardware that itself imports only the contract and the base (checked below).
 HARDWARE_MAY_IMPORT = {
     "accel": {"numerics", "errors"},
-    "rtl": {"accel", "numerics", "errors", "io", "resources", "insitu"},
+    "boards": {"accel", "errors", "io", "resources", "insitu"},
+    "rtl": {"accel", "boards", "numerics", "errors", "io", "resources", "insitu"},
 }
 #: The base every layer may import, which imports no layer above it.
 BASE = {"insitu", "errors", "io", "numerics", "resources", "checks"}
