@@ -6,7 +6,8 @@ figure is never written twice. The schema below is the only description of what 
 hold: an unknown key is an error too (it is usually a typo).
 
 An FPGA board also fixes the accelerator built for it: ``[fpga] pl_clock_hz`` is the PL clock the
-design is generated, constrained and timed for, and the optional ``[accelerator]`` table
+design is generated, constrained and timed for (``dram_bus_bits`` and ``dram_mt_per_s`` describe
+the DRAM its streams come from: :func:`dram_bytes_per_s`), and the optional ``[accelerator]`` table
 overrides fields of :class:`insitu.accel.params.AcceleratorParams` (its generate-time bounds,
 e.g. ``pe3_batch_lanes = 2``); :func:`accelerator_params` is that board's (or its twin's)
 parameter set, :func:`pl_clock_hz` its clock.
@@ -29,7 +30,8 @@ KINDS = ("fpga-soc", "mcu")
 _TOP = {"name": (str, True), "kind": (str, False), "description": (str, True), "twin_of": (str, False)}
 _SECTIONS = {
     "fpga": {"part": (str, True), "family": (str, True), "lut": (int, True), "ff": (int, True),
-             "dsp": (int, True), "bram18": (int, True), "pl_clock_hz": (int, True)},
+             "dsp": (int, True), "bram18": (int, True), "pl_clock_hz": (int, True),
+             "dram_bus_bits": (int, True), "dram_mt_per_s": (int, True)},
     "mcu": {"part": (str, True), "sram_bytes": (int, True), "flash_bytes": (int, True),
             "training_budget_bytes": (int, True)},
     "processor": {"cpu": (str, True), "cpu_hz": (int, True)},
@@ -80,7 +82,8 @@ class Board:
         out = {"name": self.name, "kind": self.kind, "twin_of": self.twin_of,
                "description": self.description}
         if self.fpga:
-            out.update({k: self.fpga[k] for k in ("part", "lut", "ff", "dsp", "bram18", "pl_clock_hz")})
+            out.update({k: self.fpga[k] for k in ("part", "lut", "ff", "dsp", "bram18", "pl_clock_hz",
+                                                   "dram_bus_bits", "dram_mt_per_s")})
             out["accelerator"] = self.accelerator_overrides
         if self.mcu:
             out.update({k: self.mcu[k] for k in ("part", "sram_bytes", "flash_bytes",
@@ -226,6 +229,16 @@ def pl_clock_hz(board: Board | str) -> int:
     if board.fpga is None:
         raise UsageError(f"{board.name} has no FPGA, so no PL clock")
     return board.fpga["pl_clock_hz"]
+
+
+def dram_bytes_per_s(board: Board | str) -> float:
+    """The peak rate of an FPGA board's DRAM (its twin's: the board's), both directions together:
+    ``[fpga] dram_bus_bits / 8 * dram_mt_per_s`` million bytes a second. What the accelerator's
+    streams move cannot go faster, whatever their width and clock."""
+    board = _board(board)
+    if board.fpga is None:
+        raise UsageError(f"{board.name} has no FPGA, so no DRAM behind an accelerator")
+    return board.fpga["dram_bus_bits"] / 8 * board.fpga["dram_mt_per_s"] * 1e6
 
 
 def fpga_boards(directory: Path | str | None = None) -> dict[str, Board]:

@@ -39,15 +39,20 @@ def test_small_ops_are_simulated_whole():
     assert report.reduced(cfg) == [cfg]
 
 
-def _row(kind, cycles, ideal, stream):
+def _row(kind, cycles, ideal, stream, out_beats=1):
     return {"kind": kind, "cycles": cycles, "ideal_cycles": ideal, "stream_cycles": stream,
+            "in_beats": stream, "out_beats": out_beats,
             "bound": "mac" if ideal >= stream else "stream", "utilization": ideal / cycles}
 
 
 def test_summary_and_targets():
     rows = [_row("PE1", 100, 95, 50), _row("PE2", 100, 90, 40), _row("PE2", 100, 25, 100),
             _row("PE3", 1000, 990, 200)]
-    s = report.summarize(rows, clock_hz=100)
+    # A DRAM of 32 bytes a cycle: two beats a cycle, it limits no op as simulated; streams of
+    # any width would meet it on the second PE2 op (101 beats: 50.5 cycles).
+    s = report.summarize(report.with_dram(rows, 100, 3200), clock_hz=100)
+    assert s["per_pe"]["PE2"]["utilization_cap_of_dram"] == pytest.approx(115 / 140.5)
+    assert s["dram_bound_seconds"] == pytest.approx(s["batch_seconds"])
     assert s["per_pe"]["PE2"]["utilization"] == pytest.approx(115 / 200)
     assert s["per_pe"]["PE2"]["utilization_cap_of_streams"] == pytest.approx(115 / 190)
     assert s["per_pe"]["PE2"]["stream_bound_ops"] == 1
@@ -66,6 +71,21 @@ def test_summary_and_targets():
     t = report.targets({**s, "yosys_part": "xczu3eg", "timing": {"worst_ns": 4.9, "budget_ns": 5.0}},
                        batch=1)
     assert t["xczu3eg_worst_le_5ns_clock"] is True and "batch64_le_0.09s" not in t
+
+
+def test_the_dram_bounds_ops_whose_streams_outrun_it():
+    """Both directions share the board's DRAM: at 16 bytes a cycle, an op streaming a beat a cycle
+    each way takes twice its stream cycles however fast the PE is."""
+    rows = report.with_dram([_row("PE2", 110, 100, 100, out_beats=100), _row("PE2", 100, 25, 100)],
+                            clock_hz=100, dram_bytes_per_s=1600)
+    assert [r["dram_cycles"] for r in rows] == [200, 101]
+    s = report.summarize(rows, clock_hz=100)
+    assert s["dram_bound_seconds"] == pytest.approx((200 + 101) / 100)
+    assert s["batch_seconds"] == pytest.approx(210 / 100)
+    per = s["per_pe"]["PE2"]
+    assert per["utilization_cap_of_dram"] == pytest.approx(125 / 301)
+    assert per["utilization_cap_of_streams"] == pytest.approx(125 / 200)
+    assert per["dram_bound_ops"] == 2
 
 
 def test_each_board_is_reported_on_its_design_at_its_clock(monkeypatch):
@@ -99,6 +119,12 @@ def test_each_board_is_reported_on_its_design_at_its_clock(monkeypatch):
     assert u96["params"]["pe3_batch_lanes"] == 2 and u96["part"].startswith("xczu3eg")
     assert "resources" not in u96 and "timing" not in u96
     assert u96["targets"]["batch64_le_0.09s"] is True
+    # Both boards' DRAM: 32 bits at 1066 MT/s, 4.26 GB/s; the Ultra96-V2's clock gets fewer
+    # bytes a cycle of it. The fake ops move a few beats: never DRAM-bound.
+    assert u96["dram_bytes_per_s"] == zed["dram_bytes_per_s"] == pytest.approx(4.264e9)
+    assert u96["ops"][0]["dram_cycles"] == pytest.approx(101 * 16 / (4.264e9 / 200e6))
+    assert zed["ops"][0]["dram_cycles"] == pytest.approx(101 * 16 / (4.264e9 / 125e6))
+    assert u96["dram_bound_seconds"] == pytest.approx(u96["batch_seconds"])
     assert report.report_ops(rep, "zedboard") == zed["ops"]
     assert report.report_ops({"ops": [1]}) == [1]           # a report of the earlier layout
     # Only one board asked: only its design.

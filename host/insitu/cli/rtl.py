@@ -125,11 +125,16 @@ def _echo_board(name: str, b: dict, batch: int) -> None:
         click.echo(f"{r['kind']:<4} {r['eq'] or '-':>3} {r['a']:>6} {r['b']:>4} {r['c']:>6} {r['d']:>4} "
                    f"{r['cycles']:>9} {r['ideal_cycles']:>9.0f} {r['utilization']:.3f}")
     for kind, s in b["per_pe"].items():
-        util = "-" if s["utilization"] is None else f"{s['utilization']:.3f}"
-        click.echo(f"{kind}: {s['cycles']} cycles, utilization {util}")
+        if s["utilization"] is None:
+            click.echo(f"{kind}: {s['cycles']} cycles, utilization -")
+            continue
+        click.echo(f"{kind}: {s['cycles']} cycles, utilization {s['utilization']:.3f} (at most "
+                   f"{s['utilization_cap_of_streams']:.3f} on 128-bit streams, "
+                   f"{s['utilization_cap_of_dram']:.3f} on streams of any width from the board's DRAM)")
     click.echo(f"{name}: batch of {batch}: {b['cycles']} cycles = {b['batch_seconds']:.4f} s at "
                f"{mhz:g} MHz (MAC bound {b['mac_bound_seconds']:.4f} s, ratio "
-               f"{b['ratio_to_mac_bound']:.2f})")
+               f"{b['ratio_to_mac_bound']:.2f}); at least {b['dram_bound_seconds']:.4f} s with "
+               f"the DRAM's {b['dram_bytes_per_s'] / 1e9:.2f} GB/s")
     res = b.get("resources")
     if res:
         click.echo(f"{b['yosys_part']}: LUT {res['LUT']} FF {res['FF']} DSP {res['DSP']} BRAM18 {res['BRAM18']}")

