@@ -41,24 +41,36 @@ __all__ = ["ModelConfig", "MODELS", "model_config", "InvertedResidual", "MobileN
 @dataclass(frozen=True)
 class ModelConfig:
     """A MobileNetV2-style network: ``blocks`` rows are ``(t, c, n, s)`` as in the MobileNetV2
-    paper; channel counts are multiplied by ``width`` and rounded to a multiple of ``divisor``."""
+    paper, or ``(t, c, n, s, k)`` with the depthwise kernel ``k`` (default 3: ProxylessNAS and
+    MCUNet choose 3, 5 or 7 per block); channel counts are multiplied by ``width`` and rounded to
+    a multiple of ``divisor``. ``head``: the 1x1 conv before the pooling, or None for none (the
+    classifier then reads the last block); ``in_channels``: 1 (grey) or 3 (RGB)."""
 
     name: str
     input_size: int
     stem: int
-    blocks: tuple[tuple[int, int, int, int], ...]
-    head: int
+    blocks: tuple[tuple[int, ...], ...]
+    head: int | None
     width: float = 1.0
     divisor: int = 4
     num_classes: int = 10
     batchnorm: bool = True
+    in_channels: int = 1
 
     def channels(self, c: int) -> int:
         return make_divisible(c * self.width, self.divisor)
 
+    def block_rows(self) -> list[tuple[int, int, int, int, int]]:
+        """``blocks`` as ``(t, c, n, s, k)`` rows (``k`` 3 where a row leaves it out)."""
+        return [(*row, 3)[:5] if len(row) == 4 else tuple(row) for row in self.blocks]
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["blocks"] = [list(b) for b in self.blocks]
+        # Grey input, the default, is left out: the pretrained caches of the grey models are keyed
+        # by this dict, and in_channels came after them.
+        if self.in_channels == 1:
+            del d["in_channels"]
         return d
 
 
@@ -82,10 +94,50 @@ MODELS: dict[str, ModelConfig] = {
 }
 
 
+#: The Tiny Training paper's three networks (its Sec. 4 setups and Fig. 10), at 128x128 RGB with
+#: ImageNet's 1000 classes, as released with that paper: the layer tables of
+#: ``algorithm/assets/mcu_models/{mbv2-w0.35,proxyless-w0.3,mcunet-5fps}.pkl`` in
+#: github.com/mit-han-lab/tiny-training (input 3x128x128, every conv's channels, kernel and
+#: stride; no 1x1 head conv: the classifier reads the last block). MobileNetV2-w0.35 is the
+#: MobileNetV2 paper's table at width 0.35 (channels rounded to 8); ProxylessNAS-w0.3 (the
+#: ProxylessNAS mobile network at width 0.3) and MCUNet-5FPS (MCUNet's 5 FPS ImageNet network,
+#: found by TinyNAS) list one row per block, with its expansion and kernel. The paper gives their
+#: backbones as "17M MACs, 0.25M Param", "19M, 0.33M" and "23M, 0.48M": those are the MACs of
+#: the whole forward (16.8, 18.7, 22.6 M; the backbone alone is 16.6, 18.6, 22.5 M) and the
+#: float parameters of the backbone with BN (250, 332, 475 K) of :func:`model_summary`
+#: (tests/unit/test_sparse_paper_models.py). They are not yet trained by the MCU commands.
+PAPER_MODELS: dict[str, ModelConfig] = {
+    "mbv2-w0.35": ModelConfig(
+        name="mbv2-w0.35", input_size=128, in_channels=3, stem=32, head=None, width=0.35,
+        divisor=8, num_classes=1000,
+        blocks=((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                (6, 160, 3, 2), (6, 320, 1, 1)),
+    ),
+    "proxyless-w0.3": ModelConfig(
+        name="proxyless-w0.3", input_size=128, in_channels=3, stem=16, head=None, divisor=1,
+        num_classes=1000,
+        blocks=((1, 8, 1, 1, 3), (3, 16, 1, 2, 5), (3, 16, 1, 1, 3), (3, 16, 1, 2, 7),
+                (3, 16, 1, 1, 3), (3, 16, 1, 1, 5), (3, 16, 1, 1, 5), (6, 24, 1, 2, 7),
+                (3, 24, 3, 1, 5), (6, 32, 1, 1, 5), (3, 32, 3, 1, 5), (6, 64, 1, 2, 7),
+                (6, 64, 1, 1, 7), (3, 64, 2, 1, 7), (6, 96, 1, 1, 7)),
+    ),
+    "mcunet-5fps": ModelConfig(
+        name="mcunet-5fps", input_size=128, in_channels=3, stem=16, head=None, divisor=1,
+        num_classes=1000,
+        blocks=((1, 8, 1, 1, 3), (4, 16, 1, 2, 3), (3, 16, 1, 1, 3), (3, 24, 1, 2, 7),
+                (5, 24, 1, 1, 3), (5, 40, 1, 2, 3), (4, 40, 1, 1, 7), (4, 48, 1, 1, 5),
+                (3, 48, 1, 1, 3), (4, 48, 1, 1, 3), (5, 96, 1, 2, 7), (4, 96, 2, 1, 5),
+                (6, 160, 1, 1, 3)),
+    ),
+}
+
+
 def model_config(name: str) -> ModelConfig:
-    if name not in MODELS:
-        raise UsageError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
-    return MODELS[name]
+    """The configuration named ``name``: one of :data:`MODELS` or :data:`PAPER_MODELS`."""
+    known = {**MODELS, **PAPER_MODELS}
+    if name not in known:
+        raise UsageError(f"unknown model {name!r}; known models: {', '.join(known)}")
+    return known[name]
 
 
 # --------------------------------------------------------------------------- layers
@@ -224,7 +276,7 @@ class InvertedResidual(nn.Layer):
     """
 
     def __init__(self, c_in: int, c_out: int, expand: int, stride: int, *, batchnorm: bool = True,
-                 seed=None, dtype: DTypeLike = np.float64):
+                 seed=None, dtype: DTypeLike = np.float64, kernel: int = 3):
         super().__init__()
         rng = np.random.default_rng(seed)
         hidden = c_in * expand
@@ -232,7 +284,8 @@ class InvertedResidual(nn.Layer):
         self.parts: dict[str, _ConvBN] = {}
         if expand != 1:
             self.parts["expand"] = _conv_bn(c_in, hidden, 1, 1, "relu6", batchnorm, rng, dtype)
-        self.parts["dw"] = _conv_bn(hidden, hidden, 3, stride, "relu6", batchnorm, rng, dtype, depthwise=True)
+        self.parts["dw"] = _conv_bn(hidden, hidden, kernel, stride, "relu6", batchnorm, rng, dtype,
+                                    depthwise=True)
         self.parts["project"] = _conv_bn(hidden, c_out, 1, 1, "none", batchnorm, rng, dtype)
         self.residual = stride == 1 and c_in == c_out
 
@@ -276,23 +329,26 @@ class MobileNetV2(nn.Sequential):
         rng = np.random.default_rng(seed)
         bn = config.batchnorm
         c = config.channels(config.stem)
-        layers: list[nn.Layer] = [_conv_bn(1, c, 3, 2, "relu6", bn, rng, dtype)]
+        layers: list[nn.Layer] = [_conv_bn(config.in_channels, c, 3, 2, "relu6", bn, rng, dtype)]
         names = ["stem"]
         k = 0
-        for t, c_out, n, s in config.blocks:
+        for t, c_out, n, s, kernel in config.block_rows():
             c_out = config.channels(c_out)
             for i in range(n):
                 k += 1
                 layers.append(InvertedResidual(c, c_out, t, s if i == 0 else 1, batchnorm=bn,
-                                               seed=int(rng.integers(2**31)), dtype=dtype))
+                                               seed=int(rng.integers(2**31)), dtype=dtype,
+                                               kernel=kernel))
                 names.append(f"b{k}")
                 c = c_out
-        head = config.channels(config.head)
-        layers.append(_conv_bn(c, head, 1, 1, "relu6", bn, rng, dtype))
-        names.append("head.conv")
+        if config.head is not None:
+            head = config.channels(config.head)
+            layers.append(_conv_bn(c, head, 1, 1, "relu6", bn, rng, dtype))
+            names.append("head.conv")
+            c = head
         layers.append(nn.GlobalAvgPool2d())
         names.append("pool")
-        classifier = nn.Dense(head, config.num_classes, seed=int(rng.integers(2**31)), dtype=dtype)
+        classifier = nn.Dense(c, config.num_classes, seed=int(rng.integers(2**31)), dtype=dtype)
         # A small classifier at the start keeps the first losses near log(classes).
         classifier.params["weight"] *= dtype(0.1)
         layers.append(classifier)
@@ -409,11 +465,11 @@ def _conv_float(x, w, b, stride, pad, groups):
 
 def model_summary(name_or_config: str | ModelConfig) -> dict:
     """MACs of one forward and parameter counts (trainable float params, and the int8 graph's
-    weights + biases after BN folding) of a configuration."""
+    weights + biases after BN folding) of a configuration; ``backbone_macs`` and
+    ``backbone_params``, ``backbone_float_params``: the same without the classifier."""
     config = model_config(name_or_config) if isinstance(name_or_config, str) else name_or_config
     model = MobileNetV2(config, seed=0)
     size, macs, rows = config.input_size, 0, []
-    c = 1
     for u in folded_units(model):
         o, cg, k, _ = u.weight.shape
         if u.name == "classifier":
@@ -423,11 +479,16 @@ def model_summary(name_or_config: str | ModelConfig) -> dict:
         macs += m
         rows.append({"name": u.name, "shape": list(u.weight.shape), "out": [o, out, out], "macs": m,
                      "params": u.weight.size + u.bias.size})
-        size, c = out, o
+        size = out
     graph_params = sum(r["params"] for r in rows)
     float_params = sum(p.value.size for p in model.parameters())
+    backbone = [r for r in rows if r["name"] != "classifier"]
+    classifier = sum(v.size for v in dict(model.named_layers())["classifier"].params.values())
     return {"name": config.name, "input_size": config.input_size, "macs": macs,
-            "params": graph_params, "float_params": float_params, "layers": rows}
+            "params": graph_params, "float_params": float_params,
+            "backbone_macs": sum(r["macs"] for r in backbone),
+            "backbone_params": sum(r["params"] for r in backbone),
+            "backbone_float_params": float_params - classifier, "layers": rows}
 
 
 # --------------------------------------------------------------------------- float training
@@ -538,7 +599,7 @@ def train_float(model: MobileNetV2, images: np.ndarray, labels: np.ndarray, *, e
 
 
 if __name__ == "__main__":  # pragma: no cover - a quick look at the configurations
-    for key in MODELS:
+    for key in (*MODELS, *PAPER_MODELS):
         s = model_summary(key)
         print(f"{key}: {s['macs'] / 1e6:.3f} M MACs, {s['params'] / 1e3:.1f} K params "
               f"({s['float_params'] / 1e3:.1f} K float params with BN)")

@@ -105,7 +105,8 @@ def activation_scale(parts: list[np.ndarray], percentile: float = CALIBRATION_PE
 
 def build_graph(units: list[Unit], scales: dict[str, float], input_size: int, meta: dict | None = None) -> g.Graph:
     """The int8 graph of the folded network ``units`` with activation ``scales`` (by tensor)."""
-    tensors = {INPUT_TENSOR: g.TensorInfo((1, input_size, input_size), g.INPUT_SCALE)}
+    in_channels = units[0].weight.shape[1] * units[0].groups       # the stem's input: grey or RGB
+    tensors = {INPUT_TENSOR: g.TensorInfo((in_channels, input_size, input_size), g.INPUT_SCALE)}
     nodes: list[g.Node] = []
     current, block_in, size = INPUT_TENSOR, None, input_size
     for u in units:
