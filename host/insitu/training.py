@@ -12,7 +12,7 @@ budget, resumable checkpoints and the result record.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import AbstractSet, Callable
 
@@ -26,6 +26,7 @@ from insitu.data.files import is_file_spec
 from insitu.errors import InsituError, UsageError
 from insitu.harness import RunPlan, run_identity, run_training, sample_order, say
 from insitu.nn.networks import CNN_MIN_SIZE, NETWORKS, image_input
+from insitu.sparse import DEFAULT_LR as SPARSE_DEFAULT_LR
 
 @dataclass
 class TrainConfig:
@@ -92,6 +93,9 @@ class Algorithm:
     #: Cheap checks of a config (defaults filled in) that need no data and no board: run before
     #: any slow work (pre-training, firmware builds, a power meter).
     check: Callable[[TrainConfig, Board], object] | None = None
+    #: The algorithm's own defaults filled into a checked config (after the model, dataset,
+    #: batch size and lr below), e.g. sparse's per-layer learning rates.
+    fill_defaults: Callable[[TrainConfig], TrainConfig] | None = None
     #: models the algorithm trains (the first is its default), and its default batch size and lr
     models: tuple[str, ...] = ()
     #: suffixes of model files that --model takes besides the names (sparse: ".onnx")
@@ -167,6 +171,8 @@ def prepare(config: TrainConfig, given: AbstractSet[str] = frozenset()) -> tuple
                          f"use --board {board.name}-sim")
     if algo.check is not None:
         algo.check(config, board)
+    if algo.fill_defaults is not None:
+        config = algo.fill_defaults(config)
     return config, board
 
 
@@ -321,6 +327,12 @@ def _check_sparse(config, board):
     return board_runs.check_sparse(config, board)
 
 
+def _sparse_defaults(config):
+    from insitu.mcu import board_runs
+
+    return board_runs.with_default_lr_scale(config)
+
+
 register(Algorithm(
     name="sparse",
     summary="sparse update with QAS (tiny-training) on a MicroPython microcontroller, compiled on the host",
@@ -328,10 +340,11 @@ register(Algorithm(
     twins_only=False,
     run=_run_sparse,
     check=_check_sparse,
+    fill_defaults=_sparse_defaults,
     models=("mbv2-28", "mbv2-tiny"),
     model_files=(".onnx",),
     options=frozenset({"scheme", "port", "flash_dir", "heap", "twin", "lr_scale"}),
     batch_size=1,               # 1, as in the paper; N > 1 accumulates N samples' gradients per update
-    lr=0.05,
+    lr=SPARSE_DEFAULT_LR,       # with the classifier at 5x (fill_defaults)
     dataset="digits",
 ))

@@ -672,7 +672,7 @@ TABLE: dict[str, TableEntry] = {
         needs=("insitu sweep examples/sweeps/train_lr.toml --out-dir lr",), workspace="sweep-train-lr"),
 
     # ----------------------------------------------------------------------- docs/own-data.md
-    "insitu train --board stm32f746-disco-sim --algo sparse --model mbv2-28.onnx --dataset folder:my-images --samples 200 --lr 0.01 --lr-scale classifier=5 --json": WALKTHROUGH,
+    "insitu train --board stm32f746-disco-sim --algo sparse --model mbv2-28.onnx --dataset folder:my-images --samples 200 --lr 0.05 --lr-scale classifier=1 --json": WALKTHROUGH,
     "insitu mcu search --model mbv2-28.onnx --dataset folder:my-images --budget 64K --evaluations 200 --train-size 100 --test-samples 100 --keep 2 --out scheme.json": WALKTHROUGH,
     "insitu train --board stm32f746-disco-sim --algo sparse --model mbv2-28.onnx --dataset folder:my-images --scheme \"$(cat scheme.json)\" --lr 0.01 --lr-scale classifier=5 --samples 200 --json": WALKTHROUGH,
     "insitu train --board stm32f746-disco --port /dev/ttyACM0 --algo sparse --model mbv2-28.onnx --dataset folder:my-images --scheme \"$(cat scheme.json)\" --lr 0.01 --lr-scale classifier=5 --samples 200 --json": WALKTHROUGH,

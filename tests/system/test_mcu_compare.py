@@ -67,11 +67,16 @@ def test_reported_plans_are_the_compilers_and_k_is_the_largest_that_fits(compare
     from insitu.mcu.board_runs import Prepared
 
     result = compared[0]
-    prep = Prepared("mbv2-tiny", "digits", "classifier", result["lr"], result["seed"])
+    # The command's default rates: lr 0.01, the classifier at 5x (its update multipliers plan a
+    # few bytes apart from a one-rate program's).
+    assert (result["lr"], result["lr_scale"]) == (0.01, {"classifier": 5.0})
+    prep = Prepared("mbv2-tiny", "digits", "classifier", result["lr"], result["seed"],
+                    lr_scale=result["lr_scale"])
     L = len(prep.graph.convs)
 
     def arena(scheme):
-        return compile_training(prep.graph, scheme, prep.grad_scales, Options(lr=result["lr"])).arena_bytes
+        options = Options(lr=result["lr"], lr_scale=result["lr_scale"])
+        return compile_training(prep.graph, scheme, prep.grad_scales, options).arena_bytes
 
     for row in result["rows"]:
         budget = row["budget_bytes"]

@@ -18,6 +18,12 @@ pytestmark = pytest.mark.system
 MODEL, TASK, SCHEME, SIM_BOARD = "mbv2-tiny", "digits", "bias-4", "stm32f746-disco-sim"
 
 
+def built_in_program(scheme: str) -> Prepared:
+    """What `insitu train --algo sparse --model mbv2-tiny` compiles, at the default rates (lr 0.01,
+    the classifier at 5x)."""
+    return Prepared(MODEL, TASK, scheme, 0.01, 0, lr_scale={"classifier": 5.0})
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     from conftest import insitu_cli
@@ -41,7 +47,7 @@ def test_mcu_import_shows_the_graph_and_its_memory_on_the_board(run_cli, exporte
         [row["name"] for row in summary["layers"]]
     assert r["input"]["shape"] == [1, 12, 12] and "(p - 128) / 128" in r["input"]["convention"]
     assert r["source"]["sha256"] and r["calibration"] == {"from": "the file's insitu scales"}
-    built_in = Prepared(MODEL, TASK, "bias-6", 0.05, 0)
+    built_in = built_in_program("bias-6")
     assert r["training"]["arena_bytes"] == built_in.compiled.arena_bytes
     assert r["training"]["scheme_text"] == built_in.compiled.scheme.describe()
     assert 0 < r["inference"]["arena_bytes"] < r["training"]["arena_bytes"]
@@ -57,7 +63,7 @@ def test_train_sparse_on_the_cortex_m7_twin_from_an_onnx_file(run_cli, exported,
                   "--samples", 20, "--test-samples", 20, "--flash-dir", tmp_path / "flash", "--json", timeout=180)
     assert run.returncode == 0, run.stderr
     r = json.loads(run.stdout)
-    built_in = Prepared(MODEL, TASK, SCHEME, 0.05, 0)
+    built_in = built_in_program(SCHEME)
     assert (r["model"], r["twin"], r["samples"]) == (str(exported), "qemu", 20)
     assert r["model_id"] == built_in.compiled.model_id          # the built-in model's very program
     assert r["host_sim_agreement"] == 1.0
@@ -81,7 +87,7 @@ def test_a_model_too_big_for_the_heap_is_refused_before_flashing(run_cli, export
     r = json.loads(report.stdout)
     assert r["inference"]["fits"] and not r["fits"] and "does not fit" in r["training"]["why"]
     for model, heap, arena in ((big, (), r["training"]["arena_bytes"]),
-                               (exported, ("--heap", 49152), Prepared(MODEL, TASK, SCHEME, 0.05, 0).compiled.arena_bytes)):
+                               (exported, ("--heap", 49152), built_in_program(SCHEME).compiled.arena_bytes)):
         flash = tmp_path / f"flash-{model.stem}"
         run = run_cli("train", "--board", SIM_BOARD, "--algo", "sparse", "--model", model, "--scheme", SCHEME,
                       "--samples", 5, "--flash-dir", flash, *heap, "--json", timeout=120)

@@ -32,7 +32,8 @@ from insitu.training import sample_order
 
 pytestmark = pytest.mark.system
 
-MODEL, TASK, SCHEME, LR, SEED = "mbv2-tiny", "digits", "bias-4", 0.05, 0
+MODEL, TASK, SCHEME, LR, SEED = "mbv2-tiny", "digits", "bias-4", 0.01, 0
+LR_SCALE = {"classifier": 5.0}     # with LR, the commands' default rates
 SIM_BOARD, REAL_BOARD = "stm32f746-disco-sim", "stm32f746-disco"
 BUDGET = 262144                    # the stm32f746-disco's training budget (its twin's heap)
 SPARSE = ("train", "--algo", "sparse", "--model", MODEL, "--scheme", SCHEME)
@@ -53,7 +54,7 @@ def kind(request):
 @pytest.fixture(scope="module")
 def prep():
     """The compiled program `insitu train` builds for these options (deterministic)."""
-    return Prepared(MODEL, TASK, SCHEME, LR, SEED)
+    return Prepared(MODEL, TASK, SCHEME, LR, SEED, lr_scale=LR_SCALE)
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +225,7 @@ def test_accumulated_gradients_train_the_same_on_the_twin_and_the_host(run_cli, 
     assert r["batch_size"] == 3 and r["host_sim_agreement"] == 1.0
     assert r["accuracy_after"] == r["host_sim_accuracy_after"]        # the probes changed nothing
     assert len(r["curve"]) == 12 and all(p["loss"] > 0 and "test_accuracy" in p for p in r["curve"])
-    accumulating = Prepared(MODEL, TASK, "last-2", LR, SEED, accumulate=3)
+    accumulating = Prepared(MODEL, TASK, "last-2", LR, SEED, accumulate=3, lr_scale=LR_SCALE)
     assert r["model_id"] == accumulating.compiled.model_id
     _, _, done, trained = checkpoint(flash_dir, kind)
     assert done == 12 and trained == simulate(accumulating, 12)[0].trained_bytes()

@@ -128,3 +128,25 @@ def test_the_untrained_graph_has_the_pretrained_layers(tmp_path):
     skeleton = Q.untrained_graph("mbv2-tiny")
     assert [n.name for n in skeleton.nodes] == [n.name for n in trained.nodes]
     assert {k: t.shape for k, t in skeleton.tensors.items()} == {k: t.shape for k, t in trained.tensors.items()}
+
+
+def test_the_default_rates_are_lr_0_01_with_the_classifier_at_5x(no_slow_work, monkeypatch):
+    """docs/mcu.md "int8 (QAS) vs float SGD": the setting that trained best is the default of
+    `insitu train --algo sparse` and of the mcu commands; a --lr-scale given replaces it."""
+    from insitu.cli.mcu import _check_analysis
+
+    config, _ = prepare(TrainConfig(algo="sparse", board=SIM))
+    assert (config.lr, config.lr_scale) == (0.01, ("classifier=5",))
+    config, _ = prepare(TrainConfig(algo="sparse", board=SIM, lr_scale=("classifier=1",)), {"lr_scale"})
+    assert config.lr_scale == ("classifier=1",)
+    assert _check_analysis("mbv2-28", "digits", 500, None, 100, 1, 0.01, ()) == {"classifier": 5.0}
+    assert _check_analysis("mbv2-28", "digits", 500, None, 100, 1, 0.01, ("b7.project=2",)) == \
+        {"b7.project": 2.0}
+    # The classifier is the model's last layer, whatever an imported model calls it.
+    from types import SimpleNamespace
+
+    import insitu.sparse.model_source as source
+
+    layers = SimpleNamespace(convs=[SimpleNamespace(name="conv1"), SimpleNamespace(name="fc")])
+    monkeypatch.setattr(source, "model_untrained_graph", lambda model, num_classes=None: layers)
+    assert runs.default_lr_scale("net.onnx") == {"fc": 5.0}

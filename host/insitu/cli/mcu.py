@@ -16,6 +16,7 @@ from insitu.cli.options import option
 from insitu.cli.output import console
 from insitu.errors import InsituError, UsageError
 from insitu.resources import cache_dir
+from insitu.sparse import DEFAULT_LR
 
 
 def default_flash_dir(board: str) -> Path:
@@ -60,16 +61,17 @@ def _as_options(fn, *args, **kwargs):
 
 def _check_analysis(model, dataset, train_size, test_samples, evaluations, workers, lr, lr_scale=()):
     """The analysis's options, checked before any work (exit 2, naming the option); returns the
-    per-layer lr factors of ``--lr-scale`` as ``{layer: factor}`` (None when not given)."""
+    per-layer lr factors of ``--lr-scale`` as ``{layer: factor}`` (when not given, the default:
+    the classifier at 5x, :func:`insitu.mcu.board_runs.default_lr_scale`)."""
     from insitu.checks import check_int
-    from insitu.mcu.board_runs import parse_lr_scale
+    from insitu.mcu.board_runs import default_lr_scale, parse_lr_scale
     from insitu.sparse.search import check_analysis_options
 
     _as_options(check_analysis_options, model, dataset, train_size, evaluations,
                 workers if workers is not None else 1, lr)
     if test_samples is not None:
         check_int("--test-samples", test_samples)
-    return parse_lr_scale(model, lr_scale) if lr_scale else None
+    return parse_lr_scale(model, lr_scale) if lr_scale else default_lr_scale(model)
 
 
 #: The repeatable per-layer learning-rate option of the commands that train schemes.
@@ -77,7 +79,8 @@ lr_scale_option = click.option(
     "--lr-scale", "lr_scale", multiple=True, metavar="LAYER=FACTOR",
     help="A layer's learning rate as a factor on --lr, repeatable (--lr-scale classifier=5: the new head "
          "5x); every training (the analysis's too: cached per factors) uses it. A layer the model "
-         "does not have is refused with the list of its layers.")
+         "does not have is refused with the list of its layers. Default: the classifier (the model's "
+         "last layer) 5x; given, it replaces the default (classifier=1: one rate for every layer).")
 
 
 @click.group("mcu")
@@ -211,7 +214,8 @@ def build_twin(as_json):
         show_default=True, help="Contribution analysis: training samples per configuration.")
 @option("--test-samples", "test_samples", aliases=("--eval-samples",), type=int, default=None,
         help="Contribution analysis: test samples scoring each configuration [default: 500 or all].")
-@click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate (as insitu train's).")
+@click.option("--lr", type=float, default=DEFAULT_LR, show_default=True,
+              help="Learning rate (as insitu train's; the classifier's: see --lr-scale).")
 @lr_scale_option
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=int, default=None,
@@ -344,7 +348,8 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, lr
 @click.option("--scheme", default=None,
               help="Sparse-update scheme, as `insitu train --scheme` takes it [default: bias-6, or the "
                    "biases of every layer of a smaller model].")
-@click.option("--lr", type=float, default=0.05, show_default=True)
+@click.option("--lr", type=float, default=DEFAULT_LR, show_default=True)
+@lr_scale_option
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--samples", type=int, default=2, show_default=True,
               help="Training samples each probe runs (then one evaluation).")
@@ -353,7 +358,7 @@ def search(model, dataset, budget, evaluations, train_size, test_samples, lr, lr
 @click.option("--twin", "twin_kind", type=click.Choice(["qemu", "unix"]), default="qemu", show_default=True,
               help="The twin probed: the emulated Cortex-M7 (32-bit, as the board) or the unix port.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (and every probe) as JSON.")
-def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_json):
+def minheap(board, model, task, scheme, lr, lr_scale, seed, samples, high, twin_kind, as_json):
     """Find the smallest MicroPython heap the compiled training program runs in.
 
     Compiles the scheme, flashes it to a twin once, then bisects over the twin's heap: each probe
@@ -368,7 +373,8 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
     from insitu.cli.output import emit_json, report
     from insitu.mcu.minheap import find_min_heap
     from insitu.checks import parse_size
-    from insitu.mcu.board_runs import Prepared, firmware_files, predicted_heap_bytes
+    from insitu.mcu.board_runs import (Prepared, default_lr_scale, firmware_files, parse_lr_scale,
+                                       predicted_heap_bytes)
 
     spec = get_board(board)
     if not spec.is_twin or spec.mcu is None:
@@ -381,6 +387,7 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
 
     _as_options(check_model, model)
     check_task(task)
+    scale = parse_lr_scale(model, lr_scale) if lr_scale else default_lr_scale(model)
     high_bytes = parse_size(high) if high else spec.mcu["training_budget_bytes"]
     if twin_kind == "qemu":
         from insitu.mcu import qemu
@@ -391,7 +398,7 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
     scheme = scheme or default_scheme(model)
     check_scheme(model, scheme)      # milliseconds, before the twin's build and the pre-training
     _twin_ready(twin_kind)           # before the model's pre-training, which may take minutes
-    prep = Prepared(model, task, scheme, lr, seed)
+    prep = Prepared(model, task, scheme, lr, seed, lr_scale=scale)
     compiled = prep.compiled
     low = compiled.arena_bytes
     if high_bytes <= low:
@@ -401,8 +408,8 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
     found, probes = find_min_heap(firmware_files(compiled), prep.x_train[:samples], prep.y_train[:samples],
                                   low, high_bytes, board=board, log=say, twin=twin_kind)
     predicted = predicted_heap_bytes(compiled)
-    result = {"board": board, "twin": twin_kind, "model": model, "dataset": task,
-              "scheme": compiled.scheme.to_json(),
+    result = {"board": board, "twin": twin_kind, "model": model, "dataset": task, "lr": lr,
+              "lr_scale": scale, "scheme": compiled.scheme.to_json(),
               "scheme_text": compiled.scheme.describe(), "planned_peak_bytes": compiled.arena_bytes,
               "predicted_heap_bytes": predicted, "min_heap_bytes": found,
               "error": (found - predicted) / predicted,
@@ -425,7 +432,8 @@ def minheap(board, model, task, scheme, lr, seed, samples, high, twin_kind, as_j
         help="Training samples of every scheme (and of the search's contribution analysis).")
 @option("--test-samples", "test_samples", aliases=("--eval-samples",), type=int, default=None,
         help="Test samples scoring every scheme [default: 500 or all].")
-@click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate (as insitu train's).")
+@click.option("--lr", type=float, default=DEFAULT_LR, show_default=True,
+              help="Learning rate (as insitu train's; the classifier's: see --lr-scale).")
 @lr_scale_option
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--evaluations", type=int, default=2000, show_default=True,

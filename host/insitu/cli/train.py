@@ -33,10 +33,11 @@ def checked_config(ctx: click.Context) -> tuple[TrainConfig, set[str]]:
 
 
 def resolved_defaults(ctx: click.Context, config: TrainConfig) -> dict:
-    """The values the algorithm chose for the options left at their default (None): a run
-    folder's config holds what ran (``lr 0.05``), so the same run asked explicitly is the same."""
+    """The values the algorithm chose for the options left at their default (None, or empty for a
+    repeatable option such as sparse's --lr-scale): a run folder's config holds what ran
+    (``lr 0.05``), so the same run asked explicitly is the same."""
     return {k: getattr(config, k) for k, v in ctx.params.items()
-            if v is None and getattr(config, k, None) is not None}
+            if v in (None, ()) and getattr(config, k, None) not in (None, ())}
 
 
 def _algo_help() -> str:
@@ -103,7 +104,8 @@ def _algo_help() -> str:
 @click.option("--lr-scale", "lr_scale", multiple=True, metavar="LAYER=FACTOR",
               help="sparse: a layer's learning rate as a factor on --lr, repeatable (--lr-scale "
                    "classifier=5: the new head 5x); a layer the model does not have is refused with "
-                   "the list of its layers.")
+                   "the list of its layers. Default: the classifier (the model's last layer) 5x; "
+                   "given, it replaces the default.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw the run's curve (loss, train and test accuracy against samples) as a PNG.")

@@ -23,7 +23,7 @@ from insitu.boards import Board
 from insitu.errors import InsituError, UsageError
 from insitu.harness import RunPlan, run_training, sample_order, say
 from insitu.measure.phases import phase
-from insitu.sparse import abi
+from insitu.sparse import HEAD_LR_FACTOR, abi
 from insitu.sparse.calibrate import calibrate_gradients
 from insitu.sparse.compiler import Compiled, Options, compile_training
 from insitu.sparse.graph import input_codes
@@ -309,6 +309,25 @@ def check_scheme(model: str, scheme: str | None) -> None:
         preset(graph, scheme).validate(graph)
     except UsageError as exc:
         raise UsageError(f"--scheme {scheme}: {str(exc).removeprefix('scheme: ')}") from None
+
+
+def default_lr_scale(model) -> dict[str, float]:
+    """The default per-layer factors of ``model``: its classifier (the last layer, whatever an
+    ONNX model names it) at :data:`HEAD_LR_FACTOR`."""
+    from insitu.sparse.model_source import model_untrained_graph
+
+    return {model_untrained_graph(model).convs[-1].name: HEAD_LR_FACTOR}
+
+
+def with_default_lr_scale(config):
+    """``config`` (a TrainConfig) with :func:`default_lr_scale` where ``--lr-scale`` was not given
+    (given, it replaces the default: ``--lr-scale classifier=1`` trains every layer at --lr)."""
+    import dataclasses
+
+    if config.lr_scale:
+        return config
+    items = tuple(f"{layer}={factor:g}" for layer, factor in default_lr_scale(config.model).items())
+    return dataclasses.replace(config, lr_scale=items)
 
 
 def parse_lr_scale(model: str, items, option: str = "--lr-scale") -> dict[str, float]:

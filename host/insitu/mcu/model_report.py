@@ -7,17 +7,19 @@ from __future__ import annotations
 
 from insitu.boards import get_board
 from insitu.errors import UsageError
-from insitu.mcu.board_runs import (HEAP_MARGIN, Prepared, check_fits, check_scheme, default_scheme, fits_heap,
-                                   predicted_heap_bytes, runtime_heap_bytes)
+from insitu.mcu.board_runs import (HEAP_MARGIN, Prepared, check_fits, check_scheme, default_lr_scale, default_scheme,
+                                   fits_heap, predicted_heap_bytes, runtime_heap_bytes)
+from insitu.sparse import DEFAULT_LR
 
 __all__ = ["model_report"]
 
 
 def model_report(model: str, task: str = "digits", board: str = "stm32f746-disco-sim", scheme: str | None = None,
-                 lr: float = 0.05, seed: int = 0) -> dict:
+                 lr: float = DEFAULT_LR, seed: int = 0) -> dict:
     """The graph of ``model`` (as imported: its own classifier) and its memory on ``board``: the
     inference program's, and the training program of ``scheme`` (default :func:`default_scheme`)
-    with a new head for ``task`` (calibrated and compiled as `insitu train --algo sparse` does)."""
+    with a new head for ``task`` (calibrated and compiled as `insitu train --algo sparse` does, at
+    its default rates: ``lr`` and the classifier at 5x)."""
     from insitu.sparse.model_source import check_model
     from insitu.sparse.onnx_io import INPUT_CONVENTION
     from insitu.sparse.summary import graph_summary, inference_plan
@@ -31,7 +33,8 @@ def model_report(model: str, task: str = "digits", board: str = "stm32f746-disco
     scheme = scheme or default_scheme(model)
     check_scheme(model, scheme)
     heap = int(spec.mcu["training_budget_bytes"])
-    prep = Prepared(model, task, scheme, lr, seed)        # the task's images calibrate a foreign model
+    prep = Prepared(model, task, scheme, lr, seed,        # the task's images calibrate a foreign model
+                    lr_scale=default_lr_scale(model))
     graph = prep.model_graph                              # as imported: its own classifier
     compiled = prep.compiled
     infer = inference_plan(graph)

@@ -4,8 +4,9 @@ A :class:`MobileNetV2` is a :class:`insitu.nn.Sequential` (so ``parameters()``, 
 ``predict()`` work as for any model) of: a 3x3 stride-2 stem conv + BN + ReLU6, a table of
 :class:`InvertedResidual` blocks (MobileNetV2's ``(t, c, n, s)`` rows: expansion, output channels,
 repeats, stride of the first repeat), a 1x1 head conv + BN + ReLU6, global average pooling and a
-dense classifier. Inputs are ``(N, 1, H, W)`` floats ``(pixel - 128) / 128``, the int8 graph's
-input convention (:data:`insitu.sparse.graph.INPUT_SCALE`).
+dense classifier (ProxylessNAS and MCUNet: a depthwise kernel per block, and no head conv). Inputs
+are ``(N, C, H, W)`` floats ``(pixel - 128) / 128`` (C = 1, or 3 for ``in_channels=3``), the int8
+graph's input convention (:data:`insitu.sparse.graph.INPUT_SCALE`).
 
 BatchNorm follows every conv during training (the convs have no bias); :mod:`insitu.sparse.quantize`
 folds it into the conv weights and biases (:func:`folded_units`) before quantizing. Without BN the
@@ -19,6 +20,9 @@ The named configurations are in :data:`MODELS`:
   insitu.sparse.models`` prints the figures (:func:`model_summary`);
 * ``"mbv2-tiny"``: the tests' model, 12x12 input, a few thousand parameters, with a stride-2
   stem and block, depthwise and pointwise convs and residual adds.
+
+:data:`PAPER_MODELS` holds the Tiny Training paper's three networks at 128x128 RGB
+(MobileNetV2-w0.35, ProxylessNAS-w0.3, MCUNet-5FPS), checked against its figures.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import insitu.nn as nn
 from insitu.errors import UsageError
 from insitu.sparse.graph import conv_out
 
-__all__ = ["ModelConfig", "MODELS", "model_config", "InvertedResidual", "MobileNetV2",
+__all__ = ["ModelConfig", "MODELS", "PAPER_MODELS", "model_config", "InvertedResidual", "MobileNetV2",
            "build_model", "model_summary", "Unit", "folded_units", "folded_forward", "fold_bn",
            "train_float", "FloatTrainState", "float_accuracy", "FastPointwiseConv2d", "FastDepthwiseConv2d"]
 
@@ -62,7 +66,11 @@ class ModelConfig:
 
     def block_rows(self) -> list[tuple[int, int, int, int, int]]:
         """``blocks`` as ``(t, c, n, s, k)`` rows (``k`` 3 where a row leaves it out)."""
-        return [(*row, 3)[:5] if len(row) == 4 else tuple(row) for row in self.blocks]
+        rows = []
+        for row in self.blocks:
+            t, c, n, s, *kernel = row
+            rows.append((t, c, n, s, kernel[0] if kernel else 3))
+        return rows
 
     def as_dict(self) -> dict:
         d = asdict(self)
