@@ -136,7 +136,7 @@ def measure_network(batch: int = 64, params: AcceleratorParams = DEFAULT_PARAMS)
 
 def with_dram(rows: list[dict], clock_hz: int, dram_bytes_per_s: float) -> list[dict]:
     """The rows with ``dram_cycles``: the PL cycles the board's DRAM needs, at its peak, for the
-    op's beats in and out (both directions share it), at least the op's time on that board."""
+    op's beats in and out (both directions share it), a lower bound of the op's time there."""
     bytes_per_cycle = dram_bytes_per_s / clock_hz
     return [{**r, "dram_cycles": (r["in_beats"] + r["out_beats"]) * STREAM_BYTES / bytes_per_cycle}
             for r in rows]
