@@ -45,13 +45,13 @@ from amaranth.lib.wiring import In, Out
 
 from insitu.numerics import accumulator_bits
 
-from insitu.accel.params import (DEFAULT_PARAMS, SIZE_BITS, STREAM_BITS, STREAM_WORDS,
-                                 AcceleratorParams)
+from insitu.accel.params import DEFAULT_PARAMS, STREAM_BITS, STREAM_WORDS, AcceleratorParams
 from insitu.accel.regmap import ErrorCode
 from .pe_common import (CODE_BITS, DATA_BITS, OutputStage, TileSequencer, adder_tree,
-                        check_params, common_cfg_errors, delayed, drive_cfg_error, lut_product,
-                        packed_multiply, packed_operand, payload_codes, pipelined_product, words)
-from .pe_interface import BEATS_BITS, ERROR_BITS, PE, SHIFT_BITS, settled
+                        check_params, common_cfg_errors, config_ports, delayed, drive_cfg_error,
+                        lut_product, packed_multiply, packed_operand, payload_codes,
+                        pipelined_product, words)
+from .pe_interface import PE, settled
 
 #: Lanes of a half-entry (one beat).
 HALF = STREAM_WORDS
@@ -91,9 +91,7 @@ class PE1(PE):
         wiring.connect(m, wiring.flipped(self.s), loader.s)
         m.d.comb += [loader.start.eq(self.start), loader.sizes.eq(sizes)]
 
-        m.submodules.out = out = OutputStage(self.acc_bits, p, self.OUT_DEPTH)
-        wiring.connect(m, out.m, wiring.flipped(self.m))
-        m.d.comb += out.shift.eq(self.shift)
+        out = OutputStage.attach(m, self, self.acc_bits, p, self.OUT_DEPTH)
 
         m.submodules.mac_loop = issue = PE1Issue(R, FE, self.OUT_DEPTH)
         m.d.comb += [
@@ -148,15 +146,7 @@ class PE1Config(wiring.Component):
 
     def __init__(self, params: AcceleratorParams, stages: int):
         self.params, self.stages = params, stages
-        super().__init__({
-            "a": In(SIZE_BITS), "b": In(SIZE_BITS), "c": In(SIZE_BITS), "d": In(SIZE_BITS),
-            "shift": In(signed(SHIFT_BITS)),
-            "cfg_ready": Out(1),
-            "cfg_error": Out(ERROR_BITS),
-            "in_beats": Out(BEATS_BITS),
-            "out_beats": Out(BEATS_BITS),
-            "sizes": Out(pe1_sizes(params)),
-        })
+        super().__init__(config_ports(pe1_sizes(params)))
 
     def elaborate(self, platform):
         m = Module()

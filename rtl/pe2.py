@@ -48,9 +48,9 @@ from insitu.accel.params import (DEFAULT_PARAMS, SIZE_BITS, STREAM_BITS, STREAM_
                                  AcceleratorParams)
 from insitu.accel.regmap import ErrorCode
 from .pe_common import (CODE_BITS, DATA_BITS, OutputStage, TileSequencer, check_params,
-                        common_cfg_errors, delayed, drive_cfg_error, packed_multiply,
-                        packed_operand, payload_codes, pipelined_product, words)
-from .pe_interface import BEATS_BITS, ERROR_BITS, PE, SHIFT_BITS, settled
+                        common_cfg_errors, config_ports, delayed, drive_cfg_error,
+                        packed_multiply, packed_operand, payload_codes, pipelined_product, words)
+from .pe_interface import PE, settled
 
 #: Bits of the group count ceil(d/8) and of the tile count a*C.
 GROUP_BITS, TILE_BITS = 13, 28
@@ -101,9 +101,7 @@ class PE2(PE):
         wiring.connect(m, wiring.flipped(self.s), loader.s)
         m.d.comb += [loader.start.eq(self.start), loader.b.eq(self.b), loader.sizes.eq(sizes)]
 
-        m.submodules.out = out = OutputStage(self.acc_bits, p, self.OUT_DEPTH)
-        wiring.connect(m, out.m, wiring.flipped(self.m))
-        m.d.comb += out.shift.eq(self.shift)
+        out = OutputStage.attach(m, self, self.acc_bits, p, self.OUT_DEPTH)
 
         m.submodules.mac_loop = issue = PE2Issue(p, self.b_max, self.factor_entries)
         m.d.comb += [
@@ -168,15 +166,7 @@ class PE2Config(wiring.Component):
 
     def __init__(self, params: AcceleratorParams, stages: int, ac_limit: int):
         self.params, self.stages, self.ac_limit = params, stages, ac_limit
-        super().__init__({
-            "a": In(SIZE_BITS), "b": In(SIZE_BITS), "c": In(SIZE_BITS), "d": In(SIZE_BITS),
-            "shift": In(signed(SHIFT_BITS)),
-            "cfg_ready": Out(1),
-            "cfg_error": Out(ERROR_BITS),
-            "in_beats": Out(BEATS_BITS),
-            "out_beats": Out(BEATS_BITS),
-            "sizes": Out(pe2_sizes(params)),
-        })
+        super().__init__(config_ports(pe2_sizes(params)))
 
     def elaborate(self, platform):
         m = Module()

@@ -24,9 +24,9 @@ from amaranth.lib.wiring import In, Out
 
 from insitu.numerics import TT_FACTOR_BITS, TT_PE_DATA_BITS, product_bits
 
-from insitu.accel.params import STREAM_BITS, STREAM_WORDS, WORD_BITS, AcceleratorParams
+from insitu.accel.params import SIZE_BITS, STREAM_BITS, STREAM_WORDS, WORD_BITS, AcceleratorParams
 from insitu.accel.regmap import ErrorCode
-from .pe_interface import SHIFT_BITS
+from .pe_interface import BEATS_BITS, ERROR_BITS, SHIFT_BITS
 from .requantize import RoundShiftSaturate
 
 #: Bits of one factor code inside the factor buffers (the low 4 bits of a stream word).
@@ -153,6 +153,20 @@ def common_cfg_errors(a, b, c, d, shift, params: AcceleratorParams):
     ], ((shift < params.shift_min) | (shift > params.shift_max), ErrorCode.SHIFT)
 
 
+def config_ports(sizes: data.StructLayout) -> dict:
+    """The ports of PE1's and PE2's configuration component: the held configuration in; out
+    ``cfg_ready``, the configuration's results and the derived ``sizes`` the datapath counts with."""
+    return {
+        "a": In(SIZE_BITS), "b": In(SIZE_BITS), "c": In(SIZE_BITS), "d": In(SIZE_BITS),
+        "shift": In(signed(SHIFT_BITS)),
+        "cfg_ready": Out(1),
+        "cfg_error": Out(ERROR_BITS),
+        "in_beats": Out(BEATS_BITS),
+        "out_beats": Out(BEATS_BITS),
+        "sizes": Out(sizes),
+    }
+
+
 def drive_cfg_error(m: Module, cfg_error: Signal, checks, domain: str = "comb") -> None:
     """``cfg_error`` = the code of the first failing check, 0 when all pass (combinational, or
     registered with ``domain="sync"``)."""
@@ -213,6 +227,15 @@ class OutputStage(wiring.Component):
             "free": Out(range(depth + 1), init=depth),
             "fire": Out(1),
         })
+
+    @classmethod
+    def attach(cls, m: Module, pe, acc_bits: int, params: AcceleratorParams, depth: int) -> "OutputStage":
+        """A PE's output stage as its submodule ``out``: it drives the PE's ``m`` and rescales
+        by the PE's ``shift``; the PE connects ``values``, ``write`` and ``half``."""
+        m.submodules.out = out = cls(acc_bits, params, depth)
+        wiring.connect(m, out.m, wiring.flipped(pe.m))
+        m.d.comb += out.shift.eq(pe.shift)
+        return out
 
     def elaborate(self, platform):
         m = Module()

@@ -5,7 +5,7 @@ import numpy as np
 from amaranth.sim import Simulator
 
 from insitu.accel.stream import beats, words_of
-from insitu.tt.pe_stream import reference_stream_out, stream_in
+from insitu.tt.pe_stream import PEConfig, reference_stream_out, stream_in
 
 
 def z_operand(cfg, rng, extremes=0.1):
@@ -80,6 +80,19 @@ def check(dut, ops, **kw):
     for (cfg, lhs, rhs), res in zip(ops, results):
         np.testing.assert_array_equal(res["words"], reference_stream_out(cfg, lhs, rhs), err_msg=str(cfg))
     return results
+
+
+def check_shift_swings(dut, kind, shapes, operands):
+    """The rescalers' shift decodes are register chains (one tap per rescaler, up to 9 deep):
+    the smallest ops of ``kind`` (``shapes``, ``(a, b, c, d)`` in turn, the first beat reaching
+    the rescalers soonest after START) back to back, each with a SHIFT far from the one before,
+    set as late as the PE allows (cfg_ready). ``operands(cfg, rng, extremes)``: the PE's."""
+    rng = np.random.default_rng(21)
+    ops = []
+    for i, shift in enumerate([0, 40, -16, 63, 1, 30, -3, 12, 50]):
+        cfg = PEConfig(kind, *shapes[i % len(shapes)], shift)
+        ops.append((cfg, *operands(cfg, rng, extremes=0.5)))
+    check(dut, ops, seed=6)
 
 
 def check_configurations(dut, cases, expected, seed=0):

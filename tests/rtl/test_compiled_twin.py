@@ -19,13 +19,13 @@ import pytest
 from insitu.boards import get_board
 from insitu.checkpoint import load_checkpoint
 from insitu.fpga.boards import open_board
-from insitu.fpga.driver import BEAT_BYTES, AcceleratorError
+from insitu.fpga.driver import AcceleratorError
 from insitu.fpga.psg_op import run_psg
 from insitu.fpga.twin import write_twin_overlay
 from insitu.lrt.pe_ops import LRTPEModel, append_reciprocal
 from insitu.rtl import compiled
 from insitu.accel.params import DEFAULT_PARAMS as P
-from insitu.accel.params import STREAM_WORDS
+from insitu.accel.params import BEAT_BYTES, STREAM_WORDS
 from insitu.accel.regmap import ErrorCode, Op
 from insitu.tt import pe_stream
 from insitu.tt.pe_stream import PEConfig

@@ -8,14 +8,13 @@ configuration checks; the beat counts; one MAC cycle per clock in steady state; 
 import numpy as np
 import pytest
 from amaranth.back import verilog
-from amaranth.sim import Simulator
 
 from insitu.accel.params import AcceleratorParams
 from insitu.rtl.pe2 import PE2
 from insitu.accel.regmap import ErrorCode
 from insitu.tt.pe_stream import PEConfig
 
-from pe_sim import check, check_configurations, z_operand  # the test folder is on sys.path (no __init__.py)
+from pe_sim import check, check_configurations, check_shift_swings, z_operand  # the test folder is on sys.path (no __init__.py)
 
 pytestmark = pytest.mark.rtl
 
@@ -197,16 +196,7 @@ def test_input_bound_when_d_fits_one_group():
 
 
 def test_shift_changed_just_before_the_fastest_ops():
-    """The rescalers' shift decodes are register chains (one tap per rescaler, up to 9 deep):
-    the smallest ops (the first beat reaches the rescalers soonest after START) back to back,
-    each with a SHIFT far from the one before, set as late as the PE allows (cfg_ready)."""
-    rng = np.random.default_rng(21)
-    ops = []
-    for i, shift in enumerate([0, 40, -16, 63, 1, 30, -3, 12, 50]):
-        a, b, c, d = [(1, 1, 16, 1), (1, 1, 16, 8), (1, 2, 16, 3)][i % 3]
-        cfg = PEConfig("PE2", a, b, c, d, shift)
-        ops.append((cfg, *operands(cfg, rng, extremes=0.5)))
-    check(PE2(), ops, seed=6)
+    check_shift_swings(PE2(), "PE2", [(1, 1, 16, 1), (1, 1, 16, 8), (1, 2, 16, 3)], operands)
 
 
 def test_converts_to_verilog():

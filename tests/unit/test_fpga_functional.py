@@ -24,13 +24,13 @@ from pynq.buffer import PynqBuffer
 from insitu.boards import get_board
 from insitu.fpga import regs as regs_mod
 from insitu.fpga.boards import open_board
-from insitu.fpga.driver import BEAT_BYTES, AcceleratorError, AcceleratorTimeout
+from insitu.fpga.driver import AcceleratorError, AcceleratorTimeout
 from insitu.fpga.psg_op import run_psg
 from insitu.fpga.twin import AxiDmaModel, DeviceMemory, write_twin_overlay
 from insitu.lrt.pe_ops import LRTPEModel, append_reciprocal
 from insitu.accel import stream
 from insitu.accel.params import DEFAULT_PARAMS as P
-from insitu.accel.params import AcceleratorParams, mac_units
+from insitu.accel.params import BEAT_BYTES, AcceleratorParams, mac_units
 from insitu.boards import accelerator_params
 from insitu.accel.regmap import ID_VALUE, VERSION, ErrorCode, Op, register
 from insitu.tt.hardware_report import network_ops

@@ -35,6 +35,8 @@ WORD_BITS = TT_PE_DATA_BITS
 #: Words per AXI-Stream beat: 128-bit streams, the width of Ultra96-V2's HP ports.
 STREAM_WORDS = 8
 STREAM_BITS = WORD_BITS * STREAM_WORDS
+#: Bytes of one stream beat: what the DMA moves per transfer unit, and the DRAM per beat.
+BEAT_BYTES = STREAM_BITS // 8
 #: Bits of the size registers (SIZE_A..SIZE_D): the TT schedule's ``PELimits.size_max``.
 SIZE_BITS = 16
 

@@ -29,7 +29,7 @@ from pynq.bitstream import Bitstream
 
 from insitu.errors import InsituError, UsageError
 from insitu.accel import ip
-from insitu.accel.params import IP_VLNV, STREAM_BITS, STREAM_WORDS
+from insitu.accel.params import BEAT_BYTES, IP_VLNV, STREAM_WORDS
 from insitu.accel.regmap import ID_VALUE, VERSION, ErrorCode, Op
 
 from .regs import DONE, ERROR, Registers, format_dump
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 #: Seconds any one wait may take on a board or a fast twin (an op of the TT network takes
 #: milliseconds).
 DEFAULT_TIMEOUT_S = 10.0
-#: Bytes of one stream beat: what the DMA moves per transfer unit.
-BEAT_BYTES = STREAM_BITS // 8
 
 
 class BitstreamError(UsageError):

@@ -36,10 +36,10 @@ from pynq.buffer import PynqBuffer
 from insitu.errors import UsageError
 from insitu.io import atomic_write
 from insitu.accel import ip
-from insitu.accel.params import IP_VLNV, STREAM_WORDS, AcceleratorParams
+from insitu.accel.params import BEAT_BYTES, IP_VLNV, STREAM_WORDS, AcceleratorParams
 from insitu.accel.regmap import VERSION
 
-from .driver import BEAT_BYTES, BitstreamError
+from .driver import BitstreamError
 from .hwh import write_hwh
 from .twin_models import CompiledRTLModel, FunctionalModel, RTLModel
 

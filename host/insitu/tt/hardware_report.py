@@ -43,14 +43,13 @@ import json
 import tempfile
 from pathlib import Path
 
-from insitu.accel.params import DEFAULT_PARAMS, STREAM_BITS, AcceleratorParams, mac_units
+from insitu.accel.params import BEAT_BYTES, DEFAULT_PARAMS, AcceleratorParams, mac_units
 from insitu.rtl import sim
 
 from .model import PAPER_LAYERS
 from .pe_stream import PEConfig, config_for
 from .schedule import PE_KINDS, layer_schedule
 
-STREAM_BYTES = STREAM_BITS // 8
 #: Ops with at most this many tiles are simulated whole.
 DIRECT_TILES = 16
 #: The paper's Table 2 (xczu3eg): the resource targets.
@@ -138,7 +137,7 @@ def with_dram(rows: list[dict], clock_hz: int, dram_bytes_per_s: float) -> list[
     """The rows with ``dram_cycles``: the PL cycles the board's DRAM needs, at its peak, for the
     op's beats in and out (both directions share it), a lower bound of the op's time there."""
     bytes_per_cycle = dram_bytes_per_s / clock_hz
-    return [{**r, "dram_cycles": (r["in_beats"] + r["out_beats"]) * STREAM_BYTES / bytes_per_cycle}
+    return [{**r, "dram_cycles": (r["in_beats"] + r["out_beats"]) * BEAT_BYTES / bytes_per_cycle}
             for r in rows]
 
 
