@@ -23,7 +23,7 @@ from tte_abi import (IO_LABEL, IO_P_LABEL, IO_PREDICTED, IO_STEP, LOSS_GRAD_FRAC
                      OP_APPLY_B, OP_APPLY_W, OP_ARGMAX, OP_BIAS_GRAD, OP_BIAS_UPD, OP_CONV_BWD_X,
                      OP_CONV_FWD, OP_CONV_GRAD_W, OP_CONV_UPD_W, OP_GAP_BWD, OP_GAP_FWD, OP_GRAD_ADD,
                      OP_GRAD_SCALE_CH, OP_LOAD, OP_LOSS_GRAD, OP_PATCH, SR_BITS, SR_K_SALT, SR_K_STEP, SR_M1,
-                     SR_M2, OP_ACC_I32, OP_ZERO)
+                     SR_M2, OP_ACC_I32, OP_ZERO, OP_WINDOW)
 
 _CHUNK = const(256)          # sums per _requant call; also the widest conv row: abi.MAX_ROW (tested)
 _S = bytearray(4 * (8 + _CHUNK))
@@ -163,11 +163,13 @@ def _copy(A: ptr8, dst: int, src: ptr8, n: int):
 
 # --------------------------------------------------------------------------- forward
 
-# fields(conv_fwd): x_off, w_off, b_off, m_off, sh_off, y_off, C, H, W, O, OH, OW, K, stride, pad, groups, lo, hi
+# pad: the zero rows above the map, pad_x: the zero columns left of it (they differ on a patch)
+# fields(conv_fwd): x_off, w_off, b_off, m_off, sh_off, y_off, C, H, W, O, OH, OW, K, stride, pad, groups, lo, hi, pad_x
 @micropython.viper
 def conv_fwd(A: ptr8, P: ptr32, o: int):
     K = P[o + 13]
-    if K == 1 and P[o + 14] == 1 and P[o + 15] == 0:
+    if (K == 1 and P[o + 14] == 1 and P[o + 15] == 0 and P[o + 19] == 0 and P[o + 11] == P[o + 8]
+            and P[o + 12] == P[o + 9]):
         _conv_pw(A, P, o)
     elif K == 3 and P[o + 16] == P[o + 7]:       # groups == C: one input channel per output
         _conv_dw3(A, P, o)
@@ -195,6 +197,7 @@ def _conv_any(A: ptr8, P: ptr32, o: int):
     s = P[o + 14]
     pad = P[o + 15]
     G = P[o + 16]
+    px = P[o + 19]
     if OW > _CHUNK:
         raise ValueError("conv_fwd: output rows longer than _CHUNK")
     S = ptr32(_S)
@@ -222,14 +225,14 @@ def _conv_any(A: ptr8, P: ptr32, o: int):
                     iy = iy0 + ky
                     if iy < 0 or iy >= H:
                         continue
-                    xr = xg + ci * HW + iy * W - pad
+                    xr = xg + ci * HW + iy * W - px
                     wr = wo + (ci * K + ky) * K
                     for kx in range(K):
                         wv = (A[wr + kx] ^ 0x80) - 0x80
                         ox0 = 0
-                        if kx < pad:
-                            ox0 = (pad - kx + s - 1) // s
-                        ox1 = (W - 1 + pad - kx) // s + 1
+                        if kx < px:
+                            ox0 = (px - kx + s - 1) // s
+                        ox1 = (W - 1 + px - kx) // s + 1
                         if ox1 > OW:
                             ox1 = OW
                         p = xr + ox0 * s + kx
@@ -258,6 +261,7 @@ def _conv_dw3(A: ptr8, P: ptr32, o: int):
     s = P[o + 14]
     pad = P[o + 15]
     Og = O // P[o + 16]
+    px = P[o + 19]
     if OW > _CHUNK:
         raise ValueError("conv_fwd: output rows longer than _CHUNK")
     S = ptr32(_S)
@@ -266,8 +270,8 @@ def _conv_dw3(A: ptr8, P: ptr32, o: int):
     S[5] = P[o + 17]
     S[6] = P[o + 18]
     HW = H * W
-    oxa = (pad + s - 1) // s                  # interior columns: 0 <= ox*s - pad, ox*s - pad + 2 < W
-    oxb = (W - 3 + pad) // s + 1
+    oxa = (px + s - 1) // s                   # interior columns: 0 <= ox*s - px, ox*s - px + 2 < W
+    oxb = (W - 3 + px) // s + 1
     if oxb > OW:
         oxb = OW
     if oxb < oxa:
@@ -296,7 +300,7 @@ def _conv_dw3(A: ptr8, P: ptr32, o: int):
             if iy >= 0 and iy + 3 <= H:
                 xa = oxa
                 xb = oxb
-                r0 = xc + iy * W - pad
+                r0 = xc + iy * W - px
                 r1 = r0 + W
                 r2 = r1 + W
                 for ox in range(xa, xb):
@@ -314,7 +318,7 @@ def _conv_dw3(A: ptr8, P: ptr32, o: int):
                 if ox >= xa and ox < xb:
                     continue
                 acc = bias
-                ix = ox * s - pad
+                ix = ox * s - px
                 for ky in range(3):
                     yy = iy + ky
                     if yy < 0 or yy >= H:
@@ -887,6 +891,27 @@ def patch(A: ptr8, P: ptr32, o: int):
             A[d + i] = A[s + i]
 
 
+# fields(window): src_off, dst_off, C, h, w, src_H, src_W, src_y, src_x, dst_H, dst_W, dst_y, dst_x
+@micropython.viper
+def window(A: ptr8, P: ptr32, o: int):
+    h = P[o + 4]
+    w = P[o + 5]
+    sH = P[o + 6]
+    sW = P[o + 7]
+    dH = P[o + 10]
+    dW = P[o + 11]
+    src = P[o + 1] + P[o + 8] * sW + P[o + 9]
+    dst = P[o + 2] + P[o + 12] * dW + P[o + 13]
+    for c in range(P[o + 3]):
+        for i in range(h):
+            s = src + i * sW
+            d = dst + i * dW
+            for j in range(w):
+                A[d + j] = A[s + j]
+        src += sH * sW
+        dst += dH * dW
+
+
 # fields(acc_i32): src_off, dst_off, n
 @micropython.viper
 def acc_i32(A: ptr8, P: ptr32, o: int):
@@ -924,7 +949,8 @@ _BY_OP = {OP_CONV_FWD: conv_fwd, OP_ADD_FWD: add_fwd, OP_GAP_FWD: gap_fwd, OP_LO
           OP_ARGMAX: argmax, OP_ACT_BWD: act_bwd, OP_GRAD_SCALE_CH: grad_scale_ch,
           OP_CONV_BWD_X: conv_bwd_x, OP_CONV_GRAD_W: conv_grad_w, OP_CONV_UPD_W: conv_upd_w,
           OP_APPLY_W: apply_w, OP_BIAS_GRAD: bias_grad, OP_BIAS_UPD: bias_upd, OP_APPLY_B: apply_b,
-          OP_GAP_BWD: gap_bwd, OP_GRAD_ADD: grad_add, OP_PATCH: patch, OP_ACC_I32: acc_i32, OP_ZERO: zero}
+          OP_GAP_BWD: gap_bwd, OP_GRAD_ADD: grad_add, OP_PATCH: patch, OP_ACC_I32: acc_i32, OP_ZERO: zero,
+          OP_WINDOW: window}
 _KERNELS = tuple(_BY_OP.get(op) for op in range(max(_BY_OP) + 1))
 
 

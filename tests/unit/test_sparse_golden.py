@@ -417,7 +417,7 @@ def test_run_executes_a_conv_call_on_the_arena():
     ar = Arena()
     f = dict(x_off=ar.put("i8", x), w_off=ar.put("i8", w), b_off=ar.put("i32", b), m_off=ar.put("i32", m),
              sh_off=ar.put("i32", sh), y_off=ar.put("i8", np.zeros(O * OH * OW)),
-             C=C, H=H, W=W, O=O, OH=OH, OW=OW, K=K, stride=s, pad=pad, groups=groups, lo=0, hi=100)
+             C=C, H=H, W=W, O=O, OH=OH, OW=OW, K=K, stride=s, pad=pad, groups=groups, lo=0, hi=100, pad_x=pad)
     P = np.array([7, 7, *abi.record("conv_fwd", **f)], np.int32)
     before = ar.A.copy()
     golden.run(ar.A, P, 2)

@@ -39,9 +39,13 @@ MAX_ROW = 256
 CONV_GEOMETRY = ("C", "H", "W", "O", "OH", "OW", "K", "stride", "pad", "groups")
 
 OPS: dict[str, tuple[str, ...]] = {
-    # y[o,oy,ox] = clamp(rq(b[o] + sum w[o,c',ky,kx] * x[g*Cg+c', oy*s+ky-pad, ox*s+kx-pad], m[o], sh[o]), lo, hi)
-    # (zero padding; group g = o // (O // groups), Cg = C // groups). x, w, y: i8; b, m, sh: i32.
-    "conv_fwd": ("x_off", "w_off", "b_off", "m_off", "sh_off", "y_off", *CONV_GEOMETRY, "lo", "hi"),
+    # y[o,oy,ox] = clamp(rq(b[o] + sum w[o,c',ky,kx] * x[g*Cg+c', oy*s+ky-pad, ox*s+kx-pad_x], m[o], sh[o]), lo, hi)
+    # (group g = o // (O // groups), Cg = C // groups). x, w, y: i8; b, m, sh: i32. Every x
+    # outside [0, H) x [0, W) reads 0: pad rows above the map and pad_x columns left of it, and
+    # whatever OH, OW reach past its other edges. On a whole map pad_x == pad and OH, OW are the
+    # kernel's; a patch of a map (patch-based inference) has its own pads and sizes, with every
+    # output reading at least one input: (OH-1)*s - pad < H, (OW-1)*s - pad_x < W.
+    "conv_fwd": ("x_off", "w_off", "b_off", "m_off", "sh_off", "y_off", *CONV_GEOMETRY, "lo", "hi", "pad_x"),
     # y = clamp(rq(a*ma + b*mb, sh), lo, hi); a, b, y: i8 of n elements.
     "add_fwd": ("a_off", "b_off", "y_off", "n", "ma", "mb", "sh", "lo", "hi"),
     # y[c] = sat8(rq(sum_p x[c, p], m, sh)); x: i8 [C, HW], y: i8 [C].
@@ -94,6 +98,11 @@ OPS: dict[str, tuple[str, ...]] = {
     # Runtime: arena copy, dst[idx[j] * row_bytes ...] = src[j * row_bytes ...] for j < n_sel
     # (trained rows of a partially updated layer patched over its frozen weights).
     "patch": ("src_off", "dst_off", "idx_off", "n_sel", "row_bytes"),
+    # Runtime: copy a window of i8 maps, dst[c, dst_y+i, dst_x+j] = src[c, src_y+i, src_x+j] for
+    # c < C, i < h, j < w; src is [C, src_H, src_W], dst [C, dst_H, dst_W] (patch-based inference:
+    # a patch cut from a map, and a computed patch placed into its map).
+    "window": ("src_off", "dst_off", "C", "h", "w", "src_H", "src_W", "src_y", "src_x",
+               "dst_H", "dst_W", "dst_y", "dst_x"),
 }
 
 OPCODES: dict[str, int] = {name: i + 1 for i, name in enumerate(OPS)}

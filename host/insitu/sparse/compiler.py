@@ -43,6 +43,7 @@ from insitu.errors import InsituError, UsageError
 from insitu.sparse import abi
 from insitu.sparse.graph import (Add, Conv, GlobalAvgPool, Graph, act_bounds, add_requant, conv_requant, grad_bounds,
                               gap_requant)
+from insitu.sparse.patches import Stage, Window, choose_stage, input_window, whole
 from insitu.sparse.scheme import Scheme
 
 ALIGN = 4
@@ -96,10 +97,11 @@ _WRITES = {"conv_fwd": ("y_off",), "add_fwd": ("y_off",), "gap_fwd": ("y_off",),
            "conv_upd_w": ("w_off",), "apply_w": ("w_off",), "bias_grad": ("gb_off",),
            "bias_upd": ("b_off",), "apply_b": ("b_off",), "gap_bwd": ("gx_off",),
            "grad_add": ("y_off",), "load": ("dst_off",), "patch": ("dst_off",), "acc_i32": ("dst_off",),
-           "zero": ("dst_off",)}
+           "zero": ("dst_off",), "window": ("dst_off",)}
 _READS_TOO = {"act_bwd": ("g_off",), "grad_scale_ch": ("g_off",), "conv_upd_w": ("w_off",),
               "apply_w": ("w_off",), "bias_upd": ("b_off",), "apply_b": ("b_off",),
-              "loss_grad": ("io_off",), "patch": ("dst_off",), "acc_i32": ("dst_off",)}
+              "loss_grad": ("io_off",), "patch": ("dst_off",), "acc_i32": ("dst_off",),
+              "window": ("dst_off",)}
 
 
 def writes(op: Op) -> set[Buf]:
@@ -124,8 +126,13 @@ class Options:
     # Per-layer learning rate: layer name -> factor on lr (weights and bias of that layer). The
     # float reference (insitu.sparse.reference) takes the same factors.
     lr_scale: dict = field(default_factory=dict)
+    # Patch-based inference of the first stage (insitu.sparse.patches): n for n x n patches, 1 for
+    # none, None to let the compiler decide (2x2 where it cuts the forward's peak by a quarter).
+    patches: int | None = None
 
     def __post_init__(self):
+        if self.patches is not None and (not isinstance(self.patches, int) or self.patches < 1):
+            raise UsageError(f"patches must be a positive number (n for n x n patches), got {self.patches!r}")
         if not isinstance(self.accumulate, int) or self.accumulate < 1:
             raise UsageError(f"gradient accumulation must be a positive number of samples, got {self.accumulate!r}")
         for name, f in self.lr_scale.items():
@@ -313,6 +320,7 @@ class _Builder:
         self.acts = {name: self.buf(f"act:{name}", t.size, "act") for name, t in graph.tensors.items()}
         self.acts[graph.input].kind = "input"
         self.io = self.buf("io", 4 * abi.IO_WORDS, "io", persistent=True)
+        self.stage: Stage | None = None        # the first layers run in patches, if any
 
     def buf(self, name, nbytes, kind, persistent=False, init=None) -> Buf:
         b = Buf(name, _aligned(max(nbytes, 1)), kind, persistent, init)
@@ -385,7 +393,7 @@ class _Builder:
                 lo, hi = act_bounds(n.act, T[n.y].scale)
                 ops.append(Op("conv_fwd", {"x_off": Ref(self.acts[n.x]), "w_off": w, "b_off": b, "m_off": m,
                                            "sh_off": sh, "y_off": Ref(self.acts[n.y]),
-                                           **_geometry(n, T), "lo": lo, "hi": hi}, n.name))
+                                           **_geometry(n, T), "lo": lo, "hi": hi, "pad_x": n.pad}, n.name))
             elif isinstance(n, Add):
                 ma, mb, sh = add_requant(T[n.a].scale, T[n.b].scale, T[n.y].scale)
                 lo, hi = act_bounds(n.act, T[n.y].scale)
@@ -398,6 +406,54 @@ class _Builder:
                 ops.append(Op("gap_fwd", {"x_off": Ref(self.acts[n.x]), "y_off": Ref(self.acts[n.y]), "C": c,
                                           "HW": h * w_, "m": s.multiplier, "sh": s.shift}, n.name))
         return ops
+
+    def forward_in_patches(self, fwd: list[Op], stage: Stage) -> list[Op]:
+        """``fwd`` with the stage's nodes run patch by patch (:mod:`insitu.sparse.patches`): each
+        patch's maps in buffers of their own, cut out of a map (``window``) where a reader needs
+        less of it, the cut's patch placed into the whole cut."""
+        T, names = self.g.tensors, {n.name for n in stage.nodes}
+        ops: list[Op] = []
+        for p, need in enumerate(stage.windows):
+            tiles: dict[str, tuple[Buf, Window]] = {}
+
+            def tile(t: str, want: Window, node: str) -> Buf:
+                buf, have = tiles.get(t) or (self.acts[t], whole(T[t].shape))
+                if have == want:
+                    return buf
+                c = T[t].shape[0]
+                crop = self.buf(f"patch{p}:{t}@{node}", c * want.h * want.w, "act")
+                ops.append(Op("window", {"src_off": Ref(buf), "dst_off": Ref(crop), "C": c, "h": want.h,
+                                         "w": want.w, "src_H": have.h, "src_W": have.w, "src_y": want.r0 - have.r0,
+                                         "src_x": want.c0 - have.c0, "dst_H": want.h, "dst_W": want.w,
+                                         "dst_y": 0, "dst_x": 0}, node))
+                return crop
+
+            for n in stage.nodes:
+                out = need[n.y]
+                o = T[n.y].shape[0]
+                y = self.buf(f"patch{p}:{n.y}", o * out.h * out.w, "act")
+                lo, hi = act_bounds(n.act, T[n.y].scale)
+                if isinstance(n, Conv):
+                    inp = input_window(n, out, T[n.x].shape)
+                    x = tile(n.x, inp, n.name)
+                    w, b, m, sh = self.weights_for(self.layers[n.name], ops, with_bias_rq=True)
+                    ops.append(Op("conv_fwd", {
+                        "x_off": Ref(x), "w_off": w, "b_off": b, "m_off": m, "sh_off": sh, "y_off": Ref(y),
+                        **_geometry(n, T), "H": inp.h, "W": inp.w, "OH": out.h, "OW": out.w,
+                        "pad": n.pad + inp.r0 - out.r0 * n.stride, "pad_x": n.pad + inp.c0 - out.c0 * n.stride,
+                        "lo": lo, "hi": hi}, n.name))
+                else:
+                    ma, mb, sh = add_requant(T[n.a].scale, T[n.b].scale, T[n.y].scale)
+                    ops.append(Op("add_fwd", {"a_off": Ref(tile(n.a, out, n.name)), "b_off": Ref(tile(n.b, out, n.name)),
+                                              "y_off": Ref(y), "n": o * out.h * out.w, "ma": ma, "mb": mb,
+                                              "sh": sh, "lo": lo, "hi": hi}, n.name))
+                tiles[n.y] = (y, out)
+            (y, out), (c, h, w) = tiles[stage.output], T[stage.output].shape
+            ops.append(Op("window", {"src_off": Ref(y), "dst_off": Ref(self.acts[stage.output]), "C": c,
+                                     "h": out.h, "w": out.w, "src_H": out.h, "src_W": out.w, "src_y": 0, "src_x": 0,
+                                     "dst_H": h, "dst_W": w, "dst_y": out.r0, "dst_x": out.c0},
+                          stage.nodes[-1].name))
+        return ops + [op for op in fwd if op.node not in names]
 
     # ------------------------------------------------------------------ loss and backward
 
@@ -688,8 +744,7 @@ def plan_arena(tables: LayerTables, scheme: Scheme, options: Options | None = No
     scheme.validate(tables.graph)
     b = _Builder(tables, scheme, options)
     fwd, train_ops, argmax, apply_ops = _build(b, options)
-    timeline, _, all_ops = _timeline(b, fwd, train_ops, argmax, apply_ops)
-    return plan_memory(b.buffers, timeline, first_offset=4 * _program_words(all_ops))
+    return _planned(b, fwd, train_ops[len(fwd):], argmax, apply_ops)
 
 
 def _build(b: _Builder, options: Options) -> tuple[list[Op], list[Op], Op, list[Op]]:
@@ -714,7 +769,24 @@ def _build(b: _Builder, options: Options) -> tuple[list[Op], list[Op], Op, list[
     else:
         body = reorder_in_place(bwd, applies, b) if options.reorder else bwd + applies
     body = materialize_weights(body, b)
+    # Patch-based inference of the first layers whose maps the backward pass does not read.
+    tensor_of = {buf: name for name, buf in b.acts.items()}
+    saved = {tensor_of[x] for op in body + apply_ops for x in reads(op) if x in tensor_of}
+    stage = choose_stage(graph, saved, options.patches)
+    if stage is not None:
+        patched = b.forward_in_patches(fwd, stage)
+        # Chosen by the planner (patches=None): kept only where the whole plan is smaller with
+        # them (the patches' program words are in the arena too, and the peak may be elsewhere).
+        if options.patches is not None or (_planned(b, patched, [loss] + body, argmax, apply_ops)
+                                           < _planned(b, fwd, [loss] + body, argmax, apply_ops)):
+            fwd, b.stage = patched, stage
     return fwd, fwd + [loss] + body, argmax, apply_ops
+
+
+def _planned(b: _Builder, fwd, rest, argmax, apply_ops) -> int:
+    """The arena of a program of these ops (plan_arena's, for a choice between two)."""
+    timeline, _, all_ops = _timeline(b, fwd, fwd + rest, argmax, apply_ops)
+    return plan_memory(b.buffers, timeline, first_offset=4 * _program_words(all_ops))
 
 
 def _timeline(b: _Builder, fwd, train_ops, argmax, apply_ops) -> tuple[list[Op], list[Op], list[Op]]:
@@ -801,7 +873,9 @@ def _stats(b: _Builder, ops: list[Op], arena: int) -> dict:
     for x in b.buffers:
         if x.offset >= 0:
             by_kind[x.kind] = by_kind.get(x.kind, 0) + x.nbytes
-    return {"arena_bytes": arena, "bytes_by_kind": by_kind, "ops": len(ops),
+    stage = None if b.stage is None else {"grid": b.stage.grid, "output": b.stage.output,
+                                          "nodes": [n.name for n in b.stage.nodes]}
+    return {"arena_bytes": arena, "bytes_by_kind": by_kind, "ops": len(ops), "patches": stage,
             "trained_params": sum(x.nbytes for x in b.buffers if x.kind == "param" and x.name.startswith("w:")),
             "kernels": {k: sum(op.kind == k for op in ops) for k in sorted({op.kind for op in ops})}}
 

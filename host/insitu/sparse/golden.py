@@ -134,6 +134,25 @@ def _out_hw(op: str, C, H, W, O, Cg, K, stride, pad, groups) -> tuple[int, int]:
     return OH, OW
 
 
+def _whole_map(H, W, K, stride, pad, pad_x, out_hw) -> bool:
+    """Whether a conv_fwd is on a whole map: the same pad on every side, the kernel's output."""
+    return pad_x == pad and (out_hw is None or tuple(out_hw) == (conv_out(H, K, stride, pad),
+                                                                  conv_out(W, K, stride, pad)))
+
+
+def _patch_out_hw(C, H, W, O, Cg, K, stride, pad, pad_x, groups, out_hw) -> tuple[int, int]:
+    """The output size of a conv on a patch: ``out_hw`` (default: the kernel's on the patch
+    padded by ``pad``/``pad_x`` on both sides), checked: every output reads some input."""
+    if min(H, W) < 1 or pad < 0 or pad_x < 0:
+        raise ValueError(f"conv_fwd: H={H}, W={W} must be >= 1 and pad={pad}, pad_x={pad_x} >= 0")
+    _out_hw("conv_fwd", C, H + 2 * K, W + 2 * K, O, Cg, K, stride, 0, groups)    # channels, groups, kernel
+    OH, OW = out_hw if out_hw is not None else (conv_out(H, K, stride, pad), conv_out(W, K, stride, pad_x))
+    if not (OH >= 1 and OW >= 1 and (OH - 1) * stride - pad < H and (OW - 1) * stride - pad_x < W):
+        raise ValueError(f"conv_fwd: a {OH}x{OW} output of a {K}x{K} kernel, stride {stride}, pads {pad} "
+                         f"(rows) and {pad_x} (columns) has outputs that read no input of a {H}x{W} map")
+    return OH, OW
+
+
 def _square_kernel(op: str, w: np.ndarray) -> tuple[int, int, int]:
     """``(O, Cg, K)`` of a weight ``[O, Cg, K, K]``."""
     if w.ndim != 4 or w.shape[2] != w.shape[3]:
@@ -178,19 +197,22 @@ def _window(xl: np.ndarray, ky: int, kx: int, stride: int, OH: int, OW: int) -> 
     return xl[:, ky:ky + stride * (OH - 1) + 1:stride, kx:kx + stride * (OW - 1) + 1:stride]
 
 
-def _conv_sum(x, w, stride, pad, groups, OH, OW) -> np.ndarray:
-    """``sum w[o,c',ky,kx] * x[n, g*Cg+c', oy*s+ky-pad, ox*s+kx-pad]`` for a batch of int8 maps
-    ``x [N, C, H, W]`` and int8 weights ``[O, C/groups, K, K]``, as exact integers in a float
-    array ``[N, OH, OW, O]`` (channels last, where the taps of a map stay contiguous along C).
+def _conv_sum(x, w, stride, pad, groups, OH, OW, pad_x=None) -> np.ndarray:
+    """``sum w[o,c',ky,kx] * x[n, g*Cg+c', oy*s+ky-pad, ox*s+kx-pad_x]`` (x zero outside the map;
+    ``pad_x`` defaults to ``pad``) for a batch of int8 maps ``x [N, C, H, W]`` and int8 weights
+    ``[O, C/groups, K, K]``, as exact integers in a float array ``[N, OH, OW, O]`` (channels last,
+    where the taps of a map stay contiguous along C).
 
     The products are summed in floats (exact, see :data:`_F32_TERMS`): one matrix product (BLAS)
     of the K*K taps (im2col) per group, or, for a depthwise conv, a broadcast multiply per tap."""
     N, C, H, W = x.shape
     O, Cg, K, _ = w.shape
     Og = O // groups
+    pad_x = pad if pad_x is None else pad_x
     ft = np.float32 if Cg * K * K < _F32_TERMS else np.float64
-    xl = np.zeros((N, H + 2 * pad, W + 2 * pad, C), ft)
-    xl[:, pad:pad + H, pad:pad + W] = x.transpose(0, 2, 3, 1)
+    rows, cols = max((OH - 1) * stride + K, pad + H), max((OW - 1) * stride + K, pad_x + W)
+    xl = np.zeros((N, rows, cols, C), ft)
+    xl[:, pad:pad + H, pad_x:pad_x + W] = x.transpose(0, 2, 3, 1)
     if Cg == 1 and Og == 1:                                         # depthwise: channel o reads channel o
         wl = w[:, 0].transpose(1, 2, 0).astype(ft)                  # [K, K, O]
         acc = _window(xl, 0, 0, stride, OH, OW) * wl[0, 0]
@@ -215,22 +237,31 @@ def _conv_sum(x, w, stride, pad, groups, OH, OW) -> np.ndarray:
 _BLOCK = 1 << 16
 
 
-def conv_fwd(x, w, b, m, sh, stride=1, pad=0, groups=1, lo=-128, hi=127) -> np.ndarray:
+def conv_fwd(x, w, b, m, sh, stride=1, pad=0, groups=1, lo=-128, hi=127, *, pad_x=None,
+             out_hw=None) -> np.ndarray:
     """``y[o] = clamp(rq(b[o] + conv(x, w)[o], m[o], sh[o]), lo, hi)``: x int8 codes ``[C, H, W]``
     or a batch of them ``[N, C, H, W]``, w int8 codes ``[O, C/groups, K, K]``, b, m, sh ``[O]``;
-    returns int8 ``[O, OH, OW]`` (``[N, O, OH, OW]`` for a batch)."""
+    returns int8 ``[O, OH, OW]`` (``[N, O, OH, OW]`` for a batch).
+
+    On a patch of a map (patch-based inference) the pads differ: ``pad`` zero rows above x,
+    ``pad_x`` zero columns left of it, and ``out_hw`` the patch's output size (x reads zero past
+    its other edges too); by default ``pad_x = pad`` and the output is the kernel's."""
     x, w = np.asarray(x), np.asarray(w)
     b, m, sh = (_i64(v).reshape(-1) for v in (b, m, sh))
     if x.ndim not in (3, 4):
         raise ValueError(f"conv_fwd: x must be [C, H, W] or [N, C, H, W], got shape {x.shape}")
     (C, H, W), (O, Cg, K) = x.shape[-3:], _square_kernel("conv_fwd", w)
-    OH, OW = _out_hw("conv_fwd", C, H, W, O, Cg, K, stride, pad, groups)
+    pad_x = pad if pad_x is None else pad_x
+    if _whole_map(H, W, K, stride, pad, pad_x, out_hw):
+        OH, OW = _out_hw("conv_fwd", C, H, W, O, Cg, K, stride, pad, groups)
+    else:
+        OH, OW = _patch_out_hw(C, H, W, O, Cg, K, stride, pad, pad_x, groups, out_hw)
     if not b.shape == m.shape == sh.shape == (O,):
         raise ValueError(f"conv_fwd: b, m, sh need {O} entries, got {b.size}, {m.size}, {sh.size}")
     _check_rq("conv_fwd", m, sh)
     _check_clamp("conv_fwd", lo, hi)
     x8 = _codes8("conv_fwd", "x", x).reshape(-1, C, H, W)
-    sums = _conv_sum(x8, _codes8("conv_fwd", "w", w), stride, pad, groups, OH, OW)
+    sums = _conv_sum(x8, _codes8("conv_fwd", "w", w), stride, pad, groups, OH, OW, pad_x)
     y = np.empty((len(x8), O, OH, OW), np.int8)
     step = max(1, _BLOCK // (OH * OW * O))
     for i in range(0, len(x8), step):
@@ -465,13 +496,19 @@ def _geometry(c: _Call) -> tuple[int, ...]:
 
 
 def _run_conv_fwd(c: _Call) -> None:
-    C, H, W, O, OH, OW, K, s, pad, groups = _geometry(c)
+    C, H, W, O, OH, OW, K, s, pad, groups = (c.f[k] for k in abi.CONV_GEOMETRY)
+    if groups < 1 or C % groups:
+        raise ValueError(f"conv_fwd: groups={groups} must divide C={C}")
+    if _whole_map(H, W, K, s, pad, c.f["pad_x"], (OH, OW)):
+        _geometry(c)
+    else:
+        _patch_out_hw(C, H, W, O, C // groups, K, s, pad, c.f["pad_x"], groups, (OH, OW))
     x = c.t("x_off", "i8", C * H * W).reshape(1, C, H, W)
     w = c.t("w_off", "i8", O * (C // groups) * K * K).reshape(O, -1, K, K)
     b, m, sh = (c.t(k, "i32", O) for k in ("b_off", "m_off", "sh_off"))
     y = c.t("y_off", "i8", O * OH * OW, "w").reshape(1, O, OH, OW)
     c.check()
-    y[...] = conv_fwd(x, w, b, m, sh, s, pad, groups, c.f["lo"], c.f["hi"])
+    y[...] = conv_fwd(x, w, b, m, sh, s, pad, groups, c.f["lo"], c.f["hi"], pad_x=c.f["pad_x"], out_hw=(OH, OW))
 
 
 def _run_add_fwd(c: _Call) -> None:
@@ -624,6 +661,19 @@ def _run_patch(c: _Call) -> None:
     c.check()
     for j, row in enumerate(idx):        # in order: a repeated index keeps its last row, as on the device
         dst[row] = src[j]
+
+
+def _run_window(c: _Call) -> None:
+    C, h, w = c.f["C"], c.f["h"], c.f["w"]
+    sH, sW, sy, sx = (c.f[k] for k in ("src_H", "src_W", "src_y", "src_x"))
+    dH, dW, dy, dx = (c.f[k] for k in ("dst_H", "dst_W", "dst_y", "dst_x"))
+    if min(C, h, w) < 0 or not (0 <= sy <= sH - h and 0 <= sx <= sW - w and 0 <= dy <= dH - h and 0 <= dx <= dW - w):
+        raise ValueError(f"window: a {C}x{h}x{w} window at ({sy}, {sx}) of a {sH}x{sW} map, to ({dy}, {dx}) "
+                         f"of a {dH}x{dW} map, does not fit them")
+    src = c.t("src_off", "i8", C * sH * sW).reshape(C, sH, sW)
+    dst = c.t("dst_off", "i8", C * dH * dW, "rw").reshape(C, dH, dW)
+    c.check()
+    dst[:, dy:dy + h, dx:dx + w] = src[:, sy:sy + h, sx:sx + w]
 
 
 def acc_i32(dst, src) -> np.ndarray:
