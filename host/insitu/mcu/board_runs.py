@@ -288,9 +288,14 @@ def check_flash_dir(flash_dir: str) -> None:
 
 
 def default_scheme(model) -> str:
-    """:data:`DEFAULT_SCHEME`, or the biases of every layer of a model with fewer layers."""
+    """The paper's networks: the scheme released with the paper for a budget of about 100 KB
+    (``paper-99kb``, ``paper-98kb``); else :data:`DEFAULT_SCHEME`, or the biases of every layer
+    of a model with fewer layers."""
     from insitu.sparse.model_source import model_untrained_graph
+    from insitu.sparse.models import PAPER_SCHEMES
 
+    if str(model) in PAPER_SCHEMES:
+        return "paper-" + min(PAPER_SCHEMES[str(model)], key=lambda budget: abs(int(budget[:-2]) - 100))
     depth = int(DEFAULT_SCHEME.split("-")[1])
     layers = len(model_untrained_graph(model).convs)
     return DEFAULT_SCHEME if layers >= depth else f"bias-{layers}"

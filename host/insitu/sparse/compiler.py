@@ -47,6 +47,14 @@ from insitu.sparse.patches import Stage, Window, choose_stage, input_window, who
 from insitu.sparse.scheme import Scheme
 
 ALIGN = 4
+#: Options.stream=None streams from flash for networks with more int8 weights than this (half
+#: the board's SRAM: networks whose weights live in flash anyway, the paper's three), and keeps
+#: the small ones as they are, where the loads would cost more than the bytes they free.
+STREAM_AUTO_WEIGHT_BYTES = 128 * 1024
+#: Streaming: tables smaller than this stay in RAM (a load call costs heap and program words too);
+#: a frozen layer's weights of more than STREAM_CHUNK_BYTES are loaded that much at a time.
+FLASH_TABLE_MIN_BYTES = 64
+STREAM_CHUNK_BYTES = 16 * 1024
 LOSS_GRAD_SCALE = 2.0 ** -abi.LOSS_GRAD_FRAC
 
 
@@ -127,8 +135,14 @@ class Options:
     # float reference (insitu.sparse.reference) takes the same factors.
     lr_scale: dict = field(default_factory=dict)
     # Patch-based inference of the first stage (insitu.sparse.patches): n for n x n patches, 1 for
-    # none, None to let the compiler decide (2x2 where it cuts the forward's peak by a quarter).
+    # none, None to let the compiler decide (2x2 where the plan is smaller with them).
     patches: int | None = None
+    # Streaming from flash: the per-channel tables (scales of gradients and updates,
+    # requantization, selected channels) stay in the blob, loaded into a scratch buffer by each
+    # kernel that reads them, instead of held in RAM for good; the frozen weights of a large
+    # layer are loaded and used a piece at a time (output channels forward, input channels for
+    # its input gradient). None: for networks of more than STREAM_AUTO_WEIGHT_BYTES of weights.
+    stream: bool | None = None
 
     def __post_init__(self):
         if self.patches is not None and (not isinstance(self.patches, int) or self.patches < 1):
@@ -205,6 +219,8 @@ class _Layer:
         self.idx: np.ndarray | None = None
         self.idx_buf: Buf | None = None
         self.rq_ram: tuple[Buf, Buf] | None = None
+        self.blocks: list[bytes] = []          # streamed input gradient: weights by input channels
+        self.block_offs: list[int] = []
 
     @property
     def whole_in_ram(self) -> bool:
@@ -321,6 +337,8 @@ class _Builder:
         self.acts[graph.input].kind = "input"
         self.io = self.buf("io", 4 * abi.IO_WORDS, "io", persistent=True)
         self.stage: Stage | None = None        # the first layers run in patches, if any
+        weights = sum(c.weight.size for c in graph.convs)
+        self.stream = options.stream if options.stream is not None else weights > STREAM_AUTO_WEIGHT_BYTES
 
     def buf(self, name, nbytes, kind, persistent=False, init=None) -> Buf:
         b = Buf(name, _aligned(max(nbytes, 1)), kind, persistent, init)
@@ -332,9 +350,14 @@ class _Builder:
         return self.g.nodes.index(n)
 
     def const(self, name: str, data: bytes) -> Buf:
-        """A read-only table in RAM (shared when two are byte-identical)."""
+        """A read-only table (shared when two are byte-identical): in RAM, or when streaming
+        (:attr:`Options.stream`) one of :data:`FLASH_TABLE_MIN_BYTES` or more stays in the blob,
+        loaded by each kernel that reads it (:func:`load_flash_tables`)."""
         if data not in self.consts:
-            self.consts[data] = self.buf(f"const:{name}", len(data), "const", True, data)
+            if self.stream and len(data) >= FLASH_TABLE_MIN_BYTES:
+                self.consts[data] = Buf(f"flash:{name}", _aligned(len(data)), "flash", init=data)
+            else:
+                self.consts[data] = self.buf(f"const:{name}", len(data), "const", True, data)
         return self.consts[data]
 
     # ------------------------------------------------------------------ trained tensors in RAM
@@ -357,6 +380,53 @@ class _Builder:
                 L.rq_ram = (self.const(f"m:{name}", m), self.const(f"sh:{name}", sh))
 
     # ------------------------------------------------------------------ weights for one kernel
+
+    def pieces(self, L: _Layer, along_inputs: bool = False) -> list[tuple[int, int]]:
+        """The ranges of output channels (``along_inputs``: of input channels) whose weights a
+        streamed layer loads at a time: one range unless streaming a frozen full conv (groups 1)
+        of more than :data:`STREAM_CHUNK_BYTES` of weights."""
+        c = L.conv
+        n = c.weight.shape[1] if along_inputs else c.out_channels
+        if not self.stream or L.w_ram is not None or c.groups != 1 or L.w_bytes <= STREAM_CHUNK_BYTES:
+            return [(0, n)]
+        step = -(-n // -(-L.w_bytes // STREAM_CHUNK_BYTES))
+        return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+    def conv_fwd_in_pieces(self, L: _Layer, pieces, fields: dict) -> list[Op]:
+        """A frozen layer's forward a range of output channels at a time: the range's weight
+        rows, bias and requantization loaded from its pack, its rows of the output computed."""
+        c, ops = L.conv, []
+        y, (o, oh, ow) = self.acts[c.y], self.g.tensors[c.y].shape
+        for a, z in pieces:
+            k = z - a
+            w_at = _aligned(k * L.row_bytes)
+            b_at = w_at + (0 if L.b_ram else 4 * k)
+            scratch = self.buf(f"scratch:{c.name}[{a}:{z}]", b_at + 8 * k, "scratch")
+            parts = [(a * L.row_bytes, 0, k * L.row_bytes), (L.m_at + 4 * a, b_at, 4 * k), (L.sh_at + 4 * a, b_at + 4 * k, 4 * k)]
+            if not L.b_ram:
+                parts.append((L.b_at + 4 * a, w_at, 4 * k))
+            for src, dst, n in parts:
+                ops.append(Op("load", {"blob_off": ("blob", L, src), "dst_off": Ref(scratch, dst), "n": n}, c.name, "load"))
+            b = Ref(L.b_ram, 4 * a) if L.b_ram else Ref(scratch, w_at)
+            ops.append(Op("conv_fwd", {**fields, "w_off": Ref(scratch), "b_off": b, "m_off": Ref(scratch, b_at),
+                                       "sh_off": Ref(scratch, b_at + 4 * k), "y_off": Ref(y, a * oh * ow), "O": k},
+                          c.name))
+        return ops
+
+    def conv_bwd_x_in_pieces(self, op: Op, L: _Layer, pieces) -> list[Op]:
+        """An input gradient a range of input channels at a time: the weights of those inputs
+        (a block of the layer's weights the blob holds for this: ``L.blocks``) loaded, their rows
+        of the input gradient computed."""
+        c, ops = L.conv, []
+        gx, (_, h, w) = op.fields["gx_off"], self.g.tensors[c.x].shape
+        L.blocks = [c.weight[:, a:z].tobytes() for a, z in pieces]
+        for j, (a, z) in enumerate(pieces):
+            scratch = self.buf(f"scratch:{c.name}[:, {a}:{z}]", len(L.blocks[j]), "scratch")
+            ops.append(Op("load", {"blob_off": ("block", L, j), "dst_off": Ref(scratch), "n": len(L.blocks[j])},
+                          c.name, "load"))
+            ops.append(Op("conv_bwd_x", {**op.fields, "w_off": Ref(scratch), "C": z - a,
+                                         "gx_off": Ref(gx.buf, gx.at + 2 * a * h * w)}, op.node, op.phase))
+        return ops
 
     def weights_for(self, L: _Layer, ops: list[Op],
                     with_bias_rq: bool) -> tuple[Ref, Ref | None, Ref | None, Ref | None]:
@@ -388,12 +458,15 @@ class _Builder:
         for n in self.g.nodes:
             if isinstance(n, Conv):
                 L = self.layers[n.name]
-                w, b, m, sh = self.weights_for(L, ops, with_bias_rq=True)
-                (c, h, wd), (o, oh, ow) = T[n.x].shape, T[n.y].shape
                 lo, hi = act_bounds(n.act, T[n.y].scale)
-                ops.append(Op("conv_fwd", {"x_off": Ref(self.acts[n.x]), "w_off": w, "b_off": b, "m_off": m,
-                                           "sh_off": sh, "y_off": Ref(self.acts[n.y]),
-                                           **_geometry(n, T), "lo": lo, "hi": hi, "pad_x": n.pad}, n.name))
+                fields = {"x_off": Ref(self.acts[n.x]), **_geometry(n, T), "lo": lo, "hi": hi, "pad_x": n.pad}
+                pieces = self.pieces(L)
+                if len(pieces) > 1:
+                    ops += self.conv_fwd_in_pieces(L, pieces, fields)
+                    continue
+                w, b, m, sh = self.weights_for(L, ops, with_bias_rq=True)
+                ops.append(Op("conv_fwd", {**fields, "w_off": w, "b_off": b, "m_off": m, "sh_off": sh,
+                                           "y_off": Ref(self.acts[n.y])}, n.name))
             elif isinstance(n, Add):
                 ma, mb, sh = add_requant(T[n.a].scale, T[n.b].scale, T[n.y].scale)
                 lo, hi = act_bounds(n.act, T[n.y].scale)
@@ -654,8 +727,29 @@ def materialize_weights(ops: list[Op], builder: _Builder) -> list[Op]:
     for op in ops:
         w = op.fields.get("w_off")
         if isinstance(w, tuple) and w[0] == "weights":
+            pieces = builder.pieces(w[1], along_inputs=True)
+            if len(pieces) > 1:                    # streamed: the weights of a few inputs at a time
+                out += builder.conv_bwd_x_in_pieces(op, w[1], pieces)
+                continue
             ref, *_ = builder.weights_for(w[1], out, with_bias_rq=False)
             op.fields["w_off"] = ref
+        out.append(op)
+    return out
+
+
+def load_flash_tables(ops: list[Op], builder: _Builder) -> list[Op]:
+    """Before each op that reads a table kept in flash, a load of it into a scratch buffer of
+    its own (alive for that op only), which the op reads instead."""
+    out: list[Op] = []
+    for op in ops:
+        loaded: dict[Buf, Buf] = {}
+        for f, v in op.fields.items():
+            if isinstance(v, Ref) and v.buf.kind == "flash":
+                if v.buf not in loaded:
+                    scratch = loaded[v.buf] = builder.buf(f"table:{v.buf.name[len('flash:'):]}", v.buf.nbytes, "scratch")
+                    out.append(Op("load", {"blob_off": ("flash", v.buf), "dst_off": Ref(scratch), "n": v.buf.nbytes},
+                                  op.node, "load"))
+                op.fields[f] = Ref(loaded[v.buf], v.at)
         out.append(op)
     return out
 
@@ -772,15 +866,19 @@ def _build(b: _Builder, options: Options) -> tuple[list[Op], list[Op], Op, list[
     # Patch-based inference of the first layers whose maps the backward pass does not read.
     tensor_of = {buf: name for name, buf in b.acts.items()}
     saved = {tensor_of[x] for op in body + apply_ops for x in reads(op) if x in tensor_of}
+    tables = (lambda ops: load_flash_tables(ops, b)) if b.stream else (lambda ops: ops)
+    rest, apply_ops = tables([loss] + body), tables(apply_ops)
     stage = choose_stage(graph, saved, options.patches)
+    fwd_whole = tables(fwd)
+    fwd = fwd_whole
     if stage is not None:
-        patched = b.forward_in_patches(fwd, stage)
+        patched = tables(b.forward_in_patches(fwd_whole, stage))
         # Chosen by the planner (patches=None): kept only where the whole plan is smaller with
         # them (the patches' program words are in the arena too, and the peak may be elsewhere).
-        if options.patches is not None or (_planned(b, patched, [loss] + body, argmax, apply_ops)
-                                           < _planned(b, fwd, [loss] + body, argmax, apply_ops)):
+        if options.patches is not None or (_planned(b, patched, rest, argmax, apply_ops)
+                                           < _planned(b, fwd_whole, rest, argmax, apply_ops)):
             fwd, b.stage = patched, stage
-    return fwd, fwd + [loss] + body, argmax, apply_ops
+    return fwd, fwd + rest, argmax, apply_ops
 
 
 def _planned(b: _Builder, fwd, rest, argmax, apply_ops) -> int:
@@ -821,9 +919,19 @@ def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax, apply_op
     for x in init_bufs:
         init_at[x] = len(blob)
         blob += x.init + bytes(_aligned(len(x.init)) - len(x.init))
+    # The tables kept in flash (Options.stream), where their loads read them.
+    for x in dict.fromkeys(op.fields["blob_off"][1] for op in all_ops
+                           if op.kind == "load" and op.fields["blob_off"][0] == "flash"):
+        init_at[x] = len(blob)
+        blob += x.init + bytes(_aligned(len(x.init)) - len(x.init))
     for L in b.layers.values():
         L.blob_off = len(blob)
         blob += L.pack + bytes(_aligned(len(L.pack)) - len(L.pack))
+    for L in b.layers.values():                     # streamed input gradients' weight blocks
+        L.block_offs = []
+        for block in L.blocks:
+            L.block_offs.append(len(blob))
+            blob += block + bytes(_aligned(len(block)) - len(block))
     program, calls, pos = [], {"init": [], "train": [], "infer": [], "apply": []}, 0
     fwd_ids = {id(op) for op in fwd}
     init_ids = {id(op) for op in init_ops}
@@ -863,8 +971,12 @@ def _resolve(v, init_at) -> int:
             raise AssertionError(f"{v.buf.name} was not placed")
         return v.buf.offset + v.at
     if isinstance(v, tuple):
-        kind, obj = v
-        return obj.blob_off if kind == "blob" else init_at[obj]
+        kind, obj, *at = v
+        if kind == "blob":                          # a layer's pack (at: an offset into it)
+            return obj.blob_off + sum(at)
+        if kind == "block":                         # a streamed layer's block of input channels
+            return obj.block_offs[at[0]]
+        return init_at[obj]                         # "init" and "flash": a buffer's initial bytes
     return int(v)
 
 

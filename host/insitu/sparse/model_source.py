@@ -1,5 +1,6 @@
-"""Where the MCU path's model comes from: a built-in name (``mbv2-28``, ``mbv2-tiny``: pretrained
-here, :mod:`insitu.sparse.quantize`) or a float ONNX file (``*.onnx``: imported,
+"""Where the MCU path's model comes from: a built-in name (``mbv2-28``, ``mbv2-tiny``, the paper's
+128x128 networks ``mbv2-w0.35``, ``proxyless-w0.3``, ``mcunet-5fps``: pretrained here,
+:mod:`insitu.sparse.quantize`) or a float ONNX file (``*.onnx``: imported,
 :mod:`insitu.sparse.onnx_io`). Everything that takes ``--model`` asks these functions, so the two
 kinds go through one path:
 
@@ -81,10 +82,11 @@ def check_model(model) -> None:
             raise UsageError(f"model {model}: maps {wide} pixels wide; the firmware's kernels take rows of at "
                              f"most {abi.MAX_ROW}")
         return
-    from insitu.sparse.models import MODELS
+    from insitu.sparse.models import MODELS, PAPER_MODELS
 
-    if model not in MODELS:
-        raise UsageError(f"unknown model {model!r}; known models: {', '.join(MODELS)}, or a FILE{MODEL_FILE_SUFFIX}")
+    if model not in MODELS and model not in PAPER_MODELS:
+        raise UsageError(f"unknown model {model!r}; known models: {', '.join([*MODELS, *PAPER_MODELS])}, "
+                         f"or a FILE{MODEL_FILE_SUFFIX}")
 
 
 def file_safe(text: str) -> str:
@@ -109,8 +111,8 @@ def model_input_shape(model) -> tuple[int, int, int]:
         return net.shapes[net.input]
     from insitu.sparse.models import model_config
 
-    size = model_config(model).input_size
-    return (1, size, size)
+    config = model_config(model)
+    return (config.in_channels, config.input_size, config.input_size)
 
 
 def model_untrained_graph(model, num_classes: int | None = None) -> Graph:

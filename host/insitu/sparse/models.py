@@ -37,7 +37,7 @@ import insitu.nn as nn
 from insitu.errors import UsageError
 from insitu.sparse.graph import conv_out
 
-__all__ = ["ModelConfig", "MODELS", "PAPER_MODELS", "model_config", "InvertedResidual", "MobileNetV2",
+__all__ = ["ModelConfig", "MODELS", "PAPER_MODELS", "PAPER_SCHEMES", "model_config", "InvertedResidual", "MobileNetV2",
            "build_model", "model_summary", "Unit", "folded_units", "folded_forward", "fold_bn",
            "train_float", "FloatTrainState", "float_accuracy", "FastPointwiseConv2d", "FastDepthwiseConv2d"]
 
@@ -113,7 +113,8 @@ MODELS: dict[str, ModelConfig] = {
 #: backbones as "17M MACs, 0.25M Param", "19M, 0.33M" and "23M, 0.48M": those are the MACs of
 #: the whole forward (16.8, 18.7, 22.6 M; the backbone alone is 16.6, 18.6, 22.5 M) and the
 #: float parameters of the backbone with BN (250, 332, 475 K) of :func:`model_summary`
-#: (tests/unit/test_sparse_paper_models.py). They are not yet trained by the MCU commands.
+#: (tests/unit/test_sparse_paper_models.py). The MCU commands take them by name (pretrained here
+#: on FashionMNIST as RGB: :data:`insitu.sparse.quantize.PRETRAIN_DEFAULTS`).
 PAPER_MODELS: dict[str, ModelConfig] = {
     "mbv2-w0.35": ModelConfig(
         name="mbv2-w0.35", input_size=128, in_channels=3, stem=32, head=None, width=0.35,
@@ -137,6 +138,39 @@ PAPER_MODELS: dict[str, ModelConfig] = {
                 (3, 48, 1, 1, 3), (4, 48, 1, 1, 3), (5, 96, 1, 2, 7), (4, 96, 2, 1, 5),
                 (6, 160, 1, 1, 3)),
     ),
+}
+
+
+#: The sparse-update schemes released with the paper for its three networks, searched under
+#: budgets of its own memory analysis (49 to 148 KB): ``compilation/mcu_ir_gen.py`` in
+#: github.com/mit-han-lab/tiny-training. Per budget: ``(n_bias_update, {conv index: ratio})``,
+#: the biases of the last n backbone convs and the weights of the listed convs (indices into the
+#: backbone's convs, as insitu's graph orders them; a ratio 0 there updates no weight and is
+#: left out). The classifier trains too. The paper's ratio counts input channels; insitu's
+#: partial update selects output channels at the same ratio
+#: (:meth:`insitu.sparse.scheme.Scheme.selected_channels`).
+PAPER_SCHEMES: dict[str, dict[str, tuple[int, dict[int, float]]]] = {
+    "mbv2-w0.35": {
+        "49kb": (16, {36: 1, 39: 1, 41: 0.25, 42: 0.125, 45: 0.125, 48: 0.125, 49: 0.125}),
+        "73kb": (20, {32: 0.125, 33: 0.5, 36: 0.5, 39: 1, 41: 0.25, 42: 0.125, 45: 0.125, 48: 1}),
+        "99kb": (25, {27: 1, 30: 1, 33: 1, 36: 1, 39: 1, 42: 0.125, 45: 0.5, 48: 1}),
+        "123kb": (31, {27: 1, 30: 1, 33: 1, 36: 1, 39: 1, 42: 0.5, 45: 1, 48: 1}),
+        "138kb": (34, {27: 1, 30: 1, 33: 1, 36: 1, 39: 1, 42: 1, 45: 1, 48: 1}),
+    },
+    "mcunet-5fps": {
+        "49kb": (20, {24: 0.25, 27: 0.5, 30: 0.5}),
+        "74kb": (21, {21: 1, 24: 1, 27: 0.5, 30: 1}),
+        "99kb": (22, {21: 1, 24: 1, 27: 1, 30: 1, 36: 0.125, 39: 0.25}),
+        "124kb": (24, {21: 0.25, 24: 1, 27: 1, 30: 1, 33: 0.5, 39: 0.5}),
+        "148kb": (23, {21: 1, 24: 1, 27: 1, 30: 1, 36: 1, 39: 0.5}),
+    },
+    "proxyless-w0.3": {
+        "49kb": (21, {39: 0.25, 42: 1, 45: 1, 51: 0.125, 54: 0.25, 57: 0.25}),
+        "74kb": (28, {33: 0.5, 36: 0.25, 39: 1, 42: 1, 45: 1, 51: 0.5, 54: 0.25, 57: 0.5}),
+        "98kb": (25, {36: 1, 39: 0.5, 42: 1, 45: 1, 48: 0.25, 51: 0.5, 54: 1, 57: 1}),
+        "120kb": (32, {36: 1, 39: 1, 42: 1, 45: 1, 48: 0.5, 51: 1, 54: 1, 57: 1}),
+        "148kb": (45, {36: 1, 39: 1, 42: 1, 45: 1, 48: 1, 51: 1, 54: 1, 57: 1}),
+    },
 }
 
 

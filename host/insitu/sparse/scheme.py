@@ -101,16 +101,36 @@ def last_k_layers(graph: Graph, k: int) -> Scheme:
     return Scheme(k, {c.name: 1.0 for c in graph.convs[-k:]})
 
 
+def paper_scheme(graph: Graph, budget: str) -> Scheme:
+    """The scheme released with the Tiny Training paper for this graph's network at ``budget``
+    (e.g. ``99kb``; :data:`insitu.sparse.models.PAPER_SCHEMES`), with the classifier trained."""
+    from insitu.sparse.models import PAPER_SCHEMES
+
+    model = graph.meta.get("model")
+    released = PAPER_SCHEMES.get(str(model), {})
+    if budget not in released:
+        known = ", ".join(f"paper-{b}" for b in released) or f"none for {model or 'this model'}; they are for " + \
+            ", ".join(PAPER_SCHEMES)
+        raise UsageError(f"no released scheme paper-{budget} (released: {known})")
+    n_bias, weights = released[budget]
+    convs = [c.name for c in graph.convs]
+    backbone, classifier = convs[:-1], convs[-1]
+    return Scheme(n_bias + 1, {**{backbone[i]: float(r) for i, r in weights.items()}, classifier: 1.0})
+
+
 def preset(graph: Graph, name: str) -> Scheme:
-    """``full``, ``classifier``, ``bias-K``, ``last-K`` or a JSON scheme."""
+    """``full``, ``classifier``, ``bias-K``, ``last-K``, ``paper-BUDGET`` (the paper's networks:
+    its released schemes) or a JSON scheme."""
     if name == "full":
         return full_update(graph)
     if name == "classifier":
         return classifier_only(graph)
+    if name.startswith("paper-"):
+        return paper_scheme(graph, name[len("paper-"):])
     for prefix, make in (("bias-", bias_only), ("last-", last_k_layers)):
         if name.startswith(prefix) and name[len(prefix):].isdigit():
             return make(graph, int(name[len(prefix):]))
     if name.lstrip().startswith("{"):
         return Scheme.from_json(name)
-    raise UsageError(f"unknown scheme {name!r}: use full, classifier, bias-K, last-K or JSON "
+    raise UsageError(f"unknown scheme {name!r}: use full, classifier, bias-K, last-K, paper-BUDGET or JSON "
                      '{"bias_k": K, "weights": {"layer": ratio}}')

@@ -63,9 +63,20 @@ def float_inputs(images: np.ndarray, dtype: type = np.float32) -> np.ndarray:
     return (channels_first(images).astype(dtype) - 128) / 128
 
 
-def pretrain_task(input_size: int):
-    """FashionMNIST resampled to ``input_size``: ``(x_train, y_train, x_test, y_test, 10)``."""
-    return load_task(PRETRAIN_TASK, input_size)
+def pretrain_task(input_size: int, channels: int = 1, samples: int | None = None, test_samples: int | None = None):
+    """FashionMNIST resampled to ``input_size``: ``(x_train, y_train, x_test, y_test, 10)``; with
+    ``samples`` / ``test_samples``, only the first that many images of each split (resampled
+    alone: 60,000 RGB images at 128x128 would take 2.9 GB), ``channels=3`` as RGB."""
+    if samples is None and test_samples is None:
+        return load_task(PRETRAIN_TASK, input_size, channels)
+    from insitu.data.images import to_channels
+
+    ds = load_dataset("fashion-mnist")
+    n, m = len(ds.y_train) if samples is None else samples, len(ds.y_test) if test_samples is None else test_samples
+    x_train, x_test = resize(ds.x_train[:n], input_size), resize(ds.x_test[:m], input_size)
+    if channels == 3:
+        x_train, x_test = to_channels(x_train, 3), to_channels(x_test, 3)
+    return x_train, ds.y_train[:n].copy(), x_test, ds.y_test[:m].copy(), ds.num_classes
 
 
 def check_task(name: str, option: str = "--dataset") -> None:
