@@ -23,7 +23,7 @@ from tte_abi import (IO_LABEL, IO_P_LABEL, IO_PREDICTED, IO_STEP, LOSS_GRAD_FRAC
                      OP_APPLY_B, OP_APPLY_W, OP_ARGMAX, OP_BIAS_GRAD, OP_BIAS_UPD, OP_CONV_BWD_X,
                      OP_CONV_FWD, OP_CONV_GRAD_W, OP_CONV_UPD_W, OP_GAP_BWD, OP_GAP_FWD, OP_GRAD_ADD,
                      OP_GRAD_SCALE_CH, OP_LOAD, OP_LOSS_GRAD, OP_PATCH, SR_BITS, SR_K_SALT, SR_K_STEP, SR_M1,
-                     SR_M2, OP_ACC_I32, OP_ZERO, OP_WINDOW)
+                     SR_M2, OP_ACC_I32, OP_ZERO, OP_WINDOW, OP_ACT_MASK, OP_MASK_BWD)
 
 _CHUNK = const(256)          # sums per _requant call; also the widest conv row: abi.MAX_ROW (tested)
 _S = bytearray(4 * (8 + _CHUNK))
@@ -545,6 +545,40 @@ def act_bwd(A: ptr8, P: ptr32, o: int):
             g16[i] = 0
 
 
+# fields(act_mask): y_off, m_off, n, lo, hi
+@micropython.viper
+def act_mask(A: ptr8, P: ptr32, o: int):
+    y = P[o + 1]
+    m = P[o + 2]
+    n = P[o + 3]
+    lo = P[o + 4]
+    h = (lo >> 16) & 0xFFFF
+    lo = (((h ^ 0x8000) - 0x8000) << 16) | (lo & 0xFFFF)
+    hi = P[o + 5]
+    h = (hi >> 16) & 0xFFFF
+    hi = (((h ^ 0x8000) - 0x8000) << 16) | (hi & 0xFFFF)
+    for j in range((n + 7) >> 3):
+        bits = 0
+        for b in range(8):
+            i = (j << 3) + b
+            if i < n:
+                v = (A[y + i] ^ 0x80) - 0x80
+                if lo < v and v < hi:
+                    bits |= 1 << b
+        A[m + j] = bits
+
+
+# fields(mask_bwd): m_off, g_off, n
+@micropython.viper
+def mask_bwd(A: ptr8, P: ptr32, o: int):
+    m = P[o + 1]
+    g16 = ptr16(uint(A) + P[o + 2])
+    n = P[o + 3]
+    for i in range(n):
+        if not (A[m + (i >> 3)] >> (i & 7)) & 1:
+            g16[i] = 0
+
+
 # fields(grad_scale_ch): g_off, C, HW, m_off, sh_off
 @micropython.viper
 def grad_scale_ch(A: ptr8, P: ptr32, o: int):
@@ -950,7 +984,7 @@ _BY_OP = {OP_CONV_FWD: conv_fwd, OP_ADD_FWD: add_fwd, OP_GAP_FWD: gap_fwd, OP_LO
           OP_CONV_BWD_X: conv_bwd_x, OP_CONV_GRAD_W: conv_grad_w, OP_CONV_UPD_W: conv_upd_w,
           OP_APPLY_W: apply_w, OP_BIAS_GRAD: bias_grad, OP_BIAS_UPD: bias_upd, OP_APPLY_B: apply_b,
           OP_GAP_BWD: gap_bwd, OP_GRAD_ADD: grad_add, OP_PATCH: patch, OP_ACC_I32: acc_i32, OP_ZERO: zero,
-          OP_WINDOW: window}
+          OP_WINDOW: window, OP_ACT_MASK: act_mask, OP_MASK_BWD: mask_bwd}
 _KERNELS = tuple(_BY_OP.get(op) for op in range(max(_BY_OP) + 1))
 
 

@@ -197,6 +197,18 @@ def gen_window(rng):
                    dst_H=dH, dst_W=dW, dst_y=int(rng.integers(0, dH - h + 1)), dst_x=int(rng.integers(0, dW - w + 1)))
 
 
+def gen_act_mask(rng):
+    c, n = Call(rng, "act_mask"), int(rng.integers(0, 600))
+    lo, hi = _clamp(rng)
+    lo, hi = (-129 if rng.random() < 0.2 else lo), (128 if rng.random() < 0.3 else hi)   # grad_bounds' open ends
+    return c, dict(y_off=c.rand("y", "i8", n), m_off=c.rand("m", "u8", (n + 7) // 8, 0, 255), n=n, lo=lo, hi=hi)
+
+
+def gen_mask_bwd(rng):
+    c, n = Call(rng, "mask_bwd"), int(rng.integers(0, 600))
+    return c, dict(m_off=c.rand("m", "u8", (n + 7) // 8, 0, 255), g_off=c.rand("g", "i16", n), n=n)
+
+
 def gen_add_fwd(rng):
     c, n = Call(rng, "add_fwd"), int(rng.integers(1, 600))
     (ma, mb), (sh, _) = _scale(rng, 2, STD8 * 1.4)

@@ -10,7 +10,7 @@ from insitu.sparse import scheme as S
 from insitu.sparse.calibrate import calibrate_gradients
 from insitu.sparse.compiler import Options, compile_training
 from insitu.sparse.graph import Conv, random_graph
-from insitu.sparse.patches import candidate_cuts, input_window, patch_windows, whole
+from insitu.sparse.patches import AUTO_GRIDS, candidate_cuts, input_window, patch_windows, whole
 from insitu.sparse.quantize import int8_forward, untrained_graph
 from insitu.sparse.simulate import Simulator
 
@@ -79,9 +79,12 @@ def test_the_compiler_uses_patches_where_they_shrink_the_plan():
     scales = {t: 1 / 127 for t in wide.tensors}
     plain = compile_training(wide, S.classifier_only(wide), scales, Options(lr=0.01, patches=1))
     auto = compile_training(wide, S.classifier_only(wide), scales, Options(lr=0.01))
-    assert plain.stats["patches"] is None and auto.stats["patches"]["grid"] == 2
-    # 128x128: the forward's 48x64x64 expansion no longer held whole (255 KB -> 132 KB measured).
-    assert auto.arena_bytes < 0.6 * plain.arena_bytes
+    assert plain.stats["patches"] is None and auto.stats["patches"]["grid"] in AUTO_GRIDS
+    # 128x128: the forward's 48x64x64 expansion no longer held whole (130 KB -> 109 KB planned,
+    # the tables streamed from flash).
+    assert auto.arena_bytes < 0.9 * plain.arena_bytes
+    assert all(auto.arena_bytes <= compile_training(wide, S.classifier_only(wide), scales,
+                                                    Options(lr=0.01, patches=g)).arena_bytes for g in AUTO_GRIDS)
     full = compile_training(wide, S.full_update(wide), scales, Options(lr=0.01))
     assert full.stats["patches"] is None                     # every map is saved for the backward pass
     small = untrained_graph("mbv2-28", num_classes=10)

@@ -39,6 +39,22 @@ def test_a_streamed_program_trains_bit_for_bit_as_one_in_ram(seed, monkeypatch):
     assert pieces["conv_fwd"] > 0 and pieces["conv_bwd_x"] > 0             # layers ran in pieces
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_relu_masks_train_bit_for_bit_as_the_saved_activations(seed):
+    g, scales, x, y = _setup(seed)
+    masked = 0
+    for scheme in (S.bias_only(g, 3), S.last_k_layers(g, 2), S.full_update(g)):
+        runs = []
+        for masks in (False, True):
+            c = compile_training(g, scheme, scales, Options(lr=0.05, masks=masks))
+            masked += c.stats["kernels"].get("mask_bwd", 0)
+            sim = Simulator(c)
+            sim.train(x, y)
+            runs.append((sim.trained_bytes(), [sim.predict(xi) for xi in x]))
+        assert runs[1] == runs[0], scheme.describe()
+    assert masked
+
+
 def test_streaming_is_automatic_for_networks_whose_weights_live_in_flash():
     big = untrained_graph("mcunet-5fps", num_classes=10)
     scales = {t: 1 / 127 for t in big.tensors}

@@ -103,6 +103,11 @@ OPS: dict[str, tuple[str, ...]] = {
     # a patch cut from a map, and a computed patch placed into its map).
     "window": ("src_off", "dst_off", "C", "h", "w", "src_H", "src_W", "src_y", "src_x",
                "dst_H", "dst_W", "dst_y", "dst_x"),
+    # What act_bwd needs of an activation, in 1 bit of 8: "act_mask" (forward) sets bit i of the
+    # mask (byte i >> 3, bit i & 7) iff lo < y[i] < hi, clears the others, for y: i8 of n
+    # elements, the mask (n + 7) // 8 bytes; "mask_bwd", in place: g[i] = 0 unless bit i is set.
+    "act_mask": ("y_off", "m_off", "n", "lo", "hi"),
+    "mask_bwd": ("m_off", "g_off", "n"),
 }
 
 OPCODES: dict[str, int] = {name: i + 1 for i, name in enumerate(OPS)}

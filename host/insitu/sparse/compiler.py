@@ -43,7 +43,7 @@ from insitu.errors import InsituError, UsageError
 from insitu.sparse import abi
 from insitu.sparse.graph import (Add, Conv, GlobalAvgPool, Graph, act_bounds, add_requant, conv_requant, grad_bounds,
                               gap_requant)
-from insitu.sparse.patches import Stage, Window, choose_stage, input_window, whole
+from insitu.sparse.patches import AUTO_GRIDS, Stage, Window, choose_stage, input_window, whole
 from insitu.sparse.scheme import Scheme
 
 ALIGN = 4
@@ -105,11 +105,11 @@ _WRITES = {"conv_fwd": ("y_off",), "add_fwd": ("y_off",), "gap_fwd": ("y_off",),
            "conv_upd_w": ("w_off",), "apply_w": ("w_off",), "bias_grad": ("gb_off",),
            "bias_upd": ("b_off",), "apply_b": ("b_off",), "gap_bwd": ("gx_off",),
            "grad_add": ("y_off",), "load": ("dst_off",), "patch": ("dst_off",), "acc_i32": ("dst_off",),
-           "zero": ("dst_off",), "window": ("dst_off",)}
+           "zero": ("dst_off",), "window": ("dst_off",), "act_mask": ("m_off",), "mask_bwd": ("g_off",)}
 _READS_TOO = {"act_bwd": ("g_off",), "grad_scale_ch": ("g_off",), "conv_upd_w": ("w_off",),
               "apply_w": ("w_off",), "bias_upd": ("b_off",), "apply_b": ("b_off",),
               "loss_grad": ("io_off",), "patch": ("dst_off",), "acc_i32": ("dst_off",),
-              "window": ("dst_off",)}
+              "window": ("dst_off",), "mask_bwd": ("g_off",)}
 
 
 def writes(op: Op) -> set[Buf]:
@@ -143,6 +143,9 @@ class Options:
     # layer are loaded and used a piece at a time (output channels forward, input channels for
     # its input gradient). None: for networks of more than STREAM_AUTO_WEIGHT_BYTES of weights.
     stream: bool | None = None
+    # A ReLU's backward from a 1-bit mask saved in the forward pass (act_mask, mask_bwd) instead
+    # of its int8 output, where nothing else reads that output; None: as stream.
+    masks: bool | None = None
 
     def __post_init__(self):
         if self.patches is not None and (not isinstance(self.patches, int) or self.patches < 1):
@@ -339,6 +342,7 @@ class _Builder:
         self.stage: Stage | None = None        # the first layers run in patches, if any
         weights = sum(c.weight.size for c in graph.convs)
         self.stream = options.stream if options.stream is not None else weights > STREAM_AUTO_WEIGHT_BYTES
+        self.masks = options.masks if options.masks is not None else weights > STREAM_AUTO_WEIGHT_BYTES
 
     def buf(self, name, nbytes, kind, persistent=False, init=None) -> Buf:
         b = Buf(name, _aligned(max(nbytes, 1)), kind, persistent, init)
@@ -737,6 +741,30 @@ def materialize_weights(ops: list[Op], builder: _Builder) -> list[Op]:
     return out
 
 
+def mask_activations(fwd: list[Op], body: list[Op], later: list[Op], builder: _Builder) -> tuple[list[Op], list[Op], set]:
+    """Where the backward pass reads an activation only to pass its gradient through the fused
+    clamp (act_bwd), the forward pass saves the 1-bit mask of that instead (act_mask, right after
+    the activation is complete) and the backward pass reads the mask (mask_bwd): the int8 map
+    dies in the forward pass. Returns (forward, backward, the activations masked)."""
+    others = {x for op in body + later for x in reads(op) if op.kind != "act_bwd"}
+    masks: dict[Buf, Buf] = {}
+    out_body: list[Op] = []
+    for op in body:
+        y = op.fields["y_off"].buf if op.kind == "act_bwd" else None
+        if y is None or y in others:
+            out_body.append(op)
+            continue
+        n = op.fields["n"]
+        if y not in masks:
+            masks[y] = builder.buf(f"mask:{y.name.removeprefix('act:')}", (n + 7) // 8, "act")
+            last = max(i for i, f in enumerate(fwd) if y in writes(f))
+            fwd = fwd[:last + 1] + [Op("act_mask", {"y_off": Ref(y), "m_off": Ref(masks[y]), "n": n,
+                                                    "lo": op.fields["lo"], "hi": op.fields["hi"]},
+                                       fwd[last].node)] + fwd[last + 1:]
+        out_body.append(Op("mask_bwd", {"m_off": Ref(masks[y]), "g_off": op.fields["g_off"], "n": n}, op.node, "bwd"))
+    return fwd, out_body, set(masks)
+
+
 def load_flash_tables(ops: list[Op], builder: _Builder) -> list[Op]:
     """Before each op that reads a table kept in flash, a load of it into a scratch buffer of
     its own (alive for that op only), which the op reads instead."""
@@ -863,21 +891,29 @@ def _build(b: _Builder, options: Options) -> tuple[list[Op], list[Op], Op, list[
     else:
         body = reorder_in_place(bwd, applies, b) if options.reorder else bwd + applies
     body = materialize_weights(body, b)
-    # Patch-based inference of the first layers whose maps the backward pass does not read.
+    masked: set[Buf] = set()
+    if b.masks:
+        fwd, body, masked = mask_activations(fwd, body, apply_ops, b)
+    # Patch-based inference of the first layers whose maps the backward pass does not read (nor
+    # masks in the forward pass).
     tensor_of = {buf: name for name, buf in b.acts.items()}
-    saved = {tensor_of[x] for op in body + apply_ops for x in reads(op) if x in tensor_of}
+    saved = {tensor_of[x] for op in body + apply_ops for x in reads(op) | masked if x in tensor_of}
     tables = (lambda ops: load_flash_tables(ops, b)) if b.stream else (lambda ops: ops)
     rest, apply_ops = tables([loss] + body), tables(apply_ops)
+    fwd = tables(fwd)
     stage = choose_stage(graph, saved, options.patches)
-    fwd_whole = tables(fwd)
-    fwd = fwd_whole
-    if stage is not None:
-        patched = tables(b.forward_in_patches(fwd_whole, stage))
-        # Chosen by the planner (patches=None): kept only where the whole plan is smaller with
-        # them (the patches' program words are in the arena too, and the peak may be elsewhere).
-        if options.patches is not None or (_planned(b, patched, rest, argmax, apply_ops)
-                                           < _planned(b, fwd_whole, rest, argmax, apply_ops)):
-            fwd, b.stage = patched, stage
+    if stage is not None and options.patches is not None:
+        fwd, b.stage = tables(b.forward_in_patches(fwd, stage)), stage
+    elif stage is not None:
+        # Chosen by the planner: the grid of AUTO_GRIDS whose whole plan is smallest, if smaller
+        # than without patches (their program words are in the arena too, the peak may be elsewhere).
+        best = (_planned(b, fwd, rest, argmax, apply_ops), fwd, None)
+        for grid in AUTO_GRIDS:
+            stage = choose_stage(graph, saved, grid)
+            if stage is not None:
+                patched = tables(b.forward_in_patches(fwd, stage))
+                best = min(best, (_planned(b, patched, rest, argmax, apply_ops), patched, stage), key=lambda t: t[0])
+        _, fwd, b.stage = best
     return fwd, fwd + rest, argmax, apply_ops
 
 

@@ -547,6 +547,33 @@ def _run_act_bwd(c: _Call) -> None:
     g[:] = act_bwd(y, g, c.f["lo"], c.f["hi"])
 
 
+def act_mask(y, lo, hi) -> np.ndarray:
+    """The bits ``lo < y < hi`` of act_bwd, packed 8 to a byte (bit i: byte i >> 3, bit i & 7)."""
+    y = _i64(y)
+    return np.packbits((y > lo) & (y < hi), bitorder="little")
+
+
+def mask_bwd(mask, g) -> np.ndarray:
+    """``g`` where the mask's bit is set (:func:`act_mask`), else 0; int16."""
+    g = _i64(g)
+    bits = np.unpackbits(np.asarray(mask, np.uint8), count=g.size, bitorder="little").astype(bool)
+    return np.where(bits, g, 0).astype(np.int16)
+
+
+def _run_act_mask(c: _Call) -> None:
+    n = c.f["n"]
+    y, m = c.t("y_off", "i8", n), c.t("m_off", "u8", (n + 7) // 8, "w")
+    c.check()
+    m[:] = act_mask(y, c.f["lo"], c.f["hi"])
+
+
+def _run_mask_bwd(c: _Call) -> None:
+    n = c.f["n"]
+    m, g = c.t("m_off", "u8", (n + 7) // 8), c.t("g_off", "i16", n, "rw")
+    c.check()
+    g[:] = mask_bwd(m, g)
+
+
 def _run_grad_scale_ch(c: _Call) -> None:
     C, HW = c.f["C"], c.f["HW"]
     g = c.t("g_off", "i16", C * HW, "rw").reshape(C, HW)

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 from insitu.sparse.graph import Add, Conv, Graph
 
-#: The grid of automatic patch-based inference (2x2, the paper's) and when it is tried: when it
-#: cuts the forward's estimated peak by at least this fraction (the compiler then keeps it only
-#: if the memory plan is smaller with it).
+#: Automatic patch-based inference is tried when 2x2 patches (AUTO_GRID, the paper's) cut the
+#: forward's estimated peak by at least AUTO_MIN_SAVING; the compiler then plans the grids of
+#: AUTO_GRIDS and keeps the smallest plan, if smaller than without patches.
 AUTO_GRID = 2
+AUTO_GRIDS = (2, 3, 4)
 AUTO_MIN_SAVING = 0.1
 
 
