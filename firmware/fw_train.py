@@ -28,6 +28,10 @@ MSG_STATS = 7       # host: (empty)                  device: MSG_STATS with text
 MSG_SAVE = 8        # host: (empty)                  device: MSG_ACK after a checkpoint
 MSG_BYE = 9         # host: (empty)                  device: checkpoint, MSG_ACK, back to the REPL
 MSG_SET = 10        # host: u32 checkpoint period   device: MSG_ACK
+# An input larger than a frame (a 128x128 RGB image) goes ahead in parts, each written into the
+# input at its offset (the first at 0, each next where the last ended); then MSG_TRAIN / MSG_EVAL
+# carry no input codes and use the input in place, which must be whole.
+MSG_INPUT = 11      # host: u32 offset, input codes  device: MSG_ACK (u32 bytes in place)
 MSG_ERROR = 15      # device: text
 
 BLOB = "tte_model.bin"
@@ -175,15 +179,34 @@ def serve(checkpoint_every=1):
     io = M.IO_OFF
     x0, nx = M.INPUT_OFF, M.INPUT_BYTES
     mv = memoryview(A)
+    staged = 0                      # input bytes in place from MSG_INPUT parts
     gc.collect()                    # the start-up's garbage is not what training needs
     peak = gc.mem_alloc()
     try:
         while True:
             typ, seq, pl = link.recv()
-            if typ == MSG_TRAIN:
+            if typ == MSG_INPUT:
+                at = _u32(pl, 0)
+                k = len(pl) - 4
+                if at > staged or at + k > nx:
+                    link.send(MSG_ERROR, seq, "an input part at byte %d (%d bytes) does not continue the %d bytes "
+                              "in place of the model's %d" % (at, k, staged, nx))
+                    continue
+                mv[x0 + at:x0 + at + k] = pl[4:]
+                staged = at + k
+                _put32(reply, 0, staged)
+                _put32(reply, 4, done)
+                link.send(MSG_ACK, seq, memoryview(reply)[:8])
+            elif typ in (MSG_TRAIN, MSG_EVAL) and len(pl) == (5 if typ == MSG_TRAIN else 4) and staged != nx:
+                link.send(MSG_ERROR, seq, "the sample's input is not in place: %d of its %d bytes arrived" % (
+                    staged, nx))
+            elif typ == MSG_TRAIN:
                 n = _u32(pl, 0)
-                if n == done and len(pl) == 5 + nx:
-                    mv[x0:x0 + nx] = pl[5:5 + nx]
+                whole = len(pl) == 5 + nx
+                if n == done and (whole or len(pl) == 5):
+                    if whole:
+                        mv[x0:x0 + nx] = pl[5:5 + nx]
+                    staged = 0
                     _put32(A, io, pl[4])
                     gc.collect()
                     M.train(A, f)
@@ -195,7 +218,7 @@ def serve(checkpoint_every=1):
                         _save(A, done, header)
                     _put32(reply, 8, _i32(A, io + 4))
                     _put32(reply, 12, _i32(A, io + 8))
-                elif len(pl) != 5 + nx:
+                elif len(pl) != 5 + nx and len(pl) != 5:
                     link.send(MSG_ERROR, seq, "a training sample has %d input bytes, the model takes %d" % (
                         len(pl) - 5, nx))
                     continue
@@ -206,11 +229,13 @@ def serve(checkpoint_every=1):
                 _put32(reply, 4, done)
                 link.send(MSG_ACK, seq, reply)
             elif typ == MSG_EVAL:
-                if len(pl) != 4 + nx:
+                if len(pl) != 4 + nx and len(pl) != 4:
                     link.send(MSG_ERROR, seq, "an eval sample has %d input bytes, the model takes %d" % (
                         len(pl) - 4, nx))
                     continue
-                mv[x0:x0 + nx] = pl[4:4 + nx]
+                if len(pl) == 4 + nx:
+                    mv[x0:x0 + nx] = pl[4:4 + nx]
+                staged = 0
                 gc.collect()
                 M.infer(A, f)
                 peak = max(peak, gc.mem_alloc())

@@ -23,7 +23,7 @@ from tte_abi import (IO_LABEL, IO_P_LABEL, IO_PREDICTED, IO_STEP, LOSS_GRAD_FRAC
                      OP_APPLY_B, OP_APPLY_W, OP_ARGMAX, OP_BIAS_GRAD, OP_BIAS_UPD, OP_CONV_BWD_X,
                      OP_CONV_FWD, OP_CONV_GRAD_W, OP_CONV_UPD_W, OP_GAP_BWD, OP_GAP_FWD, OP_GRAD_ADD,
                      OP_GRAD_SCALE_CH, OP_LOAD, OP_LOSS_GRAD, OP_PATCH, SR_BITS, SR_K_SALT, SR_K_STEP, SR_M1,
-                     SR_M2, OP_ACC_I32, OP_ZERO, OP_WINDOW, OP_ACT_MASK, OP_MASK_BWD)
+                     SR_M2, OP_ACC_I32, OP_ZERO, OP_WINDOW, OP_ACT_MASK, OP_MASK_BWD, OP_LOAD_ROWS)
 
 _CHUNK = const(256)          # sums per _requant call; also the widest conv row: abi.MAX_ROW (tested)
 _S = bytearray(4 * (8 + _CHUNK))
@@ -910,6 +910,24 @@ def load(A, P, o, f):
         n -= k
 
 
+# fields(load_rows): blob_off, dst_off, rows, n, stride
+def load_rows(A, P, o, f):
+    src = _word(P, o + 1)
+    dst = _word(P, o + 2)
+    n = _word(P, o + 4)
+    stride = _word(P, o + 5)
+    for r in range(_word(P, o + 3)):
+        f.seek(src + r * stride)
+        left = n
+        while left > 0:
+            k = f.readinto(_S, min(left, len(_S)))
+            if not k:
+                raise ValueError("load_rows: the weight blob ends early")
+            _copy(A, dst, _S, k)
+            dst += k
+            left -= k
+
+
 # fields(patch): src_off, dst_off, idx_off, n_sel, row_bytes
 @micropython.viper
 def patch(A: ptr8, P: ptr32, o: int):
@@ -993,6 +1011,8 @@ def run(A, P, o, f=None):
     op = _word(P, o)
     if op == OP_LOAD:
         load(A, P, o, f)
+    elif op == OP_LOAD_ROWS:
+        load_rows(A, P, o, f)
     elif 0 < op < len(_KERNELS) and _KERNELS[op]:
         _KERNELS[op](A, P, o)
     else:

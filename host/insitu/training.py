@@ -341,7 +341,7 @@ register(Algorithm(
     run=_run_sparse,
     check=_check_sparse,
     fill_defaults=_sparse_defaults,
-    models=("mbv2-28", "mbv2-tiny"),
+    models=("mbv2-28", "mbv2-tiny", "mbv2-w0.35", "proxyless-w0.3", "mcunet-5fps"),
     model_files=(".onnx",),
     options=frozenset({"scheme", "port", "flash_dir", "heap", "twin", "lr_scale"}),
     batch_size=1,               # 1, as in the paper; N > 1 accumulates N samples' gradients per update

@@ -380,6 +380,13 @@ def gen_load(rng):
     return c, dict(blob_off=int(rng.integers(0, len(BLOB) - n + 1)), dst_off=c.rand("dst", "u8", n, 0, 255), n=n)
 
 
+def gen_load_rows(rng):
+    c, rows, n = Call(rng, "load_rows"), int(rng.integers(0, 12)), int(rng.integers(0, 60))
+    stride = n + int(rng.integers(0, 40))
+    src = int(rng.integers(0, len(BLOB) - (rows * stride + n) + 1))
+    return c, dict(blob_off=src, dst_off=c.rand("dst", "u8", rows * n, 0, 255), rows=rows, n=n, stride=stride)
+
+
 def gen_patch(rng):
     c, rows, rb = Call(rng, "patch"), int(rng.integers(1, 10)), int(rng.integers(0, 40))
     n_sel = int(rng.integers(0, rows + 1))

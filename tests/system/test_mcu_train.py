@@ -271,6 +271,29 @@ def test_training_survives_pulled_cables_without_losing_or_repeating_a_sample(pr
     assert_matches_simulation(prep, folder, kind, result, samples, 10)
 
 
+def test_inputs_larger_than_a_frame_go_in_parts(prep, kind, tmp_path, monkeypatch, waits):
+    # A 128x128 RGB image (49,152 B) is 24 of the link's frames; here parts of 40 bytes make
+    # the small model's inputs (144 B) several parts each, with a cable pulled between two parts.
+    monkeypatch.setattr(TrainingDevice, "input_part_bytes", 40)
+    assert prep.x_train[0].size > 2 * 40
+    samples, parts = 8, []
+    real_request = DeviceLink.request
+
+    with McuTwin(tmp_path / "flash", twin=kind) as twin:
+        def request(self, ftype, payload=b"", *args, **kwargs):
+            if ftype == 11:                             # MSG_INPUT
+                parts.append(len(payload) - 4)
+                if len(parts) == 7:
+                    twin.drop_link(0.3)
+            return real_request(self, ftype, payload, *args, **kwargs)
+
+        monkeypatch.setattr(DeviceLink, "request", request)
+        result = finish_without_waiting(
+            lambda: run_on_device(prep, twin.port, samples, 4, SEED, Counter()), twin, waits)
+    assert parts and max(parts) <= 40
+    assert_matches_simulation(prep, tmp_path / "flash", kind, result, samples, 4)
+
+
 def test_a_reset_board_resumes_from_its_checkpoint(prep, kind, tmp_path, monkeypatch, waits):
     samples, every, reset_at = 20, 4, 10
     folder = tmp_path / "flash"

@@ -35,7 +35,8 @@ def _search_bundle(model: str, task: str, lr: float, seed: int):
     return Bundle.from_prepared(Prepared(model, task, "classifier", lr, seed), lr, sample_order)
 
 #: --model of the commands that train: a built-in name or an ONNX file.
-MODEL_HELP = ("The model: a built-in pretrained one (mbv2-28, mbv2-tiny) or FILE.onnx, a float CNN taking pixels p as "
+MODEL_HELP = ("The model: a built-in pretrained one (mbv2-28, mbv2-tiny; the Tiny Training paper's 128x128 RGB "
+              "mbv2-w0.35, proxyless-w0.3, mcunet-5fps) or FILE.onnx, a float CNN taking pixels p as "
               "(p - 128) / 128 (see `insitu mcu import --help`).")
 
 #: How the contribution analysis (insitu.sparse) names its arguments, and their options here.

@@ -19,7 +19,8 @@ INPUT_NOTE = ("The ONNX model takes one NCHW float input (1 or 3 channels, fixed
               help="The microcontroller board whose heap the model is checked against.")
 @click.option("--scheme", default=None,
               help="Sparse-update scheme of the training plan, as `insitu train --scheme` takes it "
-                   "[default: bias-6, or the biases of every layer of a smaller model].")
+                   "[default: bias-6, or the biases of every layer of a smaller model; the paper's networks: the "
+                   "largest of their released schemes paper-49kb ... paper-148kb that fits the heap].")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 def import_command(model, task, board, scheme, as_json):
     """Import a float ONNX CNN as insitu's int8 graph and show it: its layers (op, shapes, stride,

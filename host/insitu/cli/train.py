@@ -57,7 +57,8 @@ def _algo_help() -> str:
               help="Folder with the dataset's IDX files (default: where Debian installs it).")
 @click.option("--model", default=None,
               help="Network: sgd: mlp (default), cnn; tt: paper (default), tiny; lrt: cnn (default), mlp; "
-                   "sparse: mbv2-28 (default), mbv2-tiny, or your FILE.onnx (`insitu mcu import`).")
+                   "sparse: mbv2-28 (default), mbv2-tiny, the Tiny Training paper's 128x128 RGB mbv2-w0.35, "
+                   "proxyless-w0.3, mcunet-5fps, or your FILE.onnx (`insitu mcu import`).")
 @click.option("--samples", type=int, default=TrainConfig.samples, show_default=True,
               help="Training samples to stream (60000 is one FashionMNIST epoch).")
 @click.option("--batch-size", type=int, default=None,
@@ -85,11 +86,12 @@ def _algo_help() -> str:
 @click.option("--env", type=click.Choice(["control", "shift"]), default=TrainConfig.env, show_default=True,
               help="lrt: the online environment (docs/lrt.md).")
 @click.option("--test-samples", type=int, default=None,
-              help="tt/lrt: test samples to evaluate (default: tt all, lrt 1000).")
+              help="tt/lrt/sparse: test samples to evaluate (default: tt all, lrt 1000, sparse 200).")
 @click.option("--scheme", default=None,
-              help="sparse: the update scheme: bias-K, last-K, classifier, full, or JSON "
+              help="sparse: the update scheme: bias-K, last-K, classifier, full, paper-BUDGET (the paper's "
+                   'networks: its released schemes, paper-49kb ... paper-148kb), or JSON '
                    '{"bias_k": K, "weights": {"layer": ratio}} (default bias-6, or the biases of every layer '
-                   'of a model with fewer).')
+                   "of a model with fewer; the paper's networks: the largest released scheme that fits the heap).")
 @click.option("--port", default=None,
               help="sparse: the board's serial port (a real board, or a twin from `insitu mcu emulate`).")
 @click.option("--flash-dir", type=click.Path(file_okay=False), default=None,

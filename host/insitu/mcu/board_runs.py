@@ -23,7 +23,7 @@ from insitu.boards import Board
 from insitu.errors import InsituError, UsageError
 from insitu.harness import RunPlan, run_training, sample_order, say
 from insitu.measure.phases import phase
-from insitu.sparse import HEAD_LR_FACTOR, abi
+from insitu.sparse import DEFAULT_LR, HEAD_LR_FACTOR, abi
 from insitu.sparse.calibrate import calibrate_gradients
 from insitu.sparse.compiler import Compiled, Options, compile_training
 from insitu.sparse.graph import input_codes
@@ -287,18 +287,37 @@ def check_flash_dir(flash_dir: str) -> None:
         raise UsageError(f"--flash-dir {flash_dir}: cannot be written ({parent}: {exc.strerror})") from None
 
 
-def default_scheme(model) -> str:
-    """The paper's networks: the scheme released with the paper for a budget of about 100 KB
-    (``paper-99kb``, ``paper-98kb``); else :data:`DEFAULT_SCHEME`, or the biases of every layer
-    of a model with fewer layers."""
+def default_scheme(model, heap_bytes: int | None = None) -> str:
+    """The paper's networks: the largest of the schemes released with the paper (``paper-49kb``
+    ... ``paper-148kb``, searched by its authors) whose planned heap fits ``heap_bytes`` (default:
+    the STM32F746's training budget) with the margin, else its smallest; the other models:
+    :data:`DEFAULT_SCHEME`, or the biases of every layer of a model with fewer layers."""
     from insitu.sparse.model_source import model_untrained_graph
     from insitu.sparse.models import PAPER_SCHEMES
 
     if str(model) in PAPER_SCHEMES:
-        return "paper-" + min(PAPER_SCHEMES[str(model)], key=lambda budget: abs(int(budget[:-2]) - 100))
+        return _largest_released_fitting(str(model), heap_bytes)
     depth = int(DEFAULT_SCHEME.split("-")[1])
     layers = len(model_untrained_graph(model).convs)
     return DEFAULT_SCHEME if layers >= depth else f"bias-{layers}"
+
+
+def _largest_released_fitting(model: str, heap_bytes: int | None) -> str:
+    """Planned on the untrained network with a 10-class head (shapes and sizes as trained: the
+    plan does not depend on the values), largest budget first; each plan takes about a second."""
+    from insitu.boards import get_board
+    from insitu.sparse.models import PAPER_SCHEMES
+    from insitu.sparse.quantize import untrained_graph
+
+    heap_bytes = heap_bytes or get_board("stm32f746-disco").mcu["training_budget_bytes"]
+    graph = untrained_graph(model, num_classes=10)
+    scales = {t: 1 / 127 for t in graph.tensors}
+    budgets = sorted(PAPER_SCHEMES[model], key=lambda b: int(b.removesuffix("kb")))
+    for budget in reversed(budgets):
+        compiled = compile_training(graph, preset(graph, f"paper-{budget}"), scales, Options(lr=DEFAULT_LR))
+        if fits_heap(predicted_heap_bytes(compiled), heap_bytes):
+            return f"paper-{budget}"
+    return f"paper-{budgets[0]}"
 
 
 def check_scheme(model: str, scheme: str | None) -> None:
@@ -308,8 +327,9 @@ def check_scheme(model: str, scheme: str | None) -> None:
     from insitu.sparse.model_source import check_model, model_untrained_graph
 
     check_model(model)
+    if scheme is None:                  # the default: the model's own (planning it may take seconds)
+        return
     graph = model_untrained_graph(model)
-    scheme = scheme or default_scheme(model)
     try:
         preset(graph, scheme).validate(graph)
     except UsageError as exc:
@@ -414,7 +434,7 @@ def run_sparse(config, board: Board, advance) -> dict:
 
         qemu.firmware(print_to_stderr)          # the toolchain is there, the firmware built (once, cached)
     lr_scale = parse_lr_scale(config.model, config.lr_scale)
-    prep = Prepared(config.model, config.dataset, config.scheme or default_scheme(config.model), config.lr, config.seed,
+    prep = Prepared(config.model, config.dataset, config.scheme or default_scheme(config.model, heap), config.lr, config.seed,
                     accumulate=config.batch_size, lr_scale=lr_scale)
     compiled = prep.compiled
     check_fits(compiled, heap)

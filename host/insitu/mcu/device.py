@@ -33,6 +33,10 @@ def _parse_kv(text: str) -> dict[str, str]:
 
 
 class TrainingDevice:
+    #: The most input bytes a sample's frame carries (None: what the link's frames hold); a
+    #: larger input goes ahead in MSG_INPUT parts of this size at most.
+    input_part_bytes: int | None = None
+
     def __init__(self, port: str, timeout_s: float = 30.0, reconnect_s: float = 30.0):
         self.port, self.timeout_s, self.reconnect_s = port, timeout_s, reconnect_s
         self.link: DeviceLink | None = None
@@ -83,16 +87,30 @@ class TrainingDevice:
 
     # ------------------------------------------------------------------ samples
 
+    def _with_input(self, head: bytes, codes: np.ndarray) -> bytes:
+        """The payload of a sample: ``head`` and its input codes, or, for an input larger than
+        a frame, ``head`` alone after the input went ahead in MSG_INPUT parts."""
+        data = np.asarray(codes, np.int8).tobytes()
+        room = self.link.max_payload if self.link is not None else 0
+        step = min(room - 4, self.input_part_bytes or room)
+        if len(head) + len(data) <= room and len(data) <= step:
+            return head + data
+        for at in range(0, len(data), step):
+            frame = self._request("MSG_INPUT", struct.pack("<I", at) + data[at:at + step], ("MSG_ACK",))
+            if struct.unpack_from("<I", bytes(frame.payload))[0] != min(len(data), at + step):
+                raise LinkError(f"{self.port}: the device did not take input bytes {at}..{at + step}")
+        return head
+
     def train(self, number: int, label: int, codes: np.ndarray) -> tuple[int, int, int]:
         """Train sample ``number``; returns ``(samples done, predicted, p(label) code)``.
         A sample the device has already trained is acknowledged, not trained again."""
-        payload = struct.pack("<IB", number, label) + np.asarray(codes, np.int8).tobytes()
+        payload = self._with_input(struct.pack("<IB", number, label), codes)
         frame = self._request("MSG_TRAIN", payload, ("MSG_ACK",))
         n, done, predicted, p_label = struct.unpack("<IIii", bytes(frame.payload))
         return done, predicted, p_label
 
     def predict(self, tag: int, codes: np.ndarray) -> int:
-        payload = struct.pack("<I", tag) + np.asarray(codes, np.int8).tobytes()
+        payload = self._with_input(struct.pack("<I", tag), codes)
         frame = self._request("MSG_EVAL", payload, ("MSG_PRED",))
         got, predicted = struct.unpack("<Ii", bytes(frame.payload))
         if got != tag:

@@ -64,6 +64,10 @@ print('{mark}' + json.dumps({{'ok': _ok, 'sha256': _got}}))
 """
 
 
+#: The slowest copy rate `flash` waits for (bytes/s) before it calls the link stuck.
+COPY_FLOOR_BYTES_PER_S = 2048
+
+
 def _mpremote(port: str, args: list[str], timeout_s: float) -> str:
     """Run ``mpremote connect PORT ARGS``; its stdout, or an error that says what failed."""
     try:
@@ -189,7 +193,10 @@ def flash(port: str, files: dict[str, bytes | Path], *, compile_mpy: bool = True
         shadows = {n: [n[:-4] + ".py"] if n.endswith(".mpy") else [n[:-3] + ".mpy"]
                    for n in want if n.endswith((".py", ".mpy"))}
         snippet = _DEVICE_SNIPPET.format(want=repr(want), shadows=repr(shadows), mark=_MARK)
-        out = _mpremote(port, [*commands, "exec", snippet], timeout_s)
+        # The copies take their time over a slow link (the twin's UART: ~8 KB/s): the timeout
+        # grows with the bytes sent, at a quarter of that rate.
+        sent = sum(f["bytes"] for f in deployed)
+        out = _mpremote(port, [*commands, "exec", snippet], timeout_s + sent / COPY_FLOOR_BYTES_PER_S)
     report = [line for line in out.splitlines() if line.startswith(_MARK)]
     if not report:
         raise InsituError(f"the board on {port} did not report its copies:\n{out.strip()[-500:]}")

@@ -108,6 +108,9 @@ OPS: dict[str, tuple[str, ...]] = {
     # elements, the mask (n + 7) // 8 bytes; "mask_bwd", in place: g[i] = 0 unless bit i is set.
     "act_mask": ("y_off", "m_off", "n", "lo", "hi"),
     "mask_bwd": ("m_off", "g_off", "n"),
+    # Runtime: copy `rows` runs of n bytes of the weight blob, the r-th at blob_off + r * stride,
+    # to dst_off + r * n (a block of columns of a layer's weights: its input channels c0..c1).
+    "load_rows": ("blob_off", "dst_off", "rows", "n", "stride"),
 }
 
 OPCODES: dict[str, int] = {name: i + 1 for i, name in enumerate(OPS)}

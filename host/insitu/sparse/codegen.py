@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from insitu.sparse import abi
 
-_RUNTIME = ("load",)          # kernels that read the weight blob (flash) and take its file
+_RUNTIME = ("load", "load_rows")      # kernels that read the weight blob (flash) and take its file
 
 
 def _call(op, word: int) -> str:

@@ -104,7 +104,7 @@ _WRITES = {"conv_fwd": ("y_off",), "add_fwd": ("y_off",), "gap_fwd": ("y_off",),
            "grad_scale_ch": ("g_off",), "conv_bwd_x": ("gx_off",), "conv_grad_w": ("gw_off",),
            "conv_upd_w": ("w_off",), "apply_w": ("w_off",), "bias_grad": ("gb_off",),
            "bias_upd": ("b_off",), "apply_b": ("b_off",), "gap_bwd": ("gx_off",),
-           "grad_add": ("y_off",), "load": ("dst_off",), "patch": ("dst_off",), "acc_i32": ("dst_off",),
+           "grad_add": ("y_off",), "load": ("dst_off",), "load_rows": ("dst_off",), "patch": ("dst_off",), "acc_i32": ("dst_off",),
            "zero": ("dst_off",), "window": ("dst_off",), "act_mask": ("m_off",), "mask_bwd": ("g_off",)}
 _READS_TOO = {"act_bwd": ("g_off",), "grad_scale_ch": ("g_off",), "conv_upd_w": ("w_off",),
               "apply_w": ("w_off",), "bias_upd": ("b_off",), "apply_b": ("b_off",),
@@ -222,8 +222,6 @@ class _Layer:
         self.idx: np.ndarray | None = None
         self.idx_buf: Buf | None = None
         self.rq_ram: tuple[Buf, Buf] | None = None
-        self.blocks: list[bytes] = []          # streamed input gradient: weights by input channels
-        self.block_offs: list[int] = []
 
     @property
     def whole_in_ram(self) -> bool:
@@ -419,14 +417,15 @@ class _Builder:
 
     def conv_bwd_x_in_pieces(self, op: Op, L: _Layer, pieces) -> list[Op]:
         """An input gradient a range of input channels at a time: the weights of those inputs
-        (a block of the layer's weights the blob holds for this: ``L.blocks``) loaded, their rows
-        of the input gradient computed."""
+        (a run of every weight row of the pack: load_rows) loaded, their rows of the input
+        gradient computed."""
         c, ops = L.conv, []
         gx, (_, h, w) = op.fields["gx_off"], self.g.tensors[c.x].shape
-        L.blocks = [c.weight[:, a:z].tobytes() for a, z in pieces]
-        for j, (a, z) in enumerate(pieces):
-            scratch = self.buf(f"scratch:{c.name}[:, {a}:{z}]", len(L.blocks[j]), "scratch")
-            ops.append(Op("load", {"blob_off": ("block", L, j), "dst_off": Ref(scratch), "n": len(L.blocks[j])},
+        taps = c.kernel * c.kernel
+        for a, z in pieces:
+            scratch = self.buf(f"scratch:{c.name}[:, {a}:{z}]", c.out_channels * (z - a) * taps, "scratch")
+            ops.append(Op("load_rows", {"blob_off": ("blob", L, a * taps), "dst_off": Ref(scratch),
+                                        "rows": c.out_channels, "n": (z - a) * taps, "stride": L.row_bytes},
                           c.name, "load"))
             ops.append(Op("conv_bwd_x", {**op.fields, "w_off": Ref(scratch), "C": z - a,
                                          "gx_off": Ref(gx.buf, gx.at + 2 * a * h * w)}, op.node, op.phase))
@@ -963,11 +962,6 @@ def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax, apply_op
     for L in b.layers.values():
         L.blob_off = len(blob)
         blob += L.pack + bytes(_aligned(len(L.pack)) - len(L.pack))
-    for L in b.layers.values():                     # streamed input gradients' weight blocks
-        L.block_offs = []
-        for block in L.blocks:
-            L.block_offs.append(len(blob))
-            blob += block + bytes(_aligned(len(block)) - len(block))
     program, calls, pos = [], {"init": [], "train": [], "infer": [], "apply": []}, 0
     fwd_ids = {id(op) for op in fwd}
     init_ids = {id(op) for op in init_ops}
@@ -1010,8 +1004,6 @@ def _resolve(v, init_at) -> int:
         kind, obj, *at = v
         if kind == "blob":                          # a layer's pack (at: an offset into it)
             return obj.blob_off + sum(at)
-        if kind == "block":                         # a streamed layer's block of input channels
-            return obj.block_offs[at[0]]
         return init_at[obj]                         # "init" and "flash": a buffer's initial bytes
     return int(v)
 

@@ -677,6 +677,18 @@ def _run_load(c: _Call) -> None:
     dst[:] = np.frombuffer(c.blob, dtype=np.uint8, count=n, offset=src)
 
 
+def _run_load_rows(c: _Call) -> None:
+    src, rows, n, stride = c.f["blob_off"], c.f["rows"], c.f["n"], c.f["stride"]
+    dst = c.t("dst_off", "u8", rows * n, "w").reshape(rows, n)
+    end = src + (rows - 1) * stride + n if rows else src
+    if min(src, rows, n, stride) < 0 or end > len(c.blob):
+        raise ValueError(f"load_rows: {rows} runs of {n} bytes every {stride} from blob byte {src} "
+                         f"reach outside the blob of {len(c.blob)} bytes")
+    blob = np.frombuffer(c.blob, dtype=np.uint8)
+    for r in range(rows):
+        dst[r] = blob[src + r * stride:src + r * stride + n]
+
+
 def _run_patch(c: _Call) -> None:
     n_sel, rb = c.f["n_sel"], c.f["row_bytes"]
     idx = c.t("idx_off", "i32", n_sel)
