@@ -16,7 +16,10 @@ tables) and the whole heap the Cortex-M7 twin needs (arena + the runtime model o
 insitu.mcu.board_runs: 44,200 B + 24 B a kernel call), and whether that fits the STM32F746's
 256 KB with the 5 % margin. The measured column takes the peak heap of `insitu train --board
 stm32f746-disco-sim --algo sparse --model M --out DIR/train-M.json` runs (the same program as
-sparse + reorder) from INSITU_MCU_FIG10A_RUNS=DIR, where there.
+sparse + reorder) from INSITU_MCU_FIG10A_RUNS=DIR, where there. With INSITU_MCU_FIG10A_MEASURE=1,
+each column whose predicted heap fits the twin's largest heap (1 MiB) is also run there: flashed,
+2 samples trained and 1 evaluated in a 1 MiB heap, its peak heap read (~4 min each, most of it the
+flashing of the 0.5-0.7 MB blob over the twin's UART).
 
 Run: .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_bench_mcu_fig10a.py
 Writes docs/results/mcu/fig10a-paper-models.{json,txt} (INSITU_MCU_FIG10A_OUT: another folder).
@@ -43,18 +46,40 @@ HEAP = 262_144
 TARGET_RATIO = 20.0
 
 
-def _plan(prep: Prepared, scheme, reorder: bool) -> dict:
+TWIN_HEAP = 1 << 20
+
+
+def _plan(prep: Prepared, scheme, reorder: bool, measure: bool) -> dict:
     options = Options(lr=DEFAULT_LR, reorder=reorder, lr_scale={prep.graph.convs[-1].name: HEAD_LR_FACTOR})
     c = compile_training(prep.graph, scheme, prep.grad_scales, options)
     heap = c.arena_bytes + runtime_heap_bytes(c)
-    return {"arena_bytes": c.arena_bytes, "heap_bytes": heap, "fits_256k": fits_heap(heap, HEAP),
-            "calls": sum(len(v) for v in c.calls.values()), "patches": c.stats["patches"],
-            "memory_plan": c.stats["bytes_by_kind"]}
+    out = {"arena_bytes": c.arena_bytes, "heap_bytes": heap, "fits_256k": fits_heap(heap, HEAP),
+           "calls": sum(len(v) for v in c.calls.values()), "patches": c.stats["patches"],
+           "memory_plan": c.stats["bytes_by_kind"]}
+    if measure and fits_heap(heap, TWIN_HEAP):
+        out["measured_peak_heap_bytes"] = _measure(prep, c)
+    return out
+
+
+def _measure(prep: Prepared, compiled) -> int:
+    """The firmware's peak heap running ``compiled`` on the Cortex-M7 twin (1 MiB heap)."""
+    import copy
+    import tempfile
+
+    from insitu.mcu.board_runs import run_on_device
+    from insitu.mcu.twin import McuTwin
+
+    run = copy.copy(prep)
+    run.compiled = compiled
+    with tempfile.TemporaryDirectory(prefix="fig10a-") as folder, \
+            McuTwin(Path(folder) / "flash", heap_bytes=TWIN_HEAP, twin="qemu") as twin:
+        return int(run_on_device(run, twin.port, 2, 1, 0, lambda n: None)["peak_heap_bytes"])
 
 
 def test_fig10a_full_vs_sparse_vs_sparse_reordered():
     out = Path(os.environ.get("INSITU_MCU_FIG10A_OUT") or ROOT / "docs" / "results" / "mcu")
     runs = os.environ.get("INSITU_MCU_FIG10A_RUNS")
+    measure = os.environ.get("INSITU_MCU_FIG10A_MEASURE") == "1"
     started = time.perf_counter()
     rows = []
     for model in PAPER_MODELS:
@@ -62,10 +87,10 @@ def test_fig10a_full_vs_sparse_vs_sparse_reordered():
         prep = Prepared(model, "digits", scheme_name, DEFAULT_LR, 0,
                         lr_scale={"classifier": HEAD_LR_FACTOR})
         row = {"model": model, "scheme": scheme_name, "scheme_text": prep.scheme.describe(),
-               "full": _plan(prep, full_update(prep.graph), False),
-               "full_reorder": _plan(prep, full_update(prep.graph), True),
-               "sparse": _plan(prep, prep.scheme, False),
-               "sparse_reorder": _plan(prep, prep.scheme, True)}
+               "full": _plan(prep, full_update(prep.graph), False, measure),
+               "full_reorder": _plan(prep, full_update(prep.graph), True, measure),
+               "sparse": _plan(prep, prep.scheme, False, measure),
+               "sparse_reorder": _plan(prep, prep.scheme, True, measure)}
         full = row["full"]["arena_bytes"]
         row["ratio_sparse"] = full / row["sparse"]["arena_bytes"]
         row["ratio_sparse_reorder"] = full / row["sparse_reorder"]["arena_bytes"]
@@ -99,6 +124,11 @@ def format_table(rows) -> str:
         lines.append(f"{r['model']:<16}{r['scheme']:<12}" + "".join(f"{c:>20}" for c in cells)
                      + f"{r['ratio_sparse']:>12.1f}x{r['ratio_sparse_reorder']:>13.1f}x  "
                      + ("yes" if r["sparse_reorder"]["fits_256k"] else "no"))
+    lines += ["", "measured peak heap on the Cortex-M7 twin (1 MiB heap, 2 samples; where the predicted heap fits it):"]
+    for r in rows:
+        got = [f"{c} {r[c]['measured_peak_heap_bytes']:,} B (predicted {r[c]['heap_bytes']:,} B)"
+               for c in ("full", "full_reorder", "sparse", "sparse_reorder") if "measured_peak_heap_bytes" in r[c]]
+        lines.append(f"  {r['model']}: " + ("; ".join(got) if got else "not run (INSITU_MCU_FIG10A_MEASURE=1 runs them)"))
     lines += ["", "measured on the Cortex-M7 twin (insitu train ... --samples N: the same sparse + reorder program):"]
     for r in rows:
         m = r.get("measured")

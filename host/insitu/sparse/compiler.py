@@ -398,7 +398,7 @@ class _Builder:
         """A frozen layer's forward a range of output channels at a time: the range's weight
         rows, bias and requantization loaded from its pack, its rows of the output computed."""
         c, ops = L.conv, []
-        y, (o, oh, ow) = self.acts[c.y], self.g.tensors[c.y].shape
+        y, (_, oh, ow) = self.acts[c.y], self.g.tensors[c.y].shape
         for a, z in pieces:
             k = z - a
             w_at = _aligned(k * L.row_bytes)

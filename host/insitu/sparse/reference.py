@@ -23,7 +23,7 @@ import numpy as np
 
 from insitu import nn
 from insitu.errors import InsituError
-from insitu.sparse.graph import Add, Conv, GlobalAvgPool, Graph, act_bounds
+from insitu.sparse.graph import Add, Conv, Graph, act_bounds
 from insitu.sparse.models import FastDepthwiseConv2d, FastPointwiseConv2d
 from insitu.sparse.scheme import Scheme
 
