@@ -156,6 +156,14 @@ def _word(P: ptr32, i: int) -> int:
 
 
 @micropython.viper
+def _signed(P: ptr32, i: int) -> int:
+    # P[i] as a signed 32-bit value (a ptr32 load is zero-extended on a 64-bit port).
+    v = P[i]
+    h = (v >> 16) & 0xFFFF
+    return (((h ^ 0x8000) - 0x8000) << 16) | (v & 0xFFFF)
+
+
+@micropython.viper
 def _copy(A: ptr8, dst: int, src: ptr8, n: int):
     for i in range(n):
         A[dst + i] = src[i]
@@ -533,12 +541,8 @@ def act_bwd(A: ptr8, P: ptr32, o: int):
     y = P[o + 1]
     g16 = ptr16(uint(A) + P[o + 2])
     n = P[o + 3]
-    lo = P[o + 4]
-    h = (lo >> 16) & 0xFFFF
-    lo = (((h ^ 0x8000) - 0x8000) << 16) | (lo & 0xFFFF)
-    hi = P[o + 5]
-    h = (hi >> 16) & 0xFFFF
-    hi = (((h ^ 0x8000) - 0x8000) << 16) | (hi & 0xFFFF)
+    lo = int(_signed(P, o + 4))
+    hi = int(_signed(P, o + 5))
     for i in range(n):
         v = (A[y + i] ^ 0x80) - 0x80
         if v <= lo or v >= hi:
@@ -551,12 +555,8 @@ def act_mask(A: ptr8, P: ptr32, o: int):
     y = P[o + 1]
     m = P[o + 2]
     n = P[o + 3]
-    lo = P[o + 4]
-    h = (lo >> 16) & 0xFFFF
-    lo = (((h ^ 0x8000) - 0x8000) << 16) | (lo & 0xFFFF)
-    hi = P[o + 5]
-    h = (hi >> 16) & 0xFFFF
-    hi = (((h ^ 0x8000) - 0x8000) << 16) | (hi & 0xFFFF)
+    lo = int(_signed(P, o + 4))
+    hi = int(_signed(P, o + 5))
     for j in range((n + 7) >> 3):
         bits = 0
         for b in range(8):
