@@ -895,12 +895,9 @@ def grad_add(A, P, o):
 
 # --------------------------------------------------------------------------- runtime
 
-# fields(load): blob_off, dst_off, n
-def load(A, P, o, f):
-    # Through _S in pieces: a memoryview of A and its slice would be two heap objects per call.
-    dst = _word(P, o + 2)
-    n = _word(P, o + 3)
-    f.seek(_word(P, o + 1))
+def _read(A, dst, f, n):
+    # n bytes from the blob's position into A[dst:], through _S in pieces: a memoryview of A and
+    # its slice would be two heap objects per call.
     while n > 0:
         k = f.readinto(_S, min(n, len(_S)))
         if not k:
@@ -908,6 +905,12 @@ def load(A, P, o, f):
         _copy(A, dst, _S, k)
         dst += k
         n -= k
+
+
+# fields(load): blob_off, dst_off, n
+def load(A, P, o, f):
+    f.seek(_word(P, o + 1))
+    _read(A, _word(P, o + 2), f, _word(P, o + 3))
 
 
 # fields(load_rows): blob_off, dst_off, rows, n, stride
@@ -918,14 +921,7 @@ def load_rows(A, P, o, f):
     stride = _word(P, o + 5)
     for r in range(_word(P, o + 3)):
         f.seek(src + r * stride)
-        left = n
-        while left > 0:
-            k = f.readinto(_S, min(left, len(_S)))
-            if not k:
-                raise ValueError("load_rows: the weight blob ends early")
-            _copy(A, dst, _S, k)
-            dst += k
-            left -= k
+        _read(A, dst + r * n, f, n)
 
 
 # fields(patch): src_off, dst_off, idx_off, n_sel, row_bytes
