@@ -73,6 +73,7 @@ def _measure(prep: Prepared, compiled) -> int:
     run.compiled = compiled
     with tempfile.TemporaryDirectory(prefix="fig10a-") as folder, \
             McuTwin(Path(folder) / "flash", heap_bytes=TWIN_HEAP, twin="qemu") as twin:
+        assert twin.port is not None                # (started)
         return int(run_on_device(run, twin.port, 2, 1, 0, lambda n: None)["peak_heap_bytes"])
 
 

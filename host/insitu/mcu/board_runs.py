@@ -309,7 +309,10 @@ def _largest_released_fitting(model: str, heap_bytes: int | None) -> str:
     from insitu.sparse.models import PAPER_SCHEMES
     from insitu.sparse.quantize import untrained_graph
 
-    heap_bytes = heap_bytes or get_board("stm32f746-disco").mcu["training_budget_bytes"]
+    if heap_bytes is None:
+        mcu = get_board("stm32f746-disco").mcu
+        assert mcu is not None                  # a microcontroller board (its file says so)
+        heap_bytes = int(mcu["training_budget_bytes"])
     graph = untrained_graph(model, num_classes=10)
     scales = {t: 1 / 127 for t in graph.tensors}
     budgets = sorted(PAPER_SCHEMES[model], key=lambda b: int(b.removesuffix("kb")))
