@@ -22,6 +22,12 @@ per sample, as a straight-line program of kernel calls (:mod:`insitu.sparse.abi`
    layer's pack (weights, bias, requantization) that stays in flash and is loaded into a scratch
    buffer when a kernel needs it. Only trained tensors live in RAM.
 
+Three more passes serve networks larger than the SRAM (the paper's 128x128 ones), each automatic
+where it makes the plan smaller and bit-exact with the program without it: the first frozen
+layers run in spatial patches (:mod:`insitu.sparse.patches`, ``Options.patches``); tables stay in
+flash and large frozen layers' weights are loaded a piece at a time (``Options.stream``); a ReLU
+whose output nothing else reads is saved as a 1-bit mask (``Options.masks``).
+
 The host simulator (:mod:`insitu.sparse.simulate`) runs the same program on the same arena layout.
 
 For callers that plan many schemes of one graph (the scheme search), :class:`LayerTables` holds
