@@ -52,3 +52,24 @@ def test_the_int8_graph_takes_rgb_at_128(name):
     # 128 -> 64 (stem) -> 4 after four more stride-2 blocks.
     pooled_from = graph.node("pool").x
     assert graph.tensors[pooled_from].shape[1:] == (4, 4)
+
+
+def test_the_rgb_pretraining_task_resamples_only_the_images_it_uses():
+    from insitu.data import load_dataset
+    from insitu.sparse.tasks import pretrain_task
+
+    x_train, y_train, x_test, y_test, classes = pretrain_task(32, 3, samples=12, test_samples=5)
+    assert x_train.shape == (12, 32, 32, 3) and x_test.shape == (5, 32, 32, 3) and classes == 10
+    assert (x_train[..., 0] == x_train[..., 2]).all()              # grey as RGB
+    ds = load_dataset("fashion-mnist")
+    assert y_train.tolist() == ds.y_train[:12].tolist() and y_test.tolist() == ds.y_test[:5].tolist()
+
+
+def test_the_paper_networks_pretrain_as_rgb_scored_on_part_of_the_test_split():
+    from insitu.sparse.quantize import PRETRAIN_DEFAULTS, _settings
+
+    for name in PAPER_MODELS:
+        settings = _settings(name, None, None, 0)
+        assert settings["test_samples"] == PRETRAIN_DEFAULTS[name]["test_samples"]
+        assert settings["config"]["in_channels"] == 3
+    assert "test_samples" not in _settings("mbv2-28", None, None, 0)     # (its cache key as before)
