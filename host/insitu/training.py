@@ -23,6 +23,7 @@ from insitu.boards import Board, get_board, load_boards
 from insitu.checks import check_int, check_number
 from insitu.data import check_dataset, load_dataset
 from insitu.data.files import is_file_spec
+from insitu.sparse.models import model_names
 from insitu.errors import InsituError, UsageError
 from insitu.harness import RunPlan, run_identity, run_training, sample_order, say
 from insitu.nn.networks import CNN_MIN_SIZE, NETWORKS, image_input
@@ -341,7 +342,7 @@ register(Algorithm(
     run=_run_sparse,
     check=_check_sparse,
     fill_defaults=_sparse_defaults,
-    models=("mbv2-28", "mbv2-tiny", "mbv2-w0.35", "proxyless-w0.3", "mcunet-5fps"),
+    models=model_names(),
     model_files=(".onnx",),
     options=frozenset({"scheme", "port", "flash_dir", "heap", "twin", "lr_scale"}),
     batch_size=1,               # 1, as in the paper; N > 1 accumulates N samples' gradients per update

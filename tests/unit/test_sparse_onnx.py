@@ -402,5 +402,5 @@ def test_a_model_with_fewer_layers_than_the_default_scheme_trains_all_its_biases
     x = n.relu(n.conv(n.x, 1, 8, 3, 2, name="c1"))
     path = save(n.model(n.gemm(n.flatten(n.gap(n.relu(n.conv(x, 8, 16, 1, pad=0, name="c2")), "pool")), 16, 4,
                                 name="fc"), 4), tmp_path / "three.onnx")
-    assert default_scheme(str(path)) == "bias-3" and default_scheme("mbv2-tiny") == "bias-6"
+    assert default_scheme(str(path), 262144) == "bias-3" and default_scheme("mbv2-tiny", 262144) == "bias-6"
     check_scheme(str(path), None)                   # the default: no "bias_k must be in [0, 3]"

@@ -396,7 +396,7 @@ def minheap(board, model, task, scheme, lr, lr_scale, seed, samples, high, twin_
         qemu.check_heap(high_bytes)
     from insitu.mcu.board_runs import check_scheme, default_scheme
 
-    scheme = scheme or default_scheme(model)
+    scheme = scheme or default_scheme(model, int(spec.mcu["training_budget_bytes"]))
     check_scheme(model, scheme)      # milliseconds, before the twin's build and the pre-training
     _twin_ready(twin_kind)           # before the model's pre-training, which may take minutes
     prep = Prepared(model, task, scheme, lr, seed, lr_scale=scale)

@@ -287,10 +287,10 @@ def check_flash_dir(flash_dir: str) -> None:
         raise UsageError(f"--flash-dir {flash_dir}: cannot be written ({parent}: {exc.strerror})") from None
 
 
-def default_scheme(model, heap_bytes: int | None = None) -> str:
+def default_scheme(model, heap_bytes: int) -> str:
     """The paper's networks: the largest of the schemes released with the paper (``paper-49kb``
-    ... ``paper-148kb``, searched by its authors) whose planned heap fits ``heap_bytes`` (default:
-    the STM32F746's training budget) with the margin, else its smallest; the other models:
+    ... ``paper-148kb``, searched by its authors) whose planned heap fits ``heap_bytes`` (the
+    board's training budget) with the margin, else its smallest; the other models:
     :data:`DEFAULT_SCHEME`, or the biases of every layer of a model with fewer layers."""
     from insitu.sparse.model_source import model_untrained_graph
     from insitu.sparse.models import PAPER_SCHEMES
@@ -302,17 +302,12 @@ def default_scheme(model, heap_bytes: int | None = None) -> str:
     return DEFAULT_SCHEME if layers >= depth else f"bias-{layers}"
 
 
-def _largest_released_fitting(model: str, heap_bytes: int | None) -> str:
+def _largest_released_fitting(model: str, heap_bytes: int) -> str:
     """Planned on the untrained network with a 10-class head (shapes and sizes as trained: the
     plan does not depend on the values), largest budget first; each plan takes about a second."""
-    from insitu.boards import get_board
     from insitu.sparse.models import PAPER_SCHEMES
     from insitu.sparse.quantize import untrained_graph
 
-    if heap_bytes is None:
-        mcu = get_board("stm32f746-disco").mcu
-        assert mcu is not None                  # a microcontroller board (its file says so)
-        heap_bytes = int(mcu["training_budget_bytes"])
     graph = untrained_graph(model, num_classes=10)
     scales = {t: 1 / 127 for t in graph.tensors}
     budgets = sorted(PAPER_SCHEMES[model], key=lambda b: int(b.removesuffix("kb")))

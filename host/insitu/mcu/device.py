@@ -90,8 +90,10 @@ class TrainingDevice:
     def _with_input(self, head: bytes, codes: np.ndarray) -> bytes:
         """The payload of a sample: ``head`` and its input codes, or, for an input larger than
         a frame, ``head`` alone after the input went ahead in MSG_INPUT parts."""
+        if self.link is None:
+            raise LinkError(f"no link to {self.port}: start() the device first")
         data = np.asarray(codes, np.int8).tobytes()
-        room = self.link.max_payload if self.link is not None else 0
+        room = self.link.max_payload
         step = min(room - 4, self.input_part_bytes or room)
         if len(head) + len(data) <= room and len(data) <= step:
             return head + data

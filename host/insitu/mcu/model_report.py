@@ -30,9 +30,9 @@ def model_report(model: str, task: str = "digits", board: str = "stm32f746-disco
     spec = get_board(board)
     if spec.mcu is None:
         raise UsageError(f"{board!r} is not a microcontroller board (e.g. stm32f746-disco-sim)")
-    scheme = scheme or default_scheme(model)
-    check_scheme(model, scheme)
     heap = int(spec.mcu["training_budget_bytes"])
+    scheme = scheme or default_scheme(model, heap)
+    check_scheme(model, scheme)
     prep = Prepared(model, task, scheme, lr, seed,        # the task's images calibrate a foreign model
                     lr_scale=default_lr_scale(model))
     graph = prep.model_graph                              # as imported: its own classifier

@@ -121,13 +121,17 @@ def _sub_rq(t, G, um, ush, bits: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------- convolution
 
-def _out_hw(op: str, C, H, W, O, Cg, K, stride, pad, groups) -> tuple[int, int]:
+def _check_geometry(op: str, C, H, W, O, Cg, K, stride, pad, groups) -> None:
     if min(C, H, W, O, K, stride, groups) < 1 or pad < 0:
         raise ValueError(f"{op}: geometry C={C} H={H} W={W} O={O} K={K} stride={stride} "
                          f"groups={groups} must be >= 1 and pad={pad} >= 0")
     if C % groups or O % groups or Cg != C // groups:
         raise ValueError(f"{op}: groups={groups} must divide C={C} and O={O}, with C/groups == {Cg} "
                          "input channels per weight row")
+
+
+def _out_hw(op: str, C, H, W, O, Cg, K, stride, pad, groups) -> tuple[int, int]:
+    _check_geometry(op, C, H, W, O, Cg, K, stride, pad, groups)
     OH, OW = conv_out(H, K, stride, pad), conv_out(W, K, stride, pad)
     if OH < 1 or OW < 1:
         raise ValueError(f"{op}: a {K}x{K} kernel does not fit a {H}x{W} map padded by {pad}")
@@ -143,9 +147,7 @@ def _whole_map(H, W, K, stride, pad, pad_x, out_hw) -> bool:
 def _patch_out_hw(C, H, W, O, Cg, K, stride, pad, pad_x, groups, out_hw) -> tuple[int, int]:
     """The output size of a conv on a patch: ``out_hw`` (default: the kernel's on the patch
     padded by ``pad``/``pad_x`` on both sides), checked: every output reads some input."""
-    if min(H, W) < 1 or pad < 0 or pad_x < 0:
-        raise ValueError(f"conv_fwd: H={H}, W={W} must be >= 1 and pad={pad}, pad_x={pad_x} >= 0")
-    _out_hw("conv_fwd", C, H + 2 * K, W + 2 * K, O, Cg, K, stride, 0, groups)    # channels, groups, kernel
+    _check_geometry("conv_fwd", C, H, W, O, Cg, K, stride, min(pad, pad_x), groups)
     OH, OW = out_hw if out_hw is not None else (conv_out(H, K, stride, pad), conv_out(W, K, stride, pad_x))
     if not (OH >= 1 and OW >= 1 and (OH - 1) * stride - pad < H and (OW - 1) * stride - pad_x < W):
         raise ValueError(f"conv_fwd: a {OH}x{OW} output of a {K}x{K} kernel, stride {stride}, pads {pad} "

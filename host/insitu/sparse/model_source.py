@@ -82,10 +82,10 @@ def check_model(model) -> None:
             raise UsageError(f"model {model}: maps {wide} pixels wide; the firmware's kernels take rows of at "
                              f"most {abi.MAX_ROW}")
         return
-    from insitu.sparse.models import MODELS, PAPER_MODELS
+    from insitu.sparse.models import model_names
 
-    if model not in MODELS and model not in PAPER_MODELS:
-        raise UsageError(f"unknown model {model!r}; known models: {', '.join([*MODELS, *PAPER_MODELS])}, "
+    if model not in model_names():
+        raise UsageError(f"unknown model {model!r}; known models: {', '.join(model_names())}, "
                          f"or a FILE{MODEL_FILE_SUFFIX}")
 
 

@@ -37,7 +37,7 @@ import insitu.nn as nn
 from insitu.errors import UsageError
 from insitu.sparse.graph import conv_out
 
-__all__ = ["ModelConfig", "MODELS", "PAPER_MODELS", "PAPER_SCHEMES", "model_config", "InvertedResidual", "MobileNetV2",
+__all__ = ["ModelConfig", "MODELS", "PAPER_MODELS", "PAPER_SCHEMES", "model_names", "model_config", "InvertedResidual", "MobileNetV2",
            "build_model", "model_summary", "Unit", "folded_units", "folded_forward", "fold_bn",
            "train_float", "FloatTrainState", "float_accuracy", "FastPointwiseConv2d", "FastDepthwiseConv2d"]
 
@@ -172,6 +172,11 @@ PAPER_SCHEMES: dict[str, dict[str, tuple[int, dict[int, float]]]] = {
         "148kb": (45, {36: 1, 39: 1, 42: 1, 45: 1, 48: 1, 51: 1, 54: 1, 57: 1}),
     },
 }
+
+
+def model_names() -> tuple[str, ...]:
+    """Every built-in model's name: :data:`MODELS`, then :data:`PAPER_MODELS`."""
+    return (*MODELS, *PAPER_MODELS)
 
 
 def model_config(name: str) -> ModelConfig:
