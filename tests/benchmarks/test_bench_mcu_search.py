@@ -1,8 +1,9 @@
 """Benchmark (prints figures, asserts nothing about accuracy): does the scheme search's pick train
 well? At several budgets and seeds, `insitu mcu search`'s evolutionary and random searches (5000
 evaluations each) on mbv2-28 adapted to digits, every search's shortlist of KEEP candidates
-validated by short training (:func:`insitu.sparse.search.validate_candidates`: 500 samples,
-lr 0.05, scored on the test split, as the contribution analysis trains a configuration), the
+validated by short training (:func:`insitu.sparse.search.validate_candidates`: 500 samples at
+the MCU commands' default rates, lr 0.01 with the classifier at 5x, scored on the test split, as
+the contribution analysis trains a configuration), the
 candidate that trains best picked. Both searches get the same validation budget; random search's
 plain pick (its best-predicted scheme, trained) is reported beside it.
 
@@ -31,6 +32,8 @@ import pytest
 
 from insitu.checks import parse_size
 from insitu.io import atomic_write, atomic_write_json
+from insitu.mcu.board_runs import default_lr_scale
+from insitu.sparse import DEFAULT_LR
 from insitu.sparse.search import run_search
 
 pytestmark = pytest.mark.benchmark
@@ -47,7 +50,8 @@ def _env(name, default):
 def table(cells, settings) -> str:
     lines = [f"# {COMMAND}",
              f"# {json.dumps(settings)}",
-             "# mbv2-28 -> digits; trained: accuracy after 500 samples at lr 0.05 on the 359 test samples;",
+             f"# mbv2-28 -> digits; trained: accuracy after 500 samples at lr {settings['lr']:g} "
+             f"(per-layer factors {settings['lr_scale']}) on the 359 test samples;",
              "# Σ: eq. 5's predicted gain (points over the classifier alone, "
              f"{100 * cells[0]['reference_accuracy']:.1f} %) of the pick" if cells else "",
              "budget  seed | evo: pick trained  Σ pred  (best-pred trained  Σ) | rnd: pick trained  Σ pred "
@@ -91,17 +95,18 @@ def test_search_picks_trained():
     keep, min_distance = int(_env("KEEP", "8")), int(_env("MIN_DISTANCE", "4"))
     evaluations = int(_env("EVALUATIONS", "5000"))
     out = ROOT / _env("OUT", "docs/results/mcu")
+    lr_scale = default_lr_scale("mbv2-28")
     settings = {"model": "mbv2-28", "task": "digits", "budgets": budgets, "seeds": seeds, "keep": keep,
-                "min_distance": min_distance, "evaluations": evaluations, "train_samples": 500, "lr": 0.05,
-                "analysis_seed": 0}
+                "min_distance": min_distance, "evaluations": evaluations, "train_samples": 500, "lr": DEFAULT_LR,
+                "lr_scale": lr_scale, "analysis_seed": 0}
     cells = []
     started = time.perf_counter()
     for seed in seeds:
         for budget in budgets:
             t0 = time.perf_counter()
             r = run_search("mbv2-28", "digits", parse_size(budget), prepare=_search_bundle, evaluations=evaluations,
-                           train_samples=500, lr=0.05, seed=seed, workers=1, keep=keep, min_distance=min_distance,
-                           analysis_seed=0)
+                           train_samples=500, lr=DEFAULT_LR, lr_scale=lr_scale, seed=seed, workers=1, keep=keep,
+                           min_distance=min_distance, analysis_seed=0)
             assert r["contributions"]["cached"] or seed == 0, "the analysis should come from the cache"
             cell = {"budget": budget, "seed": seed, "reference_accuracy": r["contributions"]["reference_accuracy"],
                     "seconds": time.perf_counter() - t0, **r["validation"]}
