@@ -11,6 +11,9 @@ digits and their gradient scales calibrated, as `insitu train --algo sparse` doe
   the paper that fits the board's heap: insitu.mcu.board_runs.default_scheme), gradients applied
   at the end; sparse + reorder: in place, as `insitu train` runs it.
 
+For sparse + reorder, what the arena holds at its peak (insitu.sparse.compiler.live_peak: the
+program table, the image, the trained tensors, the activations) says what sets its size.
+
 Each plan is given as the arena (the one block the firmware allocates: program table, tensors,
 tables) and the whole heap the Cortex-M7 twin needs (arena + the runtime model of
 insitu.mcu.board_runs: 44,200 B + 24 B a kernel call), and whether that fits the STM32F746's
@@ -55,7 +58,7 @@ def _plan(prep: Prepared, scheme, reorder: bool, measure: bool) -> dict:
     heap = c.arena_bytes + runtime_heap_bytes(c)
     out = {"arena_bytes": c.arena_bytes, "heap_bytes": heap, "fits_256k": fits_heap(heap, HEAP),
            "calls": sum(len(v) for v in c.calls.values()), "patches": c.stats["patches"],
-           "memory_plan": c.stats["bytes_by_kind"]}
+           "memory_plan": c.stats["bytes_by_kind"], "live_peak": c.stats["live_peak"]}
     if measure and fits_heap(heap, TWIN_HEAP):
         out["measured_peak_heap_bytes"] = _measure(prep, c)
     return out
@@ -126,6 +129,15 @@ def format_table(rows) -> str:
         lines.append(f"{r['model']:<16}{r['scheme']:<12}" + "".join(f"{c:>20}" for c in cells)
                      + f"{r['ratio_sparse']:>12.1f}x{r['ratio_sparse_reorder']:>13.1f}x  "
                      + ("yes" if r["sparse_reorder"]["fits_256k"] else "no"))
+    lines += ["", "what the sparse + reorder arena holds at its peak (the op with the most bytes live; "
+              "param: the trained weights and biases, input: the image; an arena of full / "
+              f"{TARGET_RATIO:g} would meet the {TARGET_RATIO:g}x ratio):"]
+    for r in rows:
+        peak = r["sparse_reorder"]["live_peak"]
+        kinds = sorted(peak["by_kind"].items(), key=lambda kv: -kv[1])
+        lines.append(f"  {r['model']}: {peak['bytes']:,} B live at {peak['node']} (arena "
+                     f"{r['sparse_reorder']['arena_bytes']:,} B): " + ", ".join(f"{kind} {n:,}" for kind, n in kinds)
+                     + f"; full / {TARGET_RATIO:g} = {r['full']['arena_bytes'] / TARGET_RATIO:,.0f} B")
     lines += ["", "measured peak heap on the Cortex-M7 twin (1 MiB heap, 2 samples; where the predicted heap fits it):"]
     for r in rows:
         got = [f"{c} {r[c]['measured_peak_heap_bytes']:,} B (predicted {r[c]['heap_bytes']:,} B)"

@@ -9,7 +9,7 @@ from insitu.errors import InsituError, UsageError
 from insitu.sparse import abi
 from insitu.sparse import scheme as S
 from insitu.sparse.calibrate import calibrate_gradients
-from insitu.sparse.compiler import Options, compile_training, reads, writes
+from insitu.sparse.compiler import Options, compile_training, lifetimes, reads, writes
 from insitu.sparse.graph import random_graph
 from insitu.resources import package_dir
 
@@ -30,23 +30,13 @@ def _schemes(g):
             S.Scheme(3, {"b1.dw": 0.5, convs[-1]: 1.0}), S.Scheme(1, {"b1.expand": 0.25, convs[-1]: 1.0})]
 
 
-def _lifetimes(c):
-    timeline = c.train_ops
-    span = {}
-    for i, op in enumerate(timeline):
-        for b in reads(op) | writes(op):
-            lo, hi = span.get(b, (i, i))
-            span[b] = (min(lo, i), max(hi, i))
-    return span
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_live_buffers_never_share_arena_bytes(seed):
     g, gs = _setup(seed)
     for sch in _schemes(g):
         for reorder in (False, True):
             c = compile_training(g, sch, gs, Options(reorder=reorder))
-            span = _lifetimes(c)
+            span = lifetimes(c.train_ops)
             bufs = [b for b in span if b.offset >= 0]
             for i, a in enumerate(bufs):
                 assert a.offset + a.nbytes <= c.arena_bytes
@@ -55,6 +45,26 @@ def test_live_buffers_never_share_arena_bytes(seed):
                     both_live = a.persistent or b.persistent or not (span[a][1] < span[b][0] or span[b][1] < span[a][0])
                     disjoint = a.offset + a.nbytes <= b.offset or b.offset + b.nbytes <= a.offset
                     assert not both_live or disjoint, (sch.describe(), a, b)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_live_peak_is_the_most_bytes_live_at_one_op_and_bounds_the_arena(seed):
+    # Brute force over the timeline: at each op, every placed persistent buffer plus the
+    # transient ones whose lifetime covers it. (c.train_ops is the plan's timeline without argmax,
+    # which only reads the logits the loss reads next, and the apply segment, empty without
+    # accumulation: the same live sets.)
+    g, gs = _setup(seed)
+    for sch in _schemes(g):
+        c = compile_training(g, sch, gs, Options(reorder=True))
+        span = lifetimes(c.train_ops)
+        always = sum(b.nbytes for b in c.buffers if b.persistent and b.offset >= 0)
+        most = max(always + sum(b.nbytes for b, (lo, hi) in span.items() if not b.persistent and lo <= i <= hi)
+                   for i in range(len(c.train_ops)))
+        peak = c.stats["live_peak"]
+        assert peak["bytes"] == most, sch.describe()
+        assert sum(peak["by_kind"].values()) == peak["bytes"] <= c.arena_bytes
+        assert peak["by_kind"]["program"] == 4 * len(c.program)
+        assert peak["bytes"] >= 0.75 * c.arena_bytes, "the plan wastes a quarter of the arena"
 
 
 @pytest.mark.parametrize("seed", range(3))

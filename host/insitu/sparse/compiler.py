@@ -787,6 +787,16 @@ def load_flash_tables(ops: list[Op], builder: _Builder) -> list[Op]:
     return out
 
 
+def lifetimes(ops: list[Op]) -> dict[Buf, tuple[int, int]]:
+    """Each buffer ``ops`` use: (the index of the first op, of the last op) that reads or writes it."""
+    span: dict[Buf, tuple[int, int]] = {}
+    for i, op in enumerate(ops):
+        for b in reads(op) | writes(op):
+            lo, hi = span.get(b, (i, i))
+            span[b] = (min(lo, i), max(hi, i))
+    return span
+
+
 def plan_memory(buffers: list[Buf], ops: list[Op], first_offset: int = 0) -> int:
     """Offsets for every buffer used by ``ops``; returns the arena size.
 
@@ -794,11 +804,7 @@ def plan_memory(buffers: list[Buf], ops: list[Op], first_offset: int = 0) -> int
     does not overlap a placed buffer whose lifetime [first write, last read] meets theirs, in the
     order of a placement heuristic; three heuristics of inference planners (largest first, longest
     lived first, earliest first) are tried and the smallest arena kept."""
-    span: dict[Buf, tuple[int, int]] = {}
-    for i, op in enumerate(ops):
-        for b in reads(op) | writes(op):
-            lo, hi = span.get(b, (i, i))
-            span[b] = (min(lo, i), max(hi, i))
+    span = lifetimes(ops)
     top = first_offset
     for b in buffers:
         b.offset = -1
@@ -819,6 +825,33 @@ def plan_memory(buffers: list[Buf], ops: list[Op], first_offset: int = 0) -> int
     for b, off in offsets.items():
         b.offset = off
     return _aligned(end)
+
+
+def live_peak(buffers: list[Buf], ops: list[Op]) -> dict:
+    """What the arena must hold at once, at the op where the most bytes are live: the placed
+    persistent buffers plus the transient buffers whose lifetime covers the op, by kind. A lower
+    bound of the planned arena (which may be larger by fragmentation) and the reason for its size:
+    ``{"op": index, "node": the op's node, "bytes": live bytes, "by_kind": {kind: bytes}}``."""
+    span = lifetimes(ops)
+    always: dict[str, int] = {}
+    for x in buffers:
+        if x.persistent and x.offset >= 0:
+            always[x.kind] = always.get(x.kind, 0) + x.nbytes
+    delta = [0] * (len(ops) + 1)               # transient bytes starting (+) and ending (-) at each op
+    for x, (lo, hi) in span.items():
+        if not x.persistent:
+            delta[lo] += x.nbytes
+            delta[hi + 1] -= x.nbytes
+    live, at, top = 0, 0, -1
+    for i in range(len(ops)):
+        live += delta[i]
+        if live > top:
+            at, top = i, live
+    by_kind = dict(always)
+    for x, (lo, hi) in span.items():
+        if not x.persistent and lo <= at <= hi:
+            by_kind[x.kind] = by_kind.get(x.kind, 0) + x.nbytes
+    return {"op": at, "node": ops[at].node if ops else "", "bytes": sum(by_kind.values()), "by_kind": by_kind}
 
 
 def _place(order: list[Buf], span: dict, base: int) -> dict[Buf, int]:
@@ -1023,6 +1056,7 @@ def _stats(b: _Builder, ops: list[Op], arena: int) -> dict:
                                           "nodes": [n.name for n in b.stage.nodes]}
     return {"arena_bytes": arena, "bytes_by_kind": by_kind, "ops": len(ops), "patches": stage,
             "trained_params": sum(x.nbytes for x in b.buffers if x.kind == "param" and x.name.startswith("w:")),
+            "live_peak": live_peak(b.buffers, ops),
             "kernels": {k: sum(op.kind == k for op in ops) for k in sorted({op.kind for op in ops})}}
 
 
