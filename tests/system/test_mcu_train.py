@@ -294,6 +294,34 @@ def test_inputs_larger_than_a_frame_go_in_parts(prep, kind, tmp_path, monkeypatc
     assert_matches_simulation(prep, tmp_path / "flash", kind, result, samples, 4)
 
 
+def test_patches_streaming_and_masks_train_on_the_twin_as_in_the_host_simulation(prep, kind, tmp_path,
+                                                                                 monkeypatch, waits):
+    # The passes that fit the paper's 128x128 networks in 256 KB, all at once on the small model:
+    # its first layers one patch at a time (window, conv_fwd with a patch's pads), every table
+    # and frozen full conv streamed from flash a channel at a time (load, load_rows), the ReLU
+    # masks (act_mask, mask_bwd); the firmware runs them bit for bit as the host simulates them.
+    import copy
+
+    from insitu.sparse import compiler, scheme as S
+
+    monkeypatch.setattr(compiler, "STREAM_CHUNK_BYTES", 1)
+    monkeypatch.setattr(compiler, "FLASH_TABLE_MIN_BYTES", 4)
+    run = copy.copy(prep)
+    graph = prep.graph
+    run.compiled = compiler.compile_training(
+        graph, S.Scheme(4, {graph.convs[-1].name: 1.0, graph.convs[-2].name: 0.5}), prep.grad_scales,
+        compiler.Options(lr=LR, lr_scale={graph.convs[-1].name: 5.0}, patches=2, stream=True, masks=True))
+    stats = run.compiled.stats
+    assert stats["patches"] is not None
+    for kernel in ("window", "load_rows", "act_mask", "mask_bwd"):
+        assert stats["kernels"].get(kernel), kernel
+    samples = 6
+    with McuTwin(tmp_path / "flash", twin=kind) as twin:
+        result = finish_without_waiting(
+            lambda: run_on_device(run, twin.port, samples, 4, SEED, Counter()), twin, waits)
+    assert_matches_simulation(run, tmp_path / "flash", kind, result, samples, 4)
+
+
 def test_a_reset_board_resumes_from_its_checkpoint(prep, kind, tmp_path, monkeypatch, waits):
     samples, every, reset_at = 20, 4, 10
     folder = tmp_path / "flash"
