@@ -9,7 +9,7 @@ from insitu.errors import InsituError, UsageError
 from insitu.sparse import abi
 from insitu.sparse import scheme as S
 from insitu.sparse.calibrate import calibrate_gradients
-from insitu.sparse.compiler import Options, compile_training, lifetimes, reads, writes
+from insitu.sparse.compiler import Options, compile_training, lifetimes, live_peak, reads, writes
 from insitu.sparse.graph import random_graph
 from insitu.resources import package_dir
 
@@ -64,6 +64,8 @@ def test_the_live_peak_is_the_most_bytes_live_at_one_op_and_bounds_the_arena(see
         assert peak["bytes"] == most, sch.describe()
         assert sum(peak["by_kind"].values()) == peak["bytes"] <= c.arena_bytes
         assert peak["by_kind"]["program"] == 4 * len(c.program)
+        less = live_peak(c.buffers, c.train_ops, ("program",))
+        assert "program" not in less["by_kind"] and less["bytes"] == peak["bytes"] - 4 * len(c.program)
         assert peak["bytes"] >= 0.75 * c.arena_bytes, "the plan wastes a quarter of the arena"
 
 

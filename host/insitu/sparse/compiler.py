@@ -827,15 +827,16 @@ def plan_memory(buffers: list[Buf], ops: list[Op], first_offset: int = 0) -> int
     return _aligned(end)
 
 
-def live_peak(buffers: list[Buf], ops: list[Op]) -> dict:
+def live_peak(buffers: list[Buf], ops: list[Op], without: tuple[str, ...] = ()) -> dict:
     """What the arena must hold at once, at the op where the most bytes are live: the placed
     persistent buffers plus the transient buffers whose lifetime covers the op, by kind. A lower
     bound of the planned arena (which may be larger by fragmentation) and the reason for its size:
-    ``{"op": index, "node": the op's node, "bytes": live bytes, "by_kind": {kind: bytes}}``."""
-    span = lifetimes(ops)
+    ``{"op": index, "node": the op's node, "bytes": live bytes, "by_kind": {kind: bytes}}``.
+    ``without``: kinds left out (what the peak would be if, say, the program were not in RAM)."""
+    span = {x: s for x, s in lifetimes(ops).items() if x.kind not in without}
     always: dict[str, int] = {}
     for x in buffers:
-        if x.persistent and x.offset >= 0:
+        if x.persistent and x.offset >= 0 and x.kind not in without:
             always[x.kind] = always.get(x.kind, 0) + x.nbytes
     delta = [0] * (len(ops) + 1)               # transient bytes starting (+) and ending (-) at each op
     for x, (lo, hi) in span.items():
