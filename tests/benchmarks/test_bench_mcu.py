@@ -20,6 +20,8 @@ INSITU_MCU_BENCH_SAMPLES=20 INSITU_MCU_BENCH_OUT=/tmp/mcu):
   INSITU_MCU_BENCH_LR            learning rate of every layer but the classifier (0.01)
   INSITU_MCU_BENCH_HEAD          the classifier's lr factor (5; 1: one rate for every layer)
   INSITU_MCU_BENCH_EVAL_SAMPLES  test samples (default: the task's, at most 500)
+  INSITU_MCU_BENCH_SEEDS         the sample orders every scheme trains in (0,1,2: the searches and
+                                 the table at seed 0's, the means over all of them below it)
   INSITU_MCU_BENCH_BUDGETS       budgets of the planned arena (32K,48K,64K)
   INSITU_MCU_BENCH_EVALUATIONS   schemes each search samples per budget (2000)
   INSITU_MCU_BENCH_MODEL, INSITU_MCU_BENCH_TASK   (mbv2-28, digits)
@@ -80,6 +82,7 @@ def test_fig9_sparse_update_vs_baselines_at_equal_memory():
                          evaluations=_env_int("INSITU_MCU_BENCH_EVALUATIONS", 2000),
                          workers=max(1, os.cpu_count() or 1), measure_heap=True,
                          lr_scale={"classifier": head} if head != 1 else None,
+                         sample_seeds=[int(v) for v in os.environ.get("INSITU_MCU_BENCH_SEEDS", "0,1,2").split(",")],
                          say=lambda msg: print(f"[{time.perf_counter() - started:7.1f} s] {msg}", flush=True))
     text = format_text(result)
     print(text)

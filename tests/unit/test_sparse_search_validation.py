@@ -242,3 +242,24 @@ def test_run_compare_trains_every_scheme_with_the_factors(monkeypatch, insitu_ca
     assert scaled["memory"]["rows"][0]["arena_bytes"] > full["arena_bytes"] > 0
     with pytest.raises(UsageError, match="lr scale nope=2.0: .* has no layer 'nope'"):
         run_compare("mbv2-tiny", "digits", [budget], lr_scale={"nope": 2}, **kw)
+
+
+def test_run_compare_trains_every_scheme_in_more_sample_orders(insitu_cache):
+    from insitu.mcu.compare import METHODS, format_text, run_compare
+
+    bundle = _bundle()
+    budget = MemoryModel(bundle.graph, bundle.grad_scales, 0.05)(S.bias_only(bundle.graph, 3))
+    kw = dict(prepare=lambda *_: bundle, train_samples=6, eval_samples=8, evaluations=20)
+    three = run_compare("mbv2-tiny", "digits", [budget + 64], sample_seeds=(1, 0, 2, 1), **kw)
+    assert three["sample_seeds"] == [0, 1, 2]                   # seed's first, each once
+    alone = run_compare("mbv2-tiny", "digits", [budget + 64], seed=2, **kw)
+    assert alone["sample_seeds"] == [2] and "sample orders" not in format_text(alone)
+    for kind, _ in METHODS:
+        m, m2 = three["rows"][0]["methods"][kind], alone["rows"][0]["methods"][kind]
+        if not m["fits"]:
+            continue
+        assert m["accuracy"] == m["accuracy_by_seed"]["0"]
+        assert m["accuracy_mean"] == pytest.approx(sum(m["accuracy_by_seed"].values()) / 3)
+        if m["scheme_text"] == m2["scheme_text"]:               # (seed 2's search may pick another)
+            assert m2["accuracy"] == m["accuracy_by_seed"]["2"]
+    assert "accuracy in the sample orders of seeds 0, 1, 2" in format_text(three)

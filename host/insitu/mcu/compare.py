@@ -42,7 +42,7 @@ from insitu.sparse.scheme import Scheme, bias_only, classifier_only, full_update
 from insitu.sparse.search import DEFAULT_EVAL_SAMPLES, check_analysis_options, check_lr_scale, run_search
 
 __all__ = ["METHODS", "TARGET_RATIO", "HEAP_SAMPLES", "parse_budgets", "budget_label",
-           "measure_heap_of", "largest_fitting", "run_compare", "rates_text", "tables", "scheme_lines", "format_text",
+           "measure_heap_of", "largest_fitting", "run_compare", "rates_text", "tables", "scheme_lines", "seed_lines", "format_text",
            "plot_compare"]
 
 #: The methods of Figure 9, in the order they are reported: (key, label).
@@ -131,11 +131,16 @@ def _ratio(a, b):
 def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, float, int], Bundle],
                 train_samples: int = 500, eval_samples: int | None = None, lr: float = 0.05, seed: int = 0,
                 evaluations: int = 2000, workers: int = 1, measure_heap: bool = False, board: str = DEFAULT_BOARD,
-                lr_scale: dict[str, float] | None = None, progress_factory=None, say=None) -> dict:
+                lr_scale: dict[str, float] | None = None, sample_seeds=(), progress_factory=None,
+                say=None) -> dict:
     """The comparison of Figure 9 at each of ``budgets`` (bytes, or sizes as ``parse_budgets``
     takes them) and the memory table; returns a JSON-serializable dict (see the module doc).
     ``lr_scale``: per-layer factors on ``lr`` (``{"classifier": 5}``) every scheme, the search's
     analysis included, trains with (None: the prepared bundle's; by default one rate).
+    ``sample_seeds``: more sample orders (seeds of the training stream) every chosen scheme is
+    also trained in, after the search at ``seed``'s; each program then carries
+    ``accuracy_by_seed`` and ``accuracy_mean`` beside ``accuracy`` (``seed``'s): one order's
+    accuracy varies by points between orders.
     ``prepare(model, task, lr, seed)``: what every scheme trains on (as for
     :func:`insitu.sparse.search.run_search`), called once the arguments are checked."""
     started = time.perf_counter()
@@ -143,6 +148,7 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
     train_samples, evaluations, workers, lr = check_analysis_options(
         model, task, train_samples, evaluations, workers, lr)
     lr_scale = check_lr_scale(lr_scale)
+    orders = [int(seed)] + [check_int("sample seed", s, 0) for s in dict.fromkeys(sample_seeds) if s != seed]
     if measure_heap:
         from insitu.boards import get_board
 
@@ -214,19 +220,27 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
                 for key, s in schemes.items()}
     full_plain = compile_training(graph, full, bundle.grad_scales, Options(lr=lr, reorder=False, lr_scale=lr_scale))
     say(f"training {len(schemes)} schemes on {train_samples} samples (test: {eval_samples})")
-    with progress_factory(f"training {len(schemes)} schemes", len(schemes)) as advance:
-        scored = _score_all(bundle, schemes, train_samples, eval_samples, seed, workers,
-                            advance)
-    for key, (_, arena) in scored.items():
-        if arena != compiled[key].arena_bytes:
-            raise InsituError(f"{compiled[key].scheme.describe()}: trained with an arena of {arena:,} B, "
-                              f"compiled with {compiled[key].arena_bytes:,} B")
+    by_seed = {}
+    for order in orders:
+        if order != seed:
+            say(f"training {len(schemes)} schemes in the sample order of seed {order}")
+        with progress_factory(f"training {len(schemes)} schemes", len(schemes)) as advance:
+            by_seed[order] = _score_all(bundle, schemes, train_samples, eval_samples, order, workers, advance)
+        for key, (_, arena) in by_seed[order].items():
+            if arena != compiled[key].arena_bytes:
+                raise InsituError(f"{compiled[key].scheme.describe()}: trained with an arena of {arena:,} B, "
+                                  f"compiled with {compiled[key].arena_bytes:,} B")
 
     def program(key) -> dict:
         c = compiled[key]
-        return {"scheme": c.scheme.to_json(), "scheme_text": c.scheme.describe(),
-                "accuracy": float(scored[key][0]), "arena_bytes": int(c.arena_bytes),
-                "predicted_heap_bytes": int(predicted_heap_bytes(c))}
+        out = {"scheme": c.scheme.to_json(), "scheme_text": c.scheme.describe(),
+               "accuracy": float(by_seed[seed][key][0]), "arena_bytes": int(c.arena_bytes),
+               "predicted_heap_bytes": int(predicted_heap_bytes(c))}
+        if len(orders) > 1:
+            accuracies = [float(by_seed[o][key][0]) for o in orders]
+            out.update(accuracy_by_seed={str(o): a for o, a in zip(orders, accuracies)},
+                       accuracy_mean=float(np.mean(accuracies)))
+        return out
 
     rows = []
     for budget, entries in per_budget:
@@ -287,6 +301,7 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
             r["target_met"] = (ratio >= TARGET_RATIO) if r["kind"] == "sparse" else None
     return {
         "model": model, "task": task, "lr": float(lr), "lr_scale": lr_scale, "seed": int(seed),
+        "sample_seeds": orders,
         "train_samples": train_samples,
         "eval_samples": eval_samples, "evaluations": evaluations, "budgets": [int(b) for b in budgets],
         "classifier_arena_bytes": int(floor), "methods": [{"key": k, "label": label} for k, label in METHODS],
@@ -411,9 +426,27 @@ def format_text(result: dict, width: int = 200) -> str:
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
     for table in tables(result):
         console.print(table)
-    for line in scheme_lines(result):
+    for line in scheme_lines(result) + seed_lines(result):
         console.print(line, soft_wrap=True)
     return buf.getvalue()
+
+
+def seed_lines(result: dict) -> list[str]:
+    """Each method's accuracy in every sample order (``sample_seeds``), and the mean; none for one order."""
+    seeds = result.get("sample_seeds", [result["seed"]])
+    if len(seeds) < 2:
+        return []
+
+    def line(label: str, m: dict) -> str:
+        each = ", ".join(f"{100 * m['accuracy_by_seed'][str(s)]:.1f}" for s in seeds)
+        return f"  {label}: mean {100 * m['accuracy_mean']:.1f} % ({each})"
+
+    lines = ["", f"accuracy in the sample orders of seeds {', '.join(map(str, seeds))} (%):",
+             line("full update", result["memory"]["rows"][1])]
+    for row in result["rows"]:
+        lines += [line(f"{row['budget']} {m['method']} ({m['preset'] or 'searched'})", m)
+                  for kind, _ in METHODS if (m := row["methods"][kind])["fits"]]
+    return lines
 
 
 def plot_compare(result: dict, path) -> None:
