@@ -16,7 +16,7 @@ program table, the image, the trained tensors, the activations) says what sets i
 
 Each plan is given as the arena (the one block the firmware allocates: program table, tensors,
 tables) and the whole heap the Cortex-M7 twin needs (arena + the runtime model of
-insitu.mcu.board_runs: 44,200 B + 24 B a kernel call), and whether that fits the STM32F746's
+insitu.mcu.board_runs: RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL a kernel call), and whether that fits the STM32F746's
 256 KB with the 5 % margin. The measured column takes the peak heap of `insitu train --board
 stm32f746-disco-sim --algo sparse --model M --out DIR/train-M.json` runs (the same program as
 sparse + reorder) from INSITU_MCU_FIG10A_RUNS=DIR, where there. With INSITU_MCU_FIG10A_MEASURE=1,
@@ -36,7 +36,8 @@ from pathlib import Path
 import pytest
 
 from insitu.io import atomic_write, atomic_write_json
-from insitu.mcu.board_runs import HEAP_MARGIN, Prepared, default_scheme, fits_heap, runtime_heap_bytes
+from insitu.mcu.board_runs import (HEAP_BYTES_PER_CALL, HEAP_MARGIN, RUNTIME_HEAP_BYTES, Prepared, default_scheme,
+                                   fits_heap, runtime_heap_bytes)
 from insitu.sparse import DEFAULT_LR, HEAD_LR_FACTOR
 from insitu.sparse.compiler import Options, compile_training, live_peak
 from insitu.sparse.models import PAPER_MODELS
@@ -123,7 +124,8 @@ def test_fig10a_full_vs_sparse_vs_sparse_reordered():
 def format_table(rows) -> str:
     k = lambda b: f"{b / 1024:,.0f} KB"
     lines = ["Tiny Training Fig. 10(a), planned by insitu's training compiler (arena / whole heap on the "
-             "Cortex-M7 twin: arena + 44,200 B + 24 B a call); digits head, lr 0.01, classifier 5x",
+             f"Cortex-M7 twin: arena + {RUNTIME_HEAP_BYTES:,} B + {HEAP_BYTES_PER_CALL} B a call); digits head, "
+             "lr 0.01, classifier 5x",
              "",
              f"{'network':<16}{'scheme':<12}{'full':>20}{'full+reorder':>20}{'sparse':>20}{'sparse+reorder':>20}"
              f"{'full/sparse':>13}{'full/(sp+re)':>14}  fits 256 KB (sparse+reorder)"]

@@ -569,6 +569,11 @@ def test_minheap_bisects_the_twins_heap(minheap, prep, kind):
         else:
             assert p["peak"] is None and p["why"], p
     assert r["error"] == pytest.approx((found - r["predicted_heap_bytes"]) / r["predicted_heap_bytes"])
+    if kind == "qemu":
+        # The heap model (insitu.mcu.board_runs) is the Cortex-M7 twin's: firmware that grows (new
+        # kernels compiled into the heap at import) must come with a refit
+        # (tests/benchmarks/test_bench_mcu_heap.py), or `insitu train` admits schemes that do not fit.
+        assert abs(r["error"]) <= HEAP_MARGIN, (found, r["predicted_heap_bytes"])
 
 
 def test_the_heap_minheap_finds_is_enough_to_train(minheap, prep, kind, tmp_path, waits):
