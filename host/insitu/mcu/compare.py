@@ -42,8 +42,8 @@ from insitu.sparse.scheme import Scheme, bias_only, classifier_only, full_update
 from insitu.sparse.search import DEFAULT_EVAL_SAMPLES, check_analysis_options, check_lr_scale, run_search
 
 __all__ = ["METHODS", "TARGET_RATIO", "HEAP_SAMPLES", "parse_budgets", "budget_label",
-           "measure_heap_of", "largest_fitting", "run_compare", "rates_text", "tables", "scheme_lines", "seed_lines", "format_text",
-           "plot_compare"]
+           "measure_heap_of", "largest_fitting", "run_compare", "rates_text", "tables", "scheme_lines", "seed_lines",
+           "format_text", "plot_compare"]
 
 #: The methods of Figure 9, in the order they are reported: (key, label).
 METHODS = (("classifier", "last layer"), ("bias", "bias + last layer"), ("last", "last k layers"),
