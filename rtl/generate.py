@@ -181,12 +181,18 @@ def board_files(key: str, params: AcceleratorParams, default: AcceleratorParams 
 
 def _convert(params: AcceleratorParams, progress: Callable[[str], None] | None,
              label: str) -> dict[str, str]:
-    """Every source's Verilog for one parameter set: source file name -> text."""
+    """Every source's Verilog for one parameter set: source file name -> text (kept in the
+    cache across processes, :mod:`.verilog_cache`)."""
+    from .verilog_cache import converted
+
     out = {}
     for source in rtl_sources():
         if progress:
             progress(source.filename + label)
-        out[source.filename] = to_verilog(source.build(params), source.verilog_name)
+        if source.factory is None and source.available():
+            out[source.filename] = converted(source.module, source.attr, params, source.verilog_name)
+        else:
+            out[source.filename] = to_verilog(source.build(params), source.verilog_name)
     return out
 
 

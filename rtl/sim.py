@@ -113,14 +113,11 @@ def choose_simulator(simulator: str | None = None, waves: bool | None = None) ->
 
 @functools.lru_cache(maxsize=4)
 def top_verilog(params: AcceleratorParams = DEFAULT_PARAMS) -> str:
-    """The top level's Verilog. Cached per process: the conversion takes ~10 s, and the RTL
-    modules a process has imported do not change under it."""
-    from amaranth.back import verilog
+    """The top level's Verilog. The conversion takes ~10 s: cached per process, and on disk
+    across processes (:mod:`.verilog_cache`)."""
+    from .verilog_cache import converted
 
-    from .top import AcceleratorTop
-
-    top = AcceleratorTop(params)
-    return verilog.convert(top, name=TOP_MODULE, ports=top.ports(), emit_src=False)
+    return converted("insitu.rtl.top", "AcceleratorTop", params, TOP_MODULE)
 
 
 def board_verilog(board: str) -> str:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from insitu.resources import cache_dir
+from scheduling import pytest_addoption, pytest_configure  # noqa: F401  (the suite's parallel run)
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

@@ -48,6 +48,9 @@ import pytest
 from insitu.resources import cache_dir
 
 pytestmark = pytest.mark.system
+#: Each worker of a parallel run makes its own workspaces (tests/scheduling.py): a command and
+#: what it needs run on one worker.
+PER_WORKER_FIXTURES = ("workspaces",)
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -974,8 +977,13 @@ def workspaces(tmp_path_factory: pytest.TempPathFactory) -> WorkspaceOf:
 
 
 def _params(kind: type[TableEntry], marks: bool = False):
-    """The commands of TABLE's ``kind`` entries, each with a Run's marks if ``marks``."""
-    return [pytest.param(command, marks=entry.marks if marks and isinstance(entry, Run) else (), id=command)
+    """The commands of TABLE's ``kind`` entries, each with a Run's marks if ``marks`` (and the
+    commands of one shared workspace in one xdist group: one worker runs them, in order)."""
+    def marks_of(entry: TableEntry):
+        if not (marks and isinstance(entry, Run)):
+            return ()
+        return (*entry.marks, *([pytest.mark.xdist_group(f"documented:{entry.workspace}")] if entry.workspace else []))
+    return [pytest.param(command, marks=marks_of(entry), id=command)
             for command, entry in TABLE.items() if isinstance(entry, kind)]
 
 
