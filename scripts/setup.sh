@@ -58,6 +58,57 @@ if [ ${#need_debs[@]} -gt 0 ]; then
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_debs[@]}" >/dev/null
 fi
 
+# --- the board-image twin (only with --board-image): PYNQ v3.0.1's Python 3.10 packages, cached ----
+# A folder of packages installed with --target, keyed by the requirements' hash: a fresh venv made
+# with `--without-pip` and a .pth file naming it sees them as the image's venv sees jammy's system
+# site-packages (tests/system/board_image.py makes one per test). The image's pip (22.0.2) is in it.
+# Its build needs only the Python 3.10, so it runs beside the venv's pip install and is waited for
+# at the end.
+board_image_build=""
+if [ "$setup_board_image" = 1 ]; then
+    is_py310() { [ -n "$1" ] && "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' 2>/dev/null; }
+    py310="${INSITU_PYTHON310:-}"
+    if [ -z "$py310" ]; then
+        # pyenv's shim for python3.10 exists even where no 3.10 is selected: try each candidate.
+        for candidate in "$(command -v python3.10 || true)" \
+                "$(ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.10.*/bin/python 2>/dev/null | sort -V | tail -1)"; do
+            if is_py310 "$candidate"; then py310="$candidate"; break; fi
+        done
+    fi
+    if ! is_py310 "$py310"; then
+        say "the board-image twin needs CPython 3.10 (the PYNQ 3.x images' Python), and none was found:"
+        say "install one (pyenv install 3.10, or uv python install 3.10) and set INSITU_PYTHON310=/path/to/python3.10"
+        exit 1
+    fi
+    reqs="$root/scripts/board-image-requirements.txt"
+    no_deps=(pynq==3.0.1 pynqmetadata==0.1.2 pynqutils==0.1.3)   # sdists the image installs as is
+    key="$( (cat "$reqs"; echo "${no_deps[*]}"; "$py310" --version) | sha256sum | cut -c1-16)"
+    image="$cache_root/board-image/$key"
+    build_board_image() {
+        mkdir -p "$cache_root/board-image"
+        exec 8>"$cache_root/board-image/.$key.lock"      # one build at a time (two setups at once)
+        flock 8
+        [ -f "$image/complete" ] && return 0
+        say "building the board-image twin (Python 3.10 + the PYNQ v3.0.1 image's packages) in $image, once (about a minute)"
+        local tmp
+        tmp="$(mktemp -d "$cache_root/board-image/.build.XXXXXX")"
+        "$py310" -m venv "$tmp/tools"
+        "$tmp/tools/bin/python" -m pip install -q --disable-pip-version-check setuptools==59.6.0 wheel==0.37.1
+        "$tmp/tools/bin/python" -m pip install -q --disable-pip-version-check --target "$tmp/site" \
+            -r "$reqs" pip==22.0.2
+        "$tmp/tools/bin/python" -m pip install -q --disable-pip-version-check --target "$tmp/site" \
+            --no-deps --no-build-isolation "${no_deps[@]}"
+        ln -s "$py310" "$tmp/python"
+        touch "$tmp/complete"
+        rm -rf "$image"
+        mv "$tmp" "$image"
+    }
+    if [ ! -f "$image/complete" ]; then
+        ( set -e; build_board_image ) &
+        board_image_build=$!
+    fi
+fi
+
 # --- the virtual environment ---------------------------------------------------------------------
 if ! "$python" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 12)))'; then
     say "$python is $("$python" --version 2>&1); insitu needs Python 3.10 to 3.12 (pynq 4 supports no newer)."
@@ -97,43 +148,11 @@ if [ "$setup_mcu" = 1 ]; then
     "$venv/bin/insitu" mcu build-twin >/dev/null
 fi
 
-# --- the board-image twin (only with --board-image): PYNQ v3.0.1's Python 3.10 packages, cached ----
-# A folder of packages installed with --target, keyed by the requirements' hash: a fresh venv made
-# with `--without-pip` and a .pth file naming it sees them as the image's venv sees jammy's system
-# site-packages (tests/system/board_image.py makes one per test). The image's pip (22.0.2) is in it.
+# --- the board-image twin, finished ---------------------------------------------------------------
 if [ "$setup_board_image" = 1 ]; then
-    is_py310() { [ -n "$1" ] && "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' 2>/dev/null; }
-    py310="${INSITU_PYTHON310:-}"
-    if [ -z "$py310" ]; then
-        # pyenv's shim for python3.10 exists even where no 3.10 is selected: try each candidate.
-        for candidate in "$(command -v python3.10 || true)" \
-                "$(ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.10.*/bin/python 2>/dev/null | sort -V | tail -1)"; do
-            if is_py310 "$candidate"; then py310="$candidate"; break; fi
-        done
-    fi
-    if ! is_py310 "$py310"; then
-        say "the board-image twin needs CPython 3.10 (the PYNQ 3.x images' Python), and none was found:"
-        say "install one (pyenv install 3.10, or uv python install 3.10) and set INSITU_PYTHON310=/path/to/python3.10"
+    if [ -n "$board_image_build" ] && ! wait "$board_image_build"; then
+        say "building the board-image twin failed (above); run scripts/setup.sh --board-image again"
         exit 1
-    fi
-    reqs="$root/scripts/board-image-requirements.txt"
-    no_deps=(pynq==3.0.1 pynqmetadata==0.1.2 pynqutils==0.1.3)   # sdists the image installs as is
-    key="$( (cat "$reqs"; echo "${no_deps[*]}"; "$py310" --version) | sha256sum | cut -c1-16)"
-    image="$cache_root/board-image/$key"
-    if [ ! -f "$image/complete" ]; then
-        say "building the board-image twin (Python 3.10 + the PYNQ v3.0.1 image's packages) in $image, once (about a minute)"
-        mkdir -p "$cache_root/board-image"
-        tmp="$(mktemp -d "$cache_root/board-image/.build.XXXXXX")"
-        "$py310" -m venv "$tmp/tools"
-        "$tmp/tools/bin/python" -m pip install -q --disable-pip-version-check setuptools==59.6.0 wheel==0.37.1
-        "$tmp/tools/bin/python" -m pip install -q --disable-pip-version-check --target "$tmp/site" \
-            -r "$reqs" pip==22.0.2
-        "$tmp/tools/bin/python" -m pip install -q --disable-pip-version-check --target "$tmp/site" \
-            --no-deps --no-build-isolation "${no_deps[@]}"
-        ln -s "$py310" "$tmp/python"
-        touch "$tmp/complete"
-        rm -rf "$image"
-        mv "$tmp" "$image"
     fi
     ln -sfn "$key" "$cache_root/board-image/current"    # what the tests use when not told
     export INSITU_BOARD_IMAGE="$image"

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from insitu.resources import cache_dir
+from prefetch import pytest_sessionfinish, pytest_sessionstart as start_prefetch, pytest_terminal_summary  # noqa: F401
 from scheduling import pytest_addoption, pytest_configure  # noqa: F401  (the suite's parallel run)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +83,7 @@ settings.load_profile("insitu")
 
 
 def pytest_sessionstart(session):
+    start_prefetch(session)
     if settings.get_current_profile_name() != "insitu":
         return
     try:        # Hypothesis' internals (the versions scripts/constraints.txt pins); absent: no pool
