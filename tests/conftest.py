@@ -36,9 +36,10 @@ def cache_env(folder, share: tuple[str, ...] = ()) -> dict[str, str]:
     """The environment variables that make insitu (this process or a subprocess) use ``folder`` as
     its cache, whatever the outer environment sets. The folders of the cache named in ``share``
     (``"mcu-twin"``, ``"rtl-twin"``, ``"lrt"`` ...) are linked to the shared ones: slow one-offs
-    that the test does not look at are built once for the whole suite."""
+    that the test does not look at are built once for the whole suite. The converted Verilog
+    (keyed by its sources, never stale; 10 s a conversion) is always shared."""
     folder = Path(folder)
-    for name in share:
+    for name in (*share, "rtl-verilog"):
         (SHARED_CACHE / name).mkdir(parents=True, exist_ok=True)
         if not (folder / name).is_symlink():
             folder.mkdir(parents=True, exist_ok=True)

@@ -127,12 +127,23 @@ def test_frames_are_not_copied_on_the_device(piped):
 
 # -- over the twin's serial port ---------------------------------------------------------------
 
-@pytest.fixture(params=TWINS)
-def device(tmp_path, request):
-    with McuTwin(tmp_path / "flash", twin=request.param) as twin:
+@pytest.fixture(scope="module", params=TWINS)
+def echo_board(tmp_path_factory, request):
+    """A board of each twin's kind with the echo server flashed (the twin stopped)."""
+    folder = tmp_path_factory.mktemp("echo-board") / "flash"
+    with McuTwin(folder, twin=request.param) as twin:
         # Deployed as on a board (sources: the echo server is the test's, not insitu's firmware).
         flash(twin.port, {"link.py": package_dir("firmware") / "link.py",
                           "echo_server.py": ECHO_SERVER.encode()}, compile_mpy=False)
+    return folder, request.param
+
+
+@pytest.fixture
+def device(tmp_path, echo_board):
+    """A fresh start of a copy of that board, its echo server serving."""
+    flashed, kind = echo_board
+    shutil.copytree(flashed, tmp_path / "flash")
+    with McuTwin(tmp_path / "flash", twin=kind) as twin:
         start_program(twin.port, "import echo_server; echo_server.serve()")
         with DeviceLink(twin.port, timeout_s=1.0) as dl:
             yield twin, dl

@@ -174,6 +174,7 @@ def test_emulate_serves_mpremote_and_insitu_flash_resets_on_sigusr1_and_stops_on
         assert result["arch"] == {"qemu": "armv7emsp", "unix": "x64"}[kind]
         assert sorted(f["name"] for f in result["files"]) == \
             sorted([f"{name}.mpy" for name in runtime] + ["weights.bin"])
+        assert all(f["sent"] for f in result["files"])          # none was on the board
         assert files.names() == sorted([f"{name}.mpy" for name in runtime] + ["weights.bin"])
         assert files.read("weights.bin") == bytes(range(256)) * 3
         out = mpremote(port, "exec", "import link; print(link.MAX_PAYLOAD, link.__file__)").stdout

@@ -19,11 +19,12 @@ pytestmark = pytest.mark.system
 #: A wheel of the tree (seconds): built on each worker, so the two boards' runs go side by side.
 PER_WORKER_FIXTURES = ("site",)
 
-#: The TT paper network on 6 steps of batch 64 and 100 test samples: the fewest whose counters
-#: pass 2**31 (macs_16x4 counts the probes' inferences too: 2,256,371,712), in about 50 s under
-#: qemu-arm.
-TRAIN = ["train", "--algo", "tt", "--model", "paper", "--samples", "384", "--test-samples", "100",
-         "--json"]
+#: The TT paper network. On the 32-bit CPU, 6 steps of batch 64 and 100 test samples: the fewest
+#: whose counters pass 2**31 (macs_16x4 counts the probes' inferences too: 2,256,371,712), about
+#: 50 s under qemu-arm. On the 64-bit one (NumPy's int is int64 there) a step and a probe.
+TRAIN = ["train", "--algo", "tt", "--model", "paper", "--json"]
+SAMPLES = {"armhf": ["--samples", "384", "--test-samples", "100"],
+           "arm64": ["--samples", "64", "--test-samples", "20"]}
 #: What the host's clock measures, not the run.
 HOST_TIMING = ("seconds", "samples_per_second")
 #: Exact: the accelerator's counters and everything counted. An int32 wrap shows in them.
@@ -93,7 +94,7 @@ def test_tt_training_on_the_twin_matches_x86(arch, site, tmp_path):
     MAC counts under qemu (the board's CPU) as on x86, and the same loss curve (to its last bits)."""
     root = userland(arch)
     board = arm_userland.ARCHES[arch].board
-    args = [*TRAIN, "--board", board]
+    args = [*TRAIN, *SAMPLES[arch], "--board", board]
     # Each run its own cache: the twin writes its overlay there.
     guest = arm_userland.run_python(arch, root, ["-m", "insitu", *args], pythonpath=[site],
                                     env=cache_env(tmp_path / "guest-cache"),
@@ -102,7 +103,8 @@ def test_tt_training_on_the_twin_matches_x86(arch, site, tmp_path):
     host = insitu_cli(*args, env=cache_env(tmp_path / "host-cache"), timeout=300)
     assert host.returncode == 0, host.stderr[-3000:]
     got, want = json.loads(guest.stdout), json.loads(host.stdout)
-    assert want["macs_16x4"] > 2**31, "the run no longer passes 2**31: it checks less than it says"
+    if arch == "armhf":
+        assert want["macs_16x4"] > 2**31, "the run no longer passes 2**31: it checks less than it says"
     for key in EXACT:
         assert got[key] == want[key], f"{arch}: {key} is {got[key]!r}, x86 gives {want[key]!r}"
     assert [p["samples"] for p in got["curve"]] == [p["samples"] for p in want["curve"]]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from in_process import insitu_in_process
 from insitu.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.system
@@ -22,6 +23,11 @@ TINY = ("--epochs", "1", "--train-size", "256", "--test-samples", "128", "--widt
 def _insitu(*args):
     return subprocess.run([str(BIN / "insitu"), "e2train", "run", *map(str, args)], capture_output=True,
                           text=True, timeout=600, cwd=ROOT, env={**os.environ, "COLUMNS": "80"})
+
+
+def _refused(*args):
+    """`insitu e2train run ARGS` in this process (tests/in_process.py): the refusals."""
+    return insitu_in_process("e2train", "run", *args, env={"COLUMNS": "80"}, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +118,7 @@ def test_measured_energy_per_row(tmp_path):
     (("--techniques", "slu", "--blocks-per-stage", "0"), "has none"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(args, message):
-    proc = _insitu(*TINY, *args)
+    proc = _refused(*TINY, *args)
     assert proc.returncode == 2, proc.stderr
     assert message in " ".join(proc.stderr.split())
 
@@ -122,9 +128,9 @@ def test_bad_input_exits_2_with_a_clear_message(args, message):
     ("--out-dir", "--out", ("--out", "/proc/e2"), "--out-dir /proc/e2"),
 ])
 def test_older_spellings_still_work_and_help_shows_the_new_one(new, old, args, message):
-    help_text = _insitu("--help").stdout
+    help_text = _refused("--help").stdout
     assert new in help_text and f"{old} " not in help_text
-    proc = _insitu(*args)
+    proc = _refused(*args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 

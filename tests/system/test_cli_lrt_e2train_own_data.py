@@ -1,7 +1,11 @@
 """`insitu lrt adapt`, `insitu train --algo lrt` (on the FPGA twins) and `insitu e2train run` on the
 user's own files: an RGB image folder of another size than digits', a grey .npz and a CSV table;
 and what they refuse (exit 2, before any work). Small settings: each run takes seconds, except the
-first board run, which pre-trains the MLP once (~15 s; the module's later runs reuse it)."""
+first board run, which pre-trains the MLP (20,000 samples x 20 epochs, ~15 s) once: the runs name
+their files by relative paths, in the files' folder, so the data's cache key is the same in every
+session and the pre-trained networks live in the suite's shared cache (the key holds a hash of
+the data as well). The refusals run in this process (tests/in_process.py), on a cache of their
+own that they leave empty."""
 
 import json
 
@@ -9,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import cache_env, insitu_cli
+from in_process import insitu_in_process
 from insitu.data import load_dataset
 from own_data import write_csv, write_image_folder, write_npz
 
@@ -31,18 +36,18 @@ def env(tmp_path_factory):
     np.savez(root / "six.npz", x=ds.x_train[:200, :6, :6], y=ds.y_train[:200])
     (root / "many.csv").write_text("f,label\n" + "".join(f"{k + r / 10},{k}\n" for k in range(130)
                                                           for r in range(3)))
+    write_image_folder(root / "rgb", n=300, rgb_every=1)       # 12x12 RGB
+    write_npz(root / "grey.npz", n=400)                         # 8x8 grey
+    write_csv(root / "table.csv", n=600)                        # 16 features
     return {
-        "rgb": f"folder:{write_image_folder(root / 'rgb', n=300, rgb_every=1)}",   # 12x12 RGB
-        "npz": f"npz:{write_npz(root / 'grey.npz', n=400)}",                       # 8x8 grey
-        "csv": f"csv:{write_csv(root / 'table.csv', n=600)}",                      # 16 features
-        "three": f"npz:{root / 'three.npz'}", "six": f"npz:{root / 'six.npz'}",
-        "many": f"csv:{root / 'many.csv'}",
-        "vars": cache_env(cache),
+        "rgb": "folder:rgb", "npz": "npz:grey.npz", "csv": "csv:table.csv",
+        "three": "npz:three.npz", "six": "npz:six.npz", "many": "csv:many.csv",
+        "root": root, "vars": cache_env(cache, share=("lrt",)),
     }
 
 
 def _run(env, *args):
-    return insitu_cli(*args, env=env["vars"], timeout=120)
+    return insitu_cli(*args, env=env["vars"], timeout=120, cwd=env["root"])
 
 
 def _json(env, *args) -> dict:
@@ -51,10 +56,12 @@ def _json(env, *args) -> dict:
     return json.loads(run.stdout)
 
 
-def _refused(env, *args) -> str:
-    run = _run(env, *args)
+def _refused(env, tmp_path, *args) -> str:
+    cache = tmp_path / "cache"
+    run = insitu_in_process(*args, env=cache_env(cache), cwd=env["root"])
     assert run.returncode == 2, (run.returncode, run.stderr[-3000:])
     assert "Traceback" not in run.stderr and run.stdout.strip() == ""
+    assert not cache.exists() or not any(cache.rglob("*.npz"))      # nothing pre-trained or converted
     return run.stderr
 
 
@@ -81,8 +88,8 @@ def test_lrt_adapt_on_own_files(env, kind, args):
     ("three", ("--model", "mlp"), ["--rank 4 is too large for layer fc2 (3 x 128)",
                                    "3 outputs are the dataset's classes"]),
 ], ids=["cnn-on-features", "cnn-on-6x6", "rank-vs-3-classes"])
-def test_lrt_adapt_refuses_what_the_network_cannot_take(env, kind, args, messages):
-    stderr = _refused(env, *ADAPT, "--env", "control", *args, "--dataset", env[kind])
+def test_lrt_adapt_refuses_what_the_network_cannot_take(env, tmp_path, kind, args, messages):
+    stderr = _refused(env, tmp_path, *ADAPT, "--env", "control", *args, "--dataset", env[kind])
     for message in messages:
         assert message.format(env[kind]) in stderr, (message, stderr)
 
@@ -104,8 +111,8 @@ def test_train_lrt_on_the_twins_on_a_table(env, board):
     ("many", ("--model", "mlp"), ["130 classes x 128", "at most 128 classes"]),
     ("three", ("--model", "mlp"), ["rank 4 is too large for the 3 classes", "--rank 2 or lower"]),
 ], ids=["cnn-on-features", "130-classes", "rank-vs-3-classes"])
-def test_train_lrt_refuses_what_the_pe_cannot_take_before_pretraining(env, kind, args, messages):
-    stderr = _refused(env, "train", "--algo", "lrt", *args, "--dataset", env[kind], "--samples", "8",
+def test_train_lrt_refuses_what_the_pe_cannot_take_before_pretraining(env, tmp_path, kind, args, messages):
+    stderr = _refused(env, tmp_path, "train", "--algo", "lrt", *args, "--dataset", env[kind], "--samples", "8",
                       "--test-samples", "8", "--json")
     assert "pre-training" not in stderr
     for message in messages:
@@ -128,6 +135,6 @@ def test_e2train_on_a_grey_npz(env):
     assert result["baseline_accuracy"] > 0.5 and result["row"] == "psg"
 
 
-def test_e2train_refuses_features(env):
-    stderr = _refused(env, *E2_TINY, "--dataset", env["csv"])
+def test_e2train_refuses_features(env, tmp_path):
+    stderr = _refused(env, tmp_path, *E2_TINY, "--dataset", env["csv"])
     assert f"ResNet takes images, and --dataset {env['csv']} holds feature vectors" in stderr

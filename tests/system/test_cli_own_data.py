@@ -83,15 +83,19 @@ def test_data_export_writes_what_dataset_reads_back(run_cli, env, tmp_path):
     assert load_dataset(f"folder:{tmp_path / 'big'}").sample_shape == (32, 32)
 
 
-@pytest.mark.parametrize("kind", ["folder", "npz"])
-def test_sparse_update_on_the_cortex_m7_twin_trains_on_each_kind(run_cli, own, insitu_cache, kind):
-    """The RGB folder (12x12 and 8x8 images) and the grey npz brought to mbv2-tiny's grey input."""
+@pytest.mark.parametrize("kind, twin", [("folder", "qemu"), ("npz", "unix")], ids=["folder", "npz"])
+def test_sparse_update_on_the_twins_trains_on_each_kind(run_cli, own, insitu_cache, kind, twin):
+    """The RGB folder (12x12 and 8x8 images) and the grey npz brought to mbv2-tiny's grey input.
+    What a kind changes is the host's (the images decoded and brought to the model's input); the
+    folder trains on the Cortex-M7 twin, the npz on the unix-port twin (the same firmware and link
+    without the emulated UART's seconds of flashing)."""
     # The decoded files in the test's own cache; the pretraining and the firmware, slow, shared.
     env = cache_env(insitu_cache, share=("mcu", "mcu-twin"))
     run = run_cli("train", "--board", "stm32f746-disco-sim", "--algo", "sparse", "--model", "mbv2-tiny",
-                  "--dataset", own[kind], "--samples", "10", "--test-samples", "20", "--json", env=env)
+                  "--dataset", own[kind], "--twin", twin, "--samples", "6", "--test-samples", "10", "--json",
+                  env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout)
-    assert result["dataset"] == own[kind] and result["samples"] == 10
+    assert (result["dataset"], result["twin"], result["samples"]) == (own[kind], twin, 6)
     assert result["host_sim_agreement"] == 1.0                # the device computes the host's bits
     assert result["peak_heap_bytes"] <= result["heap_bytes"]

@@ -53,6 +53,8 @@ for epoch in range(2):
 print("trained", flush=True)
 sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 """
+#: The same phases a tenth as long: for the tests that read no phase's energy or duration.
+_QUICK_CHILD = _CHILD.replace("time.sleep(0.2)", "time.sleep(0.02)").replace("time.sleep(0.4)", "time.sleep(0.04)")
 
 
 def _assert_valid_csv(path, samples):
@@ -94,7 +96,7 @@ def test_record_measures_a_command_with_its_phases_and_draws_them(tmp_path):
 
 def test_record_reports_in_words_without_json(tmp_path):
     child = tmp_path / "child.py"
-    child.write_text(_CHILD)
+    child.write_text(_QUICK_CHILD)
     run = power("record", "--meter", "synthetic:2", "--trace", tmp_path / "run.csv", "--", sys.executable, child)
     assert run.returncode == 0, run.stderr
     assert "synthetic:2" in run.stdout and " J " in run.stdout and "train" in run.stdout
@@ -104,7 +106,7 @@ def test_record_reports_in_words_without_json(tmp_path):
 
 def test_a_crashing_command_leaves_a_valid_partial_csv_and_its_exit_code(tmp_path):
     out, child = tmp_path / "run.csv", tmp_path / "child.py"
-    child.write_text(_CHILD.replace('print("trained", flush=True)', 'raise SystemExit(7)'))
+    child.write_text(_QUICK_CHILD.replace('print("trained", flush=True)', 'raise SystemExit(7)'))
     run = power("record", "--meter", "synthetic:1.5@500", "--trace", out, "--json", "--", sys.executable, child)
     assert run.returncode == 7, run.stderr
     rec = json.loads(run.stdout)
@@ -115,7 +117,7 @@ def test_a_crashing_command_leaves_a_valid_partial_csv_and_its_exit_code(tmp_pat
 
 def test_a_crashing_command_in_a_run_folder_is_recorded_as_failed(tmp_path):
     child, folder = tmp_path / "child.py", tmp_path / "run"
-    child.write_text(_CHILD.replace('print("trained", flush=True)', 'raise SystemExit(7)'))
+    child.write_text(_QUICK_CHILD.replace('print("trained", flush=True)', 'raise SystemExit(7)'))
     run = power("record", "--meter", "synthetic:1.5@500", "--run-dir", folder, "--", sys.executable, child)
     assert run.returncode == 7, run.stderr
     record = json.loads((folder / "run.json").read_text())
@@ -197,6 +199,9 @@ def test_measure_power_script_is_the_record_command(tmp_path):
                          capture_output=True, text=True, timeout=60, env=env)
     assert run.returncode == 0, run.stderr
     rec = json.loads(run.stdout)
+    # >= 40: the trace runs from before the command starts until after it ends (the recorder
+    # drains the meter to then), so it spans at least the 0.2 s sleep at 200 Hz however busy the
+    # machine is (a slow start only makes it longer)
     assert rec["complete"] and rec["mean_w"] == pytest.approx(2.0) and rec["samples"] >= 40
 
 
@@ -210,6 +215,8 @@ def test_a_simulated_powershield_is_measured_through_its_serial_port(tmp_path):
                     sys.executable, "-c", "import time; time.sleep(1.5)")
         assert run.returncode == 0, run.stderr
         r = json.loads(run.stdout)
+        # the trace spans the command (the recorder drains the meter until its end): at least its
+        # 1.5 s at 1 kHz, whatever the load (the twin sends the samples due by its clock)
         assert r["complete"] and r["samples"] > 1000
         assert r["mean_w"] == pytest.approx(0.020 * 3.3, rel=0.01)          # 20 mA at 3.3 V
         assert r["energy_j"] == pytest.approx(r["mean_w"] * r["duration_s"], rel=0.02)
@@ -227,7 +234,7 @@ _TOUCH = "import sys; open(sys.argv[1], 'w').write('ran')"
 def _first_run(tmp_path):
     """A complete recording in run.csv (+ run.json, run.phases.jsonl); its files' bytes."""
     child = tmp_path / "child.py"
-    child.write_text(_CHILD)
+    child.write_text(_QUICK_CHILD)
     run = power("record", "--meter", "synthetic:sine", "--trace", tmp_path / "run.csv", "--json",
                 "--", sys.executable, child)
     assert run.returncode == 0, run.stderr
@@ -273,7 +280,7 @@ def test_a_meter_that_cannot_be_opened_leaves_no_files_and_the_path_stays_free(t
 
 def test_run_dir_holds_the_trace_record_and_phases_and_is_never_overwritten(tmp_path):
     child = tmp_path / "child.py"
-    child.write_text(_CHILD)
+    child.write_text(_QUICK_CHILD)
     run_dir = tmp_path / "runs" / "a"
     run = power("record", "--meter", "synthetic:2@500", "--run-dir", run_dir, "--json",
                 "--", sys.executable, child)
@@ -306,6 +313,11 @@ def test_the_old_out_spelling_still_records_but_help_shows_trace(tmp_path):
 
 # ------------------------------------------------------- `insitu train` under the recorder, --json
 
+#: The training runs measured below: digits (fashion-mnist, the default, loads 70,000 images and
+#: tests on 10,000 for figures these tests do not read).
+DIGITS = ("--dataset", "digits")
+
+
 def _insitu_on_path() -> dict:
     return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
@@ -313,11 +325,12 @@ def _insitu_on_path() -> dict:
 @pytest.mark.skipif(not (VENV_BIN / "insitu").exists(), reason="the insitu console script is not installed")
 def test_json_record_of_insitu_train_is_alone_on_stdout_with_train_and_test_phases(tmp_path):
     run = power("record", "--meter", "synthetic:sine", "--trace", tmp_path / "x.csv", "--json",
-                "--", "insitu", "train", "--samples", "600", timeout=300, env=_insitu_on_path())
+                "--", "insitu", "train", "--dataset", "digits", "--samples", "600", timeout=300,
+                env=_insitu_on_path())
     assert run.returncode == 0, run.stderr
     rec = json.loads(run.stdout)                   # only JSON: the child's result line went to stderr
     assert "sgd: 600 samples" in run.stderr
-    assert rec["complete"] and rec["command"] == ["insitu", "train", "--samples", "600"]
+    assert rec["complete"] and rec["command"] == ["insitu", "train", "--dataset", "digits", "--samples", "600"]
     # sgd (the default algorithm) marks its phases through the harness
     names = [p["name"] for p in rec["phases"]]
     assert set(names) == {"train", "test"} and names[0] == "train" and names[-1] == "test"
@@ -334,21 +347,21 @@ def test_json_record_of_insitu_train_is_alone_on_stdout_with_train_and_test_phas
 @pytest.mark.skipif(not (VENV_BIN / "insitu").exists(), reason="the insitu console script is not installed")
 def test_train_meter_never_overwrites_a_power_trace(tmp_path, run_cli):
     insitu_cli = run_cli
-    first = insitu_cli("train", "--samples", "600", "--meter", "synthetic:2@200", "--json", cwd=tmp_path)
+    first = insitu_cli("train", *DIGITS, "--samples", "600", "--meter", "synthetic:2@200", "--json", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["power"]["csv"] == "power.csv"
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     assert set(before) == {"power.csv", "power.json", "power.phases.jsonl"}
     # the default goes to the first free name, and says so
-    second = insitu_cli("train", "--samples", "600", "--meter", "synthetic:2@200", "--json", cwd=tmp_path)
+    second = insitu_cli("train", *DIGITS, "--samples", "600", "--meter", "synthetic:2@200", "--json", cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     rec = json.loads(second.stdout)["power"]
     assert rec["csv"] == "power-1.csv" and "into power-1.csv" in second.stderr
     assert rec["by_phase"]["train"]["samples"] == 600 and rec["energy_per_training_sample_j"] > 0
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
     # an explicit --power-out that exists is refused before training
-    third = insitu_cli("train", "--samples", "600", "--meter", "synthetic:2@200", "--power-out", "power.csv",
-                       cwd=tmp_path)
+    third = insitu_cli("train", *DIGITS, "--samples", "600", "--meter", "synthetic:2@200", "--power-out",
+                       "power.csv", cwd=tmp_path)
     assert third.returncode == 2 and "--power-out: power.csv exists already" in third.stderr
     assert "training on" not in third.stderr
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
@@ -358,7 +371,7 @@ def test_the_record_of_a_training_run_is_json_on_stdout_and_never_overwrites_a_t
     """The issue's case: no --trace, --json, a training run as the command."""
     for expected in ("power.csv", "power-1.csv"):
         run = run_cli("power", "record", "--meter", "synthetic:sine", "--json", "--",
-                      VENV_BIN / "insitu", "train", "--samples", "600", cwd=tmp_path)
+                      VENV_BIN / "insitu", "train", *DIGITS, "--samples", "600", cwd=tmp_path)
         assert run.returncode == 0, run.stderr
         record = json.loads(run.stdout)
         assert Path(record["csv"]).name == expected and (tmp_path / expected).stat().st_size > 0

@@ -1,4 +1,5 @@
-"""`insitu sweep`: a tiny LRT grid end to end (local process pool and Ray), resuming, bad configs."""
+"""`insitu sweep`: a tiny LRT grid end to end (local process pool and Ray), resuming, bad configs
+(refused in this process: tests/in_process.py)."""
 
 import csv
 import importlib.util
@@ -9,7 +10,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT, VENV_BIN, insitu_cli
+from conftest import ROOT, SHARED_CACHE, VENV_BIN, insitu_cli
+from in_process import insitu_in_process
 
 pytestmark = pytest.mark.system
 
@@ -99,7 +101,7 @@ def test_tiny_lrt_grid_tabulates_writes_csv_and_heat_maps_and_resumes(tiny, tmp_
 ])
 def test_bad_configs_are_clear_errors_with_exit_2(tiny, tmp_path, edit, message):
     tiny.write_text(TINY.replace(*edit))
-    run = sweep_cli(tiny, "--out", tmp_path / "out")
+    run = insitu_in_process("sweep", tiny, "--out", tmp_path / "out")
     assert run.returncode == 2, (run.stdout, run.stderr)
     assert message in run.stderr
     assert not list(tmp_path.glob("out/points/*.json"))
@@ -115,8 +117,17 @@ def test_ray_address_without_ray_names_the_extra(tiny, tmp_path):
     assert "--ray-address needs Ray, which is not installed: pip install 'insitu[ray]'" in run.stderr
 
 
+#: TINY on one scheme and one batch: two points, one for each of Ray's two CPUs (what the test
+#: checks, that Ray's table is the process pool's, needs no more); the pre-trained network from
+#: the suite's shared cache (the test above sees cache_dir at work).
+TWO = TINY.replace("dense_batch = [10, 20]", "dense_batch = [20]").replace(
+    'scheme = ["lrt", "lrt-maxnorm"]', 'scheme = ["lrt-maxnorm"]').replace(
+    'cache_dir = "cache"', f"cache_dir = {json.dumps(str(SHARED_CACHE / 'lrt'))}")
+
+
 @needs_ray
 def test_ray_and_local_sweeps_give_identical_tables(tiny, tmp_path, monkeypatch):
+    tiny.write_text(TWO)
     # Keep the cluster on the loopback address (Ray otherwise uses the machine's own address);
     # Ray reads the variable when it is imported, hence also the constant itself.
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -136,7 +147,9 @@ def test_ray_and_local_sweeps_give_identical_tables(tiny, tmp_path, monkeypatch)
         ray.shutdown()
     assert on_ray.returncode == 0, on_ray.stderr
     a, b = json.loads(local.stdout), json.loads(on_ray.stdout)
-    assert b["backend"] == "ray" and b["ran"] == 8
+    assert a["backend"] == "local" and b["backend"] == "ray" and a["ran"] == b["ran"] == 2
+    assert [(r["lr"], r["dense_batch"], r["scheme"]) for r in b["table"]] == [
+        (0.01, 20, "lrt-maxnorm"), (0.1, 20, "lrt-maxnorm")]
     assert a["table"] == b["table"]
 
 
@@ -152,6 +165,7 @@ metrics = ["accuracy", "final_loss"]
 [fixed]
 samples = 200
 batch_size = 32
+dataset = "digits"
 
 [grid]
 lr = [0.01, 0.1]
@@ -213,7 +227,7 @@ def test_a_train_grid_runs_one_run_folder_per_point_compares_and_resumes(train_l
 ])
 def test_a_bad_command_sweep_is_refused_with_exit_2_before_any_point_runs(train_lr, tmp_path, edit, message):
     train_lr.write_text(TRAIN.replace(*edit))
-    run = sweep_cli(train_lr, "--out-dir", tmp_path / "out")
+    run = insitu_in_process("sweep", train_lr, "--out-dir", tmp_path / "out")
     assert run.returncode == 2, (run.stdout, run.stderr)
     assert message in run.stderr
     assert not (tmp_path / "out").exists()

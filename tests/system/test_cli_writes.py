@@ -39,9 +39,12 @@ def _writes(*args):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two real runs of the adaptation experiment (SGD and LRT) and one of the board's LRT PE."""
+    """Two real runs of the adaptation experiment (SGD and LRT) and one of the board's LRT PE.
+    Their pre-trained networks come from the suite's shared cache (the board's MLP is pre-trained
+    on 20,000 samples x 20 epochs: over 20 s): these tests look at the runs' writes, not at what
+    pre-training wrote."""
     d = tmp_path_factory.mktemp("writes")
-    env = cache_env(d / "cache")
+    env = cache_env(d / "cache", share=("lrt",))
     for scheme in ("sgd", "lrt"):
         run = _insitu("lrt", "adapt", "--scheme", scheme, *_SMALL, "--out", d / f"{scheme}.json",
                       "--counts", d / f"{scheme}.npz", env=env)

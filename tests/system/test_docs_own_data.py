@@ -1,14 +1,22 @@
 """docs/own-data.md's walkthrough, every command of it, in order, with small settings.
 
 The commands are read from the page's ``bash`` blocks, so the page cannot rot: a renamed option
-or a changed layout fails here. Small settings replace the figures' sizes, and the built-in
-mbv2-tiny replaces mbv2-28, whose pretraining takes minutes (the commands are otherwise the
-page's). The board command has no board here: it must stop before any work, exit 2, naming the
-port.
+or a changed layout fails here. Small settings replace the figures' sizes (400 of the 1,797
+images, a few samples), and the built-in mbv2-tiny replaces mbv2-28, whose pretraining takes
+minutes (the commands are otherwise the page's). The board command has no board here: it must
+stop before any work, exit 2, naming the port.
+
+The first twin run is on the Cortex-M7 twin, as the page says. The two after it differ from it
+only in what the host compiles (the rates, the searched scheme), so they run on the unix-port twin
+(`--twin unix`: the same firmware and host path, without flashing through the emulated UART,
+most of a Cortex-M7 run's time).
+The Cortex-M7 twin also trains from an ONNX file in tests/system/test_mcu_onnx.py and on a folder
+of images in tests/system/test_cli_own_data.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -26,6 +34,7 @@ SMALL = [(r"--evaluations \d+", "--evaluations 20"), (r"--train-size \d+", "--tr
          (r"--test-samples \d+", "--test-samples 30"), (r"--offline-samples \d+", "--offline-samples 300"),
          (r"--segment \d+", "--segment 100"), (r"--epochs \d+", "--epochs 1"), (r"--keep \d+", "--keep 1"),
          (r"mbv2-28", "mbv2-tiny")]
+TWIN = "--board stm32f746-disco-sim"
 
 
 def walkthrough_commands() -> list[str]:
@@ -35,14 +44,22 @@ def walkthrough_commands() -> list[str]:
     return [line.strip() for block in blocks for line in block.splitlines() if line.startswith("insitu ")]
 
 
-def small(command: str) -> str:
-    # the twin's sparse update runs a sample in ~0.2 s, the host's methods far faster
-    samples = "--samples 12" if "--algo sparse" in command else "--samples 300"
-    command = re.sub(r"--samples \d+", samples, command)
+def small(command: str, twin: str = "qemu") -> str:
+    """``command`` at small settings; a sparse update on the -sim board runs on ``twin``."""
+    if command.startswith("insitu data export"):
+        return command + " --samples 400"                   # and 100 test images
+    sparse = "--algo sparse" in command
+    # the twin's sparse update runs a sample in ~0.2 s and tests each curve point on the host;
+    # LRT updates its dense layers once per 100 samples (--dense-batch), the others train in steps
+    # of at most 64
+    samples = 6 if sparse else 100 if command.startswith("insitu lrt adapt") else 64
+    command = re.sub(r"--samples \d+", f"--samples {samples}", command)
     for pattern, replacement in SMALL:
         command = re.sub(pattern, replacement, command)
-    if "--algo sparse" in command and "--test-samples" not in command:
-        command += " --test-samples 30"
+    if (sparse or "--algo tt" in command) and "--test-samples" not in command:
+        command += " --test-samples 10" if sparse else " --test-samples 30"
+    if TWIN in command and twin != "qemu":
+        command += f" --twin {twin}"
     return command
 
 
@@ -58,14 +75,25 @@ def test_every_walkthrough_command_runs(tmp_path):
     # other tests through insitu's cache; the data this test decodes stays in its own folder.
     env = {**os.environ, **cache_env(tmp_path / "cache", share=("mcu", "mcu-twin", "lrt")),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    twins: list[str] = []
     for command in walkthrough_commands():
-        run = subprocess.run(["bash", "-c", small(command)], cwd=tmp_path, env=env, capture_output=True,
+        twin = "unix" if twins else "qemu"
+        line = small(command, twin)
+        run = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=600)
         if "--board stm32f746-disco " in command:           # no board attached here
             assert run.returncode == 2, (command, run.stderr)
             assert "/dev/ttyACM0" in run.stderr and "Traceback" not in run.stderr
-        else:
-            assert run.returncode == 0, (small(command), run.stderr[-3000:])
+            continue
+        assert run.returncode == 0, (line, run.stderr[-3000:])
+        if TWIN in command:
+            result = json.loads(run.stdout)
+            assert (result["twin"], result["samples"]) == (twin, 6), line
+            assert result["host_sim_agreement"] == 1.0, line   # the device computes the host's bits
+            if "scheme.json" in command:
+                assert result["scheme"] == json.loads((tmp_path / "scheme.json").read_text()), line
+            twins.append(twin)
+    assert twins == ["qemu", "unix", "unix"]
 
 
 def test_the_readme_shows_walkthrough_commands_only():

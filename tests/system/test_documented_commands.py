@@ -57,7 +57,7 @@ VENV_BIN = Path(sys.executable).parent
 #: insitu's cache as the suite found it: the slow one-offs (twins' firmware and builds, pretrained
 #: models) are shared from it; the rest of what the commands cache stays in this module's own.
 SHARED_CACHE = cache_dir()
-SHARE = ("mcu", "mcu-twin", "lrt", "rtl-twin", "sim", "overlays", "board-wheels")
+SHARE = ("mcu", "mcu-twin", "lrt", "rtl-twin", "rtl-verilog", "sim", "overlays", "board-wheels")
 
 
 # ================================================================================== the inventory
@@ -274,7 +274,7 @@ SweepChanges: TypeAlias = dict[str, dict[str, TomlValue]]
 #: written over the copy in the workspace, so the command runs as the page shows it.
 SHRINK: dict[str, SweepChanges] = {
     "examples/sweeps/lrt_fig6.toml": {
-        "fixed": {"samples": 120, "dataset": "digits"},
+        "fixed": {"samples": 120, "dataset": "digits", "arch": "mlp"},
         "grid": {"lr": [0.016], "dense_batch": [10, 32]}},
     "examples/sweeps/train_lr.toml": {
         "sweep": {"seeds": [0]},
@@ -489,11 +489,9 @@ def _walkthrough_scheme_from_file() -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _own_data_help_examples() -> list[str]:
-    from test_help_examples_own_data import COMMANDS, examples
+    from test_help_examples_own_data import all_examples, run_here
 
-    lines = [line for command in COMMANDS for line in examples(*command)]
-    lines += [line for line in examples("train") if "folder:" in line]
-    return [c for line in lines for c in _commands_of_line(line)]
+    return [c for line in run_here(all_examples()) for c in _commands_of_line(line)]
 
 
 WALKTHROUGH = Covered("tests/system/test_docs_own_data.py::test_every_walkthrough_command_runs",
@@ -502,6 +500,14 @@ HELP_OWN_DATA = Covered("tests/system/test_help_examples_own_data.py::test_the_h
                         reads=_own_data_help_examples)
 RTL_EQUALS_FAST = Covered("tests/system/test_cli_train_fpga.py::test_the_rtl_twin_and_the_fast_twin_give_identical_weights",
                           shows=('"--mode", "rtl"', '"--algo", "tt"', '"--json"'))
+#: tests/system/test_mcu_onnx.py: mbv2-tiny exported to tiny.onnx (its `exported` fixture), imported on
+#: digits, and trained from on the Cortex-M7 twin (test_help_examples_own_data.RUN_ELSEWHERE).
+ONNX_IMPORT = Covered("tests/system/test_mcu_onnx.py::test_mcu_import_shows_the_graph_and_its_memory_on_the_board",
+                      shows=('MODEL, TASK, SCHEME, SIM_BOARD = "mbv2-tiny", "digits"', '"tiny.onnx"',
+                             '"mcu", "export", "--model", MODEL, path', '"mcu", "import", exported, "--dataset", TASK'))
+ONNX_ON_TWIN = Covered("tests/system/test_mcu_onnx.py::test_train_sparse_on_the_cortex_m7_twin_from_an_onnx_file",
+                       shows=('"train", "--board", SIM_BOARD, "--algo", "sparse", "--model", exported', '"--samples"',
+                               '"--json"'))
 SPARSE_ON_TWIN = Covered("tests/system/test_mcu_train.py::test_sparse_training_on_the_twin_end_to_end",
                          shows=('"train", "--algo", "sparse"', '"--board", SIM_BOARD', '"--samples"',
                                 '"--twin", kind', '"--json"', 'params=TWINS'))
@@ -644,11 +650,9 @@ TABLE: dict[str, TableEntry] = {
         f"insitu mcu compare --budgets 32K,48K,64K --lr 0.01 --lr-scale classifier=5 {MCU}",
         (says("sparse (searched)", "last layer"),)),
     "insitu mcu minheap --scheme bias-6": MINHEAP,
-    "insitu mcu export --model mbv2-tiny tiny.onnx": HELP_OWN_DATA,
-    "insitu mcu import tiny.onnx --dataset digits": HELP_OWN_DATA,
-    "insitu train --board stm32f746-disco-sim --algo sparse --model tiny.onnx --samples 200 --json": Covered(
-        "tests/system/test_mcu_onnx.py::test_train_sparse_on_the_cortex_m7_twin_from_an_onnx_file",
-        shows=('"train", "--board", SIM_BOARD, "--algo", "sparse", "--model", exported', '"--json"')),
+    "insitu mcu export --model mbv2-tiny tiny.onnx": ONNX_IMPORT,
+    "insitu mcu import tiny.onnx --dataset digits": ONNX_IMPORT,
+    "insitu train --board stm32f746-disco-sim --algo sparse --model tiny.onnx --samples 200 --json": ONNX_ON_TWIN,
 
     # ------------------------------------------------------------------------ docs/measure.md
     "insitu power record --meter SPEC --trace run.csv --plot run.png --json -- COMMAND ...": Covered(
@@ -796,7 +800,7 @@ TABLE: dict[str, TableEntry] = {
         # and the line the help shows after it, mpremote on the printed port
         serve_and_stop("stdout", r"(\S+)", then='mpremote connect PORT exec "import sys; print(sys.implementation._machine)"'),
         (says("heap 327680 bytes", "with Cortex-M7"), files("flash"))),
-    "insitu train --board stm32f746-disco-sim --algo sparse --model tiny.onnx --samples 100": HELP_OWN_DATA,
+    "insitu train --board stm32f746-disco-sim --algo sparse --model tiny.onnx --samples 100": ONNX_ON_TWIN,
     "insitu mcu minheap --model mbv2-tiny --scheme bias-4": MINHEAP,
     "insitu mcu search --budget 128K --out scheme.json --plot curve.png": Run(
         f"insitu mcu search --budget 128K --out scheme.json --plot curve.png {SEARCH}",
@@ -853,8 +857,10 @@ TABLE: dict[str, TableEntry] = {
     "insitu train --config runs/a/config.toml seed=1 --run-dir runs/b": RUN_FOLDERS,
     "insitu train --algo tt --dataset folder:my-images --input-size 20x20 --samples 6000": HELP_OWN_DATA,
     "insitu train --algo tt --model tiny --mode rtl-amaranth --samples 4 --batch-size 4 --test-samples 8": Run(
-        # one sample: a step simulated in Amaranth's simulator takes ~30 s
-        "insitu train --algo tt --model tiny --mode rtl-amaranth --samples 1 --batch-size 1 --test-samples 1",
+        # one sample at rank 1 on 4x4 images: 4,791 cycles in Amaranth's simulator (~1,500 cycles/s),
+        # against 15,836 at the tiny model's rank 4 on 28x28 images
+        "insitu train --algo tt --model tiny --mode rtl-amaranth --samples 1 --batch-size 1 --test-samples 1 "
+        "--rank 1 --input-size 4x4",
         (says("accuracy"),), marks=(pytest.mark.rtl,)),
     "insitu train --board ultra96v2 --bitstream insitu_ultra96v2.bit --algo tt": BOARD_FAILS,
     "insitu train --board stm32f746-disco-sim --algo sparse --samples 500 --json": SPARSE_ON_TWIN,
@@ -893,11 +899,15 @@ TABLE: dict[str, TableEntry] = {
          out_json(lambda d: (d["lr"], d["batch_size"], d["samples"]) == (0.1, 16, 64), "the point's options")),
         needs=("point.toml",)),
     "insitu sweep examples/sweeps/train_lr.toml --out-dir train-lr": Run(
-        "insitu sweep examples/sweeps/train_lr.toml --out-dir train-lr", (sweep_done("train-lr", 2),),
-        needs=("examples/sweeps/train_lr.toml",), workspace="sweep-train-lr-example"),
+        # docs/measure.md's sweep of the same file (--out-dir lr) ran every point: copied here, the
+        # command finds them all done and tabulates them (the points run once, there)
+        "cp -r lr train-lr && insitu sweep examples/sweeps/train_lr.toml --out-dir train-lr",
+        (file_json("train-lr/sweep.json", lambda d: (d["out"], d["points"], d["skipped"], d["failed"], len(d["table"]))
+                   == ("train-lr", 2, 2, [], 2), "2 points, found done"), files("train-lr/heatmap-*.png")),
+        needs=("insitu sweep examples/sweeps/train_lr.toml --out-dir lr",), workspace="sweep-train-lr"),
     "insitu runs compare train-lr/points/* --json": Run(
         "insitu runs compare train-lr/points/* --json", (out_json(lambda d: len(d["runs"]) == 2, "the two points"),),
-        needs=("insitu sweep examples/sweeps/train_lr.toml --out-dir train-lr",), workspace="sweep-train-lr-example"),
+        needs=("insitu sweep examples/sweeps/train_lr.toml --out-dir train-lr",), workspace="sweep-train-lr"),
 }
 
 

@@ -60,11 +60,11 @@ def test_mcu_import_shows_the_graph_and_its_memory_on_the_board(run_cli, exporte
 
 def test_train_sparse_on_the_cortex_m7_twin_from_an_onnx_file(run_cli, exported, tmp_path):
     run = run_cli("train", "--board", SIM_BOARD, "--algo", "sparse", "--model", exported, "--scheme", SCHEME,
-                  "--samples", 20, "--test-samples", 20, "--flash-dir", tmp_path / "flash", "--json", timeout=180)
+                  "--samples", 10, "--test-samples", 10, "--flash-dir", tmp_path / "flash", "--json", timeout=180)
     assert run.returncode == 0, run.stderr
     r = json.loads(run.stdout)
     built_in = built_in_program(SCHEME)
-    assert (r["model"], r["twin"], r["samples"]) == (str(exported), "qemu", 20)
+    assert (r["model"], r["twin"], r["samples"]) == (str(exported), "qemu", 10)
     assert r["model_id"] == built_in.compiled.model_id          # the built-in model's very program
     assert r["host_sim_agreement"] == 1.0
     assert (r["accuracy_before"], r["accuracy_after"]) == (r["host_sim_accuracy_before"], r["host_sim_accuracy_after"])

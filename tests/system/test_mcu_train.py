@@ -8,7 +8,9 @@ model id, samples done, then the trained arena ranges) must equal the simulator'
 samples, so a sample lost or trained twice shows.
 
 mbv2-tiny only (its pretrained cache builds in seconds). Every test that runs a board runs on both
-twins: the Cortex-M7 one (QEMU, the default) and the unix port.
+twins: the Cortex-M7 one (QEMU, the default) and the unix port. The end-to-end run flashes a new
+board; the other runs start from a copy of that board without its checkpoint (`flashed`), where a
+flash sends only the files that changed (the copies over the twin's UART are most of a run's time).
 """
 
 import json
@@ -58,12 +60,27 @@ def prep():
 
 
 @pytest.fixture(scope="module")
-def flashed(prep, kind, tmp_path_factory):
-    """A flash folder with the firmware and this program deployed by mpremote (the twin stopped)."""
+def end_to_end(kind, tmp_path_factory):
+    """`insitu train --algo sparse` on a new board of this twin: its JSON and the board's flash."""
+    from conftest import insitu_cli
+
+    flash_dir = tmp_path_factory.mktemp("end-to-end") / "flash"
+    run = insitu_cli(*SPARSE, "--board", SIM_BOARD, "--samples", 20, "--test-samples", 20,
+                     "--flash-dir", flash_dir, "--twin", kind, "--json", timeout=180)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout), flash_dir
+
+
+@pytest.fixture(scope="module")
+def flashed(prep, kind, end_to_end, tmp_path_factory):
+    """A flash folder with the firmware and this program deployed by mpremote, not trained yet
+    (the twin stopped): the end-to-end run's board without its checkpoint."""
     folder = tmp_path_factory.mktemp("flashed") / "flash"
-    with McuTwin(folder, twin=kind) as twin:
-        mcu_flash.flash(twin.port, firmware_files(prep.compiled))
-    assert FlashFiles(folder, kind).read(BLOB) == prep.compiled.blob
+    shutil.copytree(end_to_end[1], folder)
+    files = FlashFiles(folder, kind)
+    files.remove("tte_ckpt.bin")
+    assert files.read(BLOB) == prep.compiled.blob
+    assert sorted(files.names()) == sorted(n.replace(".py", ".mpy") for n in firmware_files(prep.compiled))
     return folder
 
 
@@ -169,12 +186,8 @@ class Counter:
 
 # --------------------------------------------------------------------------- end to end
 
-def test_sparse_training_on_the_twin_end_to_end(run_cli, prep, kind, tmp_path):
-    flash_dir = tmp_path / "flash"
-    run = run_cli(*SPARSE, "--board", SIM_BOARD, "--samples", 20, "--test-samples", 20,
-                  "--flash-dir", flash_dir, "--twin", kind, "--json", timeout=180)
-    assert run.returncode == 0, run.stderr
-    r = json.loads(run.stdout)
+def test_sparse_training_on_the_twin_end_to_end(end_to_end, prep, kind):
+    r, flash_dir = end_to_end
     assert (r["board"], r["algo"], r["model"], r["samples"], r["test_samples"]) == \
         (SIM_BOARD, "sparse", MODEL, 20, 20)
     assert r["scheme"] == prep.compiled.scheme.to_json() and r["model_id"] == prep.compiled.model_id
@@ -214,9 +227,10 @@ def test_sparse_training_on_the_twin_end_to_end(run_cli, prep, kind, tmp_path):
     assert curve[-1]["test_accuracy"] == r["accuracy_after"] and r["curve_probe"]["test_samples"] == 20
 
 
-def test_accumulated_gradients_train_the_same_on_the_twin_and_the_host(run_cli, kind, tmp_path):
+def test_accumulated_gradients_train_the_same_on_the_twin_and_the_host(run_cli, flashed, kind, tmp_path):
     # --batch-size 3: the gradients of 3 samples are summed on the device, then applied at once.
-    flash_dir = tmp_path / "flash"
+    # On a board flashed before (--flash-dir of a used twin): only the new program is sent.
+    flash_dir = copy_of(flashed, tmp_path)
     run = run_cli("train", "--algo", "sparse", "--model", MODEL, "--scheme", "last-2", "--board", SIM_BOARD,
                   "--samples", 12, "--test-samples", 20, "--batch-size", 3, "--flash-dir", flash_dir,
                   "--twin", kind, "--json", timeout=180)
@@ -233,10 +247,10 @@ def test_accumulated_gradients_train_the_same_on_the_twin_and_the_host(run_cli, 
 
 # --------------------------------------------------------------------------- link trouble
 
-def test_training_survives_pulled_cables_without_losing_or_repeating_a_sample(prep, kind, tmp_path,
+def test_training_survives_pulled_cables_without_losing_or_repeating_a_sample(prep, flashed, kind, tmp_path,
                                                                                monkeypatch, waits):
     samples = 20
-    folder = tmp_path / "flash"
+    folder = copy_of(flashed, tmp_path)
     links, lose_reply = set(), {"armed": False, "fired": 0}
     real_recv = DeviceLink.recv
 
@@ -271,15 +285,16 @@ def test_training_survives_pulled_cables_without_losing_or_repeating_a_sample(pr
     assert_matches_simulation(prep, folder, kind, result, samples, 10)
 
 
-def test_inputs_larger_than_a_frame_go_in_parts(prep, kind, tmp_path, monkeypatch, waits):
+def test_inputs_larger_than_a_frame_go_in_parts(prep, flashed, kind, tmp_path, monkeypatch, waits):
     # A 128x128 RGB image (49,152 B) is 24 of the link's frames; here parts of 40 bytes make
     # the small model's inputs (144 B) several parts each, with a cable pulled between two parts.
     monkeypatch.setattr(TrainingDevice, "input_part_bytes", 40)
     assert prep.x_train[0].size > 2 * 40
     samples, parts = 8, []
     real_request = DeviceLink.request
+    folder = copy_of(flashed, tmp_path)
 
-    with McuTwin(tmp_path / "flash", twin=kind) as twin:
+    with McuTwin(folder, twin=kind) as twin:
         def request(self, ftype, payload=b"", *args, **kwargs):
             if ftype == 11:                             # MSG_INPUT
                 parts.append(len(payload) - 4)
@@ -291,20 +306,22 @@ def test_inputs_larger_than_a_frame_go_in_parts(prep, kind, tmp_path, monkeypatc
         result = finish_without_waiting(
             lambda: run_on_device(prep, twin.port, samples, 4, SEED, Counter()), twin, waits)
     assert parts and max(parts) <= 40
-    assert_matches_simulation(prep, tmp_path / "flash", kind, result, samples, 4)
+    assert_matches_simulation(prep, folder, kind, result, samples, 4)
 
 
-def test_patches_streaming_and_masks_train_on_the_twin_as_in_the_host_simulation(prep, kind, tmp_path,
+def test_patches_streaming_and_masks_train_on_the_twin_as_in_the_host_simulation(prep, flashed, kind, tmp_path,
                                                                                  monkeypatch, waits):
     # The passes that fit the paper's 128x128 networks in 256 KB, all at once on the small model:
     # its first layers one patch at a time (window, conv_fwd with a patch's pads), every table
-    # and frozen full conv streamed from flash a channel at a time (load, load_rows), the ReLU
+    # and frozen full conv streamed from flash a few channels at a time (load, load_rows), the ReLU
     # masks (act_mask, mask_bwd); the firmware runs them bit for bit as the host simulates them.
+    # Flashed over another program: only the new program's files are sent, the runtime the board
+    # holds is kept, and a stale source that would shadow a kept .mpy is removed all the same.
     import copy
 
     from insitu.sparse import compiler, scheme as S
 
-    monkeypatch.setattr(compiler, "STREAM_CHUNK_BYTES", 1)
+    monkeypatch.setattr(compiler, "STREAM_CHUNK_BYTES", 64)      # a layer in parts: 5 load_rows
     monkeypatch.setattr(compiler, "FLASH_TABLE_MIN_BYTES", 4)
     run = copy.copy(prep)
     graph = prep.graph
@@ -315,16 +332,31 @@ def test_patches_streaming_and_masks_train_on_the_twin_as_in_the_host_simulation
     assert stats["patches"] is not None
     for kernel in ("window", "load_rows", "act_mask", "mask_bwd"):
         assert stats["kernels"].get(kernel), kernel
+    assert stats["kernels"]["load_rows"] > 2                  # a layer's weights in several parts
     samples = 6
-    with McuTwin(tmp_path / "flash", twin=kind) as twin:
+    folder = copy_of(flashed, tmp_path)
+    files = FlashFiles(folder, kind)
+    files.write("link.py", b"raise ImportError('a stale link.py')\n")
+    flashes, real_flash = [], mcu_flash.flash
+
+    def flash(*args, **kwargs):
+        flashes.append(real_flash(*args, **kwargs))
+        return flashes[-1]
+
+    monkeypatch.setattr(mcu_flash, "flash", flash)
+    with McuTwin(folder, twin=kind) as twin:
         result = finish_without_waiting(
             lambda: run_on_device(run, twin.port, samples, 4, SEED, Counter()), twin, waits)
-    assert_matches_simulation(run, tmp_path / "flash", kind, result, samples, 4)
+    (flashed_files,) = [f["files"] for f in flashes]
+    assert sorted(f["name"] for f in flashed_files if f["sent"]) == ["tte_model.bin", "tte_model.mpy"]
+    assert {f["name"] for f in flashed_files if not f["sent"]} >= {"fw_train.mpy", "link.mpy", "tte_kernels.mpy"}
+    assert not files.exists("link.py") and files.exists("link.mpy")
+    assert_matches_simulation(run, folder, kind, result, samples, 4)
 
 
-def test_a_reset_board_resumes_from_its_checkpoint(prep, kind, tmp_path, monkeypatch, waits):
+def test_a_reset_board_resumes_from_its_checkpoint(prep, flashed, kind, tmp_path, monkeypatch, waits):
     samples, every, reset_at = 20, 4, 10
-    folder = tmp_path / "flash"
+    folder = copy_of(flashed, tmp_path)
     # A restart needs no timeout: the host sees the board at its REPL prompt.
     reset = {"restarts_flashed": None, "at": None}      # the twin's restarts once flashed
     real_flash = mcu_flash.flash
@@ -395,8 +427,8 @@ _FLIP_ON_DEVICE = ("f = open('tte_model.bin', 'r+b'); n = f.seek(0, 2) // 2; f.s
                    "f.seek(n); f.write(bytes([b[0] ^ 255])); f.close()")
 
 
-def test_the_host_run_stops_on_a_corrupt_blob(prep, kind, tmp_path, monkeypatch):
-    folder = tmp_path / "flash"
+def test_the_host_run_stops_on_a_corrupt_blob(prep, flashed, kind, tmp_path, monkeypatch):
+    folder = copy_of(flashed, tmp_path)
     real_flash = mcu_flash.flash
 
     def flash_then_corrupt(port, *args, **kwargs):
@@ -576,11 +608,11 @@ def test_minheap_bisects_the_twins_heap(minheap, prep, kind):
         assert abs(r["error"]) <= HEAP_MARGIN, (found, r["predicted_heap_bytes"])
 
 
-def test_the_heap_minheap_finds_is_enough_to_train(minheap, prep, kind, tmp_path, waits):
+def test_the_heap_minheap_finds_is_enough_to_train(minheap, prep, flashed, kind, tmp_path, waits):
     # With the margin insitu train asks for: at the exact minimum, a heap fragmented a little
     # differently (other imports, another start) may refuse the arena, which the firmware reports.
     heap = int(minheap["min_heap_bytes"] * (1 + HEAP_MARGIN))
-    with McuTwin(tmp_path / "flash", heap_bytes=heap, twin=kind) as twin:   # `insitu train --heap HEAP`
+    with McuTwin(copy_of(flashed, tmp_path), heap_bytes=heap, twin=kind) as twin:   # `insitu train --heap HEAP`
         result = finish_without_waiting(lambda: run_on_device(prep, twin.port, 4, 4, SEED, Counter()),
                                         twin, waits)
     assert result["accuracy_after"] is not None

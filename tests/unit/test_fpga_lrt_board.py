@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from conftest import SHARED_CACHE
 from insitu.checkpoint import load_checkpoint
 from insitu.errors import InsituError
 from insitu.boards import get_board
@@ -46,13 +47,16 @@ class GoldenPort:
 
 
 # A small, quickly pre-trained network: the MLP (64 -> 128 -> 10) on scikit-learn's digits,
-# 3000 offline samples (about 1 s to pre-train, then cached for the module).
+# 3000 offline samples x 20 epochs (a few seconds to pre-train, for each of three seeds).
 SMALL = dict(dataset="digits", arch="mlp", offline_samples=3000, segment=500, test_samples=500)
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("lrt-pretrained")
+def cache():
+    """The suite's shared cache of pre-trained networks (conftest.SHARED_CACHE): these tests look
+    at the adaptation, not at what pre-training wrote; the refusals before pre-training below
+    check that on empty caches of their own."""
+    return SHARED_CACHE / "lrt"
 
 
 def _net(cache, seed=0):

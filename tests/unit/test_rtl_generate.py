@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -644,3 +645,48 @@ def test_packaging_fails_clearly_on_a_missing_port(fresh):
                          check=False)
     assert run.returncode != 0
     assert "the top level has no port m_axis_tlast (bus interface m_axis)" in run.stderr
+
+
+# ------------------------------------------------------------------ the Verilog cache across processes
+
+def test_converting_the_components_imports_only_the_sources_the_cache_key_hashes():
+    """A fresh interpreter imports each component's module: every insitu module it loads is one
+    of verilog_cache.source_files(), so no source the text depends on is left out of its key."""
+    from insitu.rtl import verilog_cache
+
+    modules = [source.module for source in gen.RTL_SOURCES] + ["insitu.rtl.generate"]
+    run = subprocess.run([sys.executable, "-c", f"""
+import importlib, json, sys
+for name in {modules!r}:
+    importlib.import_module(name)
+print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()
+                        if n.split('.')[0] == 'insitu' and getattr(m, '__file__', None))))
+"""], capture_output=True, text=True, check=True)
+    loaded = {Path(f).resolve() for f in json.loads(run.stdout)}
+    assert loaded and loaded <= set(verilog_cache.source_files()), loaded - set(verilog_cache.source_files())
+
+
+def test_the_cache_serves_the_converted_text_and_a_changed_source_is_a_new_key(insitu_cache, monkeypatch):
+    from insitu.rtl import verilog_cache
+
+    (insitu_cache / verilog_cache.FOLDER).unlink()              # its own, not the suite's shared one
+    calls = []
+
+    def convert(component, name):
+        calls.append(name)
+        return f"module {name}; // {type(component).__name__}\nendmodule\n"
+
+    monkeypatch.setattr(gen, "to_verilog", convert)
+    first = verilog_cache.converted("insitu.rtl.pe1", "PE1", DEFAULT_PARAMS, "pe1")
+    assert verilog_cache.converted("insitu.rtl.pe1", "PE1", DEFAULT_PARAMS, "pe1") == first
+    assert calls == ["pe1"]                                      # the second came from the cache
+    (entry,) = (insitu_cache / verilog_cache.FOLDER).glob("*.v")
+    assert entry.read_text() == first
+    # Other parameters are another entry.
+    verilog_cache.converted("insitu.rtl.pe1", "PE1", accelerator_params("ultra96v2"), "pe1")
+    assert calls == ["pe1", "pe1"]
+    # Another source: converted again, and the old source's entries are gone.
+    monkeypatch.setattr(verilog_cache, "source_digest", lambda: "0123456789abcdef")
+    verilog_cache.converted("insitu.rtl.pe1", "PE1", DEFAULT_PARAMS, "pe1")
+    assert calls == ["pe1", "pe1", "pe1"]
+    assert [p.name[:16] for p in (insitu_cache / verilog_cache.FOLDER).glob("*.v")] == ["0123456789abcdef"]

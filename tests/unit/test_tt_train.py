@@ -3,7 +3,9 @@
 import functools
 import math
 
+import numpy as np
 import pytest
+from own_data import write_npz
 
 from insitu.data.datasets import FASHION_MNIST_DIR
 from insitu.errors import InsituError
@@ -72,16 +74,27 @@ def test_dense_memory_is_the_vanilla_network_in_32_bit_floats():
     assert dense_memory_bits() == 467472 * 32 == (896 * 512 + 512 + 512 * 16 + 16) * 32
 
 
-# Each run trains on 256 samples for one epoch and evaluates 200 training and all 10,000 test
-# samples: about 3 s for float and 8 s for fixed-prior (the golden-model PEs) on one core. A
-# constant learning rate: cosine annealing would spend half of the only epoch at a small rate.
+# Each run trains on 256 samples for one epoch and evaluates 200 training and 500 test samples
+# (the network is FashionMNIST's: its --data-dir holds the first 2,000 training and 500 test
+# samples; the inference passes, on the golden-model PEs for fixed-prior, are most of a run's
+# time). A constant learning rate: cosine annealing would spend half of the only epoch at a
+# small rate.
 _RUN = {"train_samples": 256, "epochs": 1, "eval_train_samples": 200, "lr_schedule": "constant",
         "lr": 0.003}
 
 
 @pytest.fixture(scope="module")
-def results():
-    return {v: run_tt_training(TTTrainConfig(variant=v, **_RUN)) for v in ("float", "fixed-prior")}
+def results(tmp_path_factory):
+    from insitu.data import load_dataset
+    from insitu.data.idx import write_idx
+
+    full, folder = load_dataset("fashion-mnist"), tmp_path_factory.mktemp("fashion-subset")
+    for prefix, images, labels in (("train", full.x_train[:2000], full.y_train[:2000]),
+                                   ("t10k", full.x_test[:500], full.y_test[:500])):
+        write_idx(folder / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte", labels.astype(np.uint8))
+    return {v: run_tt_training(TTTrainConfig(variant=v, data_dir=str(folder), **_RUN))
+            for v in ("float", "fixed-prior")}
 
 
 @needs_fashion
@@ -166,13 +179,19 @@ def _interrupt_after_epoch(n):
     return on_epoch
 
 
-@needs_fashion
 @pytest.mark.parametrize("variant", ["fixed-prior", "dense"])
 def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, variant):
-    """Interrupted after epoch 1 and resumed: the same history (pruning included) as 3 in a row."""
-    config = TTTrainConfig(variant=variant, epochs=3, train_samples=200, eval_train_samples=100,
-                           batch_size=32, prune_threshold=0.5, prior_weight=50.0)
+    """Interrupted after epoch 1 and resumed: the same history (pruning included) as 3 in a row.
+
+    On 128 digits (32 test samples: the evaluations and the curve's probes, on the golden-model
+    PEs for fixed-prior, would otherwise be most of the time), three steps an epoch."""
+    data = write_npz(tmp_path / "digits.npz", n=128)
+    config = TTTrainConfig(variant=variant, epochs=3, train_samples=96, eval_train_samples=48,
+                           batch_size=32, prune_threshold=0.5, prior_weight=50.0,
+                           dataset=f"npz:{data}")
     straight = run_tt_training(config)
+    if variant == "fixed-prior":                  # the prior prunes, so the resume carries it
+        assert straight["history"][0]["pruned_ranks"] > 0, straight["history"]
     ck = tmp_path / "run.npz"
     with pytest.raises(_Interrupted):
         run_tt_training(config, checkpoint=ck, on_epoch=_interrupt_after_epoch(1))
@@ -189,10 +208,9 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, variant):
         run_tt_training(TTTrainConfig(**{**config.__dict__, "epochs": 4}), checkpoint=ck)
 
 
-@needs_fashion
 def test_constant_rate_run_continues_for_more_epochs(tmp_path):
     config = functools.partial(TTTrainConfig, variant="float", train_samples=64, eval_train_samples=64,
-                               lr_schedule="constant")
+                               lr_schedule="constant", dataset="digits")
     ck = tmp_path / "run.npz"
     run_tt_training(config(epochs=2), checkpoint=ck)
     longer = run_tt_training(config(epochs=3), checkpoint=ck)
@@ -201,10 +219,10 @@ def test_constant_rate_run_continues_for_more_epochs(tmp_path):
         run_tt_training(config(epochs=2), checkpoint=ck)
 
 
-@needs_fashion
 def test_checkpoint_of_another_run_is_refused(tmp_path):
     ck = tmp_path / "run.npz"
-    config = functools.partial(TTTrainConfig, variant="float", train_samples=64, eval_train_samples=64, epochs=1)
+    config = functools.partial(TTTrainConfig, variant="float", train_samples=64, eval_train_samples=64, epochs=1,
+                               dataset="digits")
     run_tt_training(config(), checkpoint=ck)
     with pytest.raises(InsituError, match="belongs to another run"):
         run_tt_training(config(lr=0.01), checkpoint=ck)
@@ -214,3 +232,71 @@ def test_checkpoint_of_another_run_is_refused(tmp_path):
 def test_more_train_samples_than_the_dataset_is_an_error():
     with pytest.raises(ValueError, match="exceeds the 60000 training samples"):
         run_tt_training(TTTrainConfig(variant="float", train_samples=70_000))
+
+
+# ------------------------------------------------------------------ the network's inputs
+
+def _shapes():
+    """digits (8x8 grey) for the paper network and the tiny one (which pools 2x2), and brought to
+    12x12 RGB (rows padded): every step of the conversion."""
+    from insitu.data import load_dataset
+    from insitu.tt.network import fit_input, tt_shape
+
+    digits = load_dataset("digits")
+    for model, data in (("paper", digits), ("tiny", digits), ("paper", fit_input(digits, (12, 12, 3)))):
+        yield data, tt_shape(data.sample_shape, data.num_classes, model=model, rank=16, batch=32)
+
+
+def test_network_inputs_convert_the_rows_asked_for_as_the_whole_split_would():
+    from insitu.tt.experiment import network_inputs
+
+    rng = np.random.default_rng(1)
+    for data, shape in _shapes():
+        x_train, y_train, x_test, y_test = network_inputs(data, shape)
+        assert np.array_equal(y_train, data.y_train) and np.array_equal(y_test, data.y_test)
+        for split, lazy in (("train", x_train), ("test", x_test)):
+            whole = shape.vectors(data.float_images(split, np.float64))
+            assert len(lazy) == len(whole) and np.array_equal(lazy[:], whole)
+            for index in (slice(0, 250), slice(250, 500), slice(len(whole) - 1, None), np.array([3]),
+                          rng.permutation(len(whole))[:64]):
+                got = lazy[index]
+                assert got.dtype == np.float64 and np.array_equal(got, whole[index]), (split, index)
+            pick = rng.permutation(len(whole))[:100]
+            subset = lazy.subset(pick)
+            assert len(subset) == 100 and np.array_equal(subset[10:60], whole[pick][10:60])
+            assert np.array_equal(subset.subset(slice(5))[[4, 0]], whole[pick[[4, 0]]])
+
+
+def test_a_run_on_network_inputs_is_the_run_on_the_converted_split():
+    """The loop, its evaluation and the curve's probe take the inputs as they took the converted
+    arrays: the same losses, curve, history and weights (fixed-prior: pruning included)."""
+    from insitu.harness import RunPlan, run_training
+    from insitu.tt.experiment import Model, TTLearner, accuracy, curve_probe, network_inputs
+
+    data, shape = next(_shapes())
+    config = TTTrainConfig(variant="fixed-prior", batch_size=32, lr=3e-3, lr_schedule="constant",
+                           prune_threshold=0.5, prior_weight=50.0)
+    lazy_train, y_train, lazy_test, y_test = network_inputs(data, shape)
+    pick = np.random.default_rng(0).permutation(len(y_train))[:64]
+    eager_train = shape.vectors(data.float_images("train", np.float64))[pick]
+    eager_test = shape.vectors(data.float_images("test", np.float64))
+
+    def run(x, x_test):
+        model = Model(config, len(x), shape.layers, classes=shape.classes)
+        learner = TTLearner(model, x, y_train[pick], config.seed)
+        plan = RunPlan("test", {}, 2 * len(x), config.batch_size, epoch_size=len(x),
+                       evaluate_every_epoch=True)
+        outcome = run_training(plan, learner, end_of_epoch=learner.end_of_epoch,
+                               evaluate=lambda: {"test_accuracy": accuracy(model, x_test, y_test)},
+                               probe=curve_probe(model, x_test, y_test))
+        return outcome, learner.state()
+
+    (lazy, (lazy_arrays, lazy_meta)), (eager, (eager_arrays, eager_meta)) = \
+        run(lazy_train.subset(pick), lazy_test), run(eager_train, eager_test)
+    assert lazy.losses == eager.losses and lazy.curve == eager.curve and lazy_meta == eager_meta
+    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in lazy.history]
+    assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in eager.history]
+    assert lazy.history[0]["pruned_ranks"] > 0
+    assert lazy_arrays.keys() == eager_arrays.keys()
+    for key, value in lazy_arrays.items():
+        np.testing.assert_array_equal(value, eager_arrays[key], err_msg=key)

@@ -27,7 +27,8 @@ def command(board, port, model_dir, source, as_json, files):
 
     Python modules are cross-compiled with mpy-cross for the CPU the board reports (Cortex-M7:
     armv7emsp; the twin: x64). Every file is written to a temporary name, checked by SHA-256 on
-    the board, then renamed: a failed flash keeps the old files.
+    the board, then renamed: a failed flash keeps the old files. A file the board already holds
+    with the same SHA-256 is not sent again.
 
     \b
     Examples:
@@ -51,6 +52,7 @@ def command(board, port, model_dir, source, as_json, files):
         emit_json({"board": board, **result})
         return
     for f in result["files"]:
-        report.print(f"  {f['name']:<28} {f['bytes']:>8} bytes  sha256 {f['sha256'][:16]}")
+        kept = "" if f["sent"] else "  (already there)"
+        report.print(f"  {f['name']:<28} {f['bytes']:>8} bytes  sha256 {f['sha256'][:16]}{kept}")
     arch = f", .mpy for {result['arch']}" if result["arch"] else ", sources"
     console.print(f"flashed {len(result['files'])} files to {port}{arch}")

@@ -23,7 +23,9 @@ of a loaded dataset are read-only because loads are cached per process and share
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -128,11 +130,12 @@ class Dataset:
             return self.x_test, self.y_test
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
 
-    def float_images(self, split: str = "train", dtype: type = np.float32) -> np.ndarray:
-        """The samples of ``split`` as a new float array in [0, 1]: pixel / 255 for images,
-        the (already scaled) features as they are."""
+    def float_images(self, split: str = "train", dtype: type = np.float32, rows=None) -> np.ndarray:
+        """The samples of ``split`` (only its ``rows``, an index array or a slice, if given) as a
+        new float array in [0, 1]: pixel / 255 for images, the (already scaled) features as they
+        are."""
         images, _ = self.split(split)
-        out = images.astype(dtype)
+        out = (images if rows is None else images[rows]).astype(dtype)
         if self.kind == "images":
             out /= 255
         return out
@@ -395,15 +398,29 @@ def _check_split(name, split, images, labels, num_classes, images_path, labels_p
 
 # --- digits (scikit-learn) ----------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=1)
-def _load_digits() -> Dataset:
-    from sklearn.datasets import load_digits  # imported here: sklearn takes ~1 s to import
+def _sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits, ``(images (1797, 8, 8) of counts 0..16, labels)``: its bundled
+    ``datasets/data/digits.csv.gz`` read as ``load_digits`` reads it, without importing sklearn
+    (~1 s, every command run on digits); ``load_digits`` itself where the file is not found."""
+    spec = importlib.util.find_spec("sklearn")       # a top-level package: found, not imported
+    folder = Path(spec.origin).parent if spec is not None and spec.origin else None
+    if folder is not None and (folder / "datasets" / "data" / "digits.csv.gz").is_file():
+        with gzip.open(folder / "datasets" / "data" / "digits.csv.gz", "rt", encoding="utf-8") as fh:
+            data = np.loadtxt(fh, delimiter=",")
+        return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+    from sklearn.datasets import load_digits
 
     bunch = cast("Bunch", load_digits())        # (a (data, target) tuple only with return_X_y)
+    return bunch.images, bunch.target
+
+
+@functools.lru_cache(maxsize=1)
+def _load_digits() -> Dataset:
+    images, target = _sklearn_digits()
     # Pixels are counts 0..16 (4x4 blocks of a 32x32 bitmap); scale to the 0..255 of the other
     # datasets so that every pipeline sees uint8 images: round(v * 255 / 16), so 16 -> 255.
-    images = np.rint(bunch.images * (255 / 16)).astype(np.uint8)
-    labels = bunch.target.astype(np.int64)
+    images = np.rint(images * (255 / 16)).astype(np.uint8)
+    labels = target.astype(np.int64)
     train, test = stratified_split(labels, DIGITS_TEST_FRACTION, DIGITS_SPLIT_SEED)
     spec = _spec("digits")
     return frozen(Dataset("digits", images[train], labels[train], images[test], labels[test],

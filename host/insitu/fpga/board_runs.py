@@ -21,7 +21,8 @@ from insitu.harness import RunPlan, run_identity, run_training, say
 from insitu.measure.energy import estimate_energy
 from insitu.measure.rails import RailsRecording
 from insitu.tt.model import TTNet
-from insitu.tt.experiment import BOARD_OPTIONS, Model, TTLearner, TTTrainConfig, accuracy, curve_probe
+from insitu.tt.experiment import (BOARD_OPTIONS, Model, TTLearner, TTTrainConfig, accuracy, curve_probe,
+                                  network_inputs)
 from insitu.tt.network import ARCHITECTURES, fit_input, tt_shape
 
 from . import power
@@ -125,16 +126,13 @@ def run_tt(config, board, advance) -> dict:
                          params=bitstream_params(accel.read))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    x_train = shape.vectors(data.float_images("train", np.float64))
-    x_test = shape.vectors(data.float_images("test", np.float64))
+    x_train, y_train, x_test, y_test = network_inputs(data, shape)
     if config.test_samples:
-        x_test, y_test = x_test[:config.test_samples], data.y_test[:config.test_samples]
-    else:
-        y_test = data.y_test
+        x_test, y_test = x_test.subset(slice(config.test_samples)), y_test[:config.test_samples]
     executor = BoardExecutor(accel)
     model = Model(tt_config, len(x_train), layers=shape.layers, executor=executor,
                   classes=shape.classes)
-    learner = BoardTTLearner(model, x_train, data.y_train, config.seed, accel, executor)
+    learner = BoardTTLearner(model, x_train, y_train, config.seed, accel, executor)
     plan = RunPlan("insitu train --algo tt", _identity(config, data), config.samples,
                    config.batch_size, config.checkpoint, config.checkpoint_every,
                    epoch_size=len(x_train))

@@ -16,6 +16,7 @@ maximum and total writes per NVM cell, and the curves of both over the run.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -30,7 +31,7 @@ from insitu.checkpoint import load_checkpoint, save_checkpoint
 from insitu.checks import check_int
 from insitu.errors import InsituError
 from insitu.harness import CURVE_POINTS, RunPlan, check_resumable, run_training, say
-from insitu.io import atomic_write
+from insitu.io import atomic_write, exclusive
 from insitu.lrt.nvm import NVMModel, make_drift
 from insitu.lrt.online import ENVS, OnlineData
 from insitu.lrt.qnet import ARCHITECTURES, PAPER_CNN_MIN_SIZE
@@ -100,12 +101,37 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     path = cache / f"pretrained-{arch}-{digest}.npz"
+    info = _load_pretrained(path, key, net)
+    if info is not None:
+        return net, info
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        writable = os.access(cache, os.W_OK)
+    except OSError:
+        writable = False         # a read-only cache: no resuming, and no caching either
+    # One pre-training per key at a time (parallel runs, sweep points): a process that waited
+    # finds the network the first one cached.
+    with exclusive(path.with_suffix(".lock")) if writable else contextlib.nullcontext():
+        info = _load_pretrained(path, key, net)
+        if info is not None:
+            return net, info
+        return net, _pretrain_and_cache(net, data, path, key, arch, offline_samples, epochs, seed,
+                                        recipe, writable, advance, say)
+
+
+def _load_pretrained(path: Path, key: dict, net) -> dict | None:
+    """The cached network's ``info`` (its weights loaded into ``net``), or None if not cached."""
     if path.exists():
         arrays, meta = load_checkpoint(path)
         if meta.get("key") == key:
             net.load_state_dict(arrays)
-            return net, meta["info"]
-    partial = cache / f"pretrained-{arch}-{digest}.partial.npz"
+            return meta["info"]
+    return None
+
+
+def _pretrain_and_cache(net, data, path: Path, key: dict, arch: str, offline_samples: int,
+                        epochs: int, seed: int, recipe: dict, writable: bool, advance, say) -> dict:
+    partial = path.with_name(path.name.replace(".npz", ".partial.npz"))
     say(f"pre-training the {arch} offline on {offline_samples} samples x {epochs} epochs, once "
         f"(cached in {path}; the next runs with these settings start at once"
         + ("; resuming from its last epoch)" if partial.exists() else ")"))
@@ -121,11 +147,7 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
             f"accuracy (2000 samples) {record['validation_accuracy']:.4f}, {record['seconds']:.0f} s")
 
     start = time.perf_counter()
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        checkpoint = partial if os.access(cache, os.W_OK) else None
-    except OSError:
-        checkpoint = None        # a read-only cache: no resuming, and no caching either
+    checkpoint = partial if writable else None
     history = pretrain(net, epoch_data, epochs=epochs, seed=seed, advance=advance,
                        checkpoint=checkpoint, checkpoint_key=key, on_epoch=on_epoch, **recipe)
     info = {"validation_accuracy": evaluate(net, xv, yv),
@@ -140,7 +162,7 @@ def pretrained_model(arch: str = "cnn", dataset: str = "fashion-mnist", data_dir
         partial.unlink(missing_ok=True)
     except (OSError, InsituError):
         pass                     # a read-only cache only costs the next run a pre-training
-    return net, info
+    return info
 
 
 def check_adapt(arch: str, data: OnlineData, config: LRTConfig,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import tempfile
 import time
 from typing import Callable
 
@@ -281,13 +282,15 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
     if measure_heap:
         x, y = bundle.x_train[:HEAP_SAMPLES], bundle.y_train[:HEAP_SAMPLES]
         measured: dict = {}
-        for r, c in zip(mem_rows, programs):
-            key = (scheme_key(canonical(graph, c.scheme)), c.arena_bytes, c.model_id)
-            if key not in measured:
-                say(f"measuring the smallest heap of {r['name']} (arena {c.arena_bytes:,} B) on {board}")
-                measured[key] = measure_heap_of(c, x, y, board, say)
-            r.update(measured[key])
-            r["heap_error"] = (r["min_heap_bytes"] - r["predicted_heap_bytes"]) / r["predicted_heap_bytes"]
+        # One flash folder: the firmware runtime is flashed once, each program's model over it.
+        with tempfile.TemporaryDirectory(prefix="insitu-compare-") as flash_dir:
+            for r, c in zip(mem_rows, programs):
+                key = (scheme_key(canonical(graph, c.scheme)), c.arena_bytes, c.model_id)
+                if key not in measured:
+                    say(f"measuring the smallest heap of {r['name']} (arena {c.arena_bytes:,} B) on {board}")
+                    measured[key] = measure_heap_of(c, x, y, board, say, flash_dir=flash_dir)
+                r.update(measured[key])
+                r["heap_error"] = (r["min_heap_bytes"] - r["predicted_heap_bytes"]) / r["predicted_heap_bytes"]
 
     base, full_row = mem_rows[0], mem_rows[1]
     for r in mem_rows:
@@ -313,12 +316,14 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
     }
 
 
-def measure_heap_of(compiled, x_codes, labels, board: str = DEFAULT_BOARD, say=None) -> dict:
+def measure_heap_of(compiled, x_codes, labels, board: str = DEFAULT_BOARD, say=None,
+                    flash_dir: str | None = None) -> dict:
     """The smallest heap ``compiled`` trains in on the twin (:func:`find_min_heap`), bracketed by
     ``[max(arena, LOW_FACTOR * predicted), HEAP_HIGH_FACTOR * predicted]``: a probe far below the
     prediction is a heap the firmware cannot even start in, which costs a link timeout, not a quick
     refusal. When no probe of that bracket fails, its low end was not below the minimum, and the
-    bisection is redone from the arena."""
+    bisection is redone from the arena. ``flash_dir``: the twin's flash folder (as
+    :func:`find_min_heap`'s)."""
     from insitu.mcu.minheap import find_min_heap
     from insitu.mcu.board_runs import firmware_files
 
@@ -328,11 +333,11 @@ def measure_heap_of(compiled, x_codes, labels, board: str = DEFAULT_BOARD, say=N
     files = firmware_files(compiled)
     started = time.perf_counter()
     low = max(arena, int(LOW_FACTOR * predicted) // 16 * 16)
-    found, probes = find_min_heap(files, x_codes, labels, low, high, board=board)
+    found, probes = find_min_heap(files, x_codes, labels, low, high, board=board, flash_dir=flash_dir)
     bracketed = low == arena or any(not p.ok for p in probes)
     if not bracketed:
         say(f"  every probe down to {low:,} B trained: bisecting again from the arena ({arena:,} B)")
-        found, more = find_min_heap(files, x_codes, labels, arena, found, board=board)
+        found, more = find_min_heap(files, x_codes, labels, arena, found, board=board, flash_dir=flash_dir)
         probes += more
     say(f"  smallest heap {found:,} B (predicted {predicted:,} B; {len(probes)} probes)")
     return {"min_heap_bytes": int(found), "probes": len(probes), "heap_bracket": [low if bracketed else arena, high],

@@ -8,6 +8,8 @@
 - Each file is copied to ``NAME.tmp``; a snippet run on the device checks every copy's SHA-256 and
   only then renames them over the old files (and removes a stale ``.py`` that would shadow a new
   ``.mpy``, or the reverse). A failed flash leaves the old files in place.
+- A file the device already holds with the same SHA-256 (the runtime of a board flashed before) is
+  not sent again: the copies are the slow part of a flash (mpremote writes 256 bytes a round trip).
 - mpremote's soft reset before the first command is kept (no ``resume``): it stops what runs and
   gives the copy a clean heap, and the next import loads the new code.
 """
@@ -35,10 +37,10 @@ _MARK = "insitu-flash:"
 #: sys.platform of the twins: the Cortex-M7 twin (QEMU port) and the unix port.
 TWIN_PLATFORMS = ("qemu", "linux")
 
-# Runs on the device: hash each copy in 512-byte reads (a weight blob must not need its size in
-# heap), and rename only if every copy matches.
-_DEVICE_SNIPPET = """
-import os, hashlib, binascii, json
+# Runs on the device: a file's SHA-256 in 512-byte reads (a weight blob must not need its size in
+# heap).
+_HASH = """
+import hashlib, binascii
 _b = bytearray(512)
 def _h(path):
     d = hashlib.sha256()
@@ -49,18 +51,41 @@ def _h(path):
                 break
             d.update(memoryview(_b)[:k])
     return binascii.hexlify(d.digest()).decode()
+"""
+
+# Runs on the device: hash each copy, and only if every copy matches remove the shadows of every
+# file flashed (sent or already there) and rename the copies.
+_DEVICE_SNIPPET = "import os, json\n" + _HASH.replace("{", "{{").replace("}", "}}") + """
 _want = {want}
 _got = {{n: _h(n + '.tmp') for n in _want}}
 _ok = _got == _want
 if _ok:
-    for n in _want:
-        for s in {shadows}.get(n, ()):
+    for n, ss in {shadows}.items():
+        for s in ss:
             try:
                 os.remove(s)
             except OSError:
                 pass
+    for n in _want:
         os.rename(n + '.tmp', n)
 print('{mark}' + json.dumps({{'ok': _ok, 'sha256': _got}}))
+"""
+
+# Runs on the device: what it is, and the SHA-256 of those of _NAMES it holds (none where it cannot
+# hash: every file is then sent).
+_PROBE_SNIPPET = """
+import sys, json
+_have = {}
+try:
+""" + "".join("    " + line + "\n" for line in _HASH.strip().splitlines()) + """    for n in _NAMES:
+        try:
+            _have[n] = _h(n)
+        except OSError:
+            pass
+except Exception:
+    pass
+print(_MARK + json.dumps([sys.platform, getattr(sys.implementation, '_mpy', 0),
+                          getattr(sys.implementation, '_machine', ''), _have]))
 """
 
 
@@ -90,20 +115,20 @@ def _mpremote(port: str, args: list[str], timeout_s: float) -> str:
     raise InsituError(f"mpremote failed on {port}:\n{tail}")
 
 
-def probe(port: str, timeout_s: float = 30.0) -> dict:
+def probe(port: str, timeout_s: float = 30.0, holds=()) -> dict:
     """The device's platform, machine and .mpy format: ``{"platform", "machine", "mpy_version",
-    "arch"}`` (machine: ``sys.implementation._machine``, e.g. "mps2-an500 with Cortex-M7")."""
+    "arch", "sha256"}`` (machine: ``sys.implementation._machine``, e.g. "mps2-an500 with
+    Cortex-M7"; sha256: the hex digest of each file named in ``holds`` that the device has)."""
     _check_port(port)
-    out = _mpremote(port, ["exec", f"import sys, json; print('{_MARK}' + json.dumps([sys.platform, "
-                                   "getattr(sys.implementation, '_mpy', 0), "
-                                   "getattr(sys.implementation, '_machine', '')]))"], timeout_s)
+    snippet = f"_MARK = {_MARK!r}\n_NAMES = {sorted(holds)!r}\n" + _PROBE_SNIPPET
+    out = _mpremote(port, ["exec", snippet], timeout_s)
     said = [line for line in out.splitlines() if line.startswith(_MARK)]
     if not said:
         raise InsituError(f"the board on {port} did not say what it is:\n{out.strip()[-300:]}")
-    platform, mpy, machine = json.loads(said[-1][len(_MARK):])
+    platform, mpy, machine, have = json.loads(said[-1][len(_MARK):])
     arch = (mpy >> 10) & 0x0F
     return {"platform": platform, "machine": machine, "mpy_version": (mpy & 0xFF, (mpy >> 8) & 3),
-            "arch": _ARCHES[arch] if arch < len(_ARCHES) else None}
+            "arch": _ARCHES[arch] if arch < len(_ARCHES) else None, "sha256": have}
 
 
 def _mcu_board(name: str):
@@ -160,7 +185,8 @@ def flash(port: str, files: dict[str, bytes | Path], *, compile_mpy: bool = True
 
     With ``board``, the device on ``port`` must be that board: a twin (``-sim``) is MicroPython's
     QEMU or unix port, a real board is neither. Returns ``{"port", "platform", "machine", "arch",
-    "files": [{"name", "source", "bytes", "sha256"}]}``.
+    "files": [{"name", "source", "bytes", "sha256", "sent"}]}`` (sent: False for a file the device
+    already held with that SHA-256, which is not copied again).
     """
     if not files:
         raise UsageError("nothing to flash")
@@ -169,7 +195,9 @@ def flash(port: str, files: dict[str, bytes | Path], *, compile_mpy: bool = True
             raise UsageError(f"cannot flash {name!r}: device files are plain names in the flash "
                              "folder (letters, digits, _ . -), not paths")
     spec = _mcu_board(board) if board is not None else None
-    device = probe(port, timeout_s)
+    # The names each file may have on the device: a module as source or as .mpy.
+    holds = set(files) | {n[:-3] + ".mpy" for n in files if n.endswith(".py") and n not in _SOURCE_ONLY}
+    device = probe(port, timeout_s, holds)
     if spec is not None:
         _check_board(spec, port, device["platform"])
     compile_mpy = compile_mpy and device["mpy_version"] == _mpy_cross_version()
@@ -186,17 +214,20 @@ def flash(port: str, files: dict[str, bytes | Path], *, compile_mpy: bool = True
                 compile_to_mpy(local, local.name, device["arch"], stage / name)
                 local = stage / name
                 data = local.read_bytes()
+            sha256 = hashlib.sha256(data).hexdigest()
+            sent = device["sha256"].get(name) != sha256
             deployed.append({"name": name, "source": str(source) if source else None,
-                             "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-            commands += ["fs", "cp", str(local), f":{name}.tmp", "+"]
-        want = {f["name"]: f["sha256"] for f in deployed}
+                             "bytes": len(data), "sha256": sha256, "sent": sent})
+            if sent:
+                commands += ["fs", "cp", str(local), f":{name}.tmp", "+"]
+        want = {f["name"]: f["sha256"] for f in deployed if f["sent"]}
         shadows = {n: [n[:-4] + ".py"] if n.endswith(".mpy") else [n[:-3] + ".mpy"]
-                   for n in want if n.endswith((".py", ".mpy"))}
+                   for n in (f["name"] for f in deployed) if n.endswith((".py", ".mpy"))}
         snippet = _DEVICE_SNIPPET.format(want=repr(want), shadows=repr(shadows), mark=_MARK)
         # The copies take their time over a slow link (the twin's UART: ~8 KB/s): the timeout
         # grows with the bytes sent, at a quarter of that rate.
-        sent = sum(f["bytes"] for f in deployed)
-        out = _mpremote(port, [*commands, "exec", snippet], timeout_s + sent / COPY_FLOOR_BYTES_PER_S)
+        sent_bytes = sum(f["bytes"] for f in deployed if f["sent"])
+        out = _mpremote(port, [*commands, "exec", snippet], timeout_s + sent_bytes / COPY_FLOOR_BYTES_PER_S)
     report = [line for line in out.splitlines() if line.startswith(_MARK)]
     if not report:
         raise InsituError(f"the board on {port} did not report its copies:\n{out.strip()[-500:]}")

@@ -9,6 +9,7 @@ not fit (MSG_ERROR), and a MemoryError elsewhere silences it (a timeout).
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from dataclasses import dataclass
 
@@ -59,13 +60,16 @@ def probe(flash_dir: str, heap_bytes: int, x_codes: np.ndarray, labels: np.ndarr
 
 def find_min_heap(files: dict, x_codes: np.ndarray, labels: np.ndarray, low: int, high: int,
                   board: str = "stm32f746-disco-sim", log=lambda p: None,
-                  twin: str = "qemu") -> tuple[int, list[Probe]]:
-    """Bisection over the heap size in [low, high]; returns (smallest heap that works, probes)."""
+                  twin: str = "qemu", flash_dir: str | None = None) -> tuple[int, list[Probe]]:
+    """Bisection over the heap size in [low, high]; returns (smallest heap that works, probes).
+    ``flash_dir``: the twin's flash folder (default: a temporary one); a folder flashed before
+    keeps the files that have not changed (one runtime for several programs)."""
     from insitu.mcu.flash import flash
     from insitu.mcu.twin import McuTwin
 
     probes: list[Probe] = []
-    with tempfile.TemporaryDirectory(prefix="insitu-minheap-") as flash_dir:
+    with contextlib.nullcontext(flash_dir) if flash_dir else \
+            tempfile.TemporaryDirectory(prefix="insitu-minheap-") as flash_dir:
         with McuTwin(flash_dir, heap_bytes=max(high, 256 * 1024), board=board, twin=twin) as board_twin:
             assert board_twin.port is not None      # started by the with
             flash(board_twin.port, files)

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from insitu.errors import InsituError, UsageError
-from insitu.io import atomic_write_json
+from insitu.io import atomic_write_json, exclusive
 from insitu.sparse.compiler import Options, compile_training
 from insitu.sparse.graph import Graph
 from insitu.sparse.memory import scheme_key
@@ -299,18 +299,35 @@ def load_or_analyze(bundle: Bundle, model: str, task: str, train_samples: int, e
     if lr_scale:
         settings["lr_scale"] = lr_scale
     path = contributions_path(cache_dir, model, task, settings)
-    if path.is_file() and not refresh:
-        try:
-            c = Contributions.from_json(json.loads(path.read_text()))
-            if all(c.settings.get(k) == v for k, v in settings.items()):
-                return c, str(path), True
-        except (OSError, ValueError, InsituError):
-            pass                                           # unreadable or stale: redo it
-    c = analyze_contributions(bundle, train_samples=train_samples,
-                              eval_samples=eval_samples, seed=seed, workers=workers, progress=progress,
-                              settings=settings)
-    try:
-        atomic_write_json(path, c.to_json())
+
+    def cached() -> Contributions | None:
+        if path.is_file() and not refresh:
+            try:
+                c = Contributions.from_json(json.loads(path.read_text()))
+                if all(c.settings.get(k) == v for k, v in settings.items()):
+                    return c
+            except (OSError, ValueError, InsituError):
+                pass                                       # unreadable or stale: redo it
+        return None
+
+    c = cached()
+    if c is not None:
+        return c, str(path), True
+    lock = path.with_suffix(".lock")
+    try:                                  # before minutes of analysis: can its result be kept?
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.touch()
     except OSError as exc:
         raise InsituError(f"cannot write the contribution cache {path}: {exc.strerror}") from None
-    return c, str(path), False
+    with exclusive(lock):                 # one analysis per key at a time; who waited finds it done
+        c = None if refresh else cached()
+        if c is not None:
+            return c, str(path), True
+        c = analyze_contributions(bundle, train_samples=train_samples,
+                                  eval_samples=eval_samples, seed=seed, workers=workers, progress=progress,
+                                  settings=settings)
+        try:
+            atomic_write_json(path, c.to_json())
+        except OSError as exc:
+            raise InsituError(f"cannot write the contribution cache {path}: {exc.strerror}") from None
+        return c, str(path), False

@@ -117,10 +117,34 @@ def prepare_data(config: TTTrainConfig):
     return data, shape
 
 
+class NetworkInputs:
+    """A split of the dataset as the network's input vectors, converted for the rows asked for
+    (``x[index_array]``, ``x[a:b]``): a run takes a mini-batch or an evaluation slice at a time,
+    and a whole split up front is 8 bytes a value (FashionMNIST's training set: 60,000 x 896,
+    430 MB, most of a ZedBoard's memory) for a run that may train on 64 samples. Each sample is
+    converted on its own: ``x[rows]`` is ``shape.vectors(data.float_images(split, np.float64))[rows]``
+    bit for bit."""
+
+    def __init__(self, data, split: str, shape: TTShape, rows=None):
+        self.data, self.split, self.shape = data, split, shape
+        self.rows = np.arange(data.splits[split]) if rows is None else np.asarray(rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index) -> np.ndarray:
+        return self.shape.vectors(self.data.float_images(self.split, np.float64, self.rows[index]))
+
+    def subset(self, index) -> NetworkInputs:
+        """The ``index`` rows (an index array or a slice) of these, still converted when asked for."""
+        return NetworkInputs(self.data, self.split, self.shape, self.rows[index])
+
+
 def network_inputs(data, shape: TTShape):
-    """The dataset as the network's input vectors: ``(x_train, y_train, x_test, y_test)``."""
-    return (shape.vectors(data.float_images("train", np.float64)), np.asarray(data.y_train),
-            shape.vectors(data.float_images("test", np.float64)), np.asarray(data.y_test))
+    """The dataset as the network's input vectors: ``(x_train, y_train, x_test, y_test)``, the
+    vectors as :class:`NetworkInputs`."""
+    return (NetworkInputs(data, "train", shape), np.asarray(data.y_train),
+            NetworkInputs(data, "test", shape), np.asarray(data.y_test))
 
 
 def _sizes(layers) -> list[int]:
@@ -253,14 +277,14 @@ def learning_rate(config: TTTrainConfig, progress: float) -> float:
     return config.lr * 0.5 * (1 + math.cos(math.pi * progress / config.epochs))
 
 
-def accuracy(model: Model, x: np.ndarray, y: np.ndarray, batch: int = EVAL_BATCH) -> float:
+def accuracy(model: Model, x: np.ndarray | NetworkInputs, y: np.ndarray, batch: int = EVAL_BATCH) -> float:
     correct = 0
     for start in range(0, len(x), batch):
         correct += int(np.sum(model.logits(x[start:start + batch]).argmax(axis=1) == y[start:start + batch]))
     return correct / len(x)
 
 
-def curve_probe(model: Model, x_test: np.ndarray, y_test: np.ndarray):
+def curve_probe(model: Model, x_test: np.ndarray | NetworkInputs, y_test: np.ndarray):
     """The curve's probe: the accuracy on the first :data:`PROBE_SAMPLES` of the test set (an
     inference pass: it leaves the weights and every scale as they are)."""
     n = min(PROBE_SAMPLES, len(y_test))
@@ -271,7 +295,7 @@ class TTLearner:
     """A :class:`Model` on the sample stream of a training set (:func:`insitu.harness.sample_order`),
     with the learning rate of its schedule at each step; its executor decides where the PE ops run."""
 
-    def __init__(self, model: Model, x: np.ndarray, y: np.ndarray, seed: int):
+    def __init__(self, model: Model, x: np.ndarray | NetworkInputs, y: np.ndarray, seed: int):
         self.model, self.x, self.y, self.seed = model, x, y, seed
         self.pruned = 0                        # rank slices the prior removed so far
         self.correct = 0                       # right predictions while training (the curve's)
@@ -333,7 +357,7 @@ def run_tt_training(config: TTTrainConfig, on_epoch=lambda record: None,
     rng = np.random.default_rng(config.seed)
     if config.train_samples is not None:
         pick = rng.permutation(len(x_train))[:config.train_samples]
-        x_train, y_train = x_train[pick], y_train[pick]
+        x_train, y_train = x_train.subset(pick), y_train[pick]
     eval_pick = rng.permutation(len(x_train))[:config.eval_train_samples]
     learner = TTLearner(Model(config, len(x_train), shape.layers, classes=shape.classes), x_train,
                         y_train, config.seed)
