@@ -32,14 +32,15 @@ VENV_BIN = Path(sys.executable).parent
 SHARED_CACHE = cache_dir()
 
 
-def cache_env(folder, share: tuple[str, ...] = ()) -> dict[str, str]:
+def cache_env(folder, share: tuple[str, ...] = (), own_verilog: bool = False) -> dict[str, str]:
     """The environment variables that make insitu (this process or a subprocess) use ``folder`` as
     its cache, whatever the outer environment sets. The folders of the cache named in ``share``
     (``"mcu-twin"``, ``"rtl-twin"``, ``"lrt"`` ...) are linked to the shared ones: slow one-offs
     that the test does not look at are built once for the whole suite. The converted Verilog
-    (keyed by its sources, never stale; 10 s a conversion) is always shared."""
+    (keyed by its sources, never stale; 10 s a conversion) is shared too, unless ``own_verilog``
+    (a cache the test checks is left empty)."""
     folder = Path(folder)
-    for name in (*share, "rtl-verilog"):
+    for name in (*share, *(() if own_verilog else ("rtl-verilog",))):
         (SHARED_CACHE / name).mkdir(parents=True, exist_ok=True)
         if not (folder / name).is_symlink():
             folder.mkdir(parents=True, exist_ok=True)
@@ -53,7 +54,7 @@ def insitu_cache(tmp_path, monkeypatch) -> Path:
     that `run_cli` starts); returns its root, so ``insitu_cache / "lrt"`` is ``cache_dir("lrt")``."""
     root = tmp_path / "insitu-cache"
     root.mkdir()
-    for name, value in cache_env(root).items():
+    for name, value in cache_env(root, own_verilog=True).items():
         monkeypatch.setenv(name, value)
     assert cache_dir() == root
     return root

@@ -25,6 +25,10 @@ from _pytest.mark.expression import Expression
 
 SYSTEM = Path(__file__).parent / "system"
 USERLAND_TESTS = SYSTEM / "test_arm_userland.py"
+#: The test files (relative to the root, comma-separated) whose set-ups this session prefetches:
+#: set by the controller before xdist starts its workers, which inherit it (tests/scheduling.py
+#: runs those files' tests late, so no worker waits on a build that has only begun).
+PREFETCHING_ENV = "INSITU_TESTS_PREFETCHING"
 
 _jobs: list[tuple[str, subprocess.Popen, Path]] = []
 
@@ -58,6 +62,8 @@ def pytest_sessionstart(session):
                                    stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
         _jobs.append((f"the {arch} userland", process, log))
+    if _jobs:
+        os.environ[PREFETCHING_ENV] = str(USERLAND_TESTS.relative_to(config.rootpath))
 
 
 def pytest_sessionfinish(session):

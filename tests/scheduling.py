@@ -11,6 +11,10 @@ with ``-n auto --dist loadgroup``), and the durations that the sharing goes by.
   list counts ``DEFAULT_SECONDS``), so the long ones start at once and the short ones fill the
   end (xdist hands each worker its next unit when it is nearly idle). xdist's own reordering by
   group size is turned off.
+* **Prefetched set-ups.** The tests of a file whose set-up the session builds in the background
+  (tests/prefetch.py names them in ``INSITU_TESTS_PREFETCHING``) are ordered as if they took
+  ``PREFETCHED_SECONDS``: after the long tests, before the many short ones, so the build has the
+  long tests' time to finish and the short ones fill the other worker while they run.
 * **Durations.** ``pytest --store-durations`` (serial or parallel) writes each test's seconds
   (setup + call + teardown) into ``tests/durations.json``, keeping the entries of tests that did
   not run. The file is only a guide for the order: a stale one makes the run less even, never
@@ -22,6 +26,7 @@ Without ``--dist loadgroup`` (a plain ``pytest``, or ``-n 2`` alone) none of thi
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -32,6 +37,8 @@ DURATIONS = Path(__file__).with_name("durations.json")
 DEFAULT_SECONDS = 0.1
 #: Tests faster than this are left out of the durations file (they count DEFAULT_SECONDS).
 STORE_ABOVE_SECONDS = 0.3
+#: Where a unit that waits on a prefetched build is ordered (as if it took this long).
+PREFETCHED_SECONDS = 1.0
 
 _UNIT = pytest.StashKey[str]()
 _COST = pytest.StashKey[float]()
@@ -100,10 +107,16 @@ class _LongestFirst:
         order."""
         cost: dict[str, float] = {}
         first: dict[str, int] = {}
+        prefetching = set(filter(None, os.environ.get("INSITU_TESTS_PREFETCHING", "").split(",")))
+        deferred = set()
         for index, item in enumerate(items):
             unit = item.stash[_UNIT]
             cost[unit] = cost.get(unit, 0.0) + item.stash[_COST]
             first.setdefault(unit, index)
+            if item.nodeid.split("::")[0] in prefetching:
+                deferred.add(unit)
+        for unit in deferred:
+            cost[unit] = PREFETCHED_SECONDS
         items.sort(key=lambda item: (-cost[item.stash[_UNIT]], first[item.stash[_UNIT]]))
 
 

@@ -286,7 +286,7 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(run_cli, tmp_
     # Small sizes: where a case is wrongly accepted it trains for seconds, not minutes.
     small = ["--samples", "8"] + ([] if "--test-samples" in args else ["--test-samples", "8"])
     run = run_cli("train", *args, *bit, *small, "--out", out, "--checkpoint", ckpt, "--json",
-                  timeout=120, env=cache_env(cache) if no_board else None)
+                  timeout=120, env=cache_env(cache, own_verilog=True) if no_board else None)
     seconds = time.perf_counter() - started
     print(f"\n  [{seconds:5.1f} s] exit {run.returncode}: {run.stderr.strip().splitlines()[-1:]}")
     assert run.returncode == 2, (run.returncode, run.stderr[-2000:])
