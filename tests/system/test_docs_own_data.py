@@ -31,7 +31,7 @@ pytestmark = pytest.mark.system
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "own-data.md"
 SMALL = [(r"--evaluations \d+", "--evaluations 20"), (r"--train-size \d+", "--train-size 30"),
-         (r"--test-samples \d+", "--test-samples 30"), (r"--offline-samples \d+", "--offline-samples 300"),
+         (r"--test-samples \d+", "--test-samples 30"), (r"--offline-samples \d+", "--offline-samples 100"),
          (r"--segment \d+", "--segment 100"), (r"--epochs \d+", "--epochs 1"), (r"--keep \d+", "--keep 1"),
          (r"mbv2-28", "mbv2-tiny")]
 TWIN = "--board stm32f746-disco-sim"

@@ -11,7 +11,7 @@ from conftest import insitu_cli
 pytestmark = pytest.mark.system
 
 TINY = ("--model", "mbv2-tiny", "--dataset", "digits", "--train-size", "40", "--test-samples", "40",
-        "--evaluations", "50")
+        "--evaluations", "20")
 KINDS = ["classifier", "bias", "last", "sparse"]
 LABELS = ["last layer", "bias + last layer", "last k layers", "sparse (searched)"]
 
