@@ -108,7 +108,8 @@ def run_python(arch: str, root: Path, args, *, pythonpath=(), env=None, timeout:
                cwd=None, capture: bool = True) -> subprocess.CompletedProcess:
     """``python3 ARGS`` of the root on the emulated board CPU; ``pythonpath`` goes first on its
     path. The host's Python settings are not passed on (PYTHONPATH, PYTHONHOME, user site), and
-    nothing writes bytecode (the root is precompiled; the cache stays as built)."""
+    nothing writes bytecode (the cache stays as built: the root holds the bytecode of what its
+    build's check imported, the board path's packages; the rest compiles in memory, a few s)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     clean.update(PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1")
     if pythonpath:
