@@ -29,6 +29,6 @@ def insitu_in_process(*args, env: dict[str, str] | None = None, cwd=None) -> sub
         os.chdir(before)
     stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
-        text = "".join(traceback.format_exception(*result.exc_info))
+        text = "".join(traceback.format_exception(result.exception))
         stderr += text if text.startswith("Traceback") else "Traceback (most recent call last):\n" + text
     return subprocess.CompletedProcess(["insitu", *map(str, args)], result.exit_code, result.stdout, stderr)
