@@ -179,15 +179,6 @@ def _build_dir(source: str, simulator: str, options: dict, build_root: Path | No
     return Path(build_root or default_build_root()) / f"{simulator}-{key}"
 
 
-def is_built(simulator: str, params: AcceleratorParams = DEFAULT_PARAMS, waves: bool = False,
-             build_root: Path | None = None) -> bool:
-    """Whether ``simulator`` has a finished build of the current design (no build started)."""
-    if unavailable(simulator):
-        return False
-    path = _build_dir(top_verilog(params), simulator, _options(simulator, waves), build_root)
-    return (path / "built").exists()
-
-
 #: What Icarus compiles instead of the Verilog itself (part of its builds' key).
 ICARUS_LOWERING = "read_verilog design.v; proc; opt_clean; write_verilog -noattr lowered.v"
 

@@ -5,7 +5,8 @@ build's lock and then finds the root built.
 
 Started by the process that runs the session (pytest's, or xdist's controller), only where the
 selected tests include the ones that use them (their file or folder is among the arguments and
-``-m`` selects system tests), and only for what the cache does not hold yet. What is still running
+``-m`` selects system tests); the script is a no-op where the cached root is current, and rebuilds
+a stale one (made by another version of the script). What is still running
 when the session ends is stopped (the script removes its half-built root). The output of each
 job is in the session's temporary folder, named in the summary when a job failed; the tests
 that need it say why they skip or fail themselves.
@@ -51,10 +52,10 @@ def pytest_sessionstart(session):
     if str(SYSTEM) not in sys.path:         # where the test modules import it from, too
         sys.path.insert(0, str(SYSTEM))
     arm_userland = importlib.import_module("arm_userland")
-    logs = None
+    logs, building = None, False
     for arch in arm_userland.ARCHES:
-        if (arm_userland.cache_root() / arch / ".insitu-userland").is_file():
-            continue
+        # The script itself says whether the cached root is current (a no-op, a second) or stale.
+        building |= not (arm_userland.cache_root() / arch / ".insitu-userland").is_file()
         logs = logs or Path(tempfile.mkdtemp(prefix="insitu-prefetch-"))
         log = logs / f"arm-userland-{arch}.log"
         out = open(log, "w")
@@ -62,7 +63,7 @@ def pytest_sessionstart(session):
                                    stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
         _jobs.append((f"the {arch} userland", process, log))
-    if _jobs:
+    if building:
         os.environ[PREFETCHING_ENV] = str(USERLAND_TESTS.relative_to(config.rootpath))
 
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from prefetch import PREFETCHING_ENV
+
 DURATIONS = Path(__file__).with_name("durations.json")
 #: A test that the durations file does not list (most take a few hundredths of a second).
 DEFAULT_SECONDS = 0.1
@@ -107,7 +109,7 @@ class _LongestFirst:
         order."""
         cost: dict[str, float] = {}
         first: dict[str, int] = {}
-        prefetching = set(filter(None, os.environ.get("INSITU_TESTS_PREFETCHING", "").split(",")))
+        prefetching = set(filter(None, os.environ.get(PREFETCHING_ENV, "").split(",")))
         deferred = set()
         for index, item in enumerate(items):
             unit = item.stash[_UNIT]
