@@ -8,6 +8,7 @@
 import gc
 import os
 import sys
+import time
 
 from link import Link
 from tte_abi import IO_STEP
@@ -114,13 +115,70 @@ def _restore(A, header):
         return _u32(head, 20)
 
 
-def _stats_text(done, arena, peak):
+# The board's time of a step, counted where it runs: on the Cortex-M7 twin in guest instructions
+# (QEMU counts them, -icount shift=0: its ticks_us() advances one per 1000 instructions), on a
+# board in core cycles (ticks_cpu() is the DWT cycle counter CYCCNT on the stm32 port; its
+# 2**30 period is 5 s at 216 MHz, so a longer step is taken from ticks_us() at the core's clock).
+# Kept in thousands ("k") in two small ints per kind, so that counting never allocates.
+COUNT_INSTRUCTIONS = "instructions"     # the twin: what the host turns into cycles by its CPI
+COUNT_CYCLES = "cycles"                 # a board: its own cycle counter
+COUNT_NONE = "none"                     # the unix port: x86 code, nothing to count
+
+
+def _count_kind():
+    if sys.platform == "qemu":
+        return COUNT_INSTRUCTIONS
+    if sys.platform == "linux" or sys.platform == "darwin":
+        return COUNT_NONE
+    return COUNT_CYCLES
+
+
+class Counter:
+    def __init__(self):
+        self.kind = _count_kind()
+        self.mhz = 0
+        if self.kind == COUNT_CYCLES:
+            import machine
+            f = machine.freq()
+            self.mhz = (f[0] if isinstance(f, tuple) else f) // 1000000
+        self.n = {}                  # kind of step -> [steps, millions of k, k]
+        self.us = self.cpu = 0
+
+    def start(self):
+        self.us = time.ticks_us()
+        self.cpu = time.ticks_cpu()
+
+    def stop(self, step):
+        us = time.ticks_diff(time.ticks_us(), self.us)
+        if self.kind == COUNT_INSTRUCTIONS:
+            k = us                                   # 1 us of the twin's clock = 1000 instructions
+        elif self.kind == COUNT_CYCLES and us < 4000000:
+            k = time.ticks_diff(time.ticks_cpu(), self.cpu) // 1000
+        else:
+            k = us * self.mhz // 1000
+        acc = self.n.get(step)
+        if acc is None:
+            acc = self.n[step] = [0, 0, 0]
+        acc[0] += 1
+        acc[2] += k
+        while acc[2] >= 1000000:
+            acc[2] -= 1000000
+            acc[1] += 1
+
+    def text(self):
+        out = "count=%s" % self.kind
+        for step, (n, mk, k) in self.n.items():
+            out += " %s_steps=%d %s_mk=%d %s_k=%d" % (step, n, step, mk, step, k)
+        return out
+
+
+def _stats_text(done, arena, peak, counter):
     # mem_peak: the most heap in use seen right after a training step or an evaluation, each
     # started from a collected heap (live data + what one step allocates); mem_alloc: what is
-    # live after a collection.
+    # live after a collection. The counts: the board's time of the steps so far (Counter).
     gc.collect()
-    return "samples=%d arena=%d mem_peak=%d mem_alloc=%d mem_free=%d" % (
-        done, arena, peak, gc.mem_alloc(), gc.mem_free())
+    return "samples=%d arena=%d mem_peak=%d mem_alloc=%d mem_free=%d %s" % (
+        done, arena, peak, gc.mem_alloc(), gc.mem_free(), counter.text())
 
 
 def _refuse(link, text):
@@ -181,6 +239,8 @@ def serve(checkpoint_every=1):
     mv = memoryview(A)
     staged = 0                      # input bytes in place from MSG_INPUT parts
     gc.collect()                    # the start-up's garbage is not what training needs
+    counter = Counter()
+    gc.collect()
     peak = gc.mem_alloc()
     try:
         while True:
@@ -209,9 +269,11 @@ def serve(checkpoint_every=1):
                     staged = 0
                     _put32(A, io, pl[4])
                     gc.collect()
+                    counter.start()
                     M.train(A, f)
                     if M.ACCUMULATE > 1 and _u32(A, io + 4 * IO_STEP) % M.ACCUMULATE == 0:
                         M.apply(A, f)       # the update from the accumulated gradients
+                    counter.stop("train")
                     peak = max(peak, gc.mem_alloc())
                     done += 1
                     if done % checkpoint_every == 0:
@@ -237,17 +299,19 @@ def serve(checkpoint_every=1):
                     mv[x0:x0 + nx] = pl[4:4 + nx]
                 staged = 0
                 gc.collect()
+                counter.start()
                 M.infer(A, f)
+                counter.stop("infer")
                 peak = max(peak, gc.mem_alloc())
                 reply[0:4] = pl[0:4]
                 _put32(reply, 4, _i32(A, io + 4))
                 link.send(MSG_PRED, seq, memoryview(reply)[:8])
             elif typ == MSG_HELLO:
-                link.send(MSG_INFO, seq, "model=%s arena=%d done=%d every=%d classes=%d input=%d impl=%s platform=%s" % (
+                link.send(MSG_INFO, seq, "model=%s arena=%d done=%d every=%d classes=%d input=%d impl=%s platform=%s code=%s count=%s" % (
                     M.MODEL_ID, M.ARENA_BYTES, done, checkpoint_every, M.CLASSES, nx,
-                    sys.implementation.name, sys.platform))
+                    sys.implementation.name, sys.platform, M.CODE, counter.kind))
             elif typ == MSG_STATS:
-                link.send(MSG_STATS, seq, _stats_text(done, M.ARENA_BYTES, peak))
+                link.send(MSG_STATS, seq, _stats_text(done, M.ARENA_BYTES, peak, counter))
             elif typ == MSG_SET:
                 checkpoint_every = max(1, _u32(pl, 0))
                 _put32(reply, 0, 0)

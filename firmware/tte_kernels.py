@@ -4,7 +4,8 @@
 # P the parameter table (an array('i'), or the arena itself: P is only ever read as 32-bit words
 # by viper code), P[o] the opcode and P[o+1:] its fields, in the order of insitu.sparse.abi.OPS
 # (restated as "# fields(op):" above each kernel; tests/unit checks them against the ABI).
-# run(A, P, o, f) dispatches by opcode; load also takes the open weight blob f.
+# The runtime kernels load and load_rows (they read the weight blob) and the dispatch by opcode
+# are in tte_ops.py, which picks these kernels or the C ones (tte_native.mpy).
 # Bit-exact with the golden model insitu.sparse.golden: tests/firmware runs both on random calls.
 #
 # Viper notes. ptr8/ptr16 loads are unsigned, and so are ptr32 loads on a 64-bit port: values are
@@ -19,11 +20,7 @@
 import micropython
 from micropython import const
 
-from tte_abi import (IO_LABEL, IO_P_LABEL, IO_PREDICTED, IO_STEP, LOSS_GRAD_FRAC, OP_ACT_BWD, OP_ADD_FWD,
-                     OP_APPLY_B, OP_APPLY_W, OP_ARGMAX, OP_BIAS_GRAD, OP_BIAS_UPD, OP_CONV_BWD_X,
-                     OP_CONV_FWD, OP_CONV_GRAD_W, OP_CONV_UPD_W, OP_GAP_BWD, OP_GAP_FWD, OP_GRAD_ADD,
-                     OP_GRAD_SCALE_CH, OP_LOAD, OP_LOSS_GRAD, OP_PATCH, SR_BITS, SR_K_SALT, SR_K_STEP, SR_M1,
-                     SR_M2, OP_ACC_I32, OP_ZERO, OP_WINDOW, OP_ACT_MASK, OP_MASK_BWD, OP_LOAD_ROWS)
+from tte_abi import (IO_LABEL, IO_P_LABEL, IO_PREDICTED, IO_STEP, LOSS_GRAD_FRAC, SR_BITS, SR_K_SALT, SR_K_STEP, SR_M1, SR_M2)
 
 _CHUNK = const(256)          # sums per _requant call; also the widest conv row: abi.MAX_ROW (tested)
 _S = bytearray(4 * (8 + _CHUNK))
@@ -148,11 +145,6 @@ def _requant(A: ptr8, S: ptr32):
             S[8 + i] = r
         else:
             A[dst + i] = r
-
-
-@micropython.viper
-def _word(P: ptr32, i: int) -> int:
-    return P[i]
 
 
 @micropython.viper
@@ -895,35 +887,6 @@ def grad_add(A, P, o):
 
 # --------------------------------------------------------------------------- runtime
 
-def _read(A, dst, f, n):
-    # n bytes from the blob's position into A[dst:], through _S in pieces: a memoryview of A and
-    # its slice would be two heap objects per call.
-    while n > 0:
-        k = f.readinto(_S, min(n, len(_S)))
-        if not k:
-            raise ValueError("load: the weight blob ends early")
-        _copy(A, dst, _S, k)
-        dst += k
-        n -= k
-
-
-# fields(load): blob_off, dst_off, n
-def load(A, P, o, f):
-    f.seek(_word(P, o + 1))
-    _read(A, _word(P, o + 2), f, _word(P, o + 3))
-
-
-# fields(load_rows): blob_off, dst_off, rows, n, stride
-def load_rows(A, P, o, f):
-    src = _word(P, o + 1)
-    dst = _word(P, o + 2)
-    n = _word(P, o + 4)
-    stride = _word(P, o + 5)
-    for r in range(_word(P, o + 3)):
-        f.seek(src + r * stride)
-        _read(A, dst + r * n, f, n)
-
-
 # fields(patch): src_off, dst_off, idx_off, n_sel, row_bytes
 @micropython.viper
 def patch(A: ptr8, P: ptr32, o: int):
@@ -991,25 +954,3 @@ def zero(A: ptr8, P: ptr32, o: int):
     dst = P[o + 1]
     for i in range(P[o + 2]):
         A[dst + i] = 0
-
-
-_BY_OP = {OP_CONV_FWD: conv_fwd, OP_ADD_FWD: add_fwd, OP_GAP_FWD: gap_fwd, OP_LOSS_GRAD: loss_grad,
-          OP_ARGMAX: argmax, OP_ACT_BWD: act_bwd, OP_GRAD_SCALE_CH: grad_scale_ch,
-          OP_CONV_BWD_X: conv_bwd_x, OP_CONV_GRAD_W: conv_grad_w, OP_CONV_UPD_W: conv_upd_w,
-          OP_APPLY_W: apply_w, OP_BIAS_GRAD: bias_grad, OP_BIAS_UPD: bias_upd, OP_APPLY_B: apply_b,
-          OP_GAP_BWD: gap_bwd, OP_GRAD_ADD: grad_add, OP_PATCH: patch, OP_ACC_I32: acc_i32, OP_ZERO: zero,
-          OP_WINDOW: window, OP_ACT_MASK: act_mask, OP_MASK_BWD: mask_bwd}
-_KERNELS = tuple(_BY_OP.get(op) for op in range(max(_BY_OP) + 1))
-
-
-def run(A, P, o, f=None):
-    # The call at P[o]; f: the open weight blob (load reads it).
-    op = _word(P, o)
-    if op == OP_LOAD:
-        load(A, P, o, f)
-    elif op == OP_LOAD_ROWS:
-        load_rows(A, P, o, f)
-    elif 0 < op < len(_KERNELS) and _KERNELS[op]:
-        _KERNELS[op](A, P, o)
-    else:
-        raise ValueError("unknown opcode %d at P[%d]" % (op, o))

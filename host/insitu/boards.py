@@ -33,7 +33,7 @@ _SECTIONS = {
              "dsp": (int, True), "bram18": (int, True), "pl_clock_hz": (int, True),
              "dram_bus_bits": (int, True), "dram_mt_per_s": (int, True)},
     "mcu": {"part": (str, True), "sram_bytes": (int, True), "flash_bytes": (int, True),
-            "training_budget_bytes": (int, True)},
+            "training_budget_bytes": (int, True), "cycles_per_instruction": (float, False)},
     "processor": {"cpu": (str, True), "cpu_hz": (int, True)},
 }
 # Which sections each kind of real board must have.

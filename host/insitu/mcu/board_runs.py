@@ -22,6 +22,7 @@ import numpy as np
 from insitu.boards import Board
 from insitu.errors import InsituError, UsageError
 from insitu.harness import RunPlan, run_training, sample_order, say
+from insitu.mcu.board_time import board_time
 from insitu.measure.phases import phase
 from insitu.sparse import DEFAULT_LR, HEAD_LR_FACTOR, abi
 from insitu.sparse.calibrate import calibrate_gradients
@@ -197,7 +198,7 @@ class DeviceLearner:
 
 
 def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, seed: int, advance,
-                  checkpoint_every: int = 1) -> dict:
+                  checkpoint_every: int = 1, board: Board | None = None) -> dict:
     """Flash, start, measure, train and measure again; returns the device's figures."""
     from insitu.mcu.device import TrainingDevice
     from insitu.mcu.flash import flash
@@ -229,7 +230,9 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
     finally:
         dev.close()
     return {"runtime": runtime, "platform": info.get("platform"), "machine": flashed["machine"],
-            "code": "mpy " + flashed["arch"] if flashed["arch"] else "source",
+            # the kernels the device ran: C (tte_native.mpy) or viper; the modules as .mpy or source
+            "code": info.get("code", "viper"), "modules": "mpy " + flashed["arch"] if flashed["arch"] else "source",
+            "board_time": board_time(stats, board) if board is not None else None,
             "accuracy_before": before, "curve": outcome.curve,
             "accuracy_after": outcome.evaluation["accuracy"], "peak_heap_bytes": stats.get("mem_peak"),
             "heap_live_bytes": stats.get("mem_alloc"),
@@ -442,7 +445,7 @@ def run_sparse(config, board: Board, advance) -> dict:
     check_fits(compiled, heap)
     test_samples = min(config.test_samples or 200, len(prep.y_test))
     with board_port(board, config.port, heap, config.flash_dir, config.twin) as (port, twin):
-        device = run_on_device(prep, port, config.samples, test_samples, config.seed, advance)
+        device = run_on_device(prep, port, config.samples, test_samples, config.seed, advance, board=board)
         twin_kind = twin.twin if twin is not None else None
     predicted = device.pop("predicted_during_training")
     # The host simulation of the same program on the same samples (bit-exact with the device); at

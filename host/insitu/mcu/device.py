@@ -73,7 +73,7 @@ class TrainingDevice:
 
     def stats(self) -> dict:
         text = bytes(self._request("MSG_STATS", b"", ("MSG_STATS",)).payload).decode()
-        return {k: int(v) for k, v in _parse_kv(text).items()}
+        return {k: (int(v) if v.lstrip("-").isdigit() else v) for k, v in _parse_kv(text).items()}
 
     def set_checkpoint_every(self, n: int) -> None:
         self._request("MSG_SET", struct.pack("<I", n), ("MSG_ACK",))

@@ -5,6 +5,9 @@
   on the unix-port twin. So the twins run compiled code too, through the same path. ``boot.py``
   and ``main.py`` stay source (MicroPython runs only those names at boot), and a device whose
   .mpy version differs from mpy-cross's gets sources.
+- A device whose arch is ``armv7emsp`` (the STM32F746, its Cortex-M7 twin) also gets the C kernels
+  (``tte_native.mpy``, :mod:`insitu.mcu.native`), which ``tte_ops`` imports instead of the viper
+  kernels.
 - Each file is copied to ``NAME.tmp``; a snippet run on the device checks every copy's SHA-256 and
   only then renames them over the old files (and removes a stale ``.py`` that would shadow a new
   ``.mpy``, or the reverse). A failed flash leaves the old files in place.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -25,8 +29,11 @@ import tempfile
 from pathlib import Path
 
 from insitu.errors import InsituError, UsageError
+from insitu.mcu import native
 from insitu.mcu.link import LinkError
 from insitu.mcu.twin import find_tool
+
+log = logging.getLogger(__name__)
 
 # sys.implementation._mpy = version | sub-version << 8 | native arch << 10 (py/persistentcode.h).
 _ARCHES = (None, "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
@@ -197,10 +204,15 @@ def flash(port: str, files: dict[str, bytes | Path], *, compile_mpy: bool = True
     spec = _mcu_board(board) if board is not None else None
     # The names each file may have on the device: a module as source or as .mpy.
     holds = set(files) | {n[:-3] + ".mpy" for n in files if n.endswith(".py") and n not in _SOURCE_ONLY}
+    if _KERNEL_DISPATCH in files:
+        holds.add(f"{native.MODULE}.mpy")
     device = probe(port, timeout_s, holds)
     if spec is not None:
         _check_board(spec, port, device["platform"])
     compile_mpy = compile_mpy and device["mpy_version"] == _mpy_cross_version()
+    if compile_mpy and _KERNEL_DISPATCH in files and device["arch"] == native.ARCH \
+            and os.environ.get(KERNELS_ENV, "auto") != "viper":
+        files = {**files, **_c_kernels()}
     deployed, commands = [], []
     with tempfile.TemporaryDirectory(prefix="insitu-flash-") as stage:
         stage = Path(stage)
@@ -239,6 +251,22 @@ def flash(port: str, files: dict[str, bytes | Path], *, compile_mpy: bool = True
                           "full (mpremote df)")
     return {"port": port, "platform": device["platform"], "machine": device["machine"],
             "arch": device["arch"] if compile_mpy else None, "files": deployed}
+
+
+#: The firmware module that imports the C kernels where they are (firmware/tte_ops.py).
+_KERNEL_DISPATCH = "tte_ops.py"
+#: ``INSITU_MCU_KERNELS=viper`` flashes no C kernels (to compare the two on a fresh device).
+KERNELS_ENV = "INSITU_MCU_KERNELS"
+
+
+def _c_kernels() -> dict[str, Path]:
+    """The C kernels' native module for a Cortex-M7 (built once, cached); none, with a warning,
+    where it cannot be built here (the viper kernels run instead, slower: the result says so)."""
+    try:
+        return {f"{native.MODULE}.mpy": native.native_mpy(log.warning)}
+    except InsituError as exc:
+        log.warning("the C kernels cannot be built here, the board runs the viper kernels: %s", exc)
+        return {}
 
 
 def firmware_files() -> dict[str, Path]:

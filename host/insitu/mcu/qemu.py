@@ -123,7 +123,7 @@ def build_key(source: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def _unpack(source: Path, into: Path) -> Path:
+def unpack_source(source: Path, into: Path) -> Path:
     """The source tree's root (the folder holding py/mpconfig.h) under ``into``."""
     if source.is_dir():
         shutil.copytree(source, into / "src", symlinks=True)
@@ -156,7 +156,7 @@ def firmware(log=lambda text: None) -> Path:
         log(f"building the Cortex-M7 twin's MicroPython v{MICROPYTHON_VERSION} once (about 30 s), "
             f"cached in {folder}")
         with tempfile.TemporaryDirectory(prefix="build-", dir=folder) as work:
-            root = _unpack(source, Path(work))
+            root = unpack_source(source, Path(work))
             board = root / "ports" / "qemu" / "boards" / BOARD
             board.mkdir()
             for path in _board_files():
@@ -186,14 +186,24 @@ PSRAM_BASE = 0x6000_0000
 PSRAM_BYTES = 16 << 20
 
 
+#: QEMU's instruction counting: one guest instruction is one nanosecond of the virtual clock
+#: (``shift=0``), which the firmware's ``time.ticks_us()`` reads through the SysTick, so the twin
+#: measures a step in thousands of Cortex-M7 instructions, deterministically; ``sleep=off``: an
+#: idle guest does not wait for the host's clock.
+ICOUNT = "shift=0,sleep=off"
+#: Instructions per microsecond of the twin's virtual clock under :data:`ICOUNT`.
+INSTRUCTIONS_PER_US = 1000
+
+
 def command(elf: Path, serial: str, heap_bytes: int,
             preload: tuple[tuple[Path, int], ...] = ()) -> list[str]:
     """The QEMU command line of the twin: its UART on ``serial`` (a tty path), semihosting for
-    the heap size and the flash image (in QEMU's working directory). ``preload`` puts files at
-    guest addresses at power-on (``-device loader``): bulk test data without the UART's ~8 KB/s."""
+    the heap size and the flash image (in QEMU's working directory), instruction counting
+    (:data:`ICOUNT`). ``preload`` puts files at guest addresses at power-on (``-device loader``):
+    bulk test data without the UART's ~8 KB/s."""
     check_heap(heap_bytes)
     return [shutil.which("qemu-system-arm") or "qemu-system-arm", "-machine", QEMU_MACHINE,
-            "-nographic", "-monitor", "null",
+            "-nographic", "-monitor", "null", "-icount", ICOUNT,
             "-semihosting-config", f"enable=on,target=native,arg=insitu-f746,arg=heap={heap_bytes}",
             "-serial", serial, "-kernel", str(elf),
             *(arg for path, addr in preload

@@ -150,3 +150,21 @@ def firmware_constants() -> str:
     for k in ("SR_BITS", "SR_K_STEP", "SR_K_SALT", "SR_M1", "SR_M2"):
         lines.append(f"{k} = const({getattr(nx, k)})")
     return "\n".join(lines) + "\n"
+
+
+def c_header() -> str:
+    """The same table for the C kernels (``firmware/native/tte_abi.h``): opcodes, constants and
+    each field's word offset after the opcode, ``<OP>_<FIELD>`` (``CONV_FWD_X_OFF`` is 1)."""
+    lines = ["/* generated from insitu.sparse.abi (abi.c_header): the kernel ABI; do not edit. */",
+             "#ifndef TTE_ABI_H", "#define TTE_ABI_H"]
+    for name, code in OPCODES.items():
+        lines.append(f"#define OP_{name.upper()} {code}")
+    for k in ("LOSS_GRAD_FRAC", "EXP_FRAC", "EXP_ENTRIES", "IO_LABEL", "IO_PREDICTED", "IO_P_LABEL", "IO_STEP",
+              "IO_WORDS", "MAX_ROW"):
+        lines.append(f"#define {k} {globals()[k]}")
+    for k in ("SR_BITS", "SR_K_STEP", "SR_K_SALT", "SR_M1", "SR_M2"):
+        lines.append(f"#define {k} {getattr(nx, k):#x}u" if k != "SR_BITS" else f"#define {k} {nx.SR_BITS}")
+    for name, names in OPS.items():
+        for i, field in enumerate(names):
+            lines.append(f"#define {name.upper()}_{field.upper()} {i + 1}")
+    return "\n".join(lines) + "\n#endif\n"

@@ -1,6 +1,7 @@
 """Code generation: the compiled program as a MicroPython module (``tte_model.py``).
 
-The module is straight-line calls of the firmware kernels (``firmware/tte_kernels.py``), one per
+The module is straight-line calls of the firmware kernels (``firmware/tte_ops.py``: the C kernels
+of ``firmware/native`` where the board loads them, else the viper ones), one per
 op, with the op's place in the program table as argument and its node as a comment, plus the
 constants the training loop needs (arena size, where the input and the io block are, which arena
 ranges hold trained tensors, the blob's size and CRC). The program table itself is the first
@@ -41,7 +42,7 @@ def generate_module(compiled, all_ops) -> str:
         f"# scheme: {compiled.scheme.describe()}; reorder={compiled.options.reorder}, lr={compiled.options.lr}",
         f"# arena {compiled.arena_bytes} bytes (planned peak): " +
         ", ".join(f"{k} {v}" for k, v in sorted(s['bytes_by_kind'].items())),
-        f"from tte_kernels import {', '.join(kernels)}",
+        f"from tte_ops import CODE, {', '.join(kernels)}",
         "",
         f"MODEL_ID = {compiled.model_id!r}",
         f"ARENA_BYTES = {compiled.arena_bytes}",
