@@ -3,8 +3,9 @@
 # trained tensors in flash.
 #
 # Started from the REPL with `import fw_train; fw_train.serve()`. Memory: one arena of
-# tte_model.ARENA_BYTES holds the program, every tensor and table (the compiler's static plan),
-# plus the link's fixed buffers; a training step allocates nothing (32-bit boards included).
+# tte_model.ARENA_BYTES holds every tensor and table (the compiler's static plan); besides it the
+# program table (PROGRAM_BYTES) and the link's fixed buffers; a training step allocates nothing
+# (32-bit boards included).
 import gc
 import os
 import sys
@@ -143,6 +144,7 @@ class Counter:
             self.mhz = (f[0] if isinstance(f, tuple) else f) // 1000000
         self.n = {}                  # kind of step -> [steps, millions of k, k]
         self.us = self.cpu = 0
+        self.pending = 0             # k of the input's stages, counted with the step that follows
 
     def start(self):
         self.us = time.ticks_us()
@@ -156,6 +158,11 @@ class Counter:
             k = time.ticks_diff(time.ticks_cpu(), self.cpu) // 1000
         else:
             k = us * self.mhz // 1000
+        if step == "stage":
+            self.pending += k
+            return
+        k += self.pending
+        self.pending = 0
         acc = self.n.get(step)
         if acc is None:
             acc = self.n[step] = [0, 0, 0]
@@ -170,6 +177,45 @@ class Counter:
         for step, (n, mk, k) in self.n.items():
             out += " %s_steps=%d %s_mk=%d %s_k=%d" % (step, n, step, mk, step, k)
         return out
+
+
+class Input:
+    # A sample's input as it arrives: its windows (M.WINDOWS bytes each, in order) one after the
+    # other into A[INPUT_OFF:], each window's part of the forward pass (M.STAGES: the first
+    # stage's patch that reads it) run as soon as the window is whole, so the arena never holds
+    # the whole image. A program without stages takes the whole input as one window.
+    def __init__(self, A, P, f, counter):
+        self.A, self.P, self.f, self.counter = A, P, f, counter
+        self.mv = memoryview(A)
+        self.reset()
+
+    def reset(self):
+        self.staged = 0         # bytes of the sample's stream in place (or consumed)
+        self.win = 0            # the window being filled
+        self.win_at = 0         # the stream offset where it starts
+
+    def begin(self):
+        # A sample (again) from its first byte: what a dropped attempt's stages counted goes too.
+        self.reset()
+        self.counter.pending = 0
+
+    def put(self, data, at, k):
+        # data[at:at + k]: the stream's next k bytes (the caller checks that they fit).
+        while k > 0:
+            size = M.WINDOWS[self.win]
+            n = min(k, size - (self.staged - self.win_at))
+            o = M.INPUT_OFF + self.staged - self.win_at
+            self.mv[o:o + n] = data[at:at + n]
+            self.staged += n
+            at += n
+            k -= n
+            if self.staged - self.win_at == size:
+                if M.STAGES:
+                    self.counter.start()
+                    M.STAGES[self.win](self.A, self.P, self.f)
+                    self.counter.stop("stage")
+                self.win_at = self.staged
+                self.win += 1
 
 
 def _stats_text(done, arena, peak, counter):
@@ -203,18 +249,20 @@ def serve(checkpoint_every=1):
     free = gc.mem_free()
     try:
         A = bytearray(M.ARENA_BYTES)
+        P = bytearray(M.PROGRAM_BYTES)        # the program table, outside the arena
     except MemoryError:
-        A = None
+        A = P = None
     try:
         link = Link()
     except MemoryError:         # the arena fits, the link's buffers do not: give them its place
-        A = None
+        A = P = None
         gc.collect()
         link = Link()
     reply = bytearray(16)
     if A is None:
-        _refuse(link, "the compiled plan needs an arena of %d bytes; the heap has %d bytes free: "
-                "compile a sparser scheme or run with a larger heap" % (M.ARENA_BYTES, free))
+        _refuse(link, "the compiled plan needs an arena of %d bytes and a program table of %d; the heap "
+                "has %d bytes free: compile a sparser scheme or run with a larger heap" % (
+                    M.ARENA_BYTES, M.PROGRAM_BYTES, free))
         return
     try:
         f = open(BLOB, "rb")
@@ -228,19 +276,17 @@ def serve(checkpoint_every=1):
         return
     # The program table first (the init kernels are in it), then the initial tensors.
     f.seek(0)
-    f.readinto(memoryview(A)[:M.PROGRAM_BYTES])
-    M.init(A, f)
+    f.readinto(P)
+    M.init(A, P, f)
     header = bytearray(24)
     header[:4] = CKPT_MAGIC
     header[4:20] = M.MODEL_ID.encode()
     done = _restore(A, header)
     io = M.IO_OFF
-    x0, nx = M.INPUT_OFF, M.INPUT_BYTES
-    mv = memoryview(A)
-    staged = 0                      # input bytes in place from MSG_INPUT parts
-    gc.collect()                    # the start-up's garbage is not what training needs
+    nx = M.INPUT_BYTES
     counter = Counter()
-    gc.collect()
+    inp = Input(A, P, f, counter)
+    gc.collect()                    # the start-up's garbage is not what training needs
     peak = gc.mem_alloc()
     try:
         while True:
@@ -248,31 +294,33 @@ def serve(checkpoint_every=1):
             if typ == MSG_INPUT:
                 at = _u32(pl, 0)
                 k = len(pl) - 4
-                if at > staged or at + k > nx:
+                if at == 0:
+                    inp.begin()
+                if at != inp.staged or at + k > nx:
                     link.send(MSG_ERROR, seq, "an input part at byte %d (%d bytes) does not continue the %d bytes "
-                              "in place of the model's %d" % (at, k, staged, nx))
+                              "in place of the model's %d" % (at, k, inp.staged, nx))
                     continue
-                mv[x0 + at:x0 + at + k] = pl[4:]
-                staged = at + k
-                _put32(reply, 0, staged)
+                inp.put(pl, 4, k)
+                _put32(reply, 0, inp.staged)
                 _put32(reply, 4, done)
                 link.send(MSG_ACK, seq, memoryview(reply)[:8])
-            elif typ in (MSG_TRAIN, MSG_EVAL) and len(pl) == (5 if typ == MSG_TRAIN else 4) and staged != nx:
+            elif typ in (MSG_TRAIN, MSG_EVAL) and len(pl) == (5 if typ == MSG_TRAIN else 4) and inp.staged != nx:
                 link.send(MSG_ERROR, seq, "the sample's input is not in place: %d of its %d bytes arrived" % (
-                    staged, nx))
+                    inp.staged, nx))
             elif typ == MSG_TRAIN:
                 n = _u32(pl, 0)
                 whole = len(pl) == 5 + nx
                 if n == done and (whole or len(pl) == 5):
                     if whole:
-                        mv[x0:x0 + nx] = pl[5:5 + nx]
-                    staged = 0
+                        inp.begin()
+                        inp.put(pl, 5, nx)
+                    inp.reset()
                     _put32(A, io, pl[4])
                     gc.collect()
                     counter.start()
-                    M.train(A, f)
+                    M.train(A, P, f)
                     if M.ACCUMULATE > 1 and _u32(A, io + 4 * IO_STEP) % M.ACCUMULATE == 0:
-                        M.apply(A, f)       # the update from the accumulated gradients
+                        M.apply(A, P, f)       # the update from the accumulated gradients
                     counter.stop("train")
                     peak = max(peak, gc.mem_alloc())
                     done += 1
@@ -296,11 +344,12 @@ def serve(checkpoint_every=1):
                         len(pl) - 4, nx))
                     continue
                 if len(pl) == 4 + nx:
-                    mv[x0:x0 + nx] = pl[4:4 + nx]
-                staged = 0
+                    inp.begin()
+                    inp.put(pl, 4, nx)
+                inp.reset()
                 gc.collect()
                 counter.start()
-                M.infer(A, f)
+                M.infer(A, P, f)
                 counter.stop("infer")
                 peak = max(peak, gc.mem_alloc())
                 reply[0:4] = pl[0:4]

@@ -34,7 +34,7 @@ from insitu.io import atomic_write, atomic_write_json
 from insitu.mcu import board_runs
 from insitu.mcu.flash import compile_to_mpy
 from insitu.mcu.minheap import GRANULE, find_min_heap
-from insitu.mcu.board_runs import Prepared, firmware_files
+from insitu.mcu.board_runs import Prepared, device_inputs, firmware_files
 
 pytestmark = pytest.mark.benchmark
 
@@ -69,7 +69,7 @@ def _measure(model: str, scheme: str, samples: int, twin: str, say) -> dict:
     started = time.perf_counter()
     prep = Prepared(model, "digits", scheme, 0.05, 0)
     compiled = prep.compiled
-    found, probes = find_min_heap(firmware_files(compiled), prep.x_train[:samples], prep.y_train[:samples],
+    found, probes = find_min_heap(firmware_files(compiled), device_inputs(compiled, prep.x_train[:samples]), prep.y_train[:samples],
                                   compiled.arena_bytes, HIGH, board=BOARD, twin=twin)
     row = {"program": f"{model} {scheme}", "model": model, "scheme": scheme,
            "scheme_text": compiled.scheme.describe(),

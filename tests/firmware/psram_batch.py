@@ -72,8 +72,10 @@ def cross_compile(source: Path, out: Path, arch: str = "armv7emsp") -> Path:
     return out
 
 
-def run_on_twin(work: Path, sections: dict[str, bytes], script: str, timeout_s: float = 300) -> tuple[str, dict]:
-    """Boot a fresh Cortex-M7 twin (flash in ``work/flash``) with ``sections`` in its PSRAM, run
+def run_on_twin(work: Path, sections: dict[str, bytes], script: str, timeout_s: float = 300,
+                heap_bytes: int | None = None) -> tuple[str, dict]:
+    """Boot a fresh Cortex-M7 twin (flash in ``work/flash``, the board's heap or ``heap_bytes``)
+    with ``sections`` in its PSRAM, run
     PRELUDE + ``script`` there with ``mpremote run``; its stdout and timings (seconds)."""
     work.mkdir(parents=True, exist_ok=True)
     image = work / "psram.bin"
@@ -81,7 +83,7 @@ def run_on_twin(work: Path, sections: dict[str, bytes], script: str, timeout_s: 
     (work / "script.py").write_text(PRELUDE + script)
     times = {"image_bytes": image.stat().st_size}
     t0 = time.monotonic()
-    with McuTwin(work / "flash", preload=((image, qemu.PSRAM_BASE),)) as twin:
+    with McuTwin(work / "flash", heap_bytes=heap_bytes, preload=((image, qemu.PSRAM_BASE),)) as twin:
         times["boot_s"] = time.monotonic() - t0
         t1 = time.monotonic()
         run = subprocess.run([find_tool("mpremote"), "connect", twin.port, "run", str(work / "script.py")],

@@ -57,10 +57,10 @@ def board(tmp_path_factory):
 _PREPARED = {}
 
 
-def prepared(scheme: str, lr: float = 0.05, accumulate: int = 1) -> Prepared:
-    key = (scheme, lr, accumulate)
+def prepared(scheme: str, lr: float = 0.05, accumulate: int = 1, patches: int | None = None) -> Prepared:
+    key = (scheme, lr, accumulate, patches)
     if key not in _PREPARED:
-        _PREPARED[key] = Prepared(MODEL, TASK, scheme, lr, SEED, accumulate=accumulate)
+        _PREPARED[key] = Prepared(MODEL, TASK, scheme, lr, SEED, accumulate=accumulate, patches=patches)
     return _PREPARED[key]
 
 
@@ -87,22 +87,28 @@ def test_every_firmware_source_compiles_and_runs_on_the_board(board):
         mpremote(board.port, "run", str(path), timeout=120)
 
 
-def test_sources_train_bit_exactly_like_the_host_simulator(board):
-    prep = prepared("bias-4")
+@pytest.mark.parametrize("patches", [None, 2])
+def test_sources_train_bit_exactly_like_the_host_simulator(board, patches):
+    """With patches=2 the first stage runs in 2x2 patches: each sample goes to the board a window
+    of its image at a time (MSG_INPUT parts), each window's patch run as it arrives."""
+    prep = prepared("bias-4", patches=patches)
+    assert prep.compiled.stages == (4 if patches else 0)
     deploy_model(board.port, prep)
     samples, tests = 10, 6
     sim = Simulator(prep.compiled)
     order = sample_order(len(prep.y_train), SEED, 0, samples)
     dev = TrainingDevice(board.port, timeout_s=30.0, reconnect_s=10.0)
+    if patches:
+        dev.input_part_bytes = 37      # in MSG_INPUT parts that straddle the windows' ends
     try:
         info = dev.with_recovery(dev.start)
         assert (info["model"], info["done"], info["platform"]) == (prep.compiled.model_id, 0, "qemu")
         dev.set_checkpoint_every(samples)
         for n, i in enumerate(order):
-            done, predicted, _ = dev.train(n, int(prep.y_train[i]), prep.x_train[i])
+            done, predicted, _ = dev.train(n, int(prep.y_train[i]), prep.compiled.input_stream(prep.x_train[i]))
             assert (done, predicted) == (n + 1, sim.train_step(prep.x_train[i], int(prep.y_train[i])))
         for t in range(tests):
-            assert dev.predict(t, prep.x_test[t]) == sim.predict(prep.x_test[t])
+            assert dev.predict(t, prep.compiled.input_stream(prep.x_test[t])) == sim.predict(prep.x_test[t])
         dev.bye()                                                          # checkpoints, back to the REPL
     finally:
         dev.close()
@@ -121,8 +127,9 @@ import tte_model as M
 def steps(X, L):
     A = bytearray(M.ARENA_BYTES)
     f = open("tte_model.bin", "rb")
-    f.readinto(memoryview(A)[:M.PROGRAM_BYTES])
-    M.init(A, f)
+    P = bytearray(M.PROGRAM_BYTES)
+    f.readinto(P)
+    M.init(A, P, f)
     io, x0, nx = M.IO_OFF, M.INPUT_OFF, M.INPUT_BYTES
     alloc = []
     for i in range(len(L)):
@@ -131,9 +138,9 @@ def steps(X, L):
         gc.collect()
         gc.disable()
         before = gc.mem_alloc()
-        M.train(A, f)
+        M.train(A, P, f)
         if M.ACCUMULATE > 1 and (A[io + 12] | A[io + 13] << 8) % M.ACCUMULATE == 0:
-            M.apply(A, f)
+            M.apply(A, P, f)
         after = gc.mem_alloc()
         gc.enable()
         alloc.append(after - before)

@@ -467,7 +467,7 @@ def _crash_at_import(prep) -> bytes:
 
 
 def _crash_in_train(prep) -> bytes:
-    return prep.compiled.module.encode() + b"\n\ndef train(A, f):\n    raise ValueError('boom in train')\n"
+    return prep.compiled.module.encode() + b"\n\ndef train(A, P, f):\n    raise ValueError('boom in train')\n"
 
 
 @pytest.mark.parametrize("module, says", [

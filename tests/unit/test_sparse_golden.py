@@ -499,10 +499,18 @@ def test_firmware_abi_module_is_generated_from_the_abi():
         "firmware_constants as f; open('firmware/tte_abi.py', 'w').write(f())\"")
 
 
+def test_c_abi_header_is_generated_from_the_abi():
+    committed = (FIRMWARE / "native" / "tte_abi.h").read_text()
+    assert committed == abi.c_header(), (
+        "firmware/native/tte_abi.h is stale; regenerate it with: .venv/bin/python -c \"from insitu.sparse.abi import "
+        "c_header as f; open('firmware/native/tte_abi.h', 'w').write(f())\"")
+
+
 def test_firmware_field_comments_match_the_abi():
-    """tte_kernels.py reads each field at a fixed P index, restated in a "# fields(op):" comment
-    above the kernel: the comments must list abi.OPS exactly, for every opcode."""
-    source = (FIRMWARE / "tte_kernels.py").read_text()
+    """The viper kernels (tte_kernels.py; load and load_rows in tte_ops.py) read each field at a
+    fixed P index, restated in a "# fields(op):" comment above the kernel: the comments must list
+    abi.OPS exactly, for every opcode."""
+    source = (FIRMWARE / "tte_kernels.py").read_text() + (FIRMWARE / "tte_ops.py").read_text()
     found = {op: tuple(f.strip() for f in names.split(","))
              for op, names in re.findall(r"^# fields\((\w+)\): (.+)$", source, re.M)}
     assert found == abi.OPS

@@ -49,6 +49,31 @@ def test_a_program_in_patches_trains_bit_for_bit_as_on_whole_maps(seed):
     assert staged, "no scheme of this graph ran in patches"
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_input_arrives_a_window_at_a_time_where_patches_read_it(seed):
+    """A patched program takes a sample window by window (one per patch, each with its halo),
+    never holds the whole image, and each window's stage is its patch's forward ops."""
+    g, scales, x, y = _setup(seed)
+    (C, H, W), staged = g.tensors[g.input].shape, 0
+    for grid in (2, 3):
+        c = compile_training(g, S.classifier_only(g), scales, Options(lr=0.05, patches=grid))
+        if c.stats["patches"] is None:
+            continue
+        staged += 1
+        assert c.stages == len(c.input_windows) == grid * grid
+        assert c.input_bytes == sum(c.window_bytes()) == c.input_stream(x[0]).size
+        inputs = [b for b in c.buffers if b.kind == "input" and b.offset >= 0]
+        assert len(inputs) == 1 and max(c.window_bytes()) <= inputs[0].nbytes < max(c.window_bytes()) + 4  # aligned
+        assert max(c.window_bytes()) <= C * H * W          # (a middle patch of a tiny map may read all of it)
+        covered = np.zeros((H, W), bool)
+        for w in c.input_windows:
+            covered[w.r0:w.r1, w.c0:w.c1] = True
+        assert covered.all(), "the windows cover the image"
+        assert all(c.calls[f"stage{p}"] for p in range(c.stages))
+        assert not set().union(*(c.calls[f"stage{p}"] for p in range(c.stages))) & set(c.calls["train"] + c.calls["infer"])
+    assert staged, "no program of this graph ran in patches"
+
+
 def test_patch_windows_tile_the_cut_and_hold_what_every_conv_reads():
     g = untrained_graph("mbv2-w0.35", num_classes=10)
     k = candidate_cuts(g, set())[3]

@@ -201,6 +201,28 @@ def build_twin(as_json):
         click.echo(str(elf))
 
 
+@command.command("build-kernels")
+@click.option("--json", "as_json", is_flag=True, help="Print {module, arch, bytes} as JSON.")
+def build_kernels(as_json):
+    """Build the C training kernels for the STM32F746 (tte_native.mpy: a MicroPython native module
+    for armv7emsp, Thumb-2 with the DSP extension) if its cached copy is missing or stale, and
+    print where it is.
+
+    `insitu train` and `insitu flash` deploy it by themselves to a device whose .mpy arch is
+    armv7emsp; a board running stock MicroPython v1.28 takes it as a file:
+
+    \b
+      mpremote cp $(insitu mcu build-kernels) :tte_native.mpy
+    """
+    from insitu.mcu import native
+
+    module = native.native_mpy(lambda text: click.echo(text, err=True))
+    if as_json:
+        click.echo(json.dumps({"module": str(module), "arch": native.ARCH, "bytes": module.stat().st_size}))
+    else:
+        click.echo(str(module))
+
+
 # --------------------------------------------------------------------------- insitu mcu search
 
 @command.command("search")
@@ -374,7 +396,7 @@ def minheap(board, model, task, scheme, lr, lr_scale, seed, samples, high, twin_
     from insitu.cli.output import emit_json, report
     from insitu.mcu.minheap import find_min_heap
     from insitu.checks import parse_size
-    from insitu.mcu.board_runs import (Prepared, default_lr_scale, firmware_files, parse_lr_scale,
+    from insitu.mcu.board_runs import (Prepared, default_lr_scale, device_inputs, firmware_files, parse_lr_scale,
                                        predicted_heap_bytes)
 
     spec = get_board(board)
@@ -406,7 +428,7 @@ def minheap(board, model, task, scheme, lr, lr_scale, seed, samples, high, twin_
         raise UsageError(f"--high {high_bytes:,} B is not above the planned arena of {low:,} B")
     say = (lambda p: None) if as_json else (
         lambda p: console.print(f"heap {p.heap_bytes:>9,} B: {'trains' if p.ok else 'fails (' + p.why + ')'}"))
-    found, probes = find_min_heap(firmware_files(compiled), prep.x_train[:samples], prep.y_train[:samples],
+    found, probes = find_min_heap(firmware_files(compiled), device_inputs(compiled, prep.x_train[:samples]), prep.y_train[:samples],
                                   low, high_bytes, board=board, log=say, twin=twin_kind)
     predicted = predicted_heap_bytes(compiled)
     result = {"board": board, "twin": twin_kind, "model": model, "dataset": task, "lr": lr,

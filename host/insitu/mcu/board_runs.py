@@ -62,7 +62,7 @@ class Prepared:
     """Everything the host knows before touching a board: model, data, compiled program."""
 
     def __init__(self, model: str, task: str, scheme: str, lr: float, seed: int, reorder: bool = True,
-                 accumulate: int = 1, lr_scale: dict[str, float] | None = None):
+                 accumulate: int = 1, lr_scale: dict[str, float] | None = None, patches: int | None = None):
         from insitu.sparse.model_source import calibration_images, model_graph, model_input_shape
         from insitu.sparse.quantize import new_head
         from insitu.sparse.tasks import load_task
@@ -81,15 +81,24 @@ class Prepared:
         calib = np.random.default_rng(seed).permutation(len(self.y_train))[:CALIBRATION_SAMPLES]
         self.grad_scales = calibrate_gradients(self.graph, self.x_train[calib], self.y_train[calib], seed)
         options = Options(lr=lr, reorder=reorder and accumulate == 1, accumulate=accumulate,
-                          lr_scale=dict(lr_scale or {}))
+                          lr_scale=dict(lr_scale or {}), patches=patches)
         self.compiled = compile_training(self.graph, self.scheme, self.grad_scales, options)
+
+
+def device_inputs(compiled: Compiled, x_codes: np.ndarray) -> np.ndarray:
+    """Samples as the device takes them: each one's input stream (its windows, in order; the
+    whole image where the program has no input windows)."""
+    return np.stack([compiled.input_stream(x) for x in x_codes]) if len(x_codes) else np.asarray(x_codes)
 
 
 def runtime_heap_bytes(compiled: Compiled | int) -> int:
     """Heap the firmware needs besides the arena for this program (or a program of that many
     kernel calls)."""
-    calls = compiled if isinstance(compiled, int) else sum(len(c) for c in compiled.calls.values())
-    return RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL * calls
+    if isinstance(compiled, int):
+        return RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL * compiled
+    calls = sum(len(c) for c in compiled.calls.values())
+    # The program table is read into a buffer of its own (not the arena): 4 bytes a word.
+    return RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL * calls + 4 * len(compiled.program)
 
 
 def predicted_heap_bytes(compiled: Compiled) -> int:
@@ -171,8 +180,9 @@ class DeviceLearner:
         losses: list[float] = []
         while n < start + count:
             i = self.order[n]
+            x = self.prep.compiled.input_stream(self.prep.x_train[i])
             done, self.predicted[n], p_label = self.dev.with_recovery(
-                lambda n=n, i=i: self.dev.train(n, int(self.prep.y_train[i]), self.prep.x_train[i]))
+                lambda n=n, x=x, i=i: self.dev.train(n, int(self.prep.y_train[i]), x))
             if done != n + 1:                         # reset: the device went back to `done`
                 if done < shown:
                     self.advance(done - shown)
@@ -213,7 +223,7 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
                               f"({compiled.model_id}); reflash")
         dev.set_checkpoint_every(checkpoint_every)
         resumed_from = int(info["done"])
-        x_test, y_test = prep.x_test[:test_samples], prep.y_test[:test_samples]
+        x_test, y_test = device_inputs(compiled, prep.x_test[:test_samples]), prep.y_test[:test_samples]
         before = None
         if resumed_from == 0:
             with phase("test"):                 # markers for `--meter` (insitu.measure.phases)

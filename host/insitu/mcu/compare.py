@@ -325,12 +325,13 @@ def measure_heap_of(compiled, x_codes, labels, board: str = DEFAULT_BOARD, say=N
     bisection is redone from the arena. ``flash_dir``: the twin's flash folder (as
     :func:`find_min_heap`'s)."""
     from insitu.mcu.minheap import find_min_heap
-    from insitu.mcu.board_runs import firmware_files
+    from insitu.mcu.board_runs import device_inputs, firmware_files
 
     say = say or (lambda msg: None)
     arena, predicted = int(compiled.arena_bytes), int(predicted_heap_bytes(compiled))
     high = max(int(math.ceil(HEAP_HIGH_FACTOR * predicted / 16)) * 16, arena + 4096)
     files = firmware_files(compiled)
+    x_codes = device_inputs(compiled, x_codes)
     started = time.perf_counter()
     low = max(arena, int(LOW_FACTOR * predicted) // 16 * 16)
     found, probes = find_min_heap(files, x_codes, labels, low, high, board=board, flash_dir=flash_dir)

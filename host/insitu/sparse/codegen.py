@@ -4,9 +4,11 @@ The module is straight-line calls of the firmware kernels (``firmware/tte_ops.py
 of ``firmware/native`` where the board loads them, else the viper ones), one per
 op, with the op's place in the program table as argument and its node as a comment, plus the
 constants the training loop needs (arena size, where the input and the io block are, which arena
-ranges hold trained tensors, the blob's size and CRC). The program table itself is the first
-region of the arena (loaded from the blob by ``init``), so a kernel call is ``kernel(A, A, word)``:
-arena and table are one buffer, the table read as 32-bit words.
+ranges hold trained tensors, the blob's size and CRC). Where the first stage runs in patches that
+read the input, a sample arrives a window at a time (WINDOWS: their bytes) and each window's
+patch runs as it arrives (STAGES), before train or infer run the rest. The program table is the blob's first
+PROGRAM_BYTES, which the firmware reads into a buffer of its own, ``P``, outside the arena; a
+kernel call is ``kernel(A, P, word)``, the table read as 32-bit words.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ _RUNTIME = ("load", "load_rows")      # kernels that read the weight blob (flash
 
 
 def _call(op, word: int) -> str:
-    args = f"A, A, {word}, f" if op.kind in _RUNTIME else f"A, A, {word}"
+    args = f"A, P, {word}, f" if op.kind in _RUNTIME else f"A, P, {word}"
     return f"    {op.kind}({args})  # {op.node}"
 
 
@@ -29,7 +31,7 @@ def generate_module(compiled, all_ops) -> str:
         positions.append(pos)
         pos += 1 + len(abi.OPS[op.kind])
     where = {id(op): p for op, p in zip(all_ops, positions)}
-    segments = {"init": [], "train": [], "infer": [], "apply": []}
+    segments: dict[str, list] = {seg: [] for seg in compiled.calls}
     for op in all_ops:
         for seg, calls in compiled.calls.items():
             if where[id(op)] in calls:
@@ -51,6 +53,7 @@ def generate_module(compiled, all_ops) -> str:
         f"BLOB_CRC = {blob_crc(compiled.blob)}",
         f"INPUT_OFF = {compiled.input_off}",
         f"INPUT_BYTES = {compiled.input_bytes}",
+        f"WINDOWS = {tuple(compiled.window_bytes())!r}",
         f"IO_OFF = {compiled.io_off}",
         f"CLASSES = {compiled.graph.num_classes}",
         f"TRAINED = {tuple(compiled.trained)!r}",
@@ -61,7 +64,13 @@ def generate_module(compiled, all_ops) -> str:
             "train": "One training step on the sample in A[INPUT_OFF:] with its label in the io block.",
             "infer": "Inference on the sample in A[INPUT_OFF:]; the predicted class goes to the io block.",
             "apply": "The update from the accumulated gradients (after every ACCUMULATE training steps)."}
-    for seg in ("init", "train", "infer", "apply"):
-        lines += ["", f"def {seg}(A, f):", f'    """{docs[seg]}"""']
+    stages = [seg for seg in compiled.calls if seg.startswith("stage")]
+    for seg in stages:
+        docs[seg] = (f"Patch {seg[5:]} of the first stage, once input window {seg[5:]} is in A[INPUT_OFF:] "
+                     "(before train or infer, which run the rest).")
+    for seg in ("init", *stages, "train", "infer", "apply"):
+        lines += ["", f"def {seg}(A, P, f):", f'    """{docs[seg]}"""']
         lines += [_call(op, where[id(op)]) for op in segments[seg]] or ["    pass"]
+    lines += ["", "", "# The input windows' parts of the forward pass, in the order the windows arrive.",
+              f"STAGES = ({''.join(f'{seg}, ' for seg in stages)})"]
     return "\n".join(lines) + "\n"

@@ -99,6 +99,7 @@ class Op:
     phase: str = "fwd"                             # fwd, loss, bwd, update
     param: tuple[str, str] | None = None           # (layer, "w" | "b") for gradient/update ops
     sink: bool = False                             # changes persistent state (updates)
+    window: int | None = None                      # patch p of the first stage reads input window p
 
     def refs(self) -> list[Ref]:
         return [v for v in self.fields.values() if isinstance(v, Ref)]
@@ -173,20 +174,42 @@ class Compiled:
     arena_bytes: int
     buffers: list[Buf]
     train_ops: list[Op]
-    program: np.ndarray                  # int32 words (also at arena offset 0)
-    calls: dict[str, list[int]]          # init / train / infer: word offsets of the records
+    program: np.ndarray                  # int32 words (the blob's first bytes; not in the arena)
+    # init / stage0..stageN-1 / train / infer / apply: word offsets of the records. stage<p> runs
+    # once input window p is in place (the first stage's patches); train and infer then run the rest.
+    calls: dict[str, list[int]]
     blob: bytes
     module: str                          # the generated MicroPython source
-    input_off: int
-    input_bytes: int
+    input_off: int                       # where each input window goes in the arena
+    input_bytes: int                     # the bytes of a sample's input stream (its windows, in order)
     io_off: int
     trained: list[tuple[int, int]]       # (offset, bytes) of the checkpointed tensors
     model_id: str
     stats: dict = field(default_factory=dict)
+    #: The windows (rows r0:r1, columns c0:c1) of the input image a sample is sent in, in order:
+    #: one per patch of the first stage where its patches read the input (the device never holds
+    #: the whole image), else the whole image.
+    input_windows: list[Window] = field(default_factory=list)
 
     @property
     def planned_peak_bytes(self) -> int:
         return self.arena_bytes
+
+    @property
+    def stages(self) -> int:
+        """How many input windows run a part of the forward pass as they arrive (0: one whole input)."""
+        return sum(1 for seg in self.calls if seg.startswith("stage"))
+
+    def input_stream(self, codes) -> np.ndarray:
+        """A sample's input codes (C, H, W) as the device takes them: its windows, concatenated."""
+        shape = self.graph.tensors[self.graph.input].shape
+        x = np.asarray(codes, dtype=np.int8).reshape(shape)
+        return np.concatenate([x[:, w.r0:w.r1, w.c0:w.c1].reshape(-1) for w in self.input_windows])
+
+    def window_bytes(self) -> list[int]:
+        """The bytes of each input window, in stream order."""
+        c = self.graph.tensors[self.graph.input].shape[0]
+        return [c * w.h * w.w for w in self.input_windows]
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -344,6 +367,8 @@ class _Builder:
         self.acts[graph.input].kind = "input"
         self.io = self.buf("io", 4 * abi.IO_WORDS, "io", persistent=True)
         self.stage: Stage | None = None        # the first layers run in patches, if any
+        # id(stage) -> (the input window buffer, the windows): where its patches read the input
+        self.input_windows: dict[int, tuple[Buf, list[Window]]] = {}
         weights = sum(c.weight.size for c in graph.convs)
         self.stream = options.stream if options.stream is not None else weights > STREAM_AUTO_WEIGHT_BYTES
         self.masks = options.masks if options.masks is not None else weights > STREAM_AUTO_WEIGHT_BYTES
@@ -494,9 +519,25 @@ class _Builder:
         patch's maps in buffers of their own, cut out of a map (``window``) where a reader needs
         less of it, the cut's patch placed into the whole cut."""
         T, names = self.g.tensors, {n.name for n in stage.nodes}
+        # The input is not held whole: patch p's window of it arrives (the device's link) into a
+        # buffer of its own just before patch p runs, so the buffer holds the largest window.
+        x_in = self.g.input
+        reads_input = [(n, p) for p, need in enumerate(stage.windows) for n in stage.nodes
+                       if isinstance(n, Conv) and n.x == x_in]
+        in_windows = {p: input_window(n, stage.windows[p][n.y], T[x_in].shape) for n, p in reads_input}
+        if any(input_window(n, stage.windows[p][n.y], T[x_in].shape) != in_windows[p] for n, p in reads_input):
+            in_windows = {}                 # readers of different windows: keep the whole input
+        in_buf = None
+        if in_windows and len(in_windows) == len(stage.windows):
+            c = T[x_in].shape[0]
+            in_buf = self.buf(f"input-window:{len(stage.windows)}", max(c * w.h * w.w for w in in_windows.values()), "input")
+            self.input_windows[id(stage)] = (in_buf, [in_windows[p] for p in range(len(stage.windows))])
         ops: list[Op] = []
         for p, need in enumerate(stage.windows):
             tiles: dict[str, tuple[Buf, Window]] = {}
+            first = len(ops)
+            if in_buf is not None:
+                tiles[x_in] = (in_buf, in_windows[p])
 
             def tile(t: str, want: Window, node: str) -> Buf:
                 buf, have = tiles.get(t) or (self.acts[t], whole(T[t].shape))
@@ -535,6 +576,9 @@ class _Builder:
                                      "h": out.h, "w": out.w, "src_H": out.h, "src_W": out.w, "src_y": 0, "src_x": 0,
                                      "dst_H": h, "dst_W": w, "dst_y": out.r0, "dst_x": out.c0},
                           stage.nodes[-1].name))
+            if in_buf is not None:
+                for op in ops[first:]:
+                    op.window = p
         return ops + [op for op in fwd if op.node not in names]
 
     # ------------------------------------------------------------------ loss and backward
@@ -794,7 +838,8 @@ def lifetimes(ops: list[Op]) -> dict[Buf, tuple[int, int]]:
         for b in reads(op) | writes(op):
             lo, hi = span.get(b, (i, i))
             span[b] = (min(lo, i), max(hi, i))
-    return span
+    # The input is written before the step (or between its patches): live from the first op.
+    return {b: (0, hi) if b.kind == "input" else (lo, hi) for b, (lo, hi) in span.items()}
 
 
 def plan_memory(buffers: list[Buf], ops: list[Op], first_offset: int = 0) -> int:
@@ -945,7 +990,7 @@ def _build(b: _Builder, options: Options) -> tuple[list[Op], list[Op], Op, list[
         fwd, b.stage = tables(b.forward_in_patches(fwd, stage)), stage
     elif stage is not None:
         # Chosen by the planner: the grid of AUTO_GRIDS whose whole plan is smallest, if smaller
-        # than without patches (their program words are in the arena too, the peak may be elsewhere).
+        # than without patches (the peak may be elsewhere).
         best = (_planned(b, fwd, rest, argmax, apply_ops), fwd, None)
         for grid in AUTO_GRIDS:
             stage = choose_stage(graph, saved, grid)
@@ -959,7 +1004,7 @@ def _build(b: _Builder, options: Options) -> tuple[list[Op], list[Op], Op, list[
 def _planned(b: _Builder, fwd, rest, argmax, apply_ops) -> int:
     """The arena of a program of these ops (plan_arena's, for a choice between two)."""
     timeline, _, all_ops = _timeline(b, fwd, fwd + rest, argmax, apply_ops)
-    return plan_memory(b.buffers, timeline, first_offset=4 * _program_words(all_ops))
+    return plan_memory(b.buffers, timeline)
 
 
 def _timeline(b: _Builder, fwd, train_ops, argmax, apply_ops) -> tuple[list[Op], list[Op], list[Op]]:
@@ -985,9 +1030,10 @@ def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax, apply_op
     timeline, init_ops, all_ops = _timeline(b, fwd, train_ops, argmax, apply_ops)
     init_bufs = [op.fields["dst_off"].buf for op in init_ops]
     words = _program_words(all_ops)
-    program_buf = Buf("program", 4 * words, "program", persistent=True, offset=0)
-    arena = plan_memory(b.buffers, timeline, first_offset=program_buf.nbytes)
-    b.buffers.insert(0, program_buf)
+    # The program table is not in the arena: the firmware reads it from the blob into a buffer
+    # of its own (a board could keep it in flash), as the paper's engine compiles its program
+    # into code; the heap model counts it (insitu.mcu.board_runs.runtime_heap_bytes).
+    arena = plan_memory(b.buffers, timeline)
     # The blob: [program][initial RAM tensors][layer packs], each 4-aligned.
     blob = bytearray(4 * words)
     init_at = {}
@@ -1002,7 +1048,11 @@ def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax, apply_op
     for L in b.layers.values():
         L.blob_off = len(blob)
         blob += L.pack + bytes(_aligned(len(L.pack)) - len(L.pack))
-    program, calls, pos = [], {"init": [], "train": [], "infer": [], "apply": []}, 0
+    in_buf, windows = b.input_windows.get(id(b.stage), (None, None)) if b.stage is not None else (None, None)
+    stage_of = _stage_of(fwd, len(windows) if windows else 0)
+    calls: dict[str, list[int]] = {"init": [], **{f"stage{p}": [] for p in range(len(windows or ()))},
+                                   "train": [], "infer": [], "apply": []}
+    program, pos = [], 0
     fwd_ids = {id(op) for op in fwd}
     init_ids = {id(op) for op in init_ops}
     apply_ids = {id(op) for op in apply_ops}
@@ -1012,9 +1062,11 @@ def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax, apply_op
             calls["apply"].append(pos)
         elif id(op) in init_ids:
             calls["init"].append(pos)
+        elif id(op) in stage_of:                    # shared by training and inference
+            calls[f"stage{stage_of[id(op)]}"].append(pos)
         elif op is argmax or id(op) in fwd_ids:
             calls["infer"].append(pos)
-        if id(op) not in init_ids and id(op) not in apply_ids and op is not argmax:
+        if id(op) not in init_ids and id(op) not in apply_ids and op is not argmax and id(op) not in stage_of:
             calls["train"].append(pos)
         program += rec
         pos += len(rec)
@@ -1025,12 +1077,32 @@ def _lower(b: _Builder, graph, scheme, options, fwd, train_ops, argmax, apply_op
     trained = [(x.offset, x.nbytes) if x.kind != "io" else (x.offset + 4 * abi.IO_STEP, 4)
                for x in b.buffers if x.kind in ("param", "io", "accum") and x.offset >= 0]
     model_id = hashlib.sha256(bytes(blob)).hexdigest()[:16]
+    shape = graph.tensors[graph.input].shape
+    windows = windows or [whole(shape)]
     compiled = Compiled(graph, scheme, options, arena, b.buffers, train_ops, table, calls, bytes(blob), "",
-                        b.acts[graph.input].offset, graph.tensors[graph.input].size, b.io.offset, trained,
-                        model_id, _stats(b, timeline, arena))
+                        (in_buf or b.acts[graph.input]).offset, sum(shape[0] * w.h * w.w for w in windows),
+                        b.io.offset, trained, model_id, _stats(b, timeline, arena), windows)
     from insitu.sparse.codegen import generate_module
     compiled.module = generate_module(compiled, all_ops)
     return compiled
+
+
+def _stage_of(fwd: list[Op], n_windows: int) -> dict[int, int]:
+    """id(op) -> p for the forward ops that run once input window p is in place: from the op
+    after window p-1's last reader to window p's last reader (loads the compiler put among a
+    patch's kernels included)."""
+    last: dict[int, int] = {}
+    for i, op in enumerate(fwd):
+        if op.window is not None:
+            last[op.window] = i
+    out, p = {}, 0
+    for i, op in enumerate(fwd):
+        while p < n_windows and i > last[p]:
+            p += 1
+        if p == n_windows:
+            break
+        out[id(op)] = p
+    return out
 
 
 def _resolve(v, init_at) -> int:

@@ -18,9 +18,8 @@ class Simulator:
     def __init__(self, compiled: Compiled):
         self.c = compiled
         self.A = np.zeros(compiled.arena_bytes, dtype=np.uint8)
-        self.P = np.asarray(compiled.program, dtype=np.int32)
+        self.P = np.asarray(compiled.program, dtype=np.int32)      # a buffer of its own, as on the device
         self.blob = compiled.blob
-        self.A[:4 * len(self.P)] = np.frombuffer(self.P.astype("<i4").tobytes(), dtype=np.uint8)
         self._run("init")
         self.samples_done = 0
 
@@ -32,10 +31,15 @@ class Simulator:
         return int(self.A[self.c.io_off + 4 * word:self.c.io_off + 4 * word + 4].view("<i4")[0])
 
     def _put(self, codes: np.ndarray) -> None:
-        codes = np.asarray(codes, dtype=np.int8).reshape(-1)
-        if codes.size != self.c.input_bytes:
-            raise ValueError(f"a sample has {self.c.input_bytes} input codes, got {codes.size}")
-        self.A[self.c.input_off:self.c.input_off + codes.size] = codes.view(np.uint8)
+        """The sample's input as the device takes it: window by window into the input buffer,
+        each window's part of the forward pass run as it arrives (the stage segments)."""
+        stream = self.c.input_stream(codes).view(np.uint8)
+        at, off = 0, self.c.input_off
+        for p, n in enumerate(self.c.window_bytes()):
+            self.A[off:off + n] = stream[at:at + n]
+            at += n
+            if self.c.stages:
+                self._run(f"stage{p}")
 
     def train_step(self, codes: np.ndarray, label: int) -> int:
         """One sample of training; returns the class predicted before the update."""

@@ -57,5 +57,5 @@ def inference_plan(graph: Graph) -> dict:
     builder = compiler._Builder(compiler.LayerTables(graph, {}, 1.0), classifier_only(graph), compiler.Options())
     ops = builder.forward()
     ops.append(builder.loss()[1])                       # argmax
-    arena = compiler.plan_memory(builder.buffers, ops, first_offset=4 * compiler._program_words(ops))
+    arena = compiler.plan_memory(builder.buffers, ops)
     return {"arena_bytes": int(arena), "calls": len(ops)}
