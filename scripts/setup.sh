@@ -6,6 +6,7 @@
 #   PYTHON        the interpreter to build it from (default: python3; 3.10 to 3.12: pynq 4 needs <= 3.12)
 #   INSITU_SETUP_MCU=1 (or `setup.sh --mcu`)  also the Cortex-M7 twin: its Debian toolchain (about
 #                 850 MB installed, so the demo leaves it out), the MicroPython source, one build
+#                 of the twin and one of the C kernels
 #   INSITU_MICROPYTHON_SRC  MicroPython v1.28.0 source archive or tree for the twin's build
 #   INSITU_SETUP_BOARD_IMAGE=1 (or `setup.sh --board-image`)  also the FPGA boards' image twin: the
 #                 PYNQ v3.0.1 image's Python 3.10 packages (scripts/board-image-requirements.txt)
@@ -146,6 +147,7 @@ if [ "$setup_mcu" = 1 ]; then
         mv "$cache/$release.part" "$cache/$release"
     fi
     "$venv/bin/insitu" mcu build-twin >/dev/null
+    "$venv/bin/insitu" mcu build-kernels >/dev/null      # the C kernels (tte_native.mpy)
 fi
 
 # --- the board-image twin, finished ---------------------------------------------------------------

@@ -90,7 +90,7 @@ def test_sparse_update_on_the_twins_trains_on_each_kind(run_cli, own, insitu_cac
     folder trains on the Cortex-M7 twin, the npz on the unix-port twin (the same firmware and link
     without the emulated UART's seconds of flashing)."""
     # The decoded files in the test's own cache; the pretraining and the firmware, slow, shared.
-    env = cache_env(insitu_cache, share=("mcu", "mcu-twin"))
+    env = cache_env(insitu_cache, share=("mcu", "mcu-twin", "mcu-native"))
     run = run_cli("train", "--board", "stm32f746-disco-sim", "--algo", "sparse", "--model", "mbv2-tiny",
                   "--dataset", own[kind], "--twin", twin, "--samples", "6", "--test-samples", "10", "--json",
                   env=env)

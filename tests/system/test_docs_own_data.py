@@ -73,7 +73,7 @@ def test_the_walkthrough_has_the_steps_the_page_describes():
 def test_every_walkthrough_command_runs(tmp_path):
     # The slow one-offs (pretraining, the twin's firmware, LRT's pre-training) are shared with the
     # other tests through insitu's cache; the data this test decodes stays in its own folder.
-    env = {**os.environ, **cache_env(tmp_path / "cache", share=("mcu", "mcu-twin", "lrt")),
+    env = {**os.environ, **cache_env(tmp_path / "cache", share=("mcu", "mcu-twin", "mcu-native", "lrt")),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     twins: list[str] = []
     for command in walkthrough_commands():

@@ -57,7 +57,7 @@ VENV_BIN = Path(sys.executable).parent
 #: insitu's cache as the suite found it: the slow one-offs (twins' firmware and builds, pretrained
 #: models) are shared from it; the rest of what the commands cache stays in this module's own.
 SHARED_CACHE = cache_dir()
-SHARE = ("mcu", "mcu-twin", "lrt", "rtl-twin", "rtl-verilog", "sim", "overlays", "board-wheels")
+SHARE = ("mcu", "mcu-twin", "mcu-native", "lrt", "rtl-twin", "rtl-verilog", "sim", "overlays", "board-wheels")
 
 
 # ================================================================================== the inventory
@@ -789,6 +789,10 @@ TABLE: dict[str, TableEntry] = {
     "insitu lrt bench --json": Covered("tests/system/test_cli_lrt.py::test_bench_reports_speedup_and_memory",
                                        shows=('run_cli("lrt", "bench", "--sizes", "32,64", "--json")',)),
     "insitu mcu build-twin": Run("insitu mcu build-twin", (says("firmware.elf"),)),
+    "insitu mcu build-kernels": Run("insitu mcu build-kernels", (says("tte_native.mpy"),)),
+    "insitu mcu build-kernels --json": Run("insitu mcu build-kernels --json", (out_json(
+        lambda d: d["arch"] == "armv7emsp" and d["module"].endswith("tte_native.mpy") and d["bytes"] > 0,
+        "the module's path, arch and size"),)),
     "insitu mcu search": Run(f"insitu mcu search --budget 64K {SEARCH} --json",
                              (out_json(lambda d: isinstance(d, dict) and len(d) > 0, "a report"),)),
     "insitu mcu minheap": MINHEAP,

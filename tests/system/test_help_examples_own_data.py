@@ -69,7 +69,7 @@ def small(line: str) -> str:
 def test_the_help_examples_run(tmp_path):
     # The images it decodes are cached in its own folder; the slow one-offs (pretrained models,
     # the twins' overlays) are shared with the other tests.
-    env = {**os.environ, **cache_env(tmp_path / "cache", share=("mcu", "mcu-twin", "lrt", "sim", "overlays")),
+    env = {**os.environ, **cache_env(tmp_path / "cache", share=("mcu", "mcu-twin", "mcu-native", "lrt", "sim", "overlays")),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     (tmp_path / "work").mkdir()
     lines = all_examples()

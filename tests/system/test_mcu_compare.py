@@ -61,6 +61,22 @@ def test_every_method_is_trained_within_each_budget(compared):
     assert small["methods"]["classifier"]["accuracy"] == large["methods"]["classifier"]["accuracy"]
 
 
+def test_each_program_carries_the_boards_time_counted_on_the_twin(compared):
+    """--board-time (the default): every program's training step counted on the Cortex-M7 twin;
+    the same program (the classifier alone at both budgets) counts the same; training more
+    layers never costs less than the classifier alone; the table shows the column."""
+    result, _, text = compared
+    small, large = result["rows"]
+    for row in result["rows"]:
+        for m in row["methods"].values():
+            assert 0 < m["board_ms_per_sample"] < 1000, m
+    assert small["methods"]["classifier"]["board_ms_per_sample"] == large["methods"]["classifier"]["board_ms_per_sample"]
+    for m in large["methods"].values():
+        assert m["board_ms_per_sample"] >= large["methods"]["classifier"]["board_ms_per_sample"]
+    assert all(r["board_ms_per_sample"] > 0 for r in result["memory"]["rows"])
+    assert "ms / sample" in text
+
+
 def test_reported_plans_are_the_compilers_and_k_is_the_largest_that_fits(compared):
     from insitu.sparse.compiler import Options, compile_training
     from insitu.sparse.scheme import Scheme, bias_only, last_k_layers

@@ -466,14 +466,17 @@ def minheap(board, model, task, scheme, lr, lr_scale, seed, samples, high, twin_
 @click.option("--measure-heap", is_flag=True,
               help="Also measure the smallest heap of the full update and of each searched scheme on a twin "
                    "(tens of seconds per program).")
+@click.option("--board-time/--no-board-time", default=True, show_default=True,
+              help="Count each program's training step on the Cortex-M7 twin: the board's ms per sample "
+                   "(a few seconds per program).")
 @click.option("--board", default="stm32f746-disco-sim", show_default=True,
-              help="The twin --measure-heap runs on (a simulated microcontroller board).")
+              help="The twin --measure-heap and --board-time run on (a simulated microcontroller board).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the whole result here (JSON).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write grouped bars of accuracy per method and budget, and the memory, here (PNG).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
 def compare(model, dataset, budgets, train_size, test_samples, lr, lr_scale, seed, evaluations, workers,
-            measure_heap, board, out, plot, as_json):
+            measure_heap, board_time, board, out, plot, as_json):
     """Sparse update vs. the paper's baselines at equal memory (tiny-training Fig. 9).
 
     For each budget: the classifier alone ("last layer"), the biases of the last K layers with the
@@ -497,12 +500,13 @@ def compare(model, dataset, budgets, train_size, test_samples, lr, lr_scale, see
     for path, what in ((out, "--out"), (plot, "--plot")):
         if path:
             check_writable(path, what, plot=what == "--plot")
-    if measure_heap:
+    if measure_heap or board_time:
         _twin_ready("qemu")          # before minutes of training, not after them
     workers = workers if workers is not None else max(1, os.cpu_count() or 1)
     result = _as_options(run_compare, model, dataset, budget_list, prepare=_search_bundle,
                          train_samples=train_size, eval_samples=test_samples, lr=lr, seed=seed,
-                         evaluations=evaluations, workers=workers, measure_heap=measure_heap, board=board,
+                         evaluations=evaluations, workers=workers, measure_heap=measure_heap,
+                         board_time=board_time, board=board,
                          lr_scale=scale, progress_factory=lambda what, total: progress(what, total),
                          say=(lambda msg: None) if as_json else (lambda msg: console.print(msg)))
     if out:

@@ -131,7 +131,8 @@ def _ratio(a, b):
 
 def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, float, int], Bundle],
                 train_samples: int = 500, eval_samples: int | None = None, lr: float = 0.05, seed: int = 0,
-                evaluations: int = 2000, workers: int = 1, measure_heap: bool = False, board: str = DEFAULT_BOARD,
+                evaluations: int = 2000, workers: int = 1, measure_heap: bool = False, board_time: bool = False,
+                board: str = DEFAULT_BOARD,
                 lr_scale: dict[str, float] | None = None, sample_seeds=(), progress_factory=None,
                 say=None) -> dict:
     """The comparison of Figure 9 at each of ``budgets`` (bytes, or sizes as ``parse_budgets``
@@ -142,6 +143,9 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
     also trained in, after the search at ``seed``'s; each program then carries
     ``accuracy_by_seed`` and ``accuracy_mean`` beside ``accuracy`` (``seed``'s): one order's
     accuracy varies by points between orders.
+    ``board_time``: each program's training step measured on the Cortex-M7 twin
+    (:func:`insitu.mcu.latency.measure_board_time`): ``board_ms_per_sample`` in every row whose
+    program fits the twin's largest heap.
     ``prepare(model, task, lr, seed)``: what every scheme trains on (as for
     :func:`insitu.sparse.search.run_search`), called once the arguments are checked."""
     started = time.perf_counter()
@@ -292,6 +296,9 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
                 r.update(measured[key])
                 r["heap_error"] = (r["min_heap_bytes"] - r["predicted_heap_bytes"]) / r["predicted_heap_bytes"]
 
+    if board_time:
+        _add_board_time(rows, mem_rows, programs, compiled, per_budget, bundle, board, say)
+
     base, full_row = mem_rows[0], mem_rows[1]
     for r in mem_rows:
         r["ratio_planned_vs_full_no_reorder"] = _ratio(base["arena_bytes"], r["arena_bytes"])
@@ -314,6 +321,32 @@ def run_compare(model: str, task: str, budgets, *, prepare: Callable[[str, str, 
         "schemes_trained": len(schemes),
         "seconds": time.perf_counter() - started,
     }
+
+
+def _add_board_time(rows, mem_rows, programs, compiled, per_budget, bundle, board, say) -> None:
+    """``board_ms_per_sample`` (training, on the board at its clock) of every row's program that
+    the twin's largest heap holds; None where it does not (the full updates of large networks)."""
+    from insitu.mcu import qemu
+    from insitu.mcu.latency import STEPS, measure_board_time
+
+    x, y = bundle.x_train[:STEPS], bundle.y_train[:STEPS]
+    measured: dict[str, float | None] = {}
+
+    def ms(c) -> float | None:
+        if c.model_id not in measured:
+            if predicted_heap_bytes(c) > qemu.max_heap_bytes():
+                measured[c.model_id] = None
+            else:
+                say(f"counting the board's time of {c.scheme.describe()} on the Cortex-M7 twin")
+                bt = measure_board_time(c, x, y, board)
+                measured[c.model_id] = round(1000 * bt["train"]["seconds_per_sample"], 3)
+        return measured[c.model_id]
+
+    for row, (_, entries) in zip(rows, per_budget):
+        for kind, m in row["methods"].items():
+            m["board_ms_per_sample"] = ms(compiled[entries[kind]["key"]]) if m["fits"] else None
+    for r, c in zip(mem_rows, programs):
+        r["board_ms_per_sample"] = ms(c)
 
 
 def measure_heap_of(compiled, x_codes, labels, board: str = DEFAULT_BOARD, say=None,
@@ -351,6 +384,12 @@ def _kb(n) -> str:
     return "-" if n is None else f"{n:,} B"
 
 
+def _ms(row) -> str:
+    """A row's training time per sample on the board (counted on the twin), or "-"."""
+    v = row.get("board_ms_per_sample")
+    return "-" if v is None else f"{v:,.1f} ms"
+
+
 def _x(r) -> str:
     return "-" if r is None else f"{r:.1f}x"
 
@@ -373,27 +412,30 @@ def tables(result: dict) -> list:
     t = Table(title=f"{result['model']} on {result['task']}: accuracy at equal memory (planned arena <= budget; "
                     f"{result['train_samples']} training / {result['eval_samples']} test samples, "
                     f"lr {result['lr']:g}{rates_text(result)})")
-    for col in ("budget", "method", "scheme", "arena", "heap (pred.)", "accuracy"):
+    timed = any("board_ms_per_sample" in m for row in result["rows"] for m in row["methods"].values())
+    for col in ("budget", "method", "scheme", "arena", "heap (pred.)", "accuracy") + (("ms / sample",) if timed else ()):
         t.add_column(col, justify="left" if col in ("budget", "method", "scheme") else "right", no_wrap=True)
     for row in result["rows"]:
         for i, (kind, _) in enumerate(METHODS):
             m = row["methods"][kind]
             budget = row["budget"] if i == 0 else ""
             if not m["fits"]:
-                t.add_row(budget, m["method"], "none found" if kind == "sparse" else "does not fit", "-", "-", "-")
+                t.add_row(budget, m["method"], "none found" if kind == "sparse" else "does not fit", "-", "-", "-",
+                          *(("-",) if timed else ()))
                 continue
             t.add_row(budget, m["method"], m["preset"] or "searched", _kb(m["arena_bytes"]),
-                      _kb(m["predicted_heap_bytes"]), f"{m['accuracy']:.3f}")
+                      _kb(m["predicted_heap_bytes"]), f"{m['accuracy']:.3f}", *((_ms(m),) if timed else ()))
         t.add_section()
     mem = result["memory"]
     p = Table(title="planned peak (arena): full update vs. searched sparse schemes "
                     "(full/x: the full update's over the row's)")
-    for col in ("scheme", "accuracy", "arena", "full (no reorder)/x", "full/x", "heap (pred.)"):
+    for col in ("scheme", "accuracy", "arena", "full (no reorder)/x", "full/x", "heap (pred.)") + (
+            ("ms / sample",) if timed else ()):
         p.add_column(col, justify="left" if col == "scheme" else "right", no_wrap=col == "scheme")
     for r in mem["rows"]:
         p.add_row(_short(r["name"]), f"{r['accuracy']:.3f}", _kb(r["arena_bytes"]),
                   _x(r["ratio_planned_vs_full_no_reorder"]), _x(r["ratio_planned_vs_full"]),
-                  _kb(r["predicted_heap_bytes"]))
+                  _kb(r["predicted_heap_bytes"]), *((_ms(r),) if timed else ()))
     out = [t, p]
     if mem["measured"]:
         m = Table(title=f"measured: smallest heap that trains on {mem['board']} "
