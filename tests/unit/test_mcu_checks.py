@@ -5,6 +5,7 @@ import pytest
 
 import insitu.mcu.board_runs as runs
 import insitu.mcu.qemu as qemu
+import insitu.sparse.pretrain as P
 import insitu.sparse.quantize as Q
 import insitu.sparse.tasks as tasks
 from insitu.boards import get_board
@@ -24,8 +25,8 @@ def no_slow_work(monkeypatch):
             raise AssertionError(f"{what} started before the cheap checks refused the run")
         return fail
 
-    monkeypatch.setattr(Q, "pretrained", slow("the pretraining"))
-    monkeypatch.setattr(Q, "train_float", slow("the pretraining"))
+    monkeypatch.setattr(P, "pretrained", slow("the pretraining"))
+    monkeypatch.setattr(P, "train_float", slow("the pretraining"))
     monkeypatch.setattr(tasks, "load_task", slow("the data loading"))
     monkeypatch.setattr(qemu, "firmware", slow("the firmware build"))
     monkeypatch.setattr(runs, "Prepared", slow("the compilation"))
@@ -117,14 +118,14 @@ def test_train_command_refuses_a_bad_lr_scale(no_slow_work, tmp_path, args):
 
 
 def test_prepared_parses_the_scheme_before_the_data_and_the_pretraining(monkeypatch):
-    monkeypatch.setattr(Q, "pretrained", lambda *a, **k: pytest.fail("pretrained before the scheme check"))
+    monkeypatch.setattr(P, "pretrained", lambda *a, **k: pytest.fail("pretrained before the scheme check"))
     monkeypatch.setattr(tasks, "load_task", lambda *a, **k: pytest.fail("data before the scheme check"))
     with pytest.raises(UsageError, match="--scheme bias-x"):
         runs.Prepared("mbv2-28", "digits", "bias-x", 0.05, 0)      # `mcu minheap --scheme bias-x`
 
 
 def test_the_untrained_graph_has_the_pretrained_layers(tmp_path):
-    trained = Q.pretrained("mbv2-tiny", cache_dir=tmp_path, samples=64, epochs=1, verbose=False)
+    trained = P.pretrained("mbv2-tiny", cache_dir=tmp_path, samples=64, epochs=1, verbose=False)
     skeleton = Q.untrained_graph("mbv2-tiny")
     assert [n.name for n in skeleton.nodes] == [n.name for n in trained.nodes]
     assert {k: t.shape for k, t in skeleton.tensors.items()} == {k: t.shape for k, t in trained.tensors.items()}

@@ -10,6 +10,7 @@ from insitu.errors import UsageError
 from insitu.sparse import graph as g
 from insitu.sparse import golden
 from insitu.sparse import models as M
+from insitu.sparse import pretrain as P
 from insitu.sparse import quantize as Q
 from insitu.sparse import tasks as T
 from insitu.sparse.calibrate import calibrate_gradients
@@ -27,7 +28,7 @@ def tiny(tmp_path_factory):
     """mbv2-tiny pretrained with the defaults into a private cache (the one slow step, ~10 s)."""
     folder = tmp_path_factory.mktemp("mcu-cache")
     start = time.perf_counter()
-    graph = Q.pretrained("mbv2-tiny", cache_dir=folder)
+    graph = P.pretrained("mbv2-tiny", cache_dir=folder)
     return graph, folder, time.perf_counter() - start
 
 
@@ -245,27 +246,27 @@ def test_pretrained_cache_round_trip(tiny, monkeypatch):
     # (pretraining mbv2-tiny takes ~8 s on an idle 2-core machine; no wall-clock assertion here,
     # a shared machine makes it flaky)
     graph, folder, _ = tiny
-    path = Q.pretrained_path("mbv2-tiny", cache_dir=folder)
+    path = P.pretrained_path("mbv2-tiny", cache_dir=folder)
     assert path.is_file() and path.parent == folder and path.name.startswith("mbv2-tiny-")
 
     def no_training(*a, **k):
         raise AssertionError("a cached model was trained again")
 
-    monkeypatch.setattr(Q, "train_float", no_training)
-    again = Q.pretrained("mbv2-tiny", cache_dir=folder)
+    monkeypatch.setattr(P, "train_float", no_training)
+    again = P.pretrained("mbv2-tiny", cache_dir=folder)
     same_graph(graph, again)
     assert again.meta == graph.meta
     # another configuration is another file; the root follows INSITU_CACHE
-    assert Q.pretrained_path("mbv2-tiny", cache_dir=folder, epochs=1) != path
+    assert P.pretrained_path("mbv2-tiny", cache_dir=folder, epochs=1) != path
     monkeypatch.setenv("INSITU_CACHE", str(folder / "root"))
-    assert Q.pretrained_path("mbv2-tiny").parent == folder / "root" / "mcu"
-    assert Q.pretrained_path("mbv2-tiny").name == path.name
+    assert P.pretrained_path("mbv2-tiny").parent == folder / "root" / "mcu"
+    assert P.pretrained_path("mbv2-tiny").name == path.name
     # an unreadable cache file is rebuilt, not an error
     monkeypatch.undo()
-    bad = Q.pretrained_path("mbv2-tiny", cache_dir=folder, samples=300, epochs=1)
+    bad = P.pretrained_path("mbv2-tiny", cache_dir=folder, samples=300, epochs=1)
     bad.write_bytes(b"not a graph")
-    rebuilt = Q.pretrained("mbv2-tiny", cache_dir=folder, samples=300, epochs=1)
+    rebuilt = P.pretrained("mbv2-tiny", cache_dir=folder, samples=300, epochs=1)
     assert rebuilt.meta["pretrain"]["train_samples"] == 300
-    assert Q.pretrained_path("mbv2-tiny", cache_dir=folder, samples=300, epochs=1).stat().st_size > 1000
+    assert P.pretrained_path("mbv2-tiny", cache_dir=folder, samples=300, epochs=1).stat().st_size > 1000
     with pytest.raises(UsageError):
-        Q.pretrained("mbv2-tiny", cache_dir=folder, epochs=0)
+        P.pretrained("mbv2-tiny", cache_dir=folder, epochs=0)

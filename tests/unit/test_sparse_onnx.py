@@ -27,6 +27,7 @@ import onnxruntime as ort
 import pytest
 
 import insitu.sparse.models as M
+import insitu.sparse.pretrain as P
 import insitu.sparse.quantize as Q
 from insitu.errors import UsageError
 from insitu.sparse import graph as g
@@ -323,9 +324,9 @@ def test_an_exported_model_trains_as_the_built_in_one(tmp_path, monkeypatch, mod
     from insitu.mcu.board_runs import Prepared
 
     if model == "mbv2-28":              # the small mbv2-28 above stands for the pretrained one
-        real = Q.pretrained
-        monkeypatch.setattr(Q, "pretrained", lambda name, *a, **k: mbv2_28 if name == "mbv2-28" else real(name))
-    path = O.export_onnx(Q.pretrained(model), tmp_path / f"{model}.onnx")
+        real = P.pretrained
+        monkeypatch.setattr(P, "pretrained", lambda name, *a, **k: mbv2_28 if name == "mbv2-28" else real(name))
+    path = O.export_onnx(P.pretrained(model), tmp_path / f"{model}.onnx")
     built_in = Prepared(model, "digits", "bias-4", 0.05, 0)
     imported = Prepared(str(path), "digits", "bias-4", 0.05, 0)
     assert imported.compiled.model_id == built_in.compiled.model_id

@@ -66,7 +66,7 @@ def test_the_rgb_pretraining_task_resamples_only_the_images_it_uses():
 
 
 def test_the_paper_networks_pretrain_as_rgb_scored_on_part_of_the_test_split():
-    from insitu.sparse.quantize import PRETRAIN_DEFAULTS, _settings
+    from insitu.sparse.pretrain import PRETRAIN_DEFAULTS, _settings
 
     for name in PAPER_MODELS:
         settings = _settings(name, None, None, 0)

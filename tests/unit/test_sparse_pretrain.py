@@ -1,4 +1,4 @@
-"""The pretraining of the MCU models (:func:`insitu.sparse.quantize.pretrained`): announced before
+"""The pretraining of the MCU models (:func:`insitu.sparse.pretrain.pretrained`): announced before
 it starts, an epoch line with its loss and time, cached, and resumable from its last checkpoint
 with the same weights as a run never interrupted. mbv2-tiny on a few hundred images (~1 s)."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import insitu.sparse.models as M
-import insitu.sparse.quantize as Q
+import insitu.sparse.pretrain as P
 from insitu.checkpoint import load_checkpoint
 from insitu.sparse.tasks import pretrain_task
 
@@ -32,7 +32,7 @@ def same_graph(a, b) -> None:
 def uninterrupted(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pretrain-whole")
     epochs = []
-    graph = Q.pretrained(MODEL, cache_dir=folder, samples=SAMPLES, epochs=EPOCHS,
+    graph = P.pretrained(MODEL, cache_dir=folder, samples=SAMPLES, epochs=EPOCHS,
                          progress=lambda e, n, loss, s: epochs.append((e, n, loss, s)))
     return graph, epochs
 
@@ -42,19 +42,19 @@ def test_pretraining_says_it_happens_once_how_long_and_where(tmp_path, capsys, u
     assert [e[:2] for e in epochs] == [(1, EPOCHS), (2, EPOCHS), (3, EPOCHS)]
     assert all(np.isfinite(e[2]) and e[3] >= 0 for e in epochs)
     capsys.readouterr()
-    Q.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=1)
+    P.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=1)
     err = capsys.readouterr().err
-    path = Q.pretrained_path(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=1)
+    path = P.pretrained_path(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=1)
     first = err.splitlines()[0]
     assert "once" in first and "about" in first and str(path) in first, err
     assert "epoch 1/1: loss" in err and "s elapsed" in err, err
     assert f"cached in {path}" in err.splitlines()[-1], err
     # cached: the second call says nothing and trains nothing
-    Q.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=1)
+    P.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=1)
     assert capsys.readouterr().err == ""
-    assert not Q.checkpoint_path(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=1).exists()
+    assert not P.checkpoint_path(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=1).exists()
     # verbose=False: silent
-    Q.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES // 2, epochs=1, verbose=False)
+    P.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES // 2, epochs=1, verbose=False)
     assert capsys.readouterr().err == ""
 
 
@@ -66,9 +66,9 @@ def test_an_interrupted_pretraining_resumes_from_its_last_epoch(tmp_path, capsys
             raise Stop
 
     with pytest.raises(Stop):
-        Q.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS, progress=stop_after_first)
-    final = Q.pretrained_path(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS)
-    partial = Q.checkpoint_path(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS)
+        P.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS, progress=stop_after_first)
+    final = P.pretrained_path(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS)
+    partial = P.checkpoint_path(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS)
     assert not final.exists() and partial.parent == final.parent and partial.is_file()
     _, meta = load_checkpoint(partial)
     assert meta["step"] == 5 and len(meta["losses"]) == 1           # 320 / 64 = 5 steps an epoch
@@ -78,7 +78,7 @@ def test_an_interrupted_pretraining_resumes_from_its_last_epoch(tmp_path, capsys
         raise AssertionError("the resumed pretraining started from step 0")
 
     seen = []
-    graph = Q.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS,
+    graph = P.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS,
                          progress=lambda e, n, loss, s: seen.append((e, loss)))
     err = capsys.readouterr().err
     assert "resuming the interrupted pretraining at epoch 2/3" in err, err
@@ -91,10 +91,10 @@ def test_an_interrupted_pretraining_resumes_from_its_last_epoch(tmp_path, capsys
 
 def test_a_checkpoint_of_other_settings_or_unreadable_is_not_resumed(tmp_path, capsys, uninterrupted):
     whole, _ = uninterrupted
-    partial = Q.checkpoint_path(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS)
+    partial = P.checkpoint_path(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS)
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_bytes(b"not a checkpoint")
-    graph = Q.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS)
+    graph = P.pretrained(MODEL, cache_dir=tmp_path, samples=SAMPLES, epochs=EPOCHS)
     assert "starting over" in capsys.readouterr().err
     same_graph(graph, whole)
 
@@ -117,5 +117,5 @@ def test_train_float_resumes_mid_epoch_bit_identically():
 
 def test_the_cache_key_of_the_default_models_is_unchanged():
     # Already cached pretrained models stay valid: the key covers the same settings as before.
-    assert Q.pretrained_path("mbv2-28").name == "mbv2-28-d564c9eff569.npz"
-    assert Q.pretrained_path("mbv2-tiny").name == "mbv2-tiny-e16e72c01e05.npz"
+    assert P.pretrained_path("mbv2-28").name == "mbv2-28-d564c9eff569.npz"
+    assert P.pretrained_path("mbv2-tiny").name == "mbv2-tiny-e16e72c01e05.npz"

@@ -1,5 +1,5 @@
 """Sparse update with quantization-aware scaling (Tiny Training): the int8 graph IR, models,
-quantization and tasks, update schemes, the training compiler and its code generation, gradient
+their pretraining and quantization, tasks, update schemes, the training compiler and its code generation, gradient
 calibration, the NumPy golden model of every kernel, the host simulator, and the scheme search.
 
 It runs on no board: the microcontroller platform (:mod:`insitu.mcu`) flashes, links and trains
@@ -22,6 +22,6 @@ __all__ = ["Graph", "Scheme", "Simulator", "Compiled", "compile_training", "pret
 __getattr__, __dir__ = lazy_exports(__name__, {
     "Graph": "insitu.sparse.graph", "Scheme": "insitu.sparse.scheme",
     "Simulator": "insitu.sparse.simulate", "Compiled": "insitu.sparse.compiler",
-    "compile_training": "insitu.sparse.compiler", "pretrained": "insitu.sparse.quantize",
+    "compile_training": "insitu.sparse.compiler", "pretrained": "insitu.sparse.pretrain",
     "run_search": "insitu.sparse.search",
 })

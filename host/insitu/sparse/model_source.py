@@ -1,6 +1,6 @@
 """Where the MCU path's model comes from: a built-in name (``mbv2-28``, ``mbv2-tiny``, the paper's
 128x128 networks ``mbv2-w0.35``, ``proxyless-w0.3``, ``mcunet-5fps``: pretrained here,
-:mod:`insitu.sparse.quantize`) or a float ONNX file (``*.onnx``: imported,
+:mod:`insitu.sparse.pretrain`) or a float ONNX file (``*.onnx``: imported,
 :mod:`insitu.sparse.onnx_io`). Everything that takes ``--model`` asks these functions, so the two
 kinds go through one path:
 
@@ -10,6 +10,12 @@ kinds go through one path:
   :func:`model_graph` (the int8 graph to train), :func:`model_label` (a file-name-safe name);
 * :func:`calibration_images`: the task's images an ONNX model's activation scales are measured on
   (when the file does not carry insitu's).
+
+Which module does what, for :func:`model_graph`: a built-in name goes to
+:func:`insitu.sparse.pretrain.pretrained` (the cache, else float training), which quantizes with
+:mod:`insitu.sparse.quantize` (calibration, the int8 graph); an ONNX file goes to
+:func:`insitu.sparse.onnx_io.import_onnx`, which calibrates with the same rule. The untrained
+graphs (:func:`model_untrained_graph`) and the new head are :mod:`insitu.sparse.quantize`'s.
 
 ``onnx`` is imported only when an ONNX model is used. Imported graphs are kept per process, keyed
 by the file's sha256 and the calibration (a changed file is imported again).
@@ -129,11 +135,11 @@ def model_untrained_graph(model, num_classes: int | None = None) -> Graph:
 
 def model_graph(model, calib_images: np.ndarray | None = None) -> Graph:
     """The int8 graph to train: a built-in model pretrained (and cached) by
-    :func:`~insitu.sparse.quantize.pretrained` (``calib_images`` unused), or the ONNX file
+    :func:`~insitu.sparse.pretrain.pretrained` (``calib_images`` unused), or the ONNX file
     imported, with its own insitu scales if it carries them, else calibrated on ``calib_images``
     (uint8, in the model's size and channels: e.g. :func:`calibration_images` of the task's)."""
     if not is_model_file(model):
-        from insitu.sparse.quantize import pretrained
+        from insitu.sparse.pretrain import pretrained
 
         return pretrained(model)
     if calib_images is None:

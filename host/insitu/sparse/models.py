@@ -114,7 +114,7 @@ MODELS: dict[str, ModelConfig] = {
 #: the whole forward (16.8, 18.7, 22.6 M; the backbone alone is 16.6, 18.6, 22.5 M) and the
 #: float parameters of the backbone with BN (250, 332, 475 K) of :func:`model_summary`
 #: (tests/unit/test_sparse_paper_models.py). The MCU commands take them by name (pretrained here
-#: on FashionMNIST as RGB: :data:`insitu.sparse.quantize.PRETRAIN_DEFAULTS`).
+#: on FashionMNIST as RGB: :data:`insitu.sparse.pretrain.PRETRAIN_DEFAULTS`).
 PAPER_MODELS: dict[str, ModelConfig] = {
     "mbv2-w0.35": ModelConfig(
         name="mbv2-w0.35", input_size=128, in_channels=3, stem=32, head=None, width=0.35,

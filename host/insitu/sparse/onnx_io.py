@@ -668,7 +668,7 @@ def export_onnx(graph_or_model: g.Graph | str, path: str | Path) -> Path:
     from insitu.sparse.contributions import graph_digest
 
     if isinstance(graph_or_model, str):
-        from insitu.sparse.quantize import pretrained
+        from insitu.sparse.pretrain import pretrained
 
         graph = pretrained(graph_or_model)
     else:
