@@ -23,7 +23,8 @@ M = None
 MSG_HELLO = 1       # host: (empty)                  device: MSG_INFO
 MSG_INFO = 2        # device: model id, arena, samples done, checkpoint period, classes (text)
 MSG_TRAIN = 3       # host: u32 sample number, u8 label, input codes   device: MSG_ACK
-MSG_ACK = 4         # device: u32 sample number, u32 samples done, i32 predicted, i32 p(label) code
+MSG_ACK = 4         # device: u32 sample number, u32 samples done, i32 predicted, i32 p(label) code,
+                    #         u32 the step's count in thousands (Counter; 0 where nothing counts)
 MSG_EVAL = 5        # host: u32 tag, input codes                       device: MSG_PRED
 MSG_PRED = 6        # device: u32 tag, i32 predicted
 MSG_STATS = 7       # host: (empty)                  device: MSG_STATS with text "key=value ..."
@@ -145,6 +146,7 @@ class Counter:
         self.n = {}                  # kind of step -> [steps, millions of k, k]
         self.us = self.cpu = 0
         self.pending = 0             # k of the input's stages, counted with the step that follows
+        self.last = 0                # k of the last step
 
     def start(self):
         self.us = time.ticks_us()
@@ -163,6 +165,7 @@ class Counter:
             return
         k += self.pending
         self.pending = 0
+        self.last = k
         acc = self.n.get(step)
         if acc is None:
             acc = self.n[step] = [0, 0, 0]
@@ -258,7 +261,7 @@ def serve(checkpoint_every=1):
         A = P = None
         gc.collect()
         link = Link()
-    reply = bytearray(16)
+    reply = bytearray(20)
     if A is None:
         _refuse(link, "the compiled plan needs an arena of %d bytes and a program table of %d; the heap "
                 "has %d bytes free: compile a sparser scheme or run with a larger heap" % (
@@ -269,7 +272,9 @@ def serve(checkpoint_every=1):
     except OSError:
         _refuse(link, "weight blob %s is missing: reflash with `insitu flash`" % BLOB)
         return
-    err = _check_blob(f, memoryview(A)[:min(len(A), 512)])
+    # The program table's buffer is the check's scratch (it is read from the blob next): the
+    # arena must start the run as allocated, all zeros (its io block holds the step count).
+    err = _check_blob(f, memoryview(P)[:min(len(P), 512)])
     if err:
         f.close()
         _refuse(link, err)
@@ -328,6 +333,7 @@ def serve(checkpoint_every=1):
                         _save(A, done, header)
                     _put32(reply, 8, _i32(A, io + 4))
                     _put32(reply, 12, _i32(A, io + 8))
+                    _put32(reply, 16, counter.last)
                 elif len(pl) != 5 + nx and len(pl) != 5:
                     link.send(MSG_ERROR, seq, "a training sample has %d input bytes, the model takes %d" % (
                         len(pl) - 5, nx))
@@ -335,6 +341,7 @@ def serve(checkpoint_every=1):
                 else:               # a resent or skipped sample: not trained twice, not skipped
                     _put32(reply, 8, -1)
                     _put32(reply, 12, 0)
+                    _put32(reply, 16, 0)
                 _put32(reply, 0, n)
                 _put32(reply, 4, done)
                 link.send(MSG_ACK, seq, reply)

@@ -51,7 +51,7 @@ def _row(model: str) -> dict:
     for kernels in ("auto", "viper") if VIPER else ("auto",):
         t0 = time.perf_counter()
         bt = measure_board_time(c, prep.x_train[:STEPS], prep.y_train[:STEPS], kernels=kernels)
-            row[bt["code"]] = {**bt, "wall_seconds": round(time.perf_counter() - t0, 1)}
+        row[bt["code"]] = {**bt, "wall_seconds": round(time.perf_counter() - t0, 1)}
     paper = PAPER_MS.get(model)
     if paper:
         row["paper_ms"] = paper

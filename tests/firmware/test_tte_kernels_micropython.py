@@ -156,6 +156,32 @@ def _geometry(rng, kind=None):
     return dict(C=C, H=H, W=W, O=O, OH=OH, OW=OW, K=K, stride=s, pad=pad, groups=groups)
 
 
+def _large(rng, g):
+    """``g`` (a conv of :func:`_geometry`) grown to the sizes where the C kernels' buffers matter
+    (arenas of at most ~60 KB): a pointwise conv over many strips of output pixels, or with a
+    reduction too long to pack its weights (a few pixels of 136..400 channels); a depthwise conv on
+    rows up to MAX_ROW wide (bands of rows); a full/grouped conv with up to 32 input channels a
+    group (long im2col columns)."""
+    C, O, K, s, pad, groups = (g[k] for k in ("C", "O", "K", "stride", "pad", "groups"))
+    if K == 1 and s == 1 and pad == 0 and g["H"] * g["W"] > 1:          # pointwise
+        if rng.random() < 0.5:
+            C, H, W = int(rng.integers(8, 65)), int(rng.integers(4, 25)), int(rng.integers(4, 25))
+        else:
+            C, H, W = 8 * int(rng.integers(17, 51)) - int(rng.choice([0, 0, 1, 3])), *(int(v) for v in rng.integers(1, 5, 2))
+        O, groups = int(rng.integers(1, 13)), 1
+    elif groups == C and O % C == 0 and C > 1 or (groups == C == 1 and O <= 2):  # depthwise
+        C = groups = int(rng.integers(1, 3))
+        O = C * int(rng.choice([1, 2]))
+        H, W = int(rng.integers(3, 31)), int(rng.integers(60, abi.MAX_ROW + 1))
+    else:                                                                 # full, grouped
+        Cg = int(rng.integers(8, 33))
+        C, O = groups * Cg, groups * int(rng.integers(1, 5))
+        H, W = (int(v) for v in rng.integers(max(1, K - 2 * pad), 13, 2))
+    H, W = max(H, K - 2 * pad), max(W, K - 2 * pad)
+    OH, OW = (H + 2 * pad - K) // s + 1, (W + 2 * pad - K) // s + 1
+    return dict(C=C, H=H, W=W, O=O, OH=OH, OW=OW, K=K, stride=s, pad=pad, groups=groups)
+
+
 def _fwd_geometry(rng, kind=None):
     """A random conv_fwd: a conv of :func:`_geometry` on a whole map (pad_x = pad), or on a patch
     of one (``patch_*`` kinds: pads of rows and columns of their own, 0..pad, and any output size
@@ -163,8 +189,12 @@ def _fwd_geometry(rng, kind=None):
     kind = rng.choice(["whole", "whole", "whole", "patch_dw", "patch_full"]) if kind is None else kind
     if not kind.startswith("patch_"):
         g = _geometry(rng, None if kind == "whole" else kind)
+        if rng.random() < 0.25:
+            g = _large(rng, g)
         return {**g, "pad_x": g["pad"]}
     g = _geometry(rng, kind[len("patch_"):])
+    if rng.random() < 0.25:
+        g = _large(rng, g)
     s, pad = g["stride"], g["pad"]
     g["pad"], g["pad_x"] = int(rng.integers(0, pad + 1)), int(rng.integers(0, pad + 1))
     g["OH"] = int(rng.integers(1, (g["H"] - 1 + g["pad"]) // s + 2))

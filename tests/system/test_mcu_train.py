@@ -80,7 +80,8 @@ def flashed(prep, kind, end_to_end, tmp_path_factory):
     files = FlashFiles(folder, kind)
     files.remove("tte_ckpt.bin")
     assert files.read(BLOB) == prep.compiled.blob
-    assert sorted(files.names()) == sorted(n.replace(".py", ".mpy") for n in firmware_files(prep.compiled))
+    c_kernels = ["tte_native.mpy"] if kind == "qemu" else []      # the C kernels where they load
+    assert sorted(files.names()) == sorted([n.replace(".py", ".mpy") for n in firmware_files(prep.compiled)] + c_kernels)
     return folder
 
 
@@ -192,8 +193,17 @@ def test_sparse_training_on_the_twin_end_to_end(end_to_end, prep, kind):
         (SIM_BOARD, "sparse", MODEL, 20, 20)
     assert r["scheme"] == prep.compiled.scheme.to_json() and r["model_id"] == prep.compiled.model_id
     assert (r["runtime"], r["platform"], r["twin"]) == ("micropython", PLATFORM[kind], kind)
-    if kind == "qemu":                    # the board's own CPU, and code compiled for it
-        assert r["machine"].endswith("with Cortex-M7") and r["code"] == "mpy armv7emsp"
+    if kind == "qemu":                    # the board's own CPU, code compiled for it, the C kernels
+        assert r["machine"].endswith("with Cortex-M7") and r["modules"] == "mpy armv7emsp" and r["code"] == "c"
+        bt = r["board_time"]              # counted: QEMU icount, at the board's clock and CPI
+        assert (bt["clock_hz"], bt["counted"]) == (216_000_000, "instructions") and bt["cycles_per_instruction"] > 0
+        for step, n in (("train", 20), ("infer", 2 * 20)):
+            assert bt[step]["samples"] == n and bt[step]["instructions_per_sample"] > 0
+            assert bt[step]["seconds_per_sample"] == pytest.approx(
+                bt[step]["instructions_per_sample"] * bt["cycles_per_instruction"] / 216e6, rel=1e-3)
+        assert bt["train"]["instructions_per_sample"] > bt["infer"]["instructions_per_sample"]
+    else:                                 # x86 code: no board's time to give
+        assert (r["code"], r["board_time"]) == ("viper", None)
     assert r["heap_bytes"] == BUDGET
     assert r["planned_peak_bytes"] == prep.compiled.arena_bytes > 0
     # The firmware's measured peak holds the arena plus the interpreter and the firmware itself.

@@ -170,8 +170,12 @@ class DeviceLearner:
     progress (``advance``) goes back and forth with it.
     """
 
-    def __init__(self, dev, prep: Prepared, order: np.ndarray, advance=lambda n: None):
+    def __init__(self, dev, prep: Prepared, order: np.ndarray, advance=lambda n: None,
+                 step_seconds=lambda k: None):
+        """``step_seconds(k)``: the board's seconds of a step the device counted as ``k`` thousand
+        (instructions or cycles; None where nothing counts), shown live in the progress."""
         self.dev, self.prep, self.order, self.advance = dev, prep, order, advance
+        self.step_seconds = step_seconds
         self.predicted = np.full(len(order), -1)      # the device's predictions while training
         self.correct = 0                              # of them right, this session (the curve)
 
@@ -196,6 +200,9 @@ class DeviceLearner:
                 self.correct += int(self.predicted[n] == self.prep.y_train[i])
                 if self.predicted[n] >= 0:            # trained now, not acknowledged as done before
                     losses.append(device_loss(p_label))
+                    seconds = self.step_seconds(self.dev.step_k) if self.dev.step_k else None
+                    if seconds is not None and hasattr(self.advance, "note"):
+                        self.advance.note(board_ms_per_sample=round(1000 * seconds, 1))
             n += 1
         return float(np.mean(losses)) if losses else None
 
@@ -228,7 +235,8 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
         if resumed_from == 0:
             with phase("test"):                 # markers for `--meter` (insitu.measure.phases)
                 before = float(np.mean(dev.predict_all(x_test) == y_test))
-        learner = DeviceLearner(dev, prep, sample_order(len(prep.y_train), seed, 0, samples), advance)
+        learner = DeviceLearner(dev, prep, sample_order(len(prep.y_train), seed, 0, samples), advance,
+                                step_seconds=step_seconds(info.get("count"), board))
         # One harness step per sample: a Ctrl-C stops after the sample the device is training on.
         plan = RunPlan("insitu train --algo sparse", {}, samples, 1, kept_by="the device's flash",
                        resume_at=resumed_from)
@@ -249,6 +257,16 @@ def run_on_device(prep: Prepared, port: str, samples: int, test_samples: int, se
             "heap_free_bytes": stats.get("mem_free"), "resumed_from": resumed_from,
             "reconnects": dev.reconnects, "restarts": dev.restarts, "train_seconds": outcome.seconds,
             "predicted_during_training": learner.predicted}
+
+
+def step_seconds(counted, board: Board | None):
+    """k (a step's count in thousands, as the device acknowledges it) -> the board's seconds."""
+    if board is None or counted not in ("instructions", "cycles"):
+        return lambda k: None
+    from insitu.mcu.board_time import cycles_per_instruction
+
+    cpi = cycles_per_instruction(board) if counted == "instructions" else 1.0
+    return lambda k: 1000 * k * cpi / board.cpu_hz
 
 
 def sim_accuracy(sim: Simulator, x_codes: np.ndarray, labels: np.ndarray) -> float:

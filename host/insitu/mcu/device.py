@@ -42,6 +42,7 @@ class TrainingDevice:
         self.link: DeviceLink | None = None
         self.reconnects = 0
         self.restarts = 0
+        self.step_k: int | None = None      # the last training step's count (see train)
 
     # ------------------------------------------------------------------ session
 
@@ -108,7 +109,10 @@ class TrainingDevice:
         A sample the device has already trained is acknowledged, not trained again."""
         payload = self._with_input(struct.pack("<IB", number, label), codes)
         frame = self._request("MSG_TRAIN", payload, ("MSG_ACK",))
-        n, done, predicted, p_label = struct.unpack("<IIii", bytes(frame.payload))
+        reply = bytes(frame.payload)
+        n, done, predicted, p_label = struct.unpack_from("<IIii", reply)
+        # the step's count on the device, in thousands (instructions on the twin, cycles on a board)
+        self.step_k = struct.unpack_from("<I", reply, 16)[0] if len(reply) >= 20 else None
         return done, predicted, p_label
 
     def predict(self, tag: int, codes: np.ndarray) -> int:
