@@ -96,10 +96,16 @@ class Call:
         self.regions: dict[str, tuple[int, int]] = {}
 
     def put(self, name: str, dtype: str, values) -> int:
-        """Place ``values`` (any integer array) as ``dtype`` and return its byte offset."""
+        """Place ``values`` (any integer array) as ``dtype`` and return its byte offset: aligned to
+        its element size only, as the ABI promises (an int16 tensor may start at 2 mod 4, an int8
+        one anywhere: kernels must not use the M7's word-pair and multiple loads on them)."""
         data = np.asarray(values).astype(golden.DTYPES[dtype]).tobytes()
+        item = golden.DTYPES[dtype].itemsize
+        skew = int(self.rng.integers(0, 4 // item)) * item if item < 4 and self.rng.random() < 0.3 else 0
+        self.chunks.append(bytes(skew))
+        self.size += skew
         off = self.size
-        self.chunks.append(data + bytes(-len(data) % 4))
+        self.chunks.append(data + bytes(-(skew + len(data)) % 4))
         self.size += len(self.chunks[-1])
         self.regions[name] = (off, off + len(data))
         return off
@@ -581,11 +587,20 @@ print("end", count, time.ticks_diff(time.ticks_ms(), t0))
 """.replace("MAX_DUMPS", str(MAX_DUMPS))
 
 
+#: The runtime ops that read the weight blob stay in Python on the device (tte_ops.load and
+#: load_rows, whatever the kernels): the qemu-c twin runs them, the host's C library has none.
+PYTHON_OPS = ("load", "load_rows")
+
+
 def run_host_c(cases: list[Case]) -> list[Result]:
-    """Every call through the C kernels built for this machine (ctypes); whole arenas back."""
+    """Every call through the C kernels built for this machine (ctypes); whole arenas back. The
+    Python runtime ops (PYTHON_OPS) of a chained program take the golden model's result."""
     lib = ctypes.CDLL(str(native.host_library()))
     results = []
     for case in cases:
+        if case.call.op in PYTHON_OPS:
+            results.append(Result(arena=case.golden))
+            continue
         A = (ctypes.c_uint8 * len(case.arena)).from_buffer_copy(case.arena)
         P = (ctypes.c_int32 * case.call.table_words).from_buffer_copy(case.arena[:4 * case.call.table_words])
         getattr(lib, f"op_{case.call.op}")(A, P if not case.in_arena else ctypes.cast(A, ctypes.POINTER(ctypes.c_int32)),
@@ -669,6 +684,8 @@ def check(suite: str, twin: str, request, tmp_path) -> None:
         cases = build(suite_calls(suite))
         results = run_unix(cases, tmp_path)
     elif twin == "host-c":
+        if suite.partition(":")[2] in PYTHON_OPS:
+            pytest.skip(f"{suite[3:]} reads the blob in Python on the device (tte_ops), in no C kernel")
         cases = build(suite_calls(suite))
         results = run_host_c(cases)
     else:

@@ -12,8 +12,8 @@ Representative layers of MobileNetV2-w0.35 at 128x128: the stem (3x3 full conv 3
 pad 1, on 128x128), a pointwise expansion 32->96 on 32x32, depthwise 3x3 of 96 channels on 32x32
 (stride 1 and 2), a pointwise projection 96->24 on 16x16.
 
-Run: .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/bench_native_fwd.py
-(or .venv/bin/python tests/benchmarks/bench_native_fwd.py). Settings by environment variable:
+Run: .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_bench_native_fwd.py
+(or .venv/bin/python tests/benchmarks/test_bench_native_fwd.py). Settings by environment variable:
 
   INSITU_BENCH_FWD_CASES   which cases (names below, comma-separated; default: all)
   INSITU_BENCH_FWD_VIPER   0: the C kernels only (the viper ones take ~1 minute of QEMU)
