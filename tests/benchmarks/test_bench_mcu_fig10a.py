@@ -12,10 +12,10 @@ digits and their gradient scales calibrated, as `insitu train --algo sparse` doe
   at the end; sparse + reorder: in place, as `insitu train` runs it.
 
 For sparse + reorder, what the arena holds at its peak (insitu.sparse.compiler.live_peak: the
-program table, the image, the trained tensors, the activations) says what sets its size.
+input window, the trained tensors, the activations) says what sets its size.
 
-Each plan is given as the arena (the one block the firmware allocates: program table, tensors,
-tables) and the whole heap the Cortex-M7 twin needs (arena + the runtime model of
+Each plan is given as the arena (the one block the firmware allocates: tensors, tables, the
+input or its window; the program table is a buffer of its own) and the whole heap the Cortex-M7 twin needs (arena + the runtime model of
 insitu.mcu.board_runs: RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL a kernel call), and whether that fits the STM32F746's
 256 KB with the 5 % margin. The measured column takes the peak heap of `insitu train --board
 stm32f746-disco-sim --algo sparse --model M --out DIR/train-M.json` runs (the same program as
@@ -26,6 +26,8 @@ flashing of the 0.5-0.7 MB blob over the twin's UART).
 
 Run: .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_bench_mcu_fig10a.py
 Writes docs/results/mcu/fig10a-paper-models.{json,txt} (INSITU_MCU_FIG10A_OUT: another folder).
+INSITU_MCU_FIG10A_SCHEMES=paper-73kb,paper-49kb,paper-74kb: the three networks' schemes (default:
+insitu train's, the largest released scheme whose heap fits 256 KB).
 """
 
 import json
@@ -60,10 +62,10 @@ def _plan(prep: Prepared, scheme, reorder: bool, measure: bool) -> dict:
     out = {"arena_bytes": c.arena_bytes, "heap_bytes": heap, "fits_256k": fits_heap(heap, HEAP),
            "calls": sum(len(v) for v in c.calls.values()), "patches": c.stats["patches"],
            "memory_plan": c.stats["bytes_by_kind"], "live_peak": c.stats["live_peak"],
-           # What the peak would be with the program table out of RAM, and the input image too
-           # (the next steps; c.train_ops: the plan's timeline less argmax, the same live sets).
+           # What the peak would be without the input (c.train_ops: the plan's timeline less argmax,
+           # the same live sets).
            "live_peak_without": {"+".join(kinds): live_peak(c.buffers, c.train_ops, kinds)["bytes"]
-                                 for kinds in (("program",), ("program", "input"))}}
+                                 for kinds in (("input",),)}}
     if measure and fits_heap(heap, TWIN_HEAP):
         out["measured_peak_heap_bytes"] = _measure(prep, c)
     return out
@@ -91,8 +93,10 @@ def test_fig10a_full_vs_sparse_vs_sparse_reordered():
     measure = os.environ.get("INSITU_MCU_FIG10A_MEASURE") == "1"
     started = time.perf_counter()
     rows = []
+    schemes = dict(zip(PAPER_MODELS, os.environ["INSITU_MCU_FIG10A_SCHEMES"].split(","))) \
+        if os.environ.get("INSITU_MCU_FIG10A_SCHEMES") else {}
     for model in PAPER_MODELS:
-        scheme_name = default_scheme(model, HEAP)
+        scheme_name = schemes.get(model) or default_scheme(model, HEAP)
         prep = Prepared(model, "digits", scheme_name, DEFAULT_LR, 0,
                         lr_scale={"classifier": HEAD_LR_FACTOR})
         row = {"model": model, "scheme": scheme_name, "scheme_text": prep.scheme.describe()}

@@ -1,9 +1,9 @@
 """Benchmark (prints figures, asserts nothing timed): the heap model of `insitu train --algo sparse`
-on the 32-bit board. `predicted_heap_bytes = arena + RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL *
-calls` (host/insitu/mcu/board_runs.py) is re-fitted on the Cortex-M7 twin (MicroPython 1.28 in QEMU, the
+on the 32-bit board. `predicted_heap_bytes = arena + program table + RUNTIME_HEAP_BYTES +
+HEAP_BYTES_PER_CALL * calls` (host/insitu/mcu/board_runs.py) is re-fitted on the Cortex-M7 twin (MicroPython 1.28 in QEMU, the
 firmware and the generated module flashed as armv7emsp .mpy): for each program the smallest heap
 it trains in is bisected (as `insitu mcu minheap --twin qemu`, 512 B granule), the runtime
-(measured minimum - planned arena) is fitted by least squares against the kernel calls over the
+(measured minimum - planned arena - program table) is fitted by least squares against the kernel calls over the
 FIT programs (the constant rounded up, and raised where the firmware's mem_peak on a 256 KiB
 heap would exceed prediction * (1 + HEAP_MARGIN)), and checked on HELD-OUT programs the fit did
 not see (target: within +-5 % of the measured minimum). For comparison it also fits against the size of the generated module's
@@ -79,7 +79,9 @@ def _measure(model: str, scheme: str, samples: int, twin: str, say) -> dict:
            # bisection's top, HIGH: what `insitu train` reports as peak_heap_bytes on that heap
            "peak_at_high_bytes": probes[0].peak,
            "probes": len(probes), "seconds": round(time.perf_counter() - started, 1)}
-    row["runtime_bytes"] = found - row["arena_bytes"]
+    # the program table is its own buffer, counted exactly by the model (4 B a word)
+    row["program_bytes"] = 4 * len(compiled.program)
+    row["runtime_bytes"] = found - row["arena_bytes"] - row["program_bytes"]
     say(f"{row['program']}: {row['calls']} calls, arena {row['arena_bytes']:,} B, .mpy {row['module_mpy_bytes']:,} B, "
         f"min heap {found:,} B ({row['probes']} probes, {row['seconds']} s)")
     return row
@@ -93,7 +95,7 @@ def _fit(rows: list[dict], feature: str) -> tuple[float, float]:
 
 
 def _predict(row: dict, feature: str, const: float, per: float) -> int:
-    return int(row["arena_bytes"] + const + per * row[feature])
+    return int(row["arena_bytes"] + row["program_bytes"] + const + per * row[feature])
 
 
 def _table(rows: list[dict], key: str) -> list[str]:
@@ -130,8 +132,8 @@ def test_heap_model_on_the_cortex_m7_twin():
     # firmware's mem_peak on the fit programs (insitu train's peak_heap_bytes).
     const, per = _fit(fitted, "calls")
     per_call = int(round(per))
-    covering = max(r["peak_at_high_bytes"] / (1 + board_runs.HEAP_MARGIN) - r["arena_bytes"] - per_call * r["calls"]
-                   for r in fitted)
+    covering = max(r["peak_at_high_bytes"] / (1 + board_runs.HEAP_MARGIN) - r["arena_bytes"] - r["program_bytes"]
+                   - per_call * r["calls"] for r in fitted)
     runtime_bytes = int(np.ceil(max(const, covering) / 100) * 100)
     const_mpy, per_mpy = _fit(fitted, "module_mpy_bytes")
     old = UNIX_FIT
@@ -164,14 +166,14 @@ def test_heap_model_on_the_cortex_m7_twin():
     w = result["worst_abs_error"]
     lines = [f"Heap model of insitu train --algo sparse on the {twin} twin ({BOARD}); "
              f"min heap bisected to {GRANULE} B, {samples} training samples + 1 evaluation per probe.",
-             f"fit (least squares of min heap - arena on calls, {len(fitted)} programs): "
+             f"fit (least squares of min heap - arena - program table on calls, {len(fitted)} programs): "
              f"{const:,.0f} B + {per:.2f} B/call; RUNTIME_HEAP_BYTES = {runtime_bytes:,} (the fit, or "
              f"{covering:,.0f} B to cover the fit programs' mem_peak, rounded up), HEAP_BYTES_PER_CALL = {per_call}",
              f"alternative, per byte of the generated module's .mpy: {const_mpy:,.0f} B + {per_mpy:.2f} B/byte",
              f"train.py has: {board_runs.RUNTIME_HEAP_BYTES:,} B + {board_runs.HEAP_BYTES_PER_CALL} B/call "
              f"(HEAP_MARGIN {board_runs.HEAP_MARGIN:.0%}); the unix-port (64-bit) fit was {old[0]:,} B + {old[1]} B/call "
              "(the unix columns)",
-             "", "predicted = arena + RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL * calls; "
+             "", "predicted = arena + program table + RUNTIME_HEAP_BYTES + HEAP_BYTES_PER_CALL * calls; "
              "error = (predicted - measured) / measured", *_table(rows, "per_call"), "",
              f"worst |error|, per call:   fit {100 * w['per_call']['fit']:.1f} %, "
              f"held-out {100 * w['per_call']['held_out']:.1f} % (target {100 * TARGET:.0f} %: "

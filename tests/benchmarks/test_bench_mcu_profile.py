@@ -104,6 +104,7 @@ def profile(model: str, code: str, work: Path) -> dict:
     board = get_board("stm32f746-disco-sim")
     prep = Prepared(model, "digits", default_scheme(model, board.mcu["training_budget_bytes"]), DEFAULT_LR, 0)
     c = prep.compiled
+    work.mkdir(parents=True, exist_ok=True)
     src = work / "tte_model.py"
     src.write_text(profiled_module(c))
     sections = {}
