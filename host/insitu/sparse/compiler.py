@@ -141,6 +141,9 @@ class Options:
     # Per-layer learning rate: layer name -> factor on lr (weights and bias of that layer). The
     # float reference (insitu.sparse.reference) takes the same factors.
     lr_scale: dict = field(default_factory=dict)
+    # Stride-1 depthwise input gradients computed into their output gradient's buffer, a few
+    # channels at a time (depthwise_input_grads_in_place): False keeps both maps.
+    dw_in_place: bool = True
     # Patch-based inference of the first stage (insitu.sparse.patches): n for n x n patches, 1 for
     # none, None to let the compiler decide (2x2 where the plan is smaller with them).
     patches: int | None = None
@@ -773,6 +776,80 @@ def accumulate_gradients(ops: list[Op], applies: list[Op], builder: _Builder) ->
     return out, apply_ops + zeros
 
 
+#: A depthwise input gradient computed in place goes through a scratch of at most this share of
+#: its map (and at least one channel).
+DW_IN_PLACE_PIECE = 1 / 8
+
+
+def depthwise_input_grads_in_place(ops: list[Op], later: list[Op], builder: _Builder, rounds: int = 4) -> list[Op]:
+    """Where the backward pass peaks at a stride-1 depthwise input gradient (one input channel per
+    output, gx as large as gy) whose output gradient nothing reads afterwards, compute gx into
+    gy's own buffer: a few channels at a time into a scratch (conv_bwd_x on those channels),
+    copied over the channels of gy they came from (``window`` as a byte copy), so that gy and gx
+    are never both live (the peak of the paper's mbv2-w0.35 sparse update). Later readers of gx
+    read gy's buffer. The ops after it that still read gy (the layer's bias update, its tables'
+    loads) move before it where that changes nothing: none of them writes what it reads or reads
+    what it writes. Only at the peak, up to ``rounds`` times: elsewhere the pieces' calls would
+    cost program words and heap for no smaller plan."""
+    out = list(ops)
+    for _ in range(rounds):
+        span = {b: s for b, s in lifetimes(out).items() if not b.persistent}
+        live = [0] * len(out)
+        for b, (lo, hi) in span.items():
+            for i in range(lo, hi + 1):
+                live[i] += b.nbytes
+        if not live:
+            break
+        peak = max(range(len(out)), key=live.__getitem__)
+        at = next((i for i, op in enumerate(out) if _in_place_candidate(op) and
+                   span.get(op.fields["gx_off"].buf, (-1, -1))[0] <= peak <= span.get(op.fields["gy_off"].buf, (-1, -2))[1]), None)
+        if at is None or not _grad_in_place(out, at, later, builder):
+            break
+    return out
+
+
+def _in_place_candidate(op: Op) -> bool:
+    f = op.fields
+    return (op.kind == "conv_bwd_x" and f["groups"] == f["C"] == f["O"] > 1 and f["stride"] == 1
+            and (f["H"], f["W"]) == (f["OH"], f["OW"]) and isinstance(f["w_off"], Ref)
+            and all(isinstance(f[k], Ref) and f[k].at == 0 and f[k].buf.kind == "grad" for k in ("gy_off", "gx_off"))
+            and f["gy_off"].buf.nbytes == f["gx_off"].buf.nbytes)
+
+
+def _grad_in_place(out: list[Op], i: int, later: list[Op], builder: _Builder) -> bool:
+    """The rewrite of depthwise_input_grads_in_place for the conv_bwd_x at out[i], if it applies."""
+    op = out[i]
+    f = op.fields
+    gy, gx, w = f["gy_off"], f["gx_off"], f["w_off"]
+    if any(gy.buf in reads(o) | writes(o) for o in later) or any(gx.buf in reads(o) | writes(o) for o in out[:i]):
+        return False                        # gy is read after the step, or gx is not this op's alone
+    readers = [j for j in range(i + 1, len(out)) if gy.buf in reads(out[j]) | writes(out[j])]
+    if readers:
+        moved = out[i + 1:readers[-1] + 1]
+        mine_r, mine_w = reads(op), writes(op)
+        if any(writes(o) & (mine_r | mine_w) or reads(o) & mine_w for o in moved):
+            return False
+        out[i:readers[-1] + 1] = moved + [op]
+        i += len(moved)
+    c, hw = f["C"], f["H"] * f["W"]
+    step = max(1, int(c * DW_IN_PLACE_PIECE))
+    scratch = builder.buf(f"scratch:{op.node}:gx", 2 * step * hw, "scratch")
+    pieces = []
+    for a in range(0, c, step):
+        k, n = min(step, c - a), 2 * min(step, c - a) * hw
+        pieces.append(Op("conv_bwd_x", {**f, "gy_off": Ref(gy.buf, 2 * a * hw), "w_off": Ref(w.buf, w.at + a * f["K"] ** 2),
+                                        "gx_off": Ref(scratch), "C": k, "O": k, "groups": k}, op.node, op.phase))
+        pieces.append(Op("window", {"src_off": Ref(scratch), "dst_off": Ref(gy.buf, 2 * a * hw), "C": 1, "h": 1,
+                                    "w": n, "src_H": 1, "src_W": n, "src_y": 0, "src_x": 0, "dst_H": 1, "dst_W": n,
+                                    "dst_y": 0, "dst_x": 0}, op.node, op.phase))
+    out[i:i + 1] = pieces
+    for o in out[i + len(pieces):] + later:         # gx is gy's buffer from here on
+        for name, r in o.fields.items():
+            if isinstance(r, Ref) and r.buf is gx.buf:
+                o.fields[name] = Ref(gy.buf, r.at)
+    return True
+
+
 def materialize_weights(ops: list[Op], builder: _Builder) -> list[Op]:
     """Resolve the ``("weights", layer)`` placeholders of input-gradient ops: RAM copies where the
     layer is wholly trained, else a load (and patch) into a scratch buffer just before the op."""
@@ -984,6 +1061,8 @@ def _build(b: _Builder, options: Options) -> tuple[list[Op], list[Op], Op, list[
     saved = {tensor_of[x] for op in body + apply_ops for x in reads(op) | masked if x in tensor_of}
     tables = (lambda ops: load_flash_tables(ops, b)) if b.stream else (lambda ops: ops)
     rest, apply_ops = tables([loss] + body), tables(apply_ops)
+    if options.dw_in_place:
+        rest = depthwise_input_grads_in_place(rest, apply_ops, b)
     fwd = tables(fwd)
     stage = choose_stage(graph, saved, options.patches)
     if stage is not None and options.patches is not None:
