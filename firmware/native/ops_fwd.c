@@ -1,12 +1,15 @@
 /* The forward kernels (conv_fwd, add_fwd, gap_fwd), the loss gradient and the elementwise
  * gradient kernels (grad_scale_ch, gap_bwd, grad_add), bit-exact with insitu.sparse.golden.
  *
- * conv_fwd takes the fastest of four paths that fits the call:
+ * conv_fwd takes the fastest of five paths that fits the call:
  * - dense (1x1 on a 1x1 map): dot products of int8 rows, two output channels at a time;
  * - depthwise 3x3 (groups == C, stride 1 or 2, any channel multiplier): a band of the input
  *   channel's rows, zero-padded, in the strip buffer; four outputs of a row at a time from
  *   unaligned words of three rows (SXTB16 gives the pairs of taps kx = 0, 2 for SMLAD, SMLAxB
  *   adds the middle tap), in assembly over the whole band: no bounds checks, no border cases;
+ * - depthwise 5x5 and 7x7 (the same conditions): the same band; four outputs of a row at a time
+ *   from the aligned words of the block (SXTB16 pairs against pairs of taps two apart, SMLAxB/
+ *   SMLAxT for single taps), the kernel rows in a loop whose weights come by one LDM a row;
  * - the engine, every other conv, as CMSIS-NN computes them: a strip of output pixels is laid
  *   out once as int16 pairs of the reduction (packed from four input channels x four pixels at
  *   once for a pointwise conv, im2col of the kernel's taps otherwise), then each output channel
@@ -22,12 +25,13 @@
  * The assembly (__ARM_FEATURE_DSP: the Cortex-M7's Thumb-2 with the DSP extension) has portable
  * C twins that compute the same sums for the host's tests; the Cortex-M7 twin checks the
  * assembly (tests/firmware, qemu-c). Instructions per MAC on the twin: tests/benchmarks/
- * bench_native_fwd.py.
+ * test_bench_native_fwd.py.
  */
 #include "tte_native.h"
 
 /* Scratch (BSS; a native module's BSS is allocated with the module): the engine's strip of
- * int16 pairs and its packed weight row; the depthwise path's row buffers use the strip. */
+ * int16 pairs and its packed weight row; the depthwise paths' row buffers use the strip (and the
+ * 5x5/7x7 path's partial blocks the weight row's buffer). */
 #define STRIP_WORDS 1024
 #define WROW_WORDS 256
 /* The engine needs one quad (4 pixels x the padded reduction) in the strip. */
@@ -66,6 +70,17 @@ static inline int32_t smlatb(uint32_t x, uint32_t y, int32_t acc) {
     return r;
 #else
     return (int32_t)((uint32_t)acc + (uint32_t)((int32_t)(int16_t)(x >> 16) * (int16_t)y));
+#endif
+}
+
+/* acc + lo16(x) * hi16(y) (halves signed). */
+static inline int32_t smlabt(uint32_t x, uint32_t y, int32_t acc) {
+#if defined(__ARM_FEATURE_DSP)
+    int32_t r;
+    __asm__("smlabt %0, %1, %2, %3" : "=r"(r) : "r"(x), "r"(y), "r"(acc));
+    return r;
+#else
+    return (int32_t)((uint32_t)acc + (uint32_t)((int32_t)(int16_t)x * (int16_t)(y >> 16)));
 #endif
 }
 
@@ -812,48 +827,78 @@ static void __attribute__((noinline)) conv_engine(const conv_t *g, int pointwise
 
 /* ------------------------------------------------------------------ conv_fwd: depthwise 3x3 */
 
-/* The depthwise path reads its input from a band of padded rows in the strip buffer: row r of
- * the band is input row oy0*s - pad + r shifted right by pad_x, zero outside the map, RB bytes
- * apart (what the blocks of 4 outputs of a row read: stride 1, 6 bytes at 4q; stride 2, 10
- * bytes at 8q; rounded up to words). Rows are copied where pad_x + their data is word-aligned;
- * the margins stay zero (the buffer is cleared once a call). */
-static inline int dw3_row_bytes(const conv_t *g) {
+/* The depthwise paths (KxK, K = 3, 5, 7) read their input from a band of padded rows in the strip
+ * buffer: row r of the band is input row oy0*s - pad + r shifted right by pad_x, zero outside the
+ * map, RB bytes apart (what the blocks of 4 outputs of a row read: 4s*q .. 4s*q + 3s + K - 1 at
+ * block q, rounded up to words; the words the blocks load stay inside). Rows are copied where
+ * pad_x + their data is word-aligned; the margins stay zero (the buffer is cleared once a call). */
+static inline int dw_row_bytes(const conv_t *g) {
     int nb = (g->OW + 3) / 4;
-    return ((g->s == 1 ? 4 * nb + 2 : 8 * nb + 2) + 3) & ~3;
+    return (4 * g->s * nb + g->K - 1 + 3) & ~3;
 }
 
 /* Output rows a band holds (0: not even one; the band's buffer is the strip, less 4 bytes of
  * alignment lead). */
-static inline int dw3_band_rows(const conv_t *g) {
-    int nr = (4 * STRIP_WORDS - 4) / dw3_row_bytes(g);
-    return nr < 3 ? 0 : (nr - 3) / g->s + 1;
+static inline int dw_band_rows(const conv_t *g) {
+    int nr = (4 * STRIP_WORDS - 4) / dw_row_bytes(g);
+    return nr < g->K ? 0 : (nr - g->K) / g->s + 1;
 }
 
-/* n rows of ncopy bytes, sW apart at s, to RB apart at d: by LDM/STM where both are word-aligned. */
+/* n rows of ncopy bytes, sW apart at s, to RB apart at d (d and RB word-aligned: the band's
+ * rows), a word at a time: the bytes from ncopy to the next word boundary are written zero (the
+ * row's right margin, or the next row's left one: ncopy <= RB - pad_x). 16 bytes by LDM (LDRs
+ * where s is not word-aligned) and STM. */
 static void __attribute__((noinline)) copy_rows(int8_t *d, int RB, const int8_t *s, int sW, int nrows, int ncopy) {
-    int n16 = ((((uintptr_t)d | (uintptr_t)s | (uintptr_t)RB | (uintptr_t)sW) & 3) == 0) ? ncopy & ~15 : 0;
+    int n16 = ncopy & ~15, nw = ncopy & ~3, t = ncopy & 3;
+#if defined(__ARM_FEATURE_DSP)
+    int aligned = ((((uintptr_t)s | (uintptr_t)sW) & 3) == 0);
+#endif
     for (int r = 0; r < nrows; r++, d += RB, s += sW) {
-        int i = n16;
+        const int8_t *sp = s;
+        int8_t *dp = d;
         if (n16) {
 #if defined(__ARM_FEATURE_DSP)
-            const int8_t *sp = s, *e = s + n16;
-            int8_t *dp = d;
-            __asm__ volatile(
-                "1:\n\t"
-                "ldmia %[s]!, {r4, r5, r6, r7}\n\t"
-                "stmia %[d]!, {r4, r5, r6, r7}\n\t"
-                "cmp %[s], %[e]\n\t"
-                "bne 1b"
-                : [s] "+r"(sp), [d] "+r"(dp) : [e] "r"(e) : "r4", "r5", "r6", "r7", "cc", "memory");
+            const int8_t *e = s + n16;
+            if (aligned) {
+                __asm__ volatile(
+                    "1:\n\t"
+                    "ldmia %[s]!, {r4, r5, r6, r7}\n\t"
+                    "stmia %[d]!, {r4, r5, r6, r7}\n\t"
+                    "cmp %[s], %[e]\n\t"
+                    "bne 1b"
+                    : [s] "+r"(sp), [d] "+r"(dp) : [e] "r"(e) : "r4", "r5", "r6", "r7", "cc", "memory");
+            } else {                                    /* unaligned LDR, never LDM */
+                __asm__ volatile(
+                    "1:\n\t"
+                    "ldr r4, [%[s]]\n\t"
+                    "ldr r5, [%[s], #4]\n\t"
+                    "ldr r6, [%[s], #8]\n\t"
+                    "ldr r7, [%[s], #12]\n\t"
+                    "adds %[s], %[s], #16\n\t"
+                    "stmia %[d]!, {r4, r5, r6, r7}\n\t"
+                    "cmp %[s], %[e]\n\t"
+                    "bne 1b"
+                    : [s] "+r"(sp), [d] "+r"(dp) : [e] "r"(e) : "r4", "r5", "r6", "r7", "cc", "memory");
+            }
 #else
-            memcpy(d, s, (size_t)n16);
+            memcpy(dp, sp, (size_t)n16);
+            sp += n16;
+            dp += n16;
 #endif
         }
-        for (; i + 4 <= ncopy; i += 4) {
-            write_u32(d + i, read_u32(s + i));
+        for (; sp != s + nw; sp += 4, dp += 4) {
+            write_u32(dp, read_u32(sp));
         }
-        for (; i < ncopy; i++) {
-            d[i] = s[i];
+        if (t) {                                        /* the last 1..3 bytes, zeros above */
+            uint32_t v = 0;
+            if (nw) {
+                v = read_u32(s + ncopy - 4) >> (8 * (4 - t));
+            } else {
+                for (int j = 0; j < t; j++) {
+                    v |= (uint32_t)(uint8_t)s[j] << (8 * j);
+                }
+            }
+            write_u32(dp, v);
         }
     }
 }
@@ -1047,7 +1092,7 @@ static void dw_run(dw_t *k, int s) {
 static void __attribute__((noinline)) conv_dw3(const conv_t *g) {
     int H = g->H, W = g->W, HW = H * W, OH = g->OH, OW = g->OW, s = g->s, px = g->px;
     int nb = (OW + 3) / 4, nbf = OW / 4;                  /* blocks of 4 outputs a row, full ones */
-    int RB = dw3_row_bytes(g), band = dw3_band_rows(g);
+    int RB = dw_row_bytes(g), band = dw_band_rows(g);
     /* the band's rows start where row + pad_x is word-aligned (RB is a multiple of 4) */
     int8_t *buf = (int8_t *)tte_fwd_strip + ((4 - (px & 3)) & 3);
     int ncopy = W < RB - px ? W : RB - px;                /* the columns the blocks read */
@@ -1113,6 +1158,350 @@ static void __attribute__((noinline)) conv_dw3(const conv_t *g) {
     }
 }
 
+/* ------------------------------------------------------------------ conv_fwd: depthwise 5x5, 7x7 */
+
+/* The same band of padded rows as the 3x3 path (dw_row_bytes), four outputs of a row at a time,
+ * the K kernel rows in a loop. A kernel row's taps go by int16 pairs Wab = (w_a, w_b) (a in the
+ * low half) against the pairs SXTB16 gives of the aligned words at 0, 4, 8 (and 12) bytes of the
+ * block: E_k = (x_k, x_k+2), O_k = (x_k+1, x_k+3). A sum takes SMLAD of a pair of pairs, or
+ * SMLAxB/SMLAxT of a single tap (one half of each): K = 5 with W02, W13, W24 (14 multiplies for
+ * the 20 MACs of a block's row at either stride), K = 7 with W02, W13, W46, W35, W24 (18 for 28).
+ * Each kernel row's words end with the step of the input pointer to the next row (RB; from the
+ * last row, back to the next block's first row: 4s - (K-1)*RB, the only one <= 0: the row loop's
+ * end). Partial blocks (the last of a row where OW is not a multiple of 4) go through the same
+ * loop, into a scratch word a row (the weight row buffer). */
+#define DWK_ROWW(K) ((K) == 5 ? 4 : 6)  /* words of a kernel row */
+#define DWK_W (7 * 6)                   /* the kernel rows' words, at the end of w[] */
+
+/* One channel over a band of output rows, blocks of 4 outputs, for the assembly (offsets from
+ * bias, for 32-bit pointers). */
+typedef struct {
+    uint32_t w[DWK_W];           /* -4*DWK_W: the kernel's rows end here (the assembly walks them) */
+    int32_t bias[4];             /* 0: each sum's start */
+    int32_t M, A, S;             /* 16, 20, 24 */
+    uint32_t lo4, hi4;           /* 28, 32 */
+    int8_t *y, *rowend;          /* 36, 40: the next output, the end of its row's blocks */
+    int32_t row_y;               /* 44: output bytes of a row's blocks (4 a block) */
+    int32_t adv_p, adv_y;        /* 48, 52: from a row's end to the next row's start */
+    int8_t *yend;                /* 56: y after the band's last row */
+    const int8_t *p;             /* 60: the first block's input in the band's first row */
+} dwk_t;
+
+/* The four sums of the block of outputs whose taps start at p (the band's row of kernel row 0):
+ * the assembly's sums, in C (the host's twin; the 64-bit requantization on the device). */
+static void dwk_block(const int8_t *p, int K, int s, const uint32_t *w, int32_t bias, int32_t *acc) {
+    int32_t a0 = bias, a1 = bias, a2 = bias, a3 = bias;
+    int rw = DWK_ROWW(K);
+    for (int ky = 0; ky < K; ky++, p += (int32_t)w[rw - 1], w += rw) {
+        uint32_t u0 = read_u32(p), u4 = read_u32(p + 4);
+        uint32_t E0 = sxtb16(u0), O0 = sxtb16_ror8(u0), E4 = sxtb16(u4), O4 = sxtb16_ror8(u4);
+        uint32_t W02 = w[0], W13 = w[1];
+        if (K == 5) {
+            uint32_t W24 = w[2];
+            if (s == 1) {
+                a0 = smlabt(E4, W24, smlad(O0, W13, smlad(E0, W02, a0)));
+                a1 = smlabt(O4, W24, smlabt(E4, W13, smlatb(E0, W13, smlad(O0, W02, a1))));
+                a2 = smlabt(O4, W13, smlatb(O0, W13, smlad(E4, W24, smlatb(E0, W02, a2))));
+                a3 = smlad(E4, W13, smlad(O4, W24, smlatb(O0, W02, a3)));
+            } else {
+                uint32_t u8 = read_u32(p + 8), E8 = sxtb16(u8), O8 = sxtb16_ror8(u8);
+                a0 = smlabt(E4, W24, smlad(O0, W13, smlad(E0, W02, a0)));
+                a1 = smlabt(O4, W13, smlad(E4, W24, smlatb(O0, W13, smlatb(E0, W02, a1))));
+                a2 = smlabt(E8, W24, smlad(O4, W13, smlad(E4, W02, a2)));
+                a3 = smlabt(O8, W13, smlad(E8, W24, smlatb(O4, W13, smlatb(E4, W02, a3))));
+            }
+        } else {
+            uint32_t W46 = w[2], W35 = w[3], W24 = w[4];
+            uint32_t u8 = read_u32(p + 8), E8 = sxtb16(u8), O8 = sxtb16_ror8(u8);
+            if (s == 1) {
+                a0 = smlabt(O4, W35, smlad(E4, W46, smlad(O0, W13, smlad(E0, W02, a0))));
+                a1 = smlad(E4, W35, smlatb(E0, W13, smlad(O4, W46, smlad(O0, W02, a1))));
+                a2 = smlad(O4, W35, smlatb(O0, W13, smlabt(E8, W46, smlad(E4, W24, smlatb(E0, W02, a2)))));
+                a3 = smlabt(E8, W35, smlad(E4, W13, smlabt(O8, W46, smlad(O4, W24, smlatb(O0, W02, a3)))));
+            } else {
+                uint32_t E12 = sxtb16(read_u32(p + 12));
+                a0 = smlabt(O4, W35, smlad(E4, W46, smlad(O0, W13, smlad(E0, W02, a0))));
+                a1 = smlad(O4, W35, smlatb(O0, W13, smlabt(E8, W46, smlad(E4, W24, smlatb(E0, W02, a1)))));
+                a2 = smlabt(O8, W35, smlad(E8, W46, smlad(O4, W13, smlad(E4, W02, a2))));
+                a3 = smlad(O8, W35, smlatb(O4, W13, smlabt(E12, W46, smlad(E8, W24, smlatb(E4, W02, a3)))));
+            }
+        }
+    }
+    acc[0] = a0;
+    acc[1] = a1;
+    acc[2] = a2;
+    acc[3] = a3;
+}
+
+#if defined(__ARM_FEATURE_DSP)
+typedef char dwk_t_is_32bit[sizeof(dwk_t) == 4 * DWK_W + 64 ? 1 : -1];
+
+/* r0-r3 the sums, r4 the input (a block's row), r5/r6 unpacked input pairs (E, O), r7-r11 the
+ * row's weight pairs, lr its step, r12 the kernel rows, then the context (at bias) after them. */
+#define DWK_HEAD(WB)                                   \
+    "ldr r4, [r12, #60]\n\t"                           \
+    "ldr r8, [r12, #36]\n\t"                           \
+    "ldr r9, [r12, #44]\n\t"                           \
+    "add r9, r8, r9\n\t"                               \
+    "str r9, [r12, #40]\n\t"                           \
+    "1:\n\t"                                           \
+    "ldm r12, {r0, r1, r2, r3}\n\t"                    \
+    "sub r12, r12, #" WB "\n\t"                        \
+    "2:\n\t"
+#define DWK_LOAD(OFF)                                  \
+    "ldr r5, [r4, #" OFF "]\n\t"                       \
+    "sxtb16 r6, r5, ror #8\n\t"                        \
+    "sxtb16 r5, r5\n\t"
+#define DWK_NEXT                                       \
+    "add r4, r4, lr\n\t"                               \
+    "cmp lr, #0\n\t"                                   \
+    "bgt 2b\n\t"
+/* K = 5 (r7 W02, r8 W13, r9 W24), stride 1: output j reads x_j .. x_j+4 */
+#define DWK5_S1                                        \
+    "ldm r12!, {r7, r8, r9, lr}\n\t"                   \
+    DWK_LOAD("4")                                      \
+    "smlabt r0, r5, r9, r0\n\t"                        \
+    "smlabt r1, r5, r8, r1\n\t"                        \
+    "smlabt r1, r6, r9, r1\n\t"                        \
+    "smlad r2, r5, r9, r2\n\t"                         \
+    "smlabt r2, r6, r8, r2\n\t"                        \
+    "smlad r3, r6, r9, r3\n\t"                         \
+    "smlad r3, r5, r8, r3\n\t"                         \
+    DWK_LOAD("0")                                      \
+    "smlad r0, r5, r7, r0\n\t"                         \
+    "smlad r0, r6, r8, r0\n\t"                         \
+    "smlad r1, r6, r7, r1\n\t"                         \
+    "smlatb r1, r5, r8, r1\n\t"                        \
+    "smlatb r2, r5, r7, r2\n\t"                        \
+    "smlatb r2, r6, r8, r2\n\t"                        \
+    "smlatb r3, r6, r7, r3\n\t"                        \
+    DWK_NEXT
+/* K = 5, stride 2: output j reads x_2j .. x_2j+4 */
+#define DWK5_S2                                        \
+    "ldm r12!, {r7, r8, r9, lr}\n\t"                   \
+    DWK_LOAD("8")                                      \
+    "smlabt r2, r5, r9, r2\n\t"                        \
+    "smlad r3, r5, r9, r3\n\t"                         \
+    "smlabt r3, r6, r8, r3\n\t"                        \
+    DWK_LOAD("4")                                      \
+    "smlabt r0, r5, r9, r0\n\t"                        \
+    "smlad r1, r5, r9, r1\n\t"                         \
+    "smlabt r1, r6, r8, r1\n\t"                        \
+    "smlad r2, r5, r7, r2\n\t"                         \
+    "smlad r2, r6, r8, r2\n\t"                         \
+    "smlatb r3, r5, r7, r3\n\t"                        \
+    "smlatb r3, r6, r8, r3\n\t"                        \
+    DWK_LOAD("0")                                      \
+    "smlad r0, r5, r7, r0\n\t"                         \
+    "smlad r0, r6, r8, r0\n\t"                         \
+    "smlatb r1, r5, r7, r1\n\t"                        \
+    "smlatb r1, r6, r8, r1\n\t"                        \
+    DWK_NEXT
+/* K = 7 (r7 W02, r8 W13, r9 W46, r10 W35, r11 W24), stride 1 */
+#define DWK7_S1                                        \
+    "ldm r12!, {r7, r8, r9, r10, r11, lr}\n\t"         \
+    DWK_LOAD("8")                                      \
+    "smlabt r2, r5, r9, r2\n\t"                        \
+    "smlabt r3, r6, r9, r3\n\t"                        \
+    "smlabt r3, r5, r10, r3\n\t"                       \
+    DWK_LOAD("4")                                      \
+    "smlad r0, r5, r9, r0\n\t"                         \
+    "smlabt r0, r6, r10, r0\n\t"                       \
+    "smlad r1, r6, r9, r1\n\t"                         \
+    "smlad r1, r5, r10, r1\n\t"                        \
+    "smlad r2, r5, r11, r2\n\t"                        \
+    "smlad r2, r6, r10, r2\n\t"                        \
+    "smlad r3, r6, r11, r3\n\t"                        \
+    "smlad r3, r5, r8, r3\n\t"                         \
+    DWK_LOAD("0")                                      \
+    "smlad r0, r5, r7, r0\n\t"                         \
+    "smlad r0, r6, r8, r0\n\t"                         \
+    "smlad r1, r6, r7, r1\n\t"                         \
+    "smlatb r1, r5, r8, r1\n\t"                        \
+    "smlatb r2, r5, r7, r2\n\t"                        \
+    "smlatb r2, r6, r8, r2\n\t"                        \
+    "smlatb r3, r6, r7, r3\n\t"                        \
+    DWK_NEXT
+/* K = 7, stride 2 */
+#define DWK7_S2                                        \
+    "ldm r12!, {r7, r8, r9, r10, r11, lr}\n\t"         \
+    "ldr r5, [r4, #12]\n\t"                            \
+    "sxtb16 r5, r5\n\t"                                \
+    "smlabt r3, r5, r9, r3\n\t"                        \
+    DWK_LOAD("8")                                      \
+    "smlabt r1, r5, r9, r1\n\t"                        \
+    "smlad r2, r5, r9, r2\n\t"                         \
+    "smlabt r2, r6, r10, r2\n\t"                       \
+    "smlad r3, r5, r11, r3\n\t"                        \
+    "smlad r3, r6, r10, r3\n\t"                        \
+    DWK_LOAD("4")                                      \
+    "smlad r0, r5, r9, r0\n\t"                         \
+    "smlabt r0, r6, r10, r0\n\t"                       \
+    "smlad r1, r5, r11, r1\n\t"                        \
+    "smlad r1, r6, r10, r1\n\t"                        \
+    "smlad r2, r5, r7, r2\n\t"                         \
+    "smlad r2, r6, r8, r2\n\t"                         \
+    "smlatb r3, r5, r7, r3\n\t"                        \
+    "smlatb r3, r6, r8, r3\n\t"                        \
+    DWK_LOAD("0")                                      \
+    "smlad r0, r5, r7, r0\n\t"                         \
+    "smlad r0, r6, r8, r0\n\t"                         \
+    "smlatb r1, r5, r7, r1\n\t"                        \
+    "smlatb r1, r6, r8, r1\n\t"                        \
+    DWK_NEXT
+/* requantize (M r5, A r6, S r7), clamp (lo4 r5, hi4 r6), store; the next block, row, band */
+#define DWK_TAIL                                       \
+    "ldrd r5, r6, [r12, #16]\n\t"                      \
+    "ldr r7, [r12, #24]\n\t"                           \
+    RQ_SN("r5", "r6", "r7")                            \
+    "ldrd r5, r6, [r12, #28]\n\t"                      \
+    RQ_PACK("r5", "r6")                                \
+    "ldrd r8, r9, [r12, #36]\n\t"                      \
+    "str r0, [r8], #4\n\t"                             \
+    "str r8, [r12, #36]\n\t"                           \
+    "cmp r8, r9\n\t"                                   \
+    "bne 1b\n\t"                                       \
+    "ldrd r5, r6, [r12, #48]\n\t"                      \
+    "add r4, r4, r5\n\t"                               \
+    "add r8, r8, r6\n\t"                               \
+    "ldr r7, [r12, #44]\n\t"                           \
+    "add r9, r8, r7\n\t"                               \
+    "strd r8, r9, [r12, #36]\n\t"                      \
+    "ldr r7, [r12, #56]\n\t"                           \
+    "cmp r8, r7\n\t"                                   \
+    "bne 1b\n\t"
+#define DWK_FN(name, body, WB)                                                               \
+    static void __attribute__((noinline)) name(dwk_t *k) {                                   \
+        register int32_t *r12 __asm__("r12") = k->bias;                                      \
+        __asm__ volatile(DWK_HEAD(WB) body DWK_TAIL                                          \
+                         : "+r"(r12) :                                                       \
+                         : "r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9", "r10", \
+                           "r11", "lr", "cc", "memory");                                     \
+    }
+DWK_FN(dwk5_s1, DWK5_S1, "80")
+DWK_FN(dwk5_s2, DWK5_S2, "80")
+DWK_FN(dwk7_s1, DWK7_S1, "168")
+DWK_FN(dwk7_s2, DWK7_S2, "168")
+#endif
+
+/* The blocks of a band's rows (k->y != k->yend, row_y > 0; the SMMLA form). */
+static void dwk_run(dwk_t *k, int K, int s) {
+#if defined(__ARM_FEATURE_DSP)
+    (K == 5 ? (s == 1 ? dwk5_s1 : dwk5_s2) : (s == 1 ? dwk7_s1 : dwk7_s2))(k);
+#else
+    const int8_t *p = k->p;
+    const uint32_t *w = k->w + DWK_W - K * DWK_ROWW(K);
+    for (int8_t *y = k->y; y != k->yend; y += k->adv_y, p += k->adv_p) {
+        for (int8_t *e = y + k->row_y; y != e; y += 4, p += 4 * s) {
+            int32_t acc[4];
+            dwk_block(p, K, s, w, k->bias[0], acc);
+            write_u32(y, rq_pack4(acc[0], acc[1], acc[2], acc[3], k->M, k->A, k->S, k->lo4, k->hi4));
+        }
+    }
+#endif
+}
+
+static void __attribute__((noinline)) conv_dwk(const conv_t *g) {
+    int H = g->H, W = g->W, HW = H * W, OH = g->OH, OW = g->OW, s = g->s, px = g->px, K = g->K;
+    int nb = (OW + 3) / 4, nbf = OW / 4, ntail = OW - 4 * nbf;   /* blocks a row, full ones */
+    int RB = dw_row_bytes(g), band = dw_band_rows(g), rw = DWK_ROWW(K);
+    int8_t *buf = (int8_t *)tte_fwd_strip + ((4 - (px & 3)) & 3);
+    int ncopy = W < RB - px ? W : RB - px;
+    int mult = g->Og;
+    uint32_t *tail = tte_fwd_wrow;                        /* a partial block's word, a row */
+    rq_t q;
+    dwk_t k;
+    uint32_t *wk = k.w + DWK_W - K * rw;
+    rq_prep(&q, 0, 17, g->lo, g->hi);
+    k.lo4 = q.lo4;
+    k.hi4 = q.hi4;
+    for (int ky = 0; ky < K; ky++) {                      /* the input's steps between kernel rows */
+        wk[ky * rw + rw - 1] = (uint32_t)(ky < K - 1 ? RB : 4 * s - (K - 1) * RB);
+    }
+    memset(tte_fwd_strip, 0, 4 * STRIP_WORDS);
+    for (int oy0 = 0; oy0 < OH; oy0 += band) {
+        int nrows = OH - oy0 < band ? OH - oy0 : band;
+        int nr = (nrows - 1) * s + K, iy0 = oy0 * s - g->pad;
+        for (int c = 0; c < g->C; c++) {
+            const int8_t *xc = g->x + c * HW;
+            int r0 = iy0 < 0 ? -iy0 : 0, r1 = H - iy0 < nr ? H - iy0 : nr;   /* rows inside the map */
+            if (r1 < r0) {
+                r1 = r0;
+            }
+            if (ncopy > 0 && r1 > r0) {
+                copy_rows(buf + r0 * RB + px, RB, xc + (iy0 + r0) * W, W, r1 - r0, ncopy);
+            }
+            if (oy0 > 0) {                                 /* pad rows: zero (data of an earlier band) */
+                for (int r = 0; r < nr; r++) {
+                    if (r < r0 || r >= r1) {
+                        memset(buf + r * RB, 0, (size_t)RB);
+                    }
+                }
+            }
+            for (int oc = c * mult; oc < (c + 1) * mult; oc++) {
+                const int8_t *w = g->w + K * K * oc;
+                int8_t *yo = g->y + (oc * OH + oy0) * OW;
+                for (int ky = 0; ky < K; ky++) {         /* the pairs from words of the row's taps */
+                    const int8_t *wr = w + K * ky;
+                    uint32_t *d = wk + ky * rw, u0 = read_u32(wr);
+                    d[0] = sxtb16(u0);                             /* (w0, w2) */
+                    d[1] = sxtb16_ror8(u0);                        /* (w1, w3) */
+                    if (K == 5) {
+                        d[2] = sxtb16_ror8(read_u32(wr + 1));      /* (w2, w4) */
+                    } else {
+                        uint32_t u2 = read_u32(wr + 2);
+                        d[2] = sxtb16_ror8(read_u32(wr + 3));      /* (w4, w6) */
+                        d[3] = sxtb16_ror8(u2);                    /* (w3, w5) */
+                        d[4] = sxtb16(u2);                         /* (w2, w4) */
+                    }
+                }
+                int32_t bias = g->b[oc];
+                k.bias[0] = k.bias[1] = k.bias[2] = k.bias[3] = bias;
+                if (rq_smmla(g->m[oc], g->sh[oc], &k.M, &k.A, &k.S)) {
+                    if (nbf > 0) {
+                        k.p = buf;
+                        k.y = yo;
+                        k.yend = yo + nrows * OW;
+                        k.row_y = 4 * nbf;
+                        k.adv_p = s * RB - 4 * s * nbf;
+                        k.adv_y = OW - 4 * nbf;
+                        dwk_run(&k, K, s);
+                    }
+                    /* the partial blocks: a column of them, into a word a row, WROW_WORDS rows a time */
+                    for (int oy = 0; ntail && oy < nrows; oy += WROW_WORDS) {
+                        int n = nrows - oy < WROW_WORDS ? nrows - oy : WROW_WORDS;
+                        k.p = buf + oy * s * RB + 4 * s * nbf;
+                        k.y = (int8_t *)tail;
+                        k.yend = (int8_t *)(tail + n);
+                        k.row_y = 4;
+                        k.adv_p = s * RB - 4 * s;
+                        k.adv_y = 0;
+                        dwk_run(&k, K, s);
+                        int8_t *yt = yo + oy * OW + 4 * nbf;
+                        for (int i = 0; i < n; i++, yt += OW) {
+                            uint32_t v = tail[i];
+                            for (int j = 0; j < ntail; j++, v >>= 8) {
+                                yt[j] = (int8_t)v;
+                            }
+                        }
+                    }
+                } else {                                   /* the 64-bit rq */
+                    conv_rq(g, &q, oc);
+                    for (int oy = 0; oy < nrows; oy++) {
+                        const int8_t *pr = buf + oy * s * RB;
+                        for (int bq = 0; bq < nb; bq++) {
+                            int32_t acc[4];
+                            int n = OW - 4 * bq < 4 ? OW - 4 * bq : 4;
+                            dwk_block(pr + 4 * s * bq, K, s, wk, bias, acc);
+                            rq_store4(yo + oy * OW + 4 * bq, n, acc[0], acc[1], acc[2], acc[3], &q);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ conv_fwd */
 
 void op_conv_fwd(uint8_t *A, const int32_t *P, int o) {
@@ -1124,8 +1513,10 @@ void op_conv_fwd(uint8_t *A, const int32_t *P, int o) {
     int whole = g.pad == 0 && g.px == 0 && g.OH == g.H && g.OW == g.W;
     if (g.K == 1 && g.s == 1 && whole && g.H * g.W == 1) {
         conv_dense(&g);
-    } else if (g.K == 3 && g.G == g.C && (g.s == 1 || g.s == 2) && dw3_band_rows(&g) > 0) {
+    } else if (g.K == 3 && g.G == g.C && (g.s == 1 || g.s == 2) && dw_band_rows(&g) > 0) {
         conv_dw3(&g);
+    } else if ((g.K == 5 || g.K == 7) && g.G == g.C && (g.s == 1 || g.s == 2) && dw_band_rows(&g) > 0) {
+        conv_dwk(&g);
     } else if (g.R <= ENGINE_MAX_R) {
         conv_engine(&g, g.K == 1 && g.s == 1 && whole);
     } else {

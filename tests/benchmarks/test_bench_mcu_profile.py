@@ -44,6 +44,8 @@ def conv_path(f: dict) -> str:
         return "conv_fwd pointwise"
     if f["K"] == 3 and f["groups"] == f["C"]:
         return "conv_fwd depthwise 3x3"
+    if f["K"] in (5, 7) and f["groups"] == f["C"]:
+        return "conv_fwd depthwise 5x5/7x7"
     return "conv_fwd other"
 
 

@@ -10,7 +10,9 @@ checked against the golden model's (insitu.sparse.golden).
 
 Representative layers of MobileNetV2-w0.35 at 128x128: the stem (3x3 full conv 3->16, stride 2,
 pad 1, on 128x128), a pointwise expansion 32->96 on 32x32, depthwise 3x3 of 96 channels on 32x32
-(stride 1 and 2), a pointwise projection 96->24 on 16x16.
+(stride 1 and 2), a pointwise projection 96->24 on 16x16; the depthwise 5x5 and 7x7 convs (pad
+K//2) of ProxylessNAS-w0.3 and MCUNet-5FPS at 32x32 and 16x16 (stride 1 and 2), on 14x14 and 7x7
+(rows of a partial block of 4 outputs) and 4x4 with 384 channels.
 
 Run: .venv/bin/python -m pytest -m benchmark -s tests/benchmarks/test_bench_native_fwd.py
 (or .venv/bin/python tests/benchmarks/test_bench_native_fwd.py). Settings by environment variable:
@@ -48,6 +50,20 @@ CASES = {
     "dw3x3 96ch 32x32 s2": dict(C=96, H=32, W=32, O=96, K=3, stride=2, pad=1, groups=96),
     "full3x3 3->16 128x128 s2": dict(C=3, H=128, W=128, O=16, K=3, stride=2, pad=1, groups=1),
     "pw 96->24 16x16": dict(C=96, H=16, W=16, O=24, K=1, stride=1, pad=0, groups=1),
+    # depthwise 5x5 and 7x7, pad K//2 (ProxylessNAS-w0.3, MCUNet-5FPS)
+    "dw5x5 48ch 32x32 s1": dict(C=48, H=32, W=32, O=48, K=5, stride=1, pad=2, groups=48),
+    "dw5x5 48ch 32x32 s2": dict(C=48, H=32, W=32, O=48, K=5, stride=2, pad=2, groups=48),
+    "dw7x7 48ch 32x32 s1": dict(C=48, H=32, W=32, O=48, K=7, stride=1, pad=3, groups=48),
+    "dw7x7 48ch 32x32 s2": dict(C=48, H=32, W=32, O=48, K=7, stride=2, pad=3, groups=48),
+    "dw5x5 96ch 16x16 s1": dict(C=96, H=16, W=16, O=96, K=5, stride=1, pad=2, groups=96),
+    "dw5x5 96ch 16x16 s2": dict(C=96, H=16, W=16, O=96, K=5, stride=2, pad=2, groups=96),
+    "dw7x7 96ch 16x16 s1": dict(C=96, H=16, W=16, O=96, K=7, stride=1, pad=3, groups=96),
+    "dw7x7 96ch 16x16 s2": dict(C=96, H=16, W=16, O=96, K=7, stride=2, pad=3, groups=96),
+    # small maps: rows of 4-output blocks and a partial one; one block a row (the networks' last stages)
+    "dw5x5 96ch 14x14 s1": dict(C=96, H=14, W=14, O=96, K=5, stride=1, pad=2, groups=96),
+    "dw7x7 96ch 7x7 s1": dict(C=96, H=7, W=7, O=96, K=7, stride=1, pad=3, groups=96),
+    "dw5x5 384ch 4x4 s1": dict(C=384, H=4, W=4, O=384, K=5, stride=1, pad=2, groups=384),
+    "dw7x7 384ch 4x4 s1": dict(C=384, H=4, W=4, O=384, K=7, stride=1, pad=3, groups=384),
 }
 
 

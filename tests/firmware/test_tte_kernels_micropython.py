@@ -141,9 +141,10 @@ def _clamp(rng):
     return lo, int(rng.choice([127, int(rng.integers(lo, 128))]))
 
 
-def _geometry(rng, kind=None):
-    """A random conv: full, grouped, depthwise (with a channel multiplier), 1x1 pointwise, 1x1 on
-    a 1x1 map (dense, up to 300 inputs), stride 1 or 2, pad 0..2, odd sizes."""
+def _geometry(rng, kind=None, dw_k=(3, 3, 3, 5)):
+    """A random conv: full, grouped, depthwise (with a channel multiplier; its kernel from
+    ``dw_k``), 1x1 pointwise, 1x1 on a 1x1 map (dense, up to 300 inputs), stride 1 or 2, pad 0..2
+    (1..K//2 for a kernel over 5), odd sizes."""
     kind = rng.choice(["full", "pw", "dense", "dw", "dw", "grouped"]) if kind is None else kind
     C, O = int(rng.integers(1, 7)), int(rng.integers(1, 7))
     H, W = (int(v) for v in rng.integers(1, 12, 2))
@@ -153,7 +154,9 @@ def _geometry(rng, kind=None):
     elif kind == "dense":
         K, s, pad, H, W, C, O = 1, 1, 0, 1, 1, int(rng.integers(1, 300)), int(rng.integers(1, 12))
     elif kind == "dw":
-        groups, O, K = C, C * int(rng.choice([1, 1, 2])), int(rng.choice([3, 3, 3, 5]))
+        groups, O, K = C, C * int(rng.choice([1, 1, 2])), int(rng.choice(dw_k))
+        if K > 5:
+            pad = int(rng.integers(1, K // 2 + 1))
     elif kind == "grouped":
         groups = int(rng.choice([1, 2, 3]))
         C, O = groups * int(rng.integers(1, 4)), groups * int(rng.integers(1, 4))
@@ -188,17 +191,21 @@ def _large(rng, g):
     return dict(C=C, H=H, W=W, O=O, OH=OH, OW=OW, K=K, stride=s, pad=pad, groups=groups)
 
 
+#: Depthwise kernels of the forward calls: 3x3 (MobileNetV2), 5x5 and 7x7 (ProxylessNAS, MCUNet).
+FWD_DW_K = (3, 3, 5, 7)
+
+
 def _fwd_geometry(rng, kind=None):
-    """A random conv_fwd: a conv of :func:`_geometry` on a whole map (pad_x = pad), or on a patch
-    of one (``patch_*`` kinds: pads of rows and columns of their own, 0..pad, and any output size
-    whose every output reads some input)."""
+    """A random conv_fwd: a conv of :func:`_geometry` (depthwise kernels FWD_DW_K) on a whole map
+    (pad_x = pad), or on a patch of one (``patch_*`` kinds: pads of rows and columns of their own,
+    0..pad, and any output size whose every output reads some input)."""
     kind = rng.choice(["whole", "whole", "whole", "patch_dw", "patch_full"]) if kind is None else kind
     if not kind.startswith("patch_"):
-        g = _geometry(rng, None if kind == "whole" else kind)
+        g = _geometry(rng, None if kind == "whole" else kind, FWD_DW_K)
         if rng.random() < 0.25:
             g = _large(rng, g)
         return {**g, "pad_x": g["pad"]}
-    g = _geometry(rng, kind[len("patch_"):])
+    g = _geometry(rng, kind[len("patch_"):], FWD_DW_K)
     if rng.random() < 0.25:
         g = _large(rng, g)
     s, pad = g["stride"], g["pad"]
