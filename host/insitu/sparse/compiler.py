@@ -141,8 +141,8 @@ class Options:
     # Per-layer learning rate: layer name -> factor on lr (weights and bias of that layer). The
     # float reference (insitu.sparse.reference) takes the same factors.
     lr_scale: dict = field(default_factory=dict)
-    # Stride-1 depthwise input gradients computed into their output gradient's buffer, a few
-    # channels at a time (depthwise_input_grads_in_place): False keeps both maps.
+    # Stride-1 depthwise convs at the plan's peak computed into their input's buffer, a few
+    # channels at a time, forward and backward (depthwise_in_place): False keeps both maps.
     dw_in_place: bool = True
     # Patch-based inference of the first stage (insitu.sparse.patches): n for n x n patches, 1 for
     # none, None to let the compiler decide (2x2 where the plan is smaller with them).
@@ -781,49 +781,72 @@ def accumulate_gradients(ops: list[Op], applies: list[Op], builder: _Builder) ->
 DW_IN_PLACE_PIECE = 1 / 8
 
 
-def depthwise_input_grads_in_place(ops: list[Op], later: list[Op], builder: _Builder, rounds: int = 4) -> list[Op]:
-    """Where the backward pass peaks at a stride-1 depthwise input gradient (one input channel per
-    output, gx as large as gy) whose output gradient nothing reads afterwards, compute gx into
-    gy's own buffer: a few channels at a time into a scratch (conv_bwd_x on those channels),
-    copied over the channels of gy they came from (``window`` as a byte copy), so that gy and gx
-    are never both live (the peak of the paper's mbv2-w0.35 sparse update). Later readers of gx
-    read gy's buffer. The ops after it that still read gy (the layer's bias update, its tables'
-    loads) move before it where that changes nothing: none of them writes what it reads or reads
-    what it writes. Only at the peak, up to ``rounds`` times: elsewhere the pieces' calls would
-    cost program words and heap for no smaller plan."""
+#: Per op kind: (its input map's field, its output map's field, bytes an element, the kind of
+#: buffer both maps are, the per-channel i32 tables to offset with the channels).
+_IN_PLACE = {"conv_bwd_x": ("gy_off", "gx_off", 2, "grad", ()),
+             "conv_fwd": ("x_off", "y_off", 1, "act", ("b_off", "m_off", "sh_off"))}
+
+
+def depthwise_in_place(ops: list[Op], later: list[Op], builder: _Builder, rounds: int = 4) -> list[Op]:
+    """Where the plan peaks at a depthwise conv (one input channel per output, each output
+    channel no larger than its input channel) whose input map nothing reads afterwards, compute
+    the output into the input's own buffer: a few channels at a time into a scratch (the op on
+    those channels), copied to their place in the buffer, over input channels already read
+    (``window`` as a byte copy), so that the two maps are never both live. Forward (conv_fwd: an activation nobody saved) and backward
+    (conv_bwd_x: the input gradient over the output gradient): the peaks of the paper's
+    mbv2-w0.35 sparse update. Later readers of the output read the input's buffer. The ops after
+    it that still read the input (a bias update, its tables' loads) move before it where that
+    changes nothing: none writes what it reads or reads what it writes. Only at the peak, up to
+    ``rounds`` times: elsewhere the pieces' calls would cost program words and heap for no
+    smaller plan."""
     out = list(ops)
     for _ in range(rounds):
-        span = {b: s for b, s in lifetimes(out).items() if not b.persistent}
+        span = {b: s for b, s in lifetimes(out + later).items() if not b.persistent}
         live = [0] * len(out)
         for b, (lo, hi) in span.items():
-            for i in range(lo, hi + 1):
+            for i in range(lo, min(hi, len(out) - 1) + 1):
                 live[i] += b.nbytes
         if not live:
             break
         peak = max(range(len(out)), key=live.__getitem__)
-        at = next((i for i, op in enumerate(out) if _in_place_candidate(op) and
-                   span.get(op.fields["gx_off"].buf, (-1, -1))[0] <= peak <= span.get(op.fields["gy_off"].buf, (-1, -2))[1]), None)
-        if at is None or not _grad_in_place(out, at, later, builder):
+        at = None
+        for i, op in enumerate(out):
+            if _in_place_candidate(op):
+                src, dst = (op.fields[k].buf for k in _IN_PLACE[op.kind][:2])
+                if span.get(dst, (len(out), 0))[0] <= peak <= span.get(src, (0, -1))[1]:
+                    at = i
+                    break
+        if at is None or not _rewrite_in_place(out, at, later, builder):
             break
     return out
 
 
-def _in_place_candidate(op: Op) -> bool:
+def _map_sizes(op: Op) -> tuple[int, int]:
+    """(elements a channel of the op's input map, of its output map)."""
     f = op.fields
-    return (op.kind == "conv_bwd_x" and f["groups"] == f["C"] == f["O"] > 1 and f["stride"] == 1
-            and (f["H"], f["W"]) == (f["OH"], f["OW"]) and isinstance(f["w_off"], Ref)
-            and all(isinstance(f[k], Ref) and f[k].at == 0 and f[k].buf.kind == "grad" for k in ("gy_off", "gx_off"))
-            and f["gy_off"].buf.nbytes == f["gx_off"].buf.nbytes)
+    hw, ohw = f["H"] * f["W"], f["OH"] * f["OW"]
+    return (hw, ohw) if op.kind == "conv_fwd" else (ohw, hw)
 
 
-def _grad_in_place(out: list[Op], i: int, later: list[Op], builder: _Builder) -> bool:
-    """The rewrite of depthwise_input_grads_in_place for the conv_bwd_x at out[i], if it applies."""
+def _in_place_candidate(op: Op) -> bool:
+    if op.kind not in _IN_PLACE:
+        return False
+    f, (src, dst, _, kind, _) = op.fields, _IN_PLACE[op.kind]
+    in_hw, out_hw = _map_sizes(op)
+    return (f["groups"] == f["C"] == f["O"] > 1 and out_hw <= in_hw
+            and f.get("pad_x", f["pad"]) == f["pad"] and isinstance(f["w_off"], Ref)
+            and all(isinstance(f[k], Ref) and f[k].at == 0 and f[k].buf.kind == kind for k in (src, dst)))
+
+
+def _rewrite_in_place(out: list[Op], i: int, later: list[Op], builder: _Builder) -> bool:
+    """The rewrite of depthwise_in_place for the op at out[i], if it applies."""
     op = out[i]
     f = op.fields
-    gy, gx, w = f["gy_off"], f["gx_off"], f["w_off"]
-    if any(gy.buf in reads(o) | writes(o) for o in later) or any(gx.buf in reads(o) | writes(o) for o in out[:i]):
-        return False                        # gy is read after the step, or gx is not this op's alone
-    readers = [j for j in range(i + 1, len(out)) if gy.buf in reads(out[j]) | writes(out[j])]
+    src_f, dst_f, size, _, tables = _IN_PLACE[op.kind]
+    src, dst, w = f[src_f], f[dst_f], f["w_off"]
+    if any(src.buf in reads(o) | writes(o) for o in later) or any(dst.buf in reads(o) | writes(o) for o in out[:i]):
+        return False                        # the input is read after the step, or the output is not this op's alone
+    readers = [j for j in range(i + 1, len(out)) if src.buf in reads(out[j]) | writes(out[j])]
     if readers:
         moved = out[i + 1:readers[-1] + 1]
         mine_r, mine_w = reads(op), writes(op)
@@ -831,22 +854,25 @@ def _grad_in_place(out: list[Op], i: int, later: list[Op], builder: _Builder) ->
             return False
         out[i:readers[-1] + 1] = moved + [op]
         i += len(moved)
-    c, hw = f["C"], f["H"] * f["W"]
+    # Channels [a, a + k) are read, then their outputs written at the buffer's output offset of
+    # channel a, which lies within channels already read (a channel's output is no larger).
+    c, (in_hw, out_hw) = f["C"], _map_sizes(op)
     step = max(1, int(c * DW_IN_PLACE_PIECE))
-    scratch = builder.buf(f"scratch:{op.node}:gx", 2 * step * hw, "scratch")
+    scratch = builder.buf(f"scratch:{op.node}:{dst_f[:-4]}", size * step * out_hw, "scratch")
     pieces = []
     for a in range(0, c, step):
-        k, n = min(step, c - a), 2 * min(step, c - a) * hw
-        pieces.append(Op("conv_bwd_x", {**f, "gy_off": Ref(gy.buf, 2 * a * hw), "w_off": Ref(w.buf, w.at + a * f["K"] ** 2),
-                                        "gx_off": Ref(scratch), "C": k, "O": k, "groups": k}, op.node, op.phase))
-        pieces.append(Op("window", {"src_off": Ref(scratch), "dst_off": Ref(gy.buf, 2 * a * hw), "C": 1, "h": 1,
+        k, n = min(step, c - a), size * min(step, c - a) * out_hw
+        shifted = {t: Ref(f[t].buf, f[t].at + 4 * a) for t in tables if isinstance(f[t], Ref)}
+        pieces.append(Op(op.kind, {**f, **shifted, src_f: Ref(src.buf, size * a * in_hw), "w_off": Ref(w.buf, w.at + a * f["K"] ** 2),
+                                   dst_f: Ref(scratch), "C": k, "O": k, "groups": k}, op.node, op.phase))
+        pieces.append(Op("window", {"src_off": Ref(scratch), "dst_off": Ref(src.buf, size * a * out_hw), "C": 1, "h": 1,
                                     "w": n, "src_H": 1, "src_W": n, "src_y": 0, "src_x": 0, "dst_H": 1, "dst_W": n,
                                     "dst_y": 0, "dst_x": 0}, op.node, op.phase))
     out[i:i + 1] = pieces
-    for o in out[i + len(pieces):] + later:         # gx is gy's buffer from here on
+    for o in out[i + len(pieces):] + later:         # the output is the input's buffer from here on
         for name, r in o.fields.items():
-            if isinstance(r, Ref) and r.buf is gx.buf:
-                o.fields[name] = Ref(gy.buf, r.at)
+            if isinstance(r, Ref) and r.buf is dst.buf:
+                o.fields[name] = Ref(src.buf, r.at)
     return True
 
 
@@ -1061,8 +1087,6 @@ def _build(b: _Builder, options: Options) -> tuple[list[Op], list[Op], Op, list[
     saved = {tensor_of[x] for op in body + apply_ops for x in reads(op) | masked if x in tensor_of}
     tables = (lambda ops: load_flash_tables(ops, b)) if b.stream else (lambda ops: ops)
     rest, apply_ops = tables([loss] + body), tables(apply_ops)
-    if options.dw_in_place:
-        rest = depthwise_input_grads_in_place(rest, apply_ops, b)
     fwd = tables(fwd)
     stage = choose_stage(graph, saved, options.patches)
     if stage is not None and options.patches is not None:
@@ -1077,6 +1101,10 @@ def _build(b: _Builder, options: Options) -> tuple[list[Op], list[Op], Op, list[
                 patched = tables(b.forward_in_patches(fwd, stage))
                 best = min(best, (_planned(b, patched, rest, argmax, apply_ops), patched, stage), key=lambda t: t[0])
         _, fwd, b.stage = best
+    if options.dw_in_place:
+        step = depthwise_in_place(fwd + rest, apply_ops, b)
+        cut = next(i for i, op in enumerate(step) if op is loss)
+        fwd, rest = step[:cut], step[cut:]
     return fwd, fwd + rest, argmax, apply_ops
 
 
