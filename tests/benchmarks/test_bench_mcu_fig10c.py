@@ -43,7 +43,7 @@ TARGET = 1.5
 
 def _row(model: str) -> dict:
     board = get_board("stm32f746-disco-sim")
-    scheme = default_scheme(model, board.mcu["training_budget_bytes"])
+    scheme = default_scheme(model, (board.mcu or {})["training_budget_bytes"])
     prep = Prepared(model, "digits", scheme, DEFAULT_LR, 0)
     c = prep.compiled
     row = {"model": model, "scheme": scheme, "arena_bytes": c.arena_bytes, "calls": sum(map(len, c.calls.values())),

@@ -28,8 +28,7 @@ from insitu.mcu.board_runs import Prepared, default_scheme
 from insitu.resources import package_dir
 from insitu.sparse import DEFAULT_LR, abi
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "firmware"))
-from psram_batch import cross_compile, run_on_twin  # noqa: E402
+from insitu.mcu.psram import cross_compile, run_on_twin
 
 pytestmark = pytest.mark.benchmark
 
@@ -104,7 +103,7 @@ for seg in ("train", "train", "infer"):
 
 def profile(model: str, code: str, work: Path) -> dict:
     board = get_board("stm32f746-disco-sim")
-    prep = Prepared(model, "digits", default_scheme(model, board.mcu["training_budget_bytes"]), DEFAULT_LR, 0)
+    prep = Prepared(model, "digits", default_scheme(model, (board.mcu or {})["training_budget_bytes"]), DEFAULT_LR, 0)
     c = prep.compiled
     work.mkdir(parents=True, exist_ok=True)
     src = work / "tte_model.py"

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import struct
-import sys
 import tempfile
 from pathlib import Path
 
@@ -35,8 +34,7 @@ from insitu.mcu import native
 from insitu.resources import package_dir
 from insitu.sparse import abi, golden
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "firmware"))
-from psram_batch import cross_compile, run_on_twin  # noqa: E402
+from insitu.mcu.psram import cross_compile, run_on_twin
 
 pytestmark = pytest.mark.benchmark
 
@@ -160,7 +158,7 @@ def cases() -> dict[str, tuple[str, bytes, bytes, int]]:
     return out
 
 
-# On the twin, after psram_batch.PRELUDE. Each record of "cases": <4i (name bytes, op bytes,
+# On the twin, after insitu.mcu.psram.PRELUDE. Each record of "cases": <4i (name bytes, op bytes,
 # arena bytes, table words), the golden arena's digest (8 bytes), name, op, arena; "work" holds
 # the arena of a call. One line per case and kernel module: "R name|module|instructions per
 # call|calls timed|ok".

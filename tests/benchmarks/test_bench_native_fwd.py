@@ -5,7 +5,7 @@ the C ones (tte_native.mpy, firmware/native), in guest instructions.
 The twin runs QEMU with ``-icount shift=0`` (insitu.mcu.qemu.ICOUNT): its ``time.ticks_us()``
 advances one microsecond per 1000 guest instructions, so a call's ticks are its instruction count
 (in thousands, deterministic). Each call's arena (program table, tensors) goes into the board's
-PSRAM (psram_batch), where the kernels run on it in place; after each call the arena's digest is
+PSRAM (insitu.mcu.psram), where the kernels run on it in place; after each call the arena's digest is
 checked against the golden model's (insitu.sparse.golden).
 
 Representative layers of MobileNetV2-w0.35 at 128x128: the stem (3x3 full conv 3->16, stride 2,
@@ -31,13 +31,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "firmware"))
-
-from psram_batch import cross_compile, run_on_twin  # noqa: E402
-
-from insitu.mcu import native  # noqa: E402
-from insitu.resources import package_dir  # noqa: E402
-from insitu.sparse import abi, golden  # noqa: E402
+from insitu.mcu import native
+from insitu.mcu.psram import cross_compile, run_on_twin
+from insitu.resources import package_dir
+from insitu.sparse import abi, golden
 
 pytestmark = pytest.mark.benchmark
 
@@ -97,7 +94,7 @@ def build_case(rng, g: dict) -> tuple[bytes, int, int, str]:
     return arena, 0, O * OH * OW * terms, hashlib.sha256(A.tobytes()).hexdigest()[:16]
 
 
-# On the board, after psram_batch.PRELUDE: each case's arena is a PSRAM section, copied back from
+# On the board, after insitu.mcu.psram.PRELUDE: each case's arena is a PSRAM section, copied back from
 # a pristine section before every call; one line per (case, code): name, ticks, digest.
 _SCRIPT = """
 import time, hashlib, binascii, gc

@@ -11,7 +11,7 @@ dispatch), in four places:
 - ``qemu``: the Cortex-M7 twin (MicroPython v1.28.0 in QEMU, 32-bit words, Thumb-2 viper code),
   from .mpy files cross-compiled with `mpy-cross -march=armv7emsp` as the board gets them. Its
   UART is far too slow for the calls (~8 KB/s in), so every test's calls go at once into the
-  board's PSRAM at power-on (psram_batch), with the kernels and the golden arenas' digests: the
+  board's PSRAM at power-on (insitu.mcu.psram), with the kernels and the golden arenas' digests: the
   board runs every call in a 256 KiB heap and prints one SHA-256 digest (8 bytes) per call, and
   the whole arena of the first calls (MAX_DUMPS a test) whose digest is not the golden one. Each
   test compares its calls' digests with the golden arenas' (and a dumped arena byte for byte). One
@@ -39,7 +39,7 @@ from insitu import numerics as nx
 from insitu.mcu import native
 from insitu.sparse import abi, golden
 from insitu.resources import package_dir
-from psram_batch import cross_compile, run_on_twin
+from insitu.mcu.psram import cross_compile, run_on_twin
 
 pytestmark = pytest.mark.firmware
 
@@ -550,7 +550,7 @@ def run_unix(cases: list[Case], tmp_path) -> list[Result]:
     return results
 
 
-# On the Cortex-M7 twin, after psram_batch.PRELUDE (which installs the .mpy sections into /flash).
+# On the Cortex-M7 twin, after insitu.mcu.psram.PRELUDE (which installs the .mpy sections into /flash).
 # Each record of the "cases" section: <5i (arena bytes, table words, o, table in the arena, test
 # number), the golden arena's digest (8 bytes), the arena. One line per call: its digest (16 hex
 # digits), then " " and the whole arena in hex where the digest is not the golden one (for the

@@ -19,6 +19,7 @@ def test_instructions_counted_on_the_twin_become_seconds_at_the_board_clock():
     stats = {"count": "instructions", "train_steps": 4, "train_mk": 2, "train_k": 400_000,
              "infer_steps": 2, "infer_mk": 0, "infer_k": 300_000}
     bt = board_time(stats, TWIN)
+    assert bt is not None
     cpi = cycles_per_instruction(TWIN)
     assert bt["clock_hz"] == 216_000_000 and bt["cycles_per_instruction"] == cpi
     assert bt["train"]["instructions_per_sample"] == 600_000_000          # 2.4e9 / 4
@@ -30,6 +31,7 @@ def test_instructions_counted_on_the_twin_become_seconds_at_the_board_clock():
 
 def test_a_board_counts_cycles_and_the_unix_twin_nothing():
     bt = board_time({"count": "cycles", "train_steps": 2, "train_mk": 0, "train_k": 216_000}, TWIN)
+    assert bt is not None
     assert bt["cycles_per_instruction"] is None and bt["infer"] is None
     assert bt["train"] == {"samples": 2, "instructions_per_sample": None, "cycles_per_sample": 108_000_000,
                            "seconds_per_sample": 0.5}

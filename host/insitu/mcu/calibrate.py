@@ -348,8 +348,8 @@ def coremark_cpi(coremark_dir, opt: str = "-O2", iterations: int = 2000, build_d
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m insitu.mcu.calibrate", description=__doc__
-                                     .split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m insitu.mcu.calibrate",
+                                     description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--coremark", required=True, help="a CoreMark checkout")
     parser.add_argument("--opt", default="-O2", help="gcc optimization: O2 (default), O3, Ofast, "
                         "Os (or --opt=-O3)")

@@ -82,11 +82,12 @@ def run_on_twin(work: Path, sections: dict[str, bytes], script: str, timeout_s: 
     image = work / "psram.bin"
     image.write_bytes(pack(sections))
     (work / "script.py").write_text(PRELUDE + script)
-    times = {"image_bytes": image.stat().st_size}
+    times: dict[str, float] = {"image_bytes": image.stat().st_size}
     t0 = time.monotonic()
     with McuTwin(work / "flash", heap_bytes=heap_bytes, preload=((image, qemu.PSRAM_BASE),)) as twin:
         times["boot_s"] = time.monotonic() - t0
         t1 = time.monotonic()
+        assert twin.port is not None                 # set by start() (the twin's __enter__)
         run = subprocess.run([find_tool("mpremote"), "connect", twin.port, "run", str(work / "script.py")],
                              capture_output=True, text=True, timeout=timeout_s)
         times["run_s"] = time.monotonic() - t1
