@@ -80,7 +80,7 @@ def test_fig9_sparse_update_vs_baselines_at_equal_memory():
     result = run_compare(model, task, budgets, prepare=_search_bundle, train_samples=samples,
                          eval_samples=_env_int("INSITU_MCU_BENCH_EVAL_SAMPLES", None), lr=lr, seed=0,
                          evaluations=_env_int("INSITU_MCU_BENCH_EVALUATIONS", 2000),
-                         workers=max(1, os.cpu_count() or 1), measure_heap=True,
+                         workers=max(1, os.cpu_count() or 1), measure_heap=True, board_time=True,
                          lr_scale={"classifier": head} if head != 1 else None,
                          sample_seeds=[int(v) for v in os.environ.get("INSITU_MCU_BENCH_SEEDS", "0,1,2").split(",")],
                          say=lambda msg: print(f"[{time.perf_counter() - started:7.1f} s] {msg}", flush=True))
