@@ -87,7 +87,7 @@ def test_a_model_too_big_for_the_heap_is_refused_before_flashing(run_cli, export
     r = json.loads(report.stdout)
     assert r["inference"]["fits"] and not r["fits"] and "does not fit" in r["training"]["why"]
     for model, heap, arena in ((big, (), r["training"]["arena_bytes"]),
-                               (exported, ("--heap", 53248), built_in_program(SCHEME).compiled.arena_bytes)):
+                               (exported, ("--heap", 69632), built_in_program(SCHEME).compiled.arena_bytes)):
         flash = tmp_path / f"flash-{model.stem}"
         run = run_cli("train", "--board", SIM_BOARD, "--algo", "sparse", "--model", model, "--scheme", SCHEME,
                       "--samples", 5, "--flash-dir", flash, *heap, "--json", timeout=120)
