@@ -776,8 +776,8 @@ def accumulate_gradients(ops: list[Op], applies: list[Op], builder: _Builder) ->
     return out, apply_ops + zeros
 
 
-#: A depthwise input gradient computed in place goes through a scratch of at most this share of
-#: its map (and at least one channel).
+#: A depthwise conv computed in place (depthwise_in_place) goes through a scratch of at most this
+#: share of its output map's channels (and at least one channel).
 DW_IN_PLACE_PIECE = 1 / 8
 
 
