@@ -40,97 +40,6 @@
 #pragma GCC optimize("no-tree-loop-distribute-patterns")
 #endif
 
-/* ------------------------------------------------------------------------------------------
- * DSP instructions of the Cortex-M7 (plain C elsewhere). */
-
-/* (a.lo, b.lo): PKHBT */
-static inline uint32_t pk_lo(uint32_t a, uint32_t b) {
-#if defined(__ARM_FEATURE_DSP)
-    uint32_t r;
-    __asm__("pkhbt %0, %1, %2, lsl #16" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-#else
-    return (a & 0xFFFFu) | (b << 16);
-#endif
-}
-
-/* (a.hi, b.hi): PKHTB */
-static inline uint32_t pk_hi(uint32_t a, uint32_t b) {
-#if defined(__ARM_FEATURE_DSP)
-    uint32_t r;
-    __asm__("pkhtb %0, %1, %2, asr #16" : "=r"(r) : "r"(b), "r"(a));
-    return r;
-#else
-    return (a >> 16) | (b & 0xFFFF0000u);
-#endif
-}
-
-/* acc + a.lo * b.lo, acc + a.lo * b.hi, acc + a.hi * b.lo (SMLABB, SMLABT, SMLATB) */
-static inline int32_t smlabb(uint32_t a, uint32_t b, int32_t acc) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("smlabb %0, %1, %2, %3" : "=r"(r) : "r"(a), "r"(b), "r"(acc));
-    return r;
-#else
-    return (int32_t)((uint32_t)acc + (uint32_t)((int32_t)(int16_t)a * (int16_t)b));
-#endif
-}
-
-static inline int32_t smlabt(uint32_t a, uint32_t b, int32_t acc) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("smlabt %0, %1, %2, %3" : "=r"(r) : "r"(a), "r"(b), "r"(acc));
-    return r;
-#else
-    return (int32_t)((uint32_t)acc + (uint32_t)((int32_t)(int16_t)a * (int16_t)(b >> 16)));
-#endif
-}
-
-static inline int32_t smlatb(uint32_t a, uint32_t b, int32_t acc) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("smlatb %0, %1, %2, %3" : "=r"(r) : "r"(a), "r"(b), "r"(acc));
-    return r;
-#else
-    return (int32_t)((uint32_t)acc + (uint32_t)((int32_t)(int16_t)(a >> 16) * (int16_t)b));
-#endif
-}
-
-/* c + floor(a * b / 2**32) (SMMLA) */
-static inline int32_t smmla(int32_t a, int32_t b, int32_t c) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("smmla %0, %1, %2, %3" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-    return r;
-#else
-    return (int32_t)((uint32_t)c + (uint32_t)(int32_t)(((int64_t)a * b) >> 32));
-#endif
-}
-
-static inline int32_t ssat16(int32_t v) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("ssat %0, #16, %1" : "=r"(r) : "r"(v));
-    return r;
-#else
-    return v < -32768 ? -32768 : v > 32767 ? 32767 : v;
-#endif
-}
-
-static inline int32_t ssat8(int32_t v) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("ssat %0, #8, %1" : "=r"(r) : "r"(v));
-    return r;
-#else
-    return v < -128 ? -128 : v > 127 ? 127 : v;
-#endif
-}
-
-static inline void write_u32(void *p, uint32_t v) {
-    memcpy(p, &v, 4);
-}
-
 /* a word of scratch written as int16 (strict aliasing) */
 typedef uint32_t __attribute__((may_alias)) u32a;
 
@@ -146,15 +55,9 @@ static rqp rq_prep(int32_t m, int32_t sh) {
     rqp q;
     q.m = m;
     q.sh = sh;
-    q.fast = sh >= 17;
     q.M = q.C = q.S = 0;
+    q.fast = rq_smmla(m, sh, &q.M, &q.C, &q.S);
     q.R = sh >= 16 && sh <= 32 ? m << (32 - sh) : 0;
-    if (q.fast) {
-        int L = sh < 33 ? 33 - sh : 0, s = sh + L;
-        q.M = m << L;
-        q.C = (int32_t)1 << (s - 33);
-        q.S = s - 32;
-    }
     return q;
 }
 
@@ -504,7 +407,7 @@ static void tte_bwd_pw42(pwctx *k) {
             } else {
                 r0 = rq_fast(acc[2 * i], k->M, k->C, k->S), r1 = rq_fast(acc[2 * i + 1], k->M, k->C, k->S);
             }
-            write_u32((uint8_t *)k->out + i * k->rs, pk_lo((uint32_t)ssat16(r0), (uint32_t)ssat16(r1)));
+            write_u32((uint8_t *)k->out + i * k->rs, pkhbt16((uint32_t)ssat16(r0), (uint32_t)ssat16(r1)));
         }
     }
 }
@@ -523,15 +426,15 @@ static void pw_gs(uint32_t *gs, const int16_t *gy, int HW, int Og, int p0, int n
             for (; k + 2 <= kf; k += 2, src += 4 * HW, d += 4) {
                 uint32_t a = read_u32(src), b = read_u32(src + HW);
                 uint32_t e = read_u32(src + 2 * HW), f = read_u32(src + 3 * HW);
-                d[0] = pk_lo(a, b);
-                d[1] = pk_hi(a, b);
-                d[2] = pk_lo(e, f);
-                d[3] = pk_hi(e, f);
+                d[0] = pkhbt16(a, b);
+                d[1] = pkhtb16(b, a);
+                d[2] = pkhbt16(e, f);
+                d[3] = pkhtb16(f, e);
             }
             if (k < kf) {
                 uint32_t a = read_u32(src), b = read_u32(src + HW);
-                d[0] = pk_lo(a, b);
-                d[1] = pk_hi(a, b);
+                d[0] = pkhbt16(a, b);
+                d[1] = pkhtb16(b, a);
                 src += 2 * HW, d += 2, k++;
             }
             if (k < kn) {                            /* o + 1 == Og */
@@ -560,10 +463,10 @@ static void pw_ws(uint32_t *ws, const int8_t *w, int Cg, int Og, int c0, int ncq
             for (; k < kf; k++, d += 4, r0 += 2 * Cg) {
                 uint32_t x = read_u32(r0), y = read_u32(r0 + Cg);
                 uint32_t e = sxtb16(x), f = sxtb16(y), e1 = sxtb16_ror8(x), f1 = sxtb16_ror8(y);
-                d[0] = pk_lo(e, f);
-                d[1] = pk_lo(e1, f1);
-                d[2] = pk_hi(e, f);
-                d[3] = pk_hi(e1, f1);
+                d[0] = pkhbt16(e, f);
+                d[1] = pkhbt16(e1, f1);
+                d[2] = pkhtb16(f, e);
+                d[3] = pkhtb16(f1, e1);
             }
         }
         for (; k < kn; k++, d += 4, r0 += 2 * Cg) {     /* the last 1..3 channels, or o + 1 == Og */
@@ -575,10 +478,10 @@ static void pw_ws(uint32_t *ws, const int8_t *w, int Cg, int Og, int c0, int ncq
                 }
             }
             uint32_t e = sxtb16(x), f = sxtb16(y), e1 = sxtb16_ror8(x), f1 = sxtb16_ror8(y);
-            d[0] = pk_lo(e, f);
-            d[1] = pk_lo(e1, f1);
-            d[2] = pk_hi(e, f);
-            d[3] = pk_hi(e1, f1);
+            d[0] = pkhbt16(e, f);
+            d[1] = pkhbt16(e1, f1);
+            d[2] = pkhtb16(f, e);
+            d[3] = pkhtb16(f1, e1);
         }
     }
 }
@@ -589,7 +492,7 @@ static void pw_store(int16_t *gx, const int32_t *acc, int c, int p, int Cg, int 
     int16_t *out = gx + c * HW + p;
     if (p + 1 < HW) {
         for (int i = 0; i < nc; i++, out += HW, acc += 2) {
-            write_u32(out, pk_lo((uint32_t)ssat16(rq_fast(acc[0], M, Cr, S)),
+            write_u32(out, pkhbt16((uint32_t)ssat16(rq_fast(acc[0], M, Cr, S)),
                                  (uint32_t)ssat16(rq_fast(acc[1], M, Cr, S))));
         }
     } else {
@@ -760,12 +663,12 @@ static inline __attribute__((always_inline)) void dw_s1_pass(int32_t *acc, const
     for (int m = 0; m < nE; m++) {
         int a = 2 * m;   /* wf[a] = wrow[K-1-a] */
         int32_t lo = wrow[K - 1 - a], hi = a + 1 < K ? wrow[K - 2 - a] : 0;
-        E[m] = pk_lo((uint32_t)lo, (uint32_t)hi);
+        E[m] = pkhbt16((uint32_t)lo, (uint32_t)hi);
     }
     for (int m = 0; m < nO; m++) {
         int a = 2 * m + 1;
         int32_t lo = wrow[K - 1 - a], hi = a + 1 < K ? wrow[K - 2 - a] : 0;
-        Od[m] = pk_lo((uint32_t)lo, (uint32_t)hi);
+        Od[m] = pkhbt16((uint32_t)lo, (uint32_t)hi);
     }
     for (int ix = 0; ix < W; ix += 2) {
         const u32a *b = (const u32a *)(B + ix);
@@ -1012,8 +915,8 @@ static void dw_bwd_x_s1k3(const int16_t *gy, const int8_t *w, int16_t *gx, int C
         const int16_t *g = gy + c * OH * OW;
         for (int r = 0; r < 3; r++) {     /* window row r: kernel row 2 - r */
             const int8_t *wr = wc + 3 * (2 - r);
-            k.w[2 * r] = pk_lo((uint32_t)(int32_t)wr[2], (uint32_t)(int32_t)wr[1]);
-            k.w[2 * r + 1] = pk_lo((uint32_t)(int32_t)wr[1], (uint32_t)(int32_t)wr[0]);
+            k.w[2 * r] = pkhbt16((uint32_t)(int32_t)wr[2], (uint32_t)(int32_t)wr[1]);
+            k.w[2 * r + 1] = pkhbt16((uint32_t)(int32_t)wr[1], (uint32_t)(int32_t)wr[0]);
         }
         if (band) {                        /* output rows iy0 .. iy1: padded rows iy0 .. iy1 + 2 */
             for (int iy0 = 0; iy0 < H; iy0 += DW3_BAND - 2) {
@@ -1085,9 +988,9 @@ static void dw_bwd_x_s2k3p1(const int16_t *gy, const int8_t *w, int16_t *gx, int
     for (int c = 0; c < C; c++) {
         const int8_t *wc = w + c * 9;
         const int16_t *g = gy + c * OH * OW;
-        uint32_t w20_0 = pk_lo((uint32_t)(int32_t)wc[2], (uint32_t)(int32_t)wc[0]);
-        uint32_t w20_1 = pk_lo((uint32_t)(int32_t)wc[5], (uint32_t)(int32_t)wc[3]);
-        uint32_t w20_2 = pk_lo((uint32_t)(int32_t)wc[8], (uint32_t)(int32_t)wc[6]);
+        uint32_t w20_0 = pkhbt16((uint32_t)(int32_t)wc[2], (uint32_t)(int32_t)wc[0]);
+        uint32_t w20_1 = pkhbt16((uint32_t)(int32_t)wc[5], (uint32_t)(int32_t)wc[3]);
+        uint32_t w20_2 = pkhbt16((uint32_t)(int32_t)wc[8], (uint32_t)(int32_t)wc[6]);
         uint32_t w1_0 = (uint32_t)(int32_t)wc[1], w1_1 = (uint32_t)(int32_t)wc[4], w1_2 = (uint32_t)(int32_t)wc[7];
         int16_t *out = gx + c * H * W;
         for (int t0 = 0; t0 < OH; t0 += DW2_ROWS) {      /* gradient rows t0 .. t1, and t1 */
@@ -1105,7 +1008,7 @@ static void dw_bwd_x_s2k3p1(const int16_t *gy, const int8_t *w, int16_t *gx, int
                 int16_t *o = out + 2 * t * W;
                 for (const int16_t *p = b; p < e; p++, o += 2) {     /* row 2t */
                     uint32_t x = read_u32(p);
-                    write_u32(o, pk_lo((uint32_t)ssat16(smmulr(smlabb(x, w1_1, 0), R)),
+                    write_u32(o, pkhbt16((uint32_t)ssat16(smmulr(smlabb(x, w1_1, 0), R)),
                                        (uint32_t)ssat16(smmulr(smlad(x, w20_1, 0), R))));
                 }
                 if (W & 1) {
@@ -1119,7 +1022,7 @@ static void dw_bwd_x_s2k3p1(const int16_t *gy, const int8_t *w, int16_t *gx, int
                     uint32_t x0 = read_u32(p + DW2_RS), x2 = read_u32(p);
                     int32_t s0 = smlabb(x2, w1_2, smlabb(x0, w1_0, 0));
                     int32_t s1 = smlad(x2, w20_2, smlad(x0, w20_0, 0));
-                    write_u32(o, pk_lo((uint32_t)ssat16(smmulr(s0, R)), (uint32_t)ssat16(smmulr(s1, R))));
+                    write_u32(o, pkhbt16((uint32_t)ssat16(smmulr(s0, R)), (uint32_t)ssat16(smmulr(s1, R))));
                 }
                 if (W & 1) {
                     *o = (int16_t)ssat16(smmulr(smlabb(read_u32(e), w1_2, smlabb(read_u32(e + DW2_RS), w1_0, 0)), R));
@@ -1274,8 +1177,8 @@ static void pw_grad_w(const gwcall *cl) {
                         const int16_t *g = rows[r] + 4 * q0;
                         for (int i = 0; i < nqc; i++, d += 8, g += 4) {
                             uint32_t a = read_u32(g), b = read_u32(g + 2);
-                            d[0] = pk_lo(a, b);
-                            d[1] = pk_hi(a, b);
+                            d[0] = pkhbt16(a, b);
+                            d[1] = pkhtb16(b, a);
                         }
                     }
                 }
@@ -1374,8 +1277,8 @@ __attribute__((cold)) static void gw_rows(const gwcall *cl) {
                     int i = 0;
                     for (; i + 4 <= W; i += 4) {
                         uint32_t v = read_u32(xr + i), e = sxtb16(v), f = sxtb16_ror8(v);
-                        write_u32(d + i, pk_lo(e, f));
-                        write_u32(d + i + 2, pk_hi(e, f));
+                        write_u32(d + i, pkhbt16(e, f));
+                        write_u32(d + i + 2, pkhtb16(f, e));
                     }
                     for (; i < W; i++) {
                         d[i] = xr[i];
@@ -1532,8 +1435,8 @@ static void gw_map(const gwcall *cl) {
                     int i = 0;
                     for (; i + 4 <= W; i += 4) {
                         uint32_t v = read_u32(xr + i), e = sxtb16(v), f = sxtb16_ror8(v);
-                        write_u32(d + i, pk_lo(e, f));
-                        write_u32(d + i + 2, pk_hi(e, f));
+                        write_u32(d + i, pkhbt16(e, f));
+                        write_u32(d + i + 2, pkhtb16(f, e));
                     }
                     for (; i < W; i++) {
                         d[i] = xr[i];

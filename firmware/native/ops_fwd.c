@@ -39,92 +39,6 @@
 uint32_t tte_fwd_strip[STRIP_WORDS];
 uint32_t tte_fwd_wrow[WROW_WORDS];
 
-/* ------------------------------------------------------------------ DSP helpers (local) */
-
-/* (a * b + (c << 32)) >> 32: the top word of a 64-bit multiply-accumulate. */
-static inline int32_t smmla(int32_t a, int32_t b, int32_t c) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("smmla %0, %1, %2, %3" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-    return r;
-#else
-    return (int32_t)(((int64_t)a * b + ((int64_t)c << 32)) >> 32);
-#endif
-}
-
-/* acc + lo16(x) * lo16(y), acc + hi16(x) * lo16(y) (halves signed). */
-static inline int32_t smlabb(uint32_t x, uint32_t y, int32_t acc) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("smlabb %0, %1, %2, %3" : "=r"(r) : "r"(x), "r"(y), "r"(acc));
-    return r;
-#else
-    return (int32_t)((uint32_t)acc + (uint32_t)((int32_t)(int16_t)x * (int16_t)y));
-#endif
-}
-
-static inline int32_t smlatb(uint32_t x, uint32_t y, int32_t acc) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("smlatb %0, %1, %2, %3" : "=r"(r) : "r"(x), "r"(y), "r"(acc));
-    return r;
-#else
-    return (int32_t)((uint32_t)acc + (uint32_t)((int32_t)(int16_t)(x >> 16) * (int16_t)y));
-#endif
-}
-
-/* acc + lo16(x) * hi16(y) (halves signed). */
-static inline int32_t smlabt(uint32_t x, uint32_t y, int32_t acc) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("smlabt %0, %1, %2, %3" : "=r"(r) : "r"(x), "r"(y), "r"(acc));
-    return r;
-#else
-    return (int32_t)((uint32_t)acc + (uint32_t)((int32_t)(int16_t)x * (int16_t)(y >> 16)));
-#endif
-}
-
-static inline int32_t ssat8(int32_t x) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("ssat %0, #8, %1" : "=r"(r) : "r"(x));
-    return r;
-#else
-    return x < -128 ? -128 : x > 127 ? 127 : x;
-#endif
-}
-
-static inline int32_t ssat16(int32_t x) {
-#if defined(__ARM_FEATURE_DSP)
-    int32_t r;
-    __asm__("ssat %0, #16, %1" : "=r"(r) : "r"(x));
-    return r;
-#else
-    return x < -32768 ? -32768 : x > 32767 ? 32767 : x;
-#endif
-}
-
-/* PKHBT a, b, LSL 16: the low halves of a and b; PKHTB a, b, ASR 16: the high halves of b and a. */
-static inline uint32_t pkhbt16(uint32_t a, uint32_t b) {
-#if defined(__ARM_FEATURE_DSP)
-    uint32_t r;
-    __asm__("pkhbt %0, %1, %2, lsl #16" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-#else
-    return (a & 0xFFFFu) | (b << 16);
-#endif
-}
-
-static inline uint32_t pkhtb16(uint32_t a, uint32_t b) {
-#if defined(__ARM_FEATURE_DSP)
-    uint32_t r;
-    __asm__("pkhtb %0, %1, %2, asr #16" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-#else
-    return (a & 0xFFFF0000u) | (b >> 16);
-#endif
-}
-
 /* Four int32 saturated to int8 and packed into a word, r0 in the low byte (SSAT, BFI). */
 static inline uint32_t pack4_sat8(int32_t r0, int32_t r1, int32_t r2, int32_t r3) {
 #if defined(__ARM_FEATURE_DSP)
@@ -165,10 +79,6 @@ static inline uint32_t clamp4(uint32_t v, uint32_t lo4, uint32_t hi4) {
 #endif
 }
 
-static inline void write_u32(void *p, uint32_t v) {
-    memcpy(p, &v, 4);
-}
-
 /* ------------------------------------------------------------------ requantization */
 
 /* A channel's requantization and clamp, prepared once. */
@@ -179,17 +89,6 @@ typedef struct {
     int32_t lo, hi;
     uint32_t lo4, hi4;    /* lo, hi in every byte */
 } rq_t;
-
-/* The SMMLA form of rq(., m, sh): 0 where sh < 17 needs the 64-bit one. */
-static inline int rq_smmla(int32_t m, int32_t sh, int32_t *M, int32_t *A, int32_t *S) {
-    if (sh < 17) {
-        return 0;
-    }
-    *M = sh < 33 ? m << (33 - sh) : m;
-    *S = sh < 33 ? 1 : sh - 32;
-    *A = 1 << (*S - 1);
-    return 1;
-}
 
 static inline void rq_prep(rq_t *q, int32_t m, int32_t sh, int32_t lo, int32_t hi) {
     q->m = m;

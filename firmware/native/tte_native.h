@@ -103,4 +103,107 @@ static inline uint32_t sxtb16_ror8(uint32_t x) {
 #endif
 }
 
+/* More DSP instructions the kernels share (plain C elsewhere). */
+
+/* (a * b + (c << 32)) >> 32: the top word of a 64-bit multiply-accumulate. */
+static inline int32_t smmla(int32_t a, int32_t b, int32_t c) {
+#if defined(__ARM_FEATURE_DSP)
+    int32_t r;
+    __asm__("smmla %0, %1, %2, %3" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+#else
+    return (int32_t)(((int64_t)a * b + ((int64_t)c << 32)) >> 32);
+#endif
+}
+
+/* acc + lo16(x) * lo16(y), acc + hi16(x) * lo16(y) (halves signed). */
+static inline int32_t smlabb(uint32_t x, uint32_t y, int32_t acc) {
+#if defined(__ARM_FEATURE_DSP)
+    int32_t r;
+    __asm__("smlabb %0, %1, %2, %3" : "=r"(r) : "r"(x), "r"(y), "r"(acc));
+    return r;
+#else
+    return (int32_t)((uint32_t)acc + (uint32_t)((int32_t)(int16_t)x * (int16_t)y));
+#endif
+}
+
+static inline int32_t smlatb(uint32_t x, uint32_t y, int32_t acc) {
+#if defined(__ARM_FEATURE_DSP)
+    int32_t r;
+    __asm__("smlatb %0, %1, %2, %3" : "=r"(r) : "r"(x), "r"(y), "r"(acc));
+    return r;
+#else
+    return (int32_t)((uint32_t)acc + (uint32_t)((int32_t)(int16_t)(x >> 16) * (int16_t)y));
+#endif
+}
+
+/* acc + lo16(x) * hi16(y) (halves signed). */
+static inline int32_t smlabt(uint32_t x, uint32_t y, int32_t acc) {
+#if defined(__ARM_FEATURE_DSP)
+    int32_t r;
+    __asm__("smlabt %0, %1, %2, %3" : "=r"(r) : "r"(x), "r"(y), "r"(acc));
+    return r;
+#else
+    return (int32_t)((uint32_t)acc + (uint32_t)((int32_t)(int16_t)x * (int16_t)(y >> 16)));
+#endif
+}
+
+static inline int32_t ssat8(int32_t x) {
+#if defined(__ARM_FEATURE_DSP)
+    int32_t r;
+    __asm__("ssat %0, #8, %1" : "=r"(r) : "r"(x));
+    return r;
+#else
+    return x < -128 ? -128 : x > 127 ? 127 : x;
+#endif
+}
+
+static inline int32_t ssat16(int32_t x) {
+#if defined(__ARM_FEATURE_DSP)
+    int32_t r;
+    __asm__("ssat %0, #16, %1" : "=r"(r) : "r"(x));
+    return r;
+#else
+    return x < -32768 ? -32768 : x > 32767 ? 32767 : x;
+#endif
+}
+
+/* PKHBT a, b, LSL 16: the low halves of a and b; PKHTB a, b, ASR 16: the high halves of b and a. */
+static inline uint32_t pkhbt16(uint32_t a, uint32_t b) {
+#if defined(__ARM_FEATURE_DSP)
+    uint32_t r;
+    __asm__("pkhbt %0, %1, %2, lsl #16" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#else
+    return (a & 0xFFFFu) | (b << 16);
+#endif
+}
+
+static inline uint32_t pkhtb16(uint32_t a, uint32_t b) {
+#if defined(__ARM_FEATURE_DSP)
+    uint32_t r;
+    __asm__("pkhtb %0, %1, %2, asr #16" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#else
+    return (a & 0xFFFF0000u) | (b >> 16);
+#endif
+}
+
+static inline void write_u32(void *p, uint32_t v) {
+    memcpy(p, &v, 4);
+}
+
+/* The SMMLA form of rq(., m, sh) for sh >= 17, exactly: rq(v, m, sh) = SMMLA(v, M, A) >> S with
+ * M = m << max(0, 33 - sh) (< 2**31), S = max(1, sh - 32), A = 2**(S - 1) (the top word of v*M
+ * plus the rounding half, then the rest of the shift). Returns 0 where sh < 17 needs the 64-bit rq. */
+static inline int rq_smmla(int32_t m, int32_t sh, int32_t *M, int32_t *A, int32_t *S) {
+    if (sh < 17) {
+        return 0;
+    }
+    *M = sh < 33 ? m << (33 - sh) : m;
+    *S = sh < 33 ? 1 : sh - 32;
+    *A = 1 << (*S - 1);
+    return 1;
+}
+
 #endif

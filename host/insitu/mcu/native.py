@@ -15,18 +15,15 @@ Both are built once per input (the C sources, the compiler, the MicroPython sour
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from insitu.errors import InsituError
 from insitu.mcu import qemu
-from insitu.resources import cache_dir, package_dir
+from insitu.resources import package_dir
 
 MODULE = "tte_native"
 #: The .mpy architecture the C kernels are built for (the STM32F746's Cortex-M7, single float).
@@ -55,30 +52,13 @@ def _tool_version(tool: str) -> bytes:
     return out.splitlines()[0].encode() if out else b"none"
 
 
-def _cached(name: str, key: str, build, log) -> Path:
-    folder = cache_dir("mcu-native") / key
-    target = folder / name
-    if target.exists():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)            # a second process waits for the first build
-        if target.exists():
-            return target
-        with tempfile.TemporaryDirectory(prefix="build-", dir=folder) as work:
-            built = build(Path(work), log)
-            shutil.copy(built, folder / (name + ".tmp"))
-            os.replace(folder / (name + ".tmp"), target)
-    return target
-
-
 def native_mpy(log=lambda text: None) -> Path:
     """``tte_native.mpy`` for the Cortex-M7 (armv7emsp), built now if not cached."""
     qemu.check_toolchain()
     source = qemu.source_archive()
     key = _key(_tool_version("arm-none-eabi-gcc"), str(source.resolve()).encode(),
                source.read_bytes() if source.is_file() else b"")
-    return _cached(f"{MODULE}.mpy", key, lambda work, log: _build_mpy(source, work, log), log)
+    return qemu.cached_build("mcu-native", key, f"{MODULE}.mpy", lambda work: _build_mpy(source, work, log))
 
 
 def _build_mpy(source: Path, work: Path, log) -> Path:
@@ -100,13 +80,13 @@ def _build_mpy(source: Path, work: Path, log) -> Path:
     return build / f"{MODULE}.mpy"
 
 
-def host_library(log=lambda text: None) -> Path:
+def host_library() -> Path:
     """The C kernels as a shared library for this machine (the tests' ctypes route)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise InsituError("no C compiler: apt-get install gcc")
-    return _cached("libtte_native.so", _key(_tool_version(cc), " ".join(HOST_CFLAGS).encode()),
-                   lambda work, log: _build_host(cc, work), log)
+    return qemu.cached_build("mcu-native", _key(_tool_version(cc), " ".join(HOST_CFLAGS).encode()),
+                             "libtte_native.so", lambda work: _build_host(cc, work))
 
 
 def _build_host(cc: str, work: Path) -> Path:

@@ -21,6 +21,7 @@ import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from insitu.errors import InsituError, UsageError
 from insitu.resources import cache_dir, package_dir
@@ -140,38 +141,49 @@ def unpack_source(source: Path, into: Path) -> Path:
     return min(roots, key=lambda p: len(p.parts))
 
 
+def cached_build(area: str, key: str, name: str, build: Callable[[Path], Path]) -> Path:
+    """``$INSITU_CACHE/<area>/<key>/<name>``, made by ``build(work)`` (which returns the built file
+    in the scratch folder ``work``) if it is not there yet: under a lock, so that a second process
+    waits for the first build, and renamed into place whole."""
+    folder = cache_dir(area) / key
+    target = folder / name
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return target
+        with tempfile.TemporaryDirectory(prefix="build-", dir=folder) as work:
+            built = build(Path(work))
+            shutil.copy(built, folder / (name + ".tmp"))
+            os.replace(folder / (name + ".tmp"), target)
+    return target
+
+
 def firmware(log=lambda text: None) -> Path:
     """The twin's ``firmware.elf``, built now if its cached copy is missing or stale."""
     check_toolchain()
     source = source_archive()
-    folder = _cache_root() / build_key(source)
-    elf = folder / "firmware.elf"
-    if elf.exists():
-        return elf
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)          # a second process waits for the first build
-        if elf.exists():
-            return elf
-        log(f"building the Cortex-M7 twin's MicroPython v{MICROPYTHON_VERSION} once (about 30 s), "
-            f"cached in {folder}")
-        with tempfile.TemporaryDirectory(prefix="build-", dir=folder) as work:
-            root = unpack_source(source, Path(work))
-            board = root / "ports" / "qemu" / "boards" / BOARD
-            board.mkdir()
-            for path in _board_files():
-                shutil.copy(path, board / path.name)
-            run = subprocess.run(
-                ["make", f"-j{os.cpu_count() or 1}", "-C", str(root / "ports" / "qemu"),
-                 f"BOARD={BOARD}", "FROZEN_MANIFEST="],
-                capture_output=True, text=True)
-            if run.returncode != 0:
-                tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-15:])
-                raise InsituError(f"building the twin's MicroPython failed:\n{tail}")
-            built = root / "ports" / "qemu" / f"build-{BOARD}" / "firmware.elf"
-            shutil.copy(built, folder / "firmware.elf.tmp")
-            os.replace(folder / "firmware.elf.tmp", elf)
-    return elf
+    return cached_build("mcu-twin", build_key(source), "firmware.elf", lambda work: _build_firmware(source, work, log))
+
+
+def _build_firmware(source: Path, work: Path, log) -> Path:
+    log(f"building the Cortex-M7 twin's MicroPython v{MICROPYTHON_VERSION} once (about 30 s), "
+        f"cached in {_cache_root() / build_key(source)}")
+    root = unpack_source(source, work)
+    board = root / "ports" / "qemu" / "boards" / BOARD
+    board.mkdir()
+    for path in _board_files():
+        shutil.copy(path, board / path.name)
+    run = subprocess.run(
+        ["make", f"-j{os.cpu_count() or 1}", "-C", str(root / "ports" / "qemu"),
+         f"BOARD={BOARD}", "FROZEN_MANIFEST="],
+        capture_output=True, text=True)
+    if run.returncode != 0:
+        tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-15:])
+        raise InsituError(f"building the twin's MicroPython failed:\n{tail}")
+    return root / "ports" / "qemu" / f"build-{BOARD}" / "firmware.elf"
 
 
 def new_flash_image(path: Path) -> None:

@@ -136,19 +136,21 @@ def fields(P, o: int) -> tuple[str, dict[str, int]]:
     return op, {n: int(P[o + 1 + i]) for i, n in enumerate(OPS[op])}
 
 
+def _constants() -> dict[str, int]:
+    """The constants the firmware restates: the ABI's, then the stochastic rounding of weight
+    updates (insitu.numerics.sr_noise), which the kernels compute themselves."""
+    out = {k: globals()[k] for k in ("LOSS_GRAD_FRAC", "EXP_FRAC", "EXP_ENTRIES", "IO_LABEL", "IO_PREDICTED",
+                                     "IO_P_LABEL", "IO_STEP", "IO_WORDS", "MAX_ROW")}
+    return out | {k: getattr(nx, k) for k in ("SR_BITS", "SR_K_STEP", "SR_K_SALT", "SR_M1", "SR_M2")}
+
+
 def firmware_constants() -> str:
     """MicroPython source defining the opcodes and field offsets (generated into the firmware
     build, so the device never restates this table by hand)."""
     lines = ["# generated from insitu.sparse.abi: opcodes of the compiled training program",
              "from micropython import const"]
-    for name, code in OPCODES.items():
-        lines.append(f"OP_{name.upper()} = const({code})")
-    for k in ("LOSS_GRAD_FRAC", "EXP_FRAC", "EXP_ENTRIES", "IO_LABEL", "IO_PREDICTED", "IO_P_LABEL", "IO_STEP",
-              "IO_WORDS", "MAX_ROW"):
-        lines.append(f"{k} = const({globals()[k]})")
-    # the stochastic rounding of weight updates (insitu.numerics.sr_noise), which viper restates
-    for k in ("SR_BITS", "SR_K_STEP", "SR_K_SALT", "SR_M1", "SR_M2"):
-        lines.append(f"{k} = const({getattr(nx, k)})")
+    lines += [f"OP_{name.upper()} = const({code})" for name, code in OPCODES.items()]
+    lines += [f"{k} = const({v})" for k, v in _constants().items()]
     return "\n".join(lines) + "\n"
 
 
@@ -157,14 +159,10 @@ def c_header() -> str:
     each field's word offset after the opcode, ``<OP>_<FIELD>`` (``CONV_FWD_X_OFF`` is 1)."""
     lines = ["/* generated from insitu.sparse.abi (abi.c_header): the kernel ABI; do not edit. */",
              "#ifndef TTE_ABI_H", "#define TTE_ABI_H"]
-    for name, code in OPCODES.items():
-        lines.append(f"#define OP_{name.upper()} {code}")
-    for k in ("LOSS_GRAD_FRAC", "EXP_FRAC", "EXP_ENTRIES", "IO_LABEL", "IO_PREDICTED", "IO_P_LABEL", "IO_STEP",
-              "IO_WORDS", "MAX_ROW"):
-        lines.append(f"#define {k} {globals()[k]}")
-    for k in ("SR_BITS", "SR_K_STEP", "SR_K_SALT", "SR_M1", "SR_M2"):
-        lines.append(f"#define {k} {getattr(nx, k):#x}u" if k != "SR_BITS" else f"#define {k} {nx.SR_BITS}")
-    for name, names in OPS.items():
-        for i, field in enumerate(names):
-            lines.append(f"#define {name.upper()}_{field.upper()} {i + 1}")
+    lines += [f"#define OP_{name.upper()} {code}" for name, code in OPCODES.items()]
+    # the hash's multipliers as unsigned words (C's int is 32-bit: 0x... above 2**31 would not fit)
+    lines += [f"#define {k} {v:#x}u" if k.startswith("SR_") and k != "SR_BITS" else f"#define {k} {v}"
+              for k, v in _constants().items()]
+    lines += [f"#define {name.upper()}_{field.upper()} {i + 1}" for name, names in OPS.items()
+              for i, field in enumerate(names)]
     return "\n".join(lines) + "\n#endif\n"
